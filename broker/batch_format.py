@@ -1,0 +1,228 @@
+"""Commit-log batch and record framing. Spec: docs/formats/commitlog.md.
+
+A batch is the unit of append, fsync, replication and pull. All integers little-endian.
+
+Batch header (64 bytes), then the topic name, then the records::
+
+    0  u32 batch_bytes        whole batch, header included
+    4  u32 header_crc         CRC32C of bytes [8, 64 + topic_len)
+    8  u16 magic              0x4D54 ("TM")
+    10 u8  version            1
+    11 u8  flags              reserved, 0
+    12 u32 record_count
+    16 u64 base_offset        commit offset (byte position) of this batch
+    24 u64 base_queue_offset  queue offset of the first record
+    32 u64 store_time_ms      assigned by the appending master
+    40 u64 producer_id        0 = not idempotent
+    48 i32 base_sequence      -1 = not idempotent
+    52 u32 epoch              leader epoch that appended the batch
+    56 u16 queue_id
+    58 u8  topic_len
+    59 u8  reserved
+    60 u32 body_crc           CRC32C of the records (bytes [64 + topic_len, batch_bytes))
+
+Record::
+
+    u32 record_bytes (after this field) | u16 key_len | u16 props_len | key | props | body
+    props = repeated (u16 name_len | name | u16 value_len | value)
+
+The client encodes the records and their CRC once; the server validates the body CRC and the
+record framing, fills the header and appends the bytes unchanged.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+
+import crc32c
+
+from broker.invariant import CorruptionError
+
+MAGIC = 0x4D54
+VERSION = 1
+HEADER = struct.Struct("<IIHBBIQQQQiIHBBI")
+HEADER_BYTES = HEADER.size  # 64
+RECORD_HEAD = struct.Struct("<IHH")
+RECORD_HEAD_BYTES = RECORD_HEAD.size  # 8
+_U16 = struct.Struct("<H")
+_U32 = struct.Struct("<I")
+TOPIC_BYTES_MAX = 255
+KEY_BYTES_MAX = 0xFFFF
+PROPS_BYTES_MAX = 0xFFFF
+NO_SEQUENCE = -1
+
+assert HEADER_BYTES == 64
+
+
+@dataclass(frozen=True, slots=True)
+class BatchHeader:
+    """Decoded batch header; ``records_at`` is where the records start inside the batch."""
+
+    batch_bytes: int
+    record_count: int
+    base_offset: int
+    base_queue_offset: int
+    store_time_ms: int
+    producer_id: int
+    base_sequence: int
+    epoch: int
+    queue_id: int
+    topic: str
+    body_crc: int
+
+    @property
+    def records_at(self) -> int:
+        return HEADER_BYTES + len(self.topic.encode())
+
+    @property
+    def end_offset(self) -> int:
+        return self.base_offset + self.batch_bytes
+
+    @property
+    def next_queue_offset(self) -> int:
+        return self.base_queue_offset + self.record_count
+
+
+def encode_props(props: Mapping[str, str] | None) -> bytes:
+    """Encode message properties."""
+    if not props:
+        return b""
+    parts: list[bytes] = []
+    for name, value in props.items():
+        n = name.encode()
+        v = value.encode()
+        parts += (_U16.pack(len(n)), n, _U16.pack(len(v)), v)
+    return b"".join(parts)
+
+
+def decode_props(data: bytes | memoryview) -> dict[str, str]:
+    """Decode message properties (inverse of ``encode_props``)."""
+    out: dict[str, str] = {}
+    pos = 0
+    end = len(data)
+    while pos < end:
+        (n,) = _U16.unpack_from(data, pos)
+        name = bytes(data[pos + 2 : pos + 2 + n]).decode()
+        pos += 2 + n
+        (v,) = _U16.unpack_from(data, pos)
+        out[name] = bytes(data[pos + 2 : pos + 2 + v]).decode()
+        pos += 2 + v
+    return out
+
+
+def encode_record(body: bytes, key: bytes = b"", props: bytes = b"") -> bytes:
+    """Encode one record (key and props already encoded)."""
+    return RECORD_HEAD.pack(4 + len(key) + len(props) + len(body), len(key), len(props)) + key + props + body
+
+
+def encode_records(items: Sequence[tuple[bytes, bytes, bytes]]) -> tuple[bytes, list[int]]:
+    """Encode (body, key, props) triples; return the bytes and each record's start position."""
+    parts: list[bytes] = []
+    positions: list[int] = []
+    pos = 0
+    pack = RECORD_HEAD.pack
+    for body, key, props in items:
+        head = pack(4 + len(key) + len(props) + len(body), len(key), len(props))
+        positions.append(pos)
+        parts += (head, key, props, body)
+        pos += RECORD_HEAD_BYTES + len(key) + len(props) + len(body)
+    return b"".join(parts), positions
+
+
+def record_positions(records: bytes | memoryview, expected_count: int) -> list[int]:
+    """Walk record framing; return start positions. Raise ValueError on bad framing."""
+    positions: list[int] = []
+    pos = 0
+    end = len(records)
+    unpack = RECORD_HEAD.unpack_from
+    while pos < end:
+        if end - pos < RECORD_HEAD_BYTES:
+            raise ValueError(f"record {len(positions)} truncated at byte {pos}")
+        size, key_len, props_len = unpack(records, pos)
+        if size < 4 + key_len + props_len or pos + 4 + size > end:
+            raise ValueError(f"record {len(positions)} has bad length {size} at byte {pos}")
+        positions.append(pos)
+        pos += 4 + size
+    if len(positions) != expected_count:
+        raise ValueError(f"batch declares {expected_count} records but holds {len(positions)}")
+    return positions
+
+
+def build_header(
+    *,
+    batch_bytes: int,
+    record_count: int,
+    base_offset: int,
+    base_queue_offset: int,
+    store_time_ms: int,
+    producer_id: int,
+    base_sequence: int,
+    epoch: int,
+    queue_id: int,
+    topic_raw: bytes,
+    body_crc: int,
+) -> bytes:
+    """Header + topic bytes, with the header CRC filled in."""
+    head = bytearray(HEADER_BYTES + len(topic_raw))
+    HEADER.pack_into(
+        head, 0, batch_bytes, 0, MAGIC, VERSION, 0, record_count, base_offset, base_queue_offset,
+        store_time_ms, producer_id, base_sequence, epoch, queue_id, len(topic_raw), 0, body_crc,
+    )
+    head[HEADER_BYTES:] = topic_raw
+    _U32.pack_into(head, 4, crc32c.crc32c(memoryview(head)[8:]))
+    return bytes(head)
+
+
+def peek_batch_bytes(buf: bytes | memoryview, pos: int) -> int:
+    """The length field of the batch at ``pos`` (0 in a zero-filled tail)."""
+    return int(_U32.unpack_from(buf, pos)[0])
+
+
+def decode_header(buf: bytes | memoryview, pos: int = 0, *, path: str = "", check_crc: bool = True) -> BatchHeader:
+    """Decode and validate the header of the batch at ``pos`` in ``buf``."""
+    if len(buf) - pos < HEADER_BYTES:
+        raise CorruptionError("batch header truncated", path=path, offset=pos)
+    (
+        batch_bytes, header_crc, magic, version, _flags, record_count, base_offset, base_queue_offset,
+        store_time_ms, producer_id, base_sequence, epoch, queue_id, topic_len, _r, body_crc,
+    ) = HEADER.unpack_from(buf, pos)
+    if magic != MAGIC or version != VERSION:
+        raise CorruptionError(f"bad batch magic/version {magic:#x}/{version}", path=path, offset=pos)
+    topic_end = pos + HEADER_BYTES + topic_len
+    if batch_bytes < HEADER_BYTES + topic_len or len(buf) < topic_end:
+        raise CorruptionError(f"bad batch length {batch_bytes}", path=path, offset=pos)
+    if check_crc and crc32c.crc32c(memoryview(buf)[pos + 8 : topic_end]) != header_crc:
+        raise CorruptionError("batch header checksum mismatch", path=path, offset=pos)
+    topic = bytes(buf[pos + HEADER_BYTES : topic_end]).decode()
+    return BatchHeader(
+        batch_bytes, record_count, base_offset, base_queue_offset, store_time_ms, producer_id,
+        base_sequence, epoch, queue_id, topic, body_crc,
+    )
+
+
+def verify_batch(buf: bytes | memoryview, pos: int, *, path: str = "") -> BatchHeader:
+    """Full validation of one batch in ``buf`` at ``pos``: header CRC and body CRC."""
+    header = decode_header(buf, pos, path=path)
+    end = pos + header.batch_bytes
+    if len(buf) < end:
+        raise CorruptionError("batch body truncated", path=path, offset=pos)
+    if crc32c.crc32c(memoryview(buf)[pos + header.records_at : end]) != header.body_crc:
+        raise CorruptionError("batch body checksum mismatch", path=path, offset=pos)
+    return header
+
+
+def iter_records(batch: bytes | memoryview, header: BatchHeader) -> Iterator[tuple[int, memoryview, memoryview, memoryview]]:
+    """Yield (position in batch, key, props, body) for each record of a validated batch."""
+    mv = memoryview(batch)
+    pos = header.records_at
+    end = header.batch_bytes
+    unpack = RECORD_HEAD.unpack_from
+    while pos < end:
+        size, key_len, props_len = unpack(mv, pos)
+        k0 = pos + RECORD_HEAD_BYTES
+        p0 = k0 + key_len
+        b0 = p0 + props_len
+        yield pos, mv[k0:p0], mv[p0:b0], mv[b0 : pos + 4 + size]
+        pos += 4 + size

@@ -1,0 +1,163 @@
+"""The commit log: one append-only byte sequence for all topics, cut into segments.
+
+Offsets are byte positions (global). The log knows nothing of views or confirm offsets; it
+appends whole batches, reads byte ranges, syncs, truncates and deletes old segments.
+Recovery (``broker.recovery``) decides what is valid before the log takes writes.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+
+from broker.failpoints import failpoint, fsync_dir
+from broker.segment import Segment, parse_segment_name
+
+
+class CommitLog:
+    """Segments in ``directory``; the last one is active and takes appends."""
+
+    def __init__(self, directory: str, segment_bytes: int) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        os.makedirs(directory, exist_ok=True)
+        self._segments: list[Segment] = []
+        self._starts: list[int] = []
+        self._lock = threading.Lock()  # guards the segment list; appends are serialised by the caller
+        self._unsynced: list[Segment] = []
+        starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(directory)) if s is not None)
+        for start in starts:
+            self._segments.append(Segment(directory, start))
+            self._starts.append(start)
+
+    # -- shape -------------------------------------------------------------------------------
+    @property
+    def segments(self) -> list[Segment]:
+        with self._lock:
+            return list(self._segments)
+
+    @property
+    def min_offset(self) -> int:
+        with self._lock:
+            return self._segments[0].start_offset if self._segments else 0
+
+    @property
+    def max_offset(self) -> int:
+        with self._lock:
+            return self._segments[-1].end_offset if self._segments else 0
+
+    def ensure_active(self, start_offset: int) -> None:
+        """Create the first segment at ``start_offset`` when the log has none."""
+        with self._lock:
+            if not self._segments:
+                self._add_segment(start_offset)
+
+    def _add_segment(self, start_offset: int) -> Segment:
+        seg = Segment(self.directory, start_offset, create=True)
+        fsync_dir(self.directory)
+        self._segments.append(seg)
+        self._starts.append(start_offset)
+        return seg
+
+    # -- writes ------------------------------------------------------------------------------
+    def append(self, batches: list[list[bytes]]) -> int:
+        """Append batches (each a list of byte chunks); return the new max offset.
+
+        The caller serialises appends and has already written each batch's offset into its
+        header, computed from ``max_offset``. A batch never spans two segments.
+        """
+        with self._lock:
+            active = self._segments[-1]
+        pending: list[bytes] = []
+        pending_bytes = 0
+        for chunks in batches:
+            size = sum(len(c) for c in chunks)
+            if active.size_bytes + pending_bytes > 0 and active.size_bytes + pending_bytes + size > self.segment_bytes:
+                if pending:
+                    active.append(pending)
+                    pending, pending_bytes = [], 0
+                active = self._roll(active)
+            pending += chunks
+            pending_bytes += size
+        if pending:
+            failpoint("commitlog_before_write")
+            active.append(pending)
+            failpoint("commitlog_after_write")
+        return active.end_offset
+
+    def _roll(self, active: Segment) -> Segment:
+        with self._lock:
+            self._unsynced.append(active)
+            return self._add_segment(active.end_offset)
+
+    def sync(self) -> int:
+        """fdatasync everything written so far; return the offset that is now durable."""
+        with self._lock:
+            active = self._segments[-1] if self._segments else None
+            rolled, self._unsynced = self._unsynced, []
+            target = active.end_offset if active else 0
+        for seg in rolled:
+            seg.sync()
+        if active is not None:
+            failpoint("commitlog_before_fsync")
+            active.sync()
+            failpoint("commitlog_after_fsync")
+        return target
+
+    def truncate(self, offset: int) -> None:
+        """Remove every byte at or above ``offset`` (a batch boundary), durably."""
+        with self._lock:
+            while len(self._segments) > 1 and self._segments[-1].start_offset >= offset:
+                seg = self._segments.pop()
+                self._starts.pop()
+                seg.close()
+                os.unlink(seg.path)
+            if self._segments:
+                seg = self._segments[-1]
+                if seg.end_offset > offset:
+                    seg.truncate(max(0, offset - seg.start_offset))
+            fsync_dir(self.directory)
+
+    def delete_segments_below(self, offset: int) -> list[str]:
+        """Delete whole non-active segments that end at or below ``offset``; return their paths."""
+        removed: list[str] = []
+        with self._lock:
+            while len(self._segments) > 1 and self._segments[0].end_offset <= offset:
+                seg = self._segments.pop(0)
+                self._starts.pop(0)
+                seg.close()
+                os.unlink(seg.path)
+                removed.append(seg.path)
+        if removed:
+            fsync_dir(self.directory)
+        return removed
+
+    # -- reads -------------------------------------------------------------------------------
+    def read(self, offset: int, length: int) -> bytes:
+        """Bytes [offset, offset+length) clipped to the log's end; may span segments."""
+        parts: list[bytes] = []
+        with self._lock:
+            i = bisect.bisect_right(self._starts, offset) - 1
+            segs = self._segments[max(i, 0) :]
+        for seg in segs:
+            if length <= 0:
+                break
+            if offset >= seg.end_offset:
+                continue
+            if offset < seg.start_offset:
+                break  # below the log start: the caller checks min_offset
+            chunk = seg.read(offset - seg.start_offset, min(length, seg.end_offset - offset))
+            if not chunk:
+                break
+            parts.append(chunk)
+            offset += len(chunk)
+            length -= len(chunk)
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def close(self) -> None:
+        with self._lock:
+            for seg in self._segments:
+                seg.close()
+            self._segments.clear()
+            self._starts.clear()

@@ -1,0 +1,155 @@
+"""Configuration: defaults < TOML file < ``TIDEMARK_SECTION__KEY`` environment < command-line flags.
+
+Every key, its default and unit are documented in ``deploy/tidemark.toml``; ``KEYS`` below is the
+single source of truth for names, types and bounds. Errors name the key and the reason.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MiB = 1 << 20
+GiB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Any
+    kind: type
+    minimum: int | None = None
+    maximum: int | None = None
+    choices: tuple[str, ...] = ()
+    reloadable: bool = False
+
+
+KEYS: dict[str, Key] = {
+    "node.data_dir": Key("./tidemark-data", str),
+    "node.listen": Key("127.0.0.1:7600", str),
+    "node.role": Key("master", str, choices=("master", "slave")),
+    "node.master": Key("", str),
+    "node.metrics_listen": Key("", str),
+    "node.cluster_id": Key("", str),
+    "node.node_id": Key("", str),
+    "commitlog.segment_bytes": Key(GiB, int, minimum=64 * 1024, maximum=1 << 40),
+    "commitlog.flush_interval_ms": Key(5, int, minimum=1, maximum=60_000),
+    "checkpoint.interval_ms": Key(1000, int, minimum=10, maximum=3_600_000),
+    "offsets.flush_interval_ms": Key(100, int, minimum=1, maximum=60_000),
+    "offsets.buffer_entries_max": Key(10_000, int, minimum=1, maximum=10_000_000),
+    "storage.min_free_bytes": Key(64 * MiB, int, minimum=0, reloadable=True),
+    "retention.local_bytes": Key(0, int, minimum=0, reloadable=True),
+    "retention.local_ms": Key(0, int, minimum=0, reloadable=True),
+    "retention.check_interval_ms": Key(10_000, int, minimum=10, maximum=3_600_000),
+    "replication.min_insync_replicas": Key(1, int, minimum=1, maximum=2),
+    "limits.request_bytes_max": Key(64 * MiB, int, minimum=64 * 1024, maximum=1 * GiB),
+    "limits.pull_wait_ms_max": Key(30_000, int, minimum=0, maximum=600_000, reloadable=True),
+    "limits.pull_messages_max": Key(100_000, int, minimum=1, maximum=10_000_000, reloadable=True),
+    "limits.pull_bytes_max": Key(16 * MiB, int, minimum=1024, maximum=1 * GiB, reloadable=True),
+    "limits.send_timeout_ms": Key(10_000, int, minimum=1, maximum=600_000, reloadable=True),
+    "limits.grpc_workers": Key(16, int, minimum=1, maximum=256),
+    "log.level": Key("info", str, choices=("debug", "info", "warning", "error"), reloadable=True),
+    "log.format": Key("console", str, choices=("console", "json")),
+}
+
+ENV_PREFIX = "TIDEMARK_"
+
+
+class ConfigError(Exception):
+    """Invalid configuration; ``str()`` is one line naming the key."""
+
+
+def _coerce(name: str, key: Key, value: Any) -> Any:
+    if key.kind is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        if isinstance(value, str):
+            try:
+                value = int(value.replace("_", ""))
+            except ValueError:
+                raise ConfigError(f"{name}: expected an integer, got {value!r}") from None
+        if not isinstance(value, int):
+            raise ConfigError(f"{name}: expected an integer, got {value!r}")
+        if key.minimum is not None and value < key.minimum:
+            raise ConfigError(f"{name}: {value} is below the minimum {key.minimum}")
+        if key.maximum is not None and value > key.maximum:
+            raise ConfigError(f"{name}: {value} is above the maximum {key.maximum}")
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(f"{name}: expected a string, got {value!r}")
+    if key.choices and value not in key.choices:
+        raise ConfigError(f"{name}: {value!r} is not one of {', '.join(key.choices)}")
+    return value
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        full = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.update(_flatten(v, full + "."))
+        else:
+            out[full] = v
+    return out
+
+
+class Config:
+    """Validated settings; read with ``config["section.key"]``."""
+
+    def __init__(self, values: Mapping[str, Any]) -> None:
+        self._values = dict(values)
+
+    def __getitem__(self, name: str) -> Any:
+        return self._values[name]
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(self._values)
+
+    @classmethod
+    def build(
+        cls,
+        file_values: Mapping[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> Config:
+        values = {name: key.default for name, key in KEYS.items()}
+        layers: list[Mapping[str, Any]] = [_flatten(file_values or {})]
+        env = os.environ if environ is None else environ
+        layers.append(
+            {k[len(ENV_PREFIX):].lower().replace("__", "."): v for k, v in env.items()
+             if k.startswith(ENV_PREFIX) and "__" in k}
+        )
+        layers.append({k: v for k, v in (overrides or {}).items() if v is not None})
+        for layer in layers:
+            for name, value in layer.items():
+                key = KEYS.get(name)
+                if key is None:
+                    raise ConfigError(f"{name}: unknown key")
+                values[name] = _coerce(name, key, value)
+        _check_address("node.listen", values["node.listen"])
+        if values["node.metrics_listen"]:
+            _check_address("node.metrics_listen", values["node.metrics_listen"])
+        if values["node.role"] == "slave" and not values["node.master"]:
+            raise ConfigError("node.master: required when node.role is slave")
+        return cls(values)
+
+    @classmethod
+    def load(cls, path: str | None, overrides: Mapping[str, Any] | None = None) -> Config:
+        file_values: dict[str, Any] = {}
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    file_values = tomllib.load(f)
+            except OSError as exc:
+                raise ConfigError(f"{path}: cannot read: {exc.strerror}") from None
+            except tomllib.TOMLDecodeError as exc:
+                raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        return cls.build(file_values, overrides)
+
+
+def _check_address(name: str, value: str) -> None:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"{name}: {value!r} is not HOST:PORT")

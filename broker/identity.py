@@ -1,0 +1,40 @@
+"""Data-directory identity: cluster id and node id, persisted with the atomic-file helper."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import dataclass
+
+from broker import atomic_file
+from broker.invariant import StartupRefused
+
+MAGIC = b"TMID"
+VERSION = 1
+FILE_NAME = "identity"
+
+
+@dataclass(frozen=True)
+class Identity:
+    cluster_id: str
+    node_id: str
+
+
+def load_or_create(data_dir: str, *, is_new: bool, cluster_id: str = "", node_id: str = "") -> Identity:
+    path = os.path.join(data_dir, FILE_NAME)
+    loaded = atomic_file.load(path, MAGIC, VERSION)
+    if loaded is None:
+        if not is_new:
+            raise StartupRefused(
+                f"{path}: no valid identity file in a data directory that holds data; "
+                "restore it from backup (or from its .broken copy after inspection)"
+            )
+        ident = Identity(cluster_id or uuid.uuid4().hex, node_id or uuid.uuid4().hex[:12])
+        atomic_file.persist(path, MAGIC, VERSION, json.dumps(ident.__dict__).encode())
+        return ident
+    data = json.loads(loaded.payload)
+    ident = Identity(str(data["cluster_id"]), str(data["node_id"]))
+    if cluster_id and cluster_id != ident.cluster_id:
+        raise StartupRefused(f"{path}: data directory belongs to cluster {ident.cluster_id}, config says {cluster_id}")
+    return ident

@@ -1,0 +1,26 @@
+"""Prometheus metrics of one daemon process (served on ``--metrics-listen``)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry()
+
+SEND_MESSAGES = Counter("tidemark_send_messages", "Messages appended by send requests", registry=REGISTRY)
+SEND_BYTES = Counter("tidemark_send_bytes", "Bytes appended by send requests", registry=REGISTRY)
+SEND_REQUESTS = Counter("tidemark_send_requests", "Send requests by outcome", ["outcome"], registry=REGISTRY)
+PULL_MESSAGES = Counter("tidemark_pull_messages", "Messages returned by pull requests", registry=REGISTRY)
+PULL_BYTES = Counter("tidemark_pull_bytes", "Bytes returned by pull requests", registry=REGISTRY)
+FSYNC_SECONDS = Histogram(
+    "tidemark_fsync_seconds", "Commit-log fdatasync latency", registry=REGISTRY,
+    buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 2.0),
+)
+OFFSET = Gauge("tidemark_offset_bytes", "Commit-log offsets", ["kind"], registry=REGISTRY)
+VIEW_LAG = Gauge("tidemark_view_lag_bytes", "Confirm offset minus the view's applied offset", ["view"], registry=REGISTRY)
+RECOVERY_SECONDS = Gauge("tidemark_recovery_seconds", "Duration of the last start-up recovery", registry=REGISTRY)
+SEGMENTS = Gauge("tidemark_segments", "Commit-log segment files", registry=REGISTRY)
+FREE_DISK = Gauge("tidemark_free_disk_bytes", "Free bytes on the data directory's filesystem", registry=REGISTRY)
+GROUP_LAG = Gauge(
+    "tidemark_consumer_group_lag_messages", "Queue end minus the group's committed offset",
+    ["group", "topic", "queue"], registry=REGISTRY,
+)

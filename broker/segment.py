@@ -1,0 +1,62 @@
+"""One commit-log segment file: ``<start offset, 20 digits>.log`` holding whole batches."""
+
+from __future__ import annotations
+
+import os
+
+from broker.failpoints import durable_sync, note_created
+
+SUFFIX = ".log"
+
+
+def segment_name(start_offset: int) -> str:
+    return f"{start_offset:020d}{SUFFIX}"
+
+
+def parse_segment_name(name: str) -> int | None:
+    """Start offset encoded in a segment file name, None for other files."""
+    if not name.endswith(SUFFIX) or len(name) != 20 + len(SUFFIX):
+        return None
+    stem = name[:20]
+    return int(stem) if stem.isdigit() else None
+
+
+class Segment:
+    """An open segment: append with writev, read with pread, sync with fdatasync."""
+
+    def __init__(self, directory: str, start_offset: int, *, create: bool = False) -> None:
+        self.start_offset = start_offset
+        self.path = os.path.join(directory, segment_name(start_offset))
+        flags = os.O_RDWR | os.O_APPEND
+        if create:
+            flags |= os.O_CREAT | os.O_EXCL
+        self.fd = os.open(self.path, flags, 0o600)
+        if create:
+            note_created(self.path)
+        self.size_bytes = os.fstat(self.fd).st_size
+
+    @property
+    def end_offset(self) -> int:
+        return self.start_offset + self.size_bytes
+
+    def append(self, chunks: list[bytes]) -> None:
+        total = sum(len(c) for c in chunks)
+        written = os.writev(self.fd, chunks)
+        if written != total:  # partial write (e.g. disk full): undo so no torn batch remains
+            os.ftruncate(self.fd, self.size_bytes)
+            raise OSError(28, f"short write to {self.path}: {written} of {total} bytes")
+        self.size_bytes += total
+
+    def read(self, position: int, length: int) -> bytes:
+        return os.pread(self.fd, length, position)
+
+    def sync(self) -> None:
+        durable_sync(self.fd, self.path)
+
+    def truncate(self, size_bytes: int) -> None:
+        os.ftruncate(self.fd, size_bytes)
+        self.size_bytes = size_bytes
+        durable_sync(self.fd, self.path, data_only=False)
+
+    def close(self) -> None:
+        os.close(self.fd)

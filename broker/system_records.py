@@ -1,0 +1,44 @@
+"""Records of the ``__metadata`` system topic: metadata changes as JSON bodies.
+
+Each record's key is the change type; its body is a JSON object. Types:
+
+- ``topic.create``   ``{"topic": str, "queues": int}``
+- ``topic.delete``   ``{"topic": str}``
+- ``offsets.commit`` ``{"offsets": [[group, topic, queue, offset], ...]}`` (one batched record)
+
+Spec: docs/formats/metadata-records.md.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+METADATA_TOPIC = "__metadata"
+SYSTEM_PREFIX = "__"
+SYSTEM_TOPICS = (METADATA_TOPIC,)
+TOPIC_CREATE = "topic.create"
+TOPIC_DELETE = "topic.delete"
+OFFSETS_COMMIT = "offsets.commit"
+
+_TOPIC_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
+QUEUES_MAX = 1024
+
+
+def topic_name_error(name: str) -> str | None:
+    """Why ``name`` is not a valid user topic name, or None when it is."""
+    if name.startswith(SYSTEM_PREFIX):
+        return f"topic name {name!r} is reserved: names starting with '__' are system topics"
+    if not _TOPIC_RE.match(name):
+        return f"invalid topic name {name!r}: use 1-127 of [A-Za-z0-9._-], starting alphanumeric"
+    return None
+
+
+def encode(change_type: str, fields: dict[str, Any]) -> tuple[bytes, bytes]:
+    """(key, body) of one metadata record."""
+    return change_type.encode(), json.dumps(fields, separators=(",", ":")).encode()
+
+
+def decode(key: bytes | memoryview, body: bytes | memoryview) -> tuple[str, dict[str, Any]]:
+    return bytes(key).decode(), json.loads(bytes(body))

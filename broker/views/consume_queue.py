@@ -1,0 +1,284 @@
+"""Consume queues: per topic queue, one fixed-size entry per batch. Spec: docs/formats/consume-queue.md.
+
+Entry (32 bytes, little-endian)::
+
+    u64 base_queue_offset | u64 commit_offset | u32 batch_bytes | u32 record_count | u64 store_time_ms
+
+Entries are ordered by queue offset, commit offset and store time alike (the master assigns store
+times monotonically), so one binary search answers "where is queue offset q" and another "which
+offset was stored at time t": the entries are also the time index. Files live in
+``cq/<topic>.<topic id>/<queue>.cq``; the topic id is the commit offset of the record that created
+it, so a deleted and re-created topic never reuses a file.
+
+Checkpoint (atomic file ``consume_queue.ckpt``, JSON payload): applied offset, topics known to
+this view, and each file's length. Recovery truncates files to those lengths and replays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import struct
+import threading
+from dataclasses import dataclass
+
+from broker import atomic_file, system_records
+from broker.batch_format import BatchHeader, iter_records
+from broker.failpoints import durable_sync, failpoint, fsync_dir, note_created
+from broker.invariant import CorruptionError, invariant
+
+ENTRY = struct.Struct("<QQIIQ")
+ENTRY_BYTES = ENTRY.size
+CHECKPOINT_MAGIC = b"TMCQ"
+CHECKPOINT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    base_queue_offset: int
+    commit_offset: int
+    batch_bytes: int
+    record_count: int
+    store_time_ms: int
+
+
+class QueueFile:
+    """One queue's entry file. Written by the dispatcher thread, read by any thread."""
+
+    def __init__(self, path: str, *, create: bool) -> None:
+        self.path = path
+        if create:
+            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            note_created(path)
+        else:
+            self.fd = os.open(path, os.O_RDWR | os.O_APPEND)
+        size = os.fstat(self.fd).st_size
+        invariant(size % ENTRY_BYTES == 0, f"{path}: size {size} is not a multiple of {ENTRY_BYTES}")
+        self.entries = size // ENTRY_BYTES  # published: visible to readers
+        self._pending = bytearray()
+        self._pending_entries = 0
+        self._pending_count = 0
+        self.next_queue_offset = 0
+        self.dirty = False
+        if self.entries:
+            last = self.entry(self.entries - 1)
+            self.next_queue_offset = last.base_queue_offset + last.record_count
+
+    def add(self, header: BatchHeader) -> None:
+        invariant(
+            header.base_queue_offset == self.next_queue_offset + self._pending_count,
+            f"{self.path}: batch at {header.base_offset} has queue offset {header.base_queue_offset}, "
+            f"expected {self.next_queue_offset + self._pending_count}",
+        )
+        self._pending += ENTRY.pack(
+            header.base_queue_offset, header.base_offset, header.batch_bytes, header.record_count, header.store_time_ms
+        )
+        self._pending_entries += 1
+        self._pending_count += header.record_count
+
+    def publish(self) -> None:
+        if not self._pending:
+            return
+        os.write(self.fd, self._pending)
+        self.entries += self._pending_entries
+        self.next_queue_offset += self._pending_count
+        self._pending = bytearray()
+        self._pending_entries = 0
+        self._pending_count = 0
+        self.dirty = True
+
+    def sync(self) -> None:
+        if self.dirty:
+            durable_sync(self.fd, self.path)
+            self.dirty = False
+
+    def entry(self, index: int) -> Entry:
+        data = os.pread(self.fd, ENTRY_BYTES, index * ENTRY_BYTES)
+        if len(data) != ENTRY_BYTES:
+            raise CorruptionError("consume queue entry truncated", path=self.path, offset=index * ENTRY_BYTES)
+        return Entry(*ENTRY.unpack(data))
+
+    def entries_from(self, index: int, count: int) -> list[Entry]:
+        data = os.pread(self.fd, count * ENTRY_BYTES, index * ENTRY_BYTES)
+        return [Entry(*t) for t in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY_BYTES])]
+
+    def _search(self, field: int, value: int, count: int) -> int:
+        """Index of the first published entry whose ``field`` exceeds ``value`` (bisect_right)."""
+        lo, hi = 0, count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if ENTRY.unpack(os.pread(self.fd, ENTRY_BYTES, mid * ENTRY_BYTES))[field] <= value:
+                lo = mid + 1
+            else:
+                hi = mid
+        return lo
+
+    def locate(self, queue_offset: int) -> int:
+        """Index of the entry holding ``queue_offset`` (or ``entries`` when past the end)."""
+        count = self.entries
+        if count and queue_offset >= self.entry(count - 1).base_queue_offset:
+            return count - 1 if queue_offset < self.next_queue_offset else count
+        return max(0, self._search(0, queue_offset, count) - 1)
+
+    def first_at_time(self, timestamp_ms: int) -> int:
+        """Index of the first entry stored at or after ``timestamp_ms``."""
+        return self._search(4, timestamp_ms - 1, self.entries)
+
+    def first_at_commit(self, commit_offset: int) -> int:
+        """Index of the first entry whose batch starts at or after ``commit_offset``."""
+        return self._search(1, commit_offset - 1, self.entries)
+
+    def truncate(self, entries: int) -> None:
+        os.ftruncate(self.fd, entries * ENTRY_BYTES)
+        durable_sync(self.fd, self.path, data_only=False)
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+@dataclass
+class TopicInfo:
+    topic_id: int
+    queues: int
+
+
+class ConsumeQueueView:
+    """All queues' entry files plus the topics this view has seen created."""
+
+    name = "consume_queue"
+
+    def __init__(self, directory: str, checkpoint_path: str) -> None:
+        self.directory = directory
+        self.checkpoint_path = checkpoint_path
+        os.makedirs(directory, exist_ok=True)
+        self.applied_offset = 0
+        self.topics: dict[str, TopicInfo] = {system_records.METADATA_TOPIC: TopicInfo(0, 1)}
+        self._files: dict[tuple[str, int], QueueFile] = {}
+        self._round: set[QueueFile] = set()
+        self._doomed: list[str] = []  # dirs of deleted topics, removed once a checkpoint forgets them
+        self._lock = threading.Lock()  # guards topics/_files against concurrent readers
+
+    # -- recovery ------------------------------------------------------------------------------
+    def load(self) -> bool:
+        """Load the newest valid checkpoint; False when none exists (fresh view at offset 0)."""
+        loaded = atomic_file.load(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION)
+        if loaded is None:
+            self._reset(0)
+            return False
+        state = json.loads(loaded.payload)
+        self.applied_offset = int(state["applied_offset"])
+        self.topics = {name: TopicInfo(int(t["id"]), int(t["queues"])) for name, t in state["topics"].items()}
+        lengths: dict[str, int] = state["files"]
+        expected = {self._topic_dir(n) for n in self.topics}
+        for entry in os.listdir(self.directory):  # topic dirs the checkpoint does not know: newer than it
+            if entry not in expected:
+                shutil.rmtree(os.path.join(self.directory, entry))
+        for name, info in self.topics.items():
+            tdir = os.path.join(self.directory, self._topic_dir(name))
+            os.makedirs(tdir, exist_ok=True)
+            for q in range(info.queues):
+                rel = f"{self._topic_dir(name)}/{q}.cq"
+                path = os.path.join(self.directory, rel)
+                want = int(lengths.get(rel, 0))
+                exists = os.path.exists(path)
+                if exists and os.path.getsize(path) < want:
+                    raise CorruptionError(f"consume queue shorter than its checkpoint ({want} bytes)", path=path)
+                if not exists and want:
+                    raise CorruptionError(f"consume queue missing ({want} bytes checkpointed)", path=path)
+                qf = QueueFile(path, create=not exists)
+                if qf.entries * ENTRY_BYTES > want:
+                    qf.truncate(want // ENTRY_BYTES)
+                    qf.close()
+                    qf = QueueFile(path, create=False)
+                self._files[(name, q)] = qf
+        return True
+
+    def _reset(self, applied_offset: int) -> None:
+        for qf in self._files.values():
+            qf.close()
+        self._files.clear()
+        shutil.rmtree(self.directory, ignore_errors=True)
+        os.makedirs(self.directory, exist_ok=True)
+        self.applied_offset = applied_offset
+        self.topics = {system_records.METADATA_TOPIC: TopicInfo(0, 1)}
+        self._create_files(system_records.METADATA_TOPIC)
+
+    def _topic_dir(self, name: str) -> str:
+        return f"{name}.{self.topics[name].topic_id}"  # topic names are file-name safe
+
+    def _create_files(self, name: str) -> None:
+        info = self.topics[name]
+        tdir = os.path.join(self.directory, self._topic_dir(name))
+        os.makedirs(tdir, exist_ok=True)
+        for q in range(info.queues):
+            path = os.path.join(tdir, f"{q}.cq")
+            self._files[(name, q)] = QueueFile(path, create=True)
+        fsync_dir(self.directory)
+
+    # -- apply --------------------------------------------------------------------------------
+    def apply(self, header: BatchHeader, batch: memoryview) -> None:
+        qf = self._files.get((header.topic, header.queue_id))
+        if qf is not None:
+            qf.add(header)
+            self._round.add(qf)
+        if header.topic == system_records.METADATA_TOPIC:
+            for _, key, _, body in iter_records(batch, header):
+                change, fields = system_records.decode(key, body)
+                if change == system_records.TOPIC_CREATE and fields["topic"] not in self.topics:
+                    self._publish_round()
+                    with self._lock:
+                        self.topics[fields["topic"]] = TopicInfo(header.base_offset, int(fields["queues"]))
+                        self._create_files(fields["topic"])
+                elif change == system_records.TOPIC_DELETE and fields["topic"] in self.topics:
+                    self._publish_round()
+                    self._drop_topic(fields["topic"])
+
+    def _drop_topic(self, name: str) -> None:
+        with self._lock:
+            info = self.topics.pop(name)
+            for q in range(info.queues):
+                qf = self._files.pop((name, q), None)
+                if qf is not None:
+                    self._round.discard(qf)
+                    qf.close()
+        self._doomed.append(os.path.join(self.directory, f"{name}.{info.topic_id}"))
+
+    def _publish_round(self) -> None:
+        for qf in self._round:
+            qf.publish()
+        self._round.clear()
+
+    def end_round(self, offset: int) -> None:
+        self._publish_round()
+        self.applied_offset = offset
+
+    def checkpoint(self) -> None:
+        with self._lock:
+            files = [(f"{self._topic_dir(name)}/{q}.cq", qf) for (name, q), qf in self._files.items()]
+            topics = {n: {"id": t.topic_id, "queues": t.queues} for n, t in self.topics.items()}
+        for _, qf in files:
+            qf.sync()
+        failpoint("cq_before_checkpoint")
+        state = {
+            "applied_offset": self.applied_offset,
+            "topics": topics,
+            "files": {rel: qf.entries * ENTRY_BYTES for rel, qf in files},
+        }
+        atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, json.dumps(state).encode())
+        failpoint("cq_after_checkpoint")
+        doomed, self._doomed = self._doomed, []
+        for path in doomed:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+    # -- reads --------------------------------------------------------------------------------
+    def queue(self, topic: str, queue_id: int) -> QueueFile | None:
+        with self._lock:
+            return self._files.get((topic, queue_id))
+
+    def close(self) -> None:
+        with self._lock:
+            for qf in self._files.values():
+                qf.close()
+            self._files.clear()

@@ -1,0 +1,156 @@
+"""The metadata view in LMDB: topics, subscription groups, consumer offsets.
+
+Databases (keys UTF-8, values JSON or u64 LE); spec docs/formats/metadata-lmdb.md:
+
+- ``topics``  name → ``{"id": create offset, "queues": n}``
+- ``groups``  group → ``{"created_offset": n}`` (created by a group's first offset commit)
+- ``offsets`` ``group\\0topic\\0queue`` → u64 next offset to consume
+- ``meta``    ``applied_offset`` → u64
+
+One write transaction carries both a round's changes and the view's applied offset, so the
+state and the offset it reflects can never disagree. LMDB keeps its default durable sync.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import threading
+from typing import Any
+
+import lmdb
+
+from broker import system_records
+from broker.batch_format import BatchHeader, iter_records
+from broker.failpoints import failpoint
+
+_U64 = struct.Struct("<Q")
+MAP_SIZE_BYTES = 64 << 30  # address space, not disk
+
+
+def _offset_key(group: str, topic: str, queue: int) -> bytes:
+    return f"{group}\0{topic}\0{queue}".encode()
+
+
+class MetadataView:
+    name = "metadata"
+
+    def __init__(self, directory: str) -> None:
+        os.makedirs(directory, exist_ok=True)
+        self.env = lmdb.open(directory, map_size=MAP_SIZE_BYTES, max_dbs=8, subdir=True)
+        self._topics_db = self.env.open_db(b"topics")
+        self._groups_db = self.env.open_db(b"groups")
+        self._offsets_db = self.env.open_db(b"offsets")
+        self._meta_db = self.env.open_db(b"meta")
+        self._lock = threading.Lock()
+        self.topics: dict[str, dict[str, int]] = {}
+        self.applied_offset = 0
+        self._stored_offset = 0
+        self._txn: lmdb.Transaction | None = None
+        self.changes_applied = 0
+
+    def load(self) -> bool:
+        """Read state from LMDB; False when the environment holds no applied offset yet."""
+        with self.env.begin() as txn:
+            raw = txn.get(b"applied_offset", db=self._meta_db)
+            topics = {bytes(k).decode(): json.loads(bytes(v)) for k, v in txn.cursor(db=self._topics_db)}
+        self.topics = topics
+        if raw is None:
+            return False
+        self.applied_offset = self._stored_offset = _U64.unpack(raw)[0]
+        return True
+
+    # -- apply --------------------------------------------------------------------------------
+    def apply(self, header: BatchHeader, batch: memoryview) -> None:
+        if header.topic != system_records.METADATA_TOPIC:
+            return
+        if self._txn is None:
+            self._txn = self.env.begin(write=True)
+        txn = self._txn
+        for _, key, _, body in iter_records(batch, header):
+            change, fields = system_records.decode(key, body)
+            self._apply_change(txn, header.base_offset, change, fields)
+            self.changes_applied += 1
+
+    def _apply_change(self, txn: lmdb.Transaction, offset: int, change: str, fields: dict[str, Any]) -> None:
+        if change == system_records.TOPIC_CREATE:
+            name = fields["topic"]
+            if name not in self.topics:
+                info = {"id": offset, "queues": int(fields["queues"])}
+                txn.put(name.encode(), json.dumps(info).encode(), db=self._topics_db)
+                with self._lock:
+                    self.topics[name] = info
+        elif change == system_records.TOPIC_DELETE:
+            name = fields["topic"]
+            if name in self.topics:
+                txn.delete(name.encode(), db=self._topics_db)
+                with self._lock:
+                    del self.topics[name]
+                cursor = txn.cursor(db=self._offsets_db)
+                doomed = [bytes(k) for k, _ in cursor if bytes(k).split(b"\0")[1] == name.encode()]
+                for k in doomed:
+                    txn.delete(k, db=self._offsets_db)
+        elif change == system_records.OFFSETS_COMMIT:
+            for group, topic, queue, value in fields["offsets"]:
+                if topic not in self.topics:
+                    continue
+                gkey = group.encode()
+                if txn.get(gkey, db=self._groups_db) is None:
+                    txn.put(gkey, json.dumps({"created_offset": offset}).encode(), db=self._groups_db)
+                txn.put(_offset_key(group, topic, int(queue)), _U64.pack(int(value)), db=self._offsets_db)
+
+    def end_round(self, offset: int) -> None:
+        self.applied_offset = offset
+        if self._txn is not None:
+            self._commit(offset)
+
+    def _commit(self, offset: int) -> None:
+        txn = self._txn if self._txn is not None else self.env.begin(write=True)
+        self._txn = None
+        txn.put(b"applied_offset", _U64.pack(offset), db=self._meta_db)
+        failpoint("metadata_before_commit")
+        txn.commit()
+        self._stored_offset = offset
+
+    def checkpoint(self) -> None:
+        if self.applied_offset != self._stored_offset:
+            self._commit(self.applied_offset)
+
+    # -- reads --------------------------------------------------------------------------------
+    def topic(self, name: str) -> dict[str, int] | None:
+        with self._lock:
+            return self.topics.get(name)
+
+    def list_topics(self) -> dict[str, dict[str, int]]:
+        with self._lock:
+            return dict(self.topics)
+
+    def committed_offset(self, group: str, topic: str, queue: int) -> int | None:
+        with self.env.begin() as txn:
+            raw = txn.get(_offset_key(group, topic, queue), db=self._offsets_db)
+        return None if raw is None else int(_U64.unpack(raw)[0])
+
+    def group_offsets(self) -> list[tuple[str, str, int, int]]:
+        """Every (group, topic, queue, offset), for lag metrics."""
+        out: list[tuple[str, str, int, int]] = []
+        with self.env.begin() as txn:
+            for k, v in txn.cursor(db=self._offsets_db):
+                g, t, q = bytes(k).decode().split("\0")
+                out.append((g, t, int(q), int(_U64.unpack(bytes(v))[0])))
+        return out
+
+    def dump(self) -> dict[str, Any]:
+        """Whole state as plain data, for tests comparing two nodes."""
+        with self.env.begin() as txn:
+            return {
+                "topics": {bytes(k).decode(): json.loads(bytes(v)) for k, v in txn.cursor(db=self._topics_db)},
+                "groups": sorted(bytes(k).decode() for k, _ in txn.cursor(db=self._groups_db)),
+                "offsets": self.group_offsets(),
+            }
+
+    def close(self) -> None:
+        if self._txn is not None:
+            self._txn.abort()
+            self._txn = None
+        self.env.close()

@@ -1,0 +1,113 @@
+"""Producer state for idempotent sends: per (producer id, topic, queue) the last few batches.
+
+A retried batch (same producer id and base sequence) gets its original receipt back and is
+stored once. The store keeps two instances: this view, applied up to the confirm offset and
+checkpointed, and a *tail* copy updated at append time (it must also see unconfirmed batches).
+The table is bounded: the least recently used producers are forgotten past ``producers_max``.
+
+Checkpoint: atomic file ``producer_state.ckpt``, JSON payload; docs/formats/producer-state.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from broker import atomic_file
+from broker.batch_format import NO_SEQUENCE, BatchHeader
+
+CHECKPOINT_MAGIC = b"TMPS"
+CHECKPOINT_VERSION = 1
+BATCHES_KEPT_PER_PRODUCER = 5
+PRODUCERS_MAX = 100_000
+
+Key = tuple[int, str, int]
+# (base_sequence, record_count, base_offset, base_queue_offset)
+Remembered = tuple[int, int, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SequenceVerdict:
+    """What to do with an incoming batch: append it, or answer with ``duplicate_of``."""
+
+    duplicate_of: Remembered | None = None
+    error: str = ""
+
+
+class ProducerTable:
+    def __init__(self, producers_max: int = PRODUCERS_MAX) -> None:
+        self.producers_max = producers_max
+        self.table: OrderedDict[Key, list[Remembered]] = OrderedDict()
+
+    def check(self, producer_id: int, topic: str, queue_id: int, base_sequence: int) -> SequenceVerdict:
+        if producer_id == 0 or base_sequence == NO_SEQUENCE:
+            return SequenceVerdict()
+        batches = self.table.get((producer_id, topic, queue_id))
+        if not batches:
+            return SequenceVerdict()
+        for remembered in batches:
+            if remembered[0] == base_sequence:
+                return SequenceVerdict(duplicate_of=remembered)
+        last = batches[-1]
+        expected = last[0] + last[1]
+        if base_sequence != expected:
+            return SequenceVerdict(error=f"out-of-order sequence {base_sequence} for producer {producer_id}, expected {expected}")
+        return SequenceVerdict()
+
+    def record(self, header: BatchHeader) -> None:
+        if header.producer_id == 0 or header.base_sequence == NO_SEQUENCE:
+            return
+        key = (header.producer_id, header.topic, header.queue_id)
+        batches = self.table.pop(key, [])
+        batches.append((header.base_sequence, header.record_count, header.base_offset, header.base_queue_offset))
+        del batches[:-BATCHES_KEPT_PER_PRODUCER]
+        self.table[key] = batches
+        while len(self.table) > self.producers_max:
+            self.table.popitem(last=False)
+
+    def copy(self) -> ProducerTable:
+        other = ProducerTable(self.producers_max)
+        other.table = OrderedDict((k, list(v)) for k, v in self.table.items())
+        return other
+
+    def to_json(self) -> list[list[object]]:
+        return [[k[0], k[1], k[2], [list(b) for b in v]] for k, v in self.table.items()]
+
+    @classmethod
+    def from_json(cls, rows: list[list[object]], producers_max: int = PRODUCERS_MAX) -> ProducerTable:
+        t = cls(producers_max)
+        for pid, topic, queue, batches in rows:
+            t.table[(int(pid), str(topic), int(queue))] = [tuple(b) for b in batches]  # type: ignore[misc,arg-type,call-overload]
+        return t
+
+
+class ProducerStateView:
+    name = "producer_state"
+
+    def __init__(self, checkpoint_path: str) -> None:
+        self.checkpoint_path = checkpoint_path
+        self.applied_offset = 0
+        self.producers = ProducerTable()
+
+    def load(self) -> bool:
+        loaded = atomic_file.load(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION)
+        if loaded is None:
+            return False
+        state = json.loads(loaded.payload)
+        self.applied_offset = int(state["applied_offset"])
+        self.producers = ProducerTable.from_json(state["producers"])
+        return True
+
+    def apply(self, header: BatchHeader, batch: memoryview) -> None:
+        self.producers.record(header)
+
+    def end_round(self, offset: int) -> None:
+        self.applied_offset = offset
+
+    def checkpoint(self) -> None:
+        payload = json.dumps({"applied_offset": self.applied_offset, "producers": self.producers.to_json()})
+        atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, payload.encode())
+
+    def close(self) -> None:
+        pass
