@@ -1,0 +1,254 @@
+"""The ``tidemark`` command line (DESIGN §8). Exit 0 ok, 1 runtime failure, 2 bad usage/config."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import sys
+import time
+from typing import Any
+
+from broker.config import Config, ConfigError
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> int:
+    print(f"tidemark: {message}", file=sys.stderr)
+    return code
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidemark", description="Tidemark broker daemon and tools")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the daemon")
+    s.add_argument("--config")
+    s.add_argument("--data-dir")
+    s.add_argument("--listen")
+    s.add_argument("--role", choices=("master", "slave"))
+    s.add_argument("--master")
+    s.add_argument("--metrics-listen")
+
+    sub.add_parser("demo", help="start a real daemon in a temporary directory and show what it does")
+
+    t = sub.add_parser("topic", help="create, list or delete topics")
+    tsub = t.add_subparsers(dest="topic_command", required=True)
+    tc = tsub.add_parser("create")
+    tc.add_argument("name")
+    tc.add_argument("--queues", type=int, default=1)
+    tc.add_argument("--broker", required=True)
+    tl = tsub.add_parser("list")
+    tl.add_argument("--broker", required=True)
+    tl.add_argument("--all", action="store_true", help="include system topics")
+    td = tsub.add_parser("delete")
+    td.add_argument("name")
+    td.add_argument("--broker", required=True)
+
+    se = sub.add_parser("send", help="send one message per stdin line; print one JSON receipt per line")
+    se.add_argument("topic")
+    se.add_argument("--broker", required=True)
+    se.add_argument("--key")
+    se.add_argument("--delay-ms", type=int)
+    se.add_argument("--ack", choices=("leader", "flush", "replica"), default="replica")
+    se.add_argument("--batch", type=int, default=1000, help="lines per request")
+
+    co = sub.add_parser("consume", help="print one JSON object per message")
+    co.add_argument("topic")
+    co.add_argument("--broker", required=True)
+    co.add_argument("--group")
+    co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest")
+    co.add_argument("--max", type=int, default=0, help="stop after N messages (0: no limit)")
+    co.add_argument("--timeout-ms", type=int, default=1000, help="stop after this long without messages")
+
+    st = sub.add_parser("status")
+    st.add_argument("--broker", required=True)
+    st.add_argument("--json", action="store_true")
+
+    cf = sub.add_parser("config", help="configuration tools")
+    cfs = cf.add_subparsers(dest="config_command", required=True)
+    cc = cfs.add_parser("check")
+    cc.add_argument("file")
+
+    lg = sub.add_parser("log", help="commit-log tools")
+    lgs = lg.add_subparsers(dest="log_command", required=True)
+    lv = lgs.add_parser("verify")
+    lv.add_argument("data_dir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from broker.client import BrokerError
+
+    cmd = args.command
+    try:
+        if cmd == "serve":
+            return _serve(args)
+        if cmd == "demo":
+            from broker.demo import run_demo
+
+            return run_demo()
+        if cmd == "config":
+            cfg = Config.load(args.file)
+            print(f"{args.file}: ok ({len(cfg.as_dict())} settings)")
+            return 0
+        if cmd == "log":
+            from broker.verify import verify_data_dir
+
+            return verify_data_dir(args.data_dir)
+        if cmd == "topic":
+            return _topic(args)
+        if cmd == "send":
+            return _send(args)
+        if cmd == "consume":
+            return _consume(args)
+        if cmd == "status":
+            return _status(args)
+    except BrokerError as exc:
+        code = EXIT_USAGE if exc.code.name in ("INVALID_ARGUMENT",) else EXIT_FAILURE
+        return _fail(f"{exc.code.name}: {exc.details}", code)
+    raise AssertionError(cmd)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from broker import logsetup
+    from broker.invariant import StartupRefused
+    from broker.server import serve
+
+    overrides = {
+        "node.data_dir": args.data_dir, "node.listen": args.listen, "node.role": args.role,
+        "node.master": args.master, "node.metrics_listen": args.metrics_listen,
+    }
+    cfg = Config.load(args.config, overrides)
+    if cfg["node.role"] == "slave":
+        return _fail("node.role: slave is not supported yet (replication is not implemented)", EXIT_USAGE)
+    logsetup.configure(cfg["log.level"], cfg["log.format"])
+    try:
+        return serve(cfg)
+    except StartupRefused as exc:
+        return _fail(f"refusing to start: {exc}")
+
+
+def _client(broker: str) -> Any:
+    from broker.client import BrokerClient
+
+    return BrokerClient([a.strip() for a in broker.split(",") if a.strip()])
+
+
+def _topic(args: argparse.Namespace) -> int:
+    with _client(args.broker) as c:
+        if args.topic_command == "create":
+            c.create_topic(args.name, queues=args.queues)
+            print(json.dumps({"created": args.name, "queues": args.queues}))
+        elif args.topic_command == "delete":
+            c.delete_topic(args.name)
+            print(json.dumps({"deleted": args.name}))
+        else:
+            for name, info in c.list_topics(include_system=args.all).items():
+                print(json.dumps({"name": name, **info}))
+    return 0
+
+
+def _send(args: argparse.Namespace) -> int:
+    from broker.client import Message
+
+    if args.delay_ms is not None:
+        return _fail("--delay-ms: timer messages are not supported yet", EXIT_USAGE)
+    with _client(args.broker) as c:
+        pending: list[Message] = []
+
+        def flush() -> None:
+            for r in c.send(args.topic, pending, ack=args.ack):
+                print(json.dumps({"topic": r.topic, "queue_id": r.queue_id, "queue_offset": r.queue_offset,
+                                  "commit_offset": r.commit_offset}))
+            pending.clear()
+
+        for line in sys.stdin.buffer:
+            pending.append(Message(body=line.rstrip(b"\n"), key=args.key))
+            if len(pending) >= args.batch:
+                flush()
+        if pending:
+            flush()
+        sys.stdout.flush()
+    return 0
+
+
+def _body_json(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"body_base64": base64.b64encode(body).decode()}
+
+
+def _consume(args: argparse.Namespace) -> int:
+    if args.start == "committed" and not args.group:
+        return _fail("--from committed needs --group", EXIT_USAGE)
+    with _client(args.broker) as c:
+        topics = c.list_topics(include_system=True)
+        if args.topic not in topics:
+            return _fail(f"NOT_FOUND: unknown topic {args.topic!r}")
+        queues = topics[args.topic]["queues"]
+        positions: dict[int, int] = {}
+        for q in range(queues):
+            if args.start == "latest":
+                positions[q] = topics[args.topic]["max_offsets"][q]
+            elif args.start == "committed":
+                committed = c.committed_offset(args.group, args.topic, q)
+                positions[q] = committed if committed is not None else 0
+            else:
+                positions[q] = c.pull(args.topic, q, 0, max_messages=1).min_offset
+        printed = 0
+        idle_since = time.monotonic()
+        while True:
+            got = 0
+            for q in range(queues):
+                want = 1000 if not args.max else min(1000, args.max - printed)
+                if want <= 0:
+                    break
+                res = c.pull(args.topic, q, positions[q], max_messages=want, max_wait_ms=0)
+                for m in res:
+                    print(json.dumps({"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+                                      "commit_offset": m.commit_offset, "key": m.key, "properties": m.properties,
+                                      "store_time_ms": m.store_time_ms, **_body_json(m.body)}))
+                got += len(res)
+                printed += len(res)
+                if len(res) and args.group:
+                    c.commit_offset(args.group, args.topic, q, res.next_offset)
+                positions[q] = res.next_offset
+            if args.max and printed >= args.max:
+                break
+            if got:
+                idle_since = time.monotonic()
+            elif (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+                break
+            else:
+                time.sleep(0.02)
+        sys.stdout.flush()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args.broker) as c:
+        st = c.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        for k, v in st.items():
+            print(f"{k:24} {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Python client: ``from broker.client import BrokerClient, Message``.
+
+Sends are batched per queue and encoded once; each batch carries this client's random producer
+id and a per-queue sequence, so a retried request (transient failure) lands exactly once.
+Pulled batches decode lazily: ``pull()`` returns a sequence whose items are built on access.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, overload
+
+import crc32c
+import grpc
+
+from broker import batch_format as bf
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+ACKS = {"replica": pb.ACK_REPLICA, "leader": pb.ACK_LEADER, "flush": pb.ACK_FLUSH}
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+RETRIES_MAX = 5
+REQUEST_BYTES_TARGET = 8 << 20
+MESSAGE_BYTES_MAX = 256 << 20
+_RECORD_HEAD = bf.RECORD_HEAD
+
+
+@dataclass(slots=True)
+class Message:
+    body: bytes
+    key: str | None = None
+    properties: dict[str, str] | None = None
+    deliver_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Receipt:
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    duplicate: bool = False
+    timer_offset: int | None = None
+    deliver_at_ms: int | None = None
+
+
+class PulledMessage:
+    """One pulled record; fields decode from the batch bytes when first read."""
+
+    __slots__ = ("_batch", "_key", "_pos", "_props", "commit_offset", "queue_id", "queue_offset",
+                 "store_time_ms", "topic")
+
+    def __init__(self, batch: memoryview, pos: int, topic: str, queue_id: int, queue_offset: int,
+                 commit_offset: int, store_time_ms: int) -> None:
+        self._batch = batch
+        self._pos = pos
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.commit_offset = commit_offset
+        self.store_time_ms = store_time_ms
+
+    @property
+    def body(self) -> bytes:
+        size, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
+        return bytes(self._batch[self._pos + 8 + kl + pl : self._pos + 4 + size])
+
+    @property
+    def key(self) -> str | None:
+        _, kl, _ = _RECORD_HEAD.unpack_from(self._batch, self._pos)
+        return bytes(self._batch[self._pos + 8 : self._pos + 8 + kl]).decode() if kl else None
+
+    @property
+    def properties(self) -> dict[str, str]:
+        _, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
+        start = self._pos + 8 + kl
+        return bf.decode_props(self._batch[start : start + pl]) if pl else {}
+
+    @property
+    def deliver_at_ms(self) -> int | None:
+        value = self.properties.get("__deliver_at_ms")
+        return int(value) if value is not None else None
+
+    def __repr__(self) -> str:
+        return f"PulledMessage({self.topic}/{self.queue_id}@{self.queue_offset})"
+
+
+class PullResult(Sequence[PulledMessage]):
+    """The messages of one pull, decoded lazily; ``next_offset`` is where to continue."""
+
+    def __init__(self, response: pb.PullResponse) -> None:
+        self.next_offset = response.next_offset
+        self.min_offset = response.min_offset
+        self.max_offset = response.max_offset
+        self._count = response.count
+        self._response = response
+        self._index: list[tuple[memoryview, int, bf.BatchHeader, int]] | None = None
+
+    def _build(self) -> list[tuple[memoryview, int, bf.BatchHeader, int]]:
+        index: list[tuple[memoryview, int, bf.BatchHeader, int]] = []
+        skip = self._response.skip_first
+        remaining = self._count
+        for raw in self._response.batches:
+            if remaining <= 0:
+                break
+            mv = memoryview(raw)
+            header = bf.decode_header(mv, 0)
+            positions = bf.record_positions(mv[header.records_at :], header.record_count)
+            for i in range(skip, len(positions)):
+                index.append((mv, header.records_at + positions[i], header, i))
+                remaining -= 1
+                if remaining == 0:
+                    break
+            skip = 0
+        self._index = index
+        return index
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> PulledMessage: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[PulledMessage]: ...
+    def __getitem__(self, i: int | slice) -> PulledMessage | list[PulledMessage]:
+        index = self._index if self._index is not None else self._build()
+        if isinstance(i, slice):
+            return [self._make(t) for t in index[i]]
+        return self._make(index[i])
+
+    def __iter__(self) -> Iterator[PulledMessage]:
+        index = self._index if self._index is not None else self._build()
+        for t in index:
+            yield self._make(t)
+
+    @staticmethod
+    def _make(t: tuple[memoryview, int, bf.BatchHeader, int]) -> PulledMessage:
+        mv, pos, h, i = t
+        return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos, h.store_time_ms)
+
+    def bodies(self) -> list[bytes]:
+        """All bodies at once, without building message objects."""
+        index = self._index if self._index is not None else self._build()
+        out = []
+        unpack = _RECORD_HEAD.unpack_from
+        for mv, pos, _, _ in index:
+            size, kl, pl = unpack(mv, pos)
+            out.append(bytes(mv[pos + 8 + kl + pl : pos + 4 + size]))
+        return out
+
+
+@dataclass
+class _Producer:
+    producer_id: int = field(default_factory=lambda: random.getrandbits(63) or 1)
+    sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+class BrokerError(Exception):
+    """A call failed; ``code`` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.details = message
+
+
+class BrokerClient:
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        root_certificates: bytes | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+        if not self.addresses:
+            raise ValueError("at least one broker address is needed")
+        self.timeout_s = timeout_s
+        self._root_certificates = root_certificates
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._current = 0
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.BrokerStub | None = None
+        self._lock = threading.Lock()
+        self._producer = _Producer()
+        self._queues: dict[str, int] = {}
+        self._round_robin = itertools.count()
+        self._connect(0)
+
+    # -- connection ----------------------------------------------------------------------------
+    def _connect(self, index: int) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._current = index % len(self.addresses)
+        address = self.addresses[self._current]
+        options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX)]
+        if self._root_certificates is not None:
+            creds = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
+            self._channel = grpc.secure_channel(address, creds, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.BrokerStub(self._channel)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, *, retry: bool = True, timeout_s: float | None = None) -> Any:
+        attempts = RETRIES_MAX if retry else 1
+        delay = 0.05
+        for attempt in range(attempts):
+            assert self._stub is not None
+            try:
+                return getattr(self._stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                if code in RETRYABLE and attempt + 1 < attempts:
+                    if len(self.addresses) > 1:
+                        self._connect(self._current + 1)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
+        raise AssertionError("unreachable")
+
+    # -- topics --------------------------------------------------------------------------------
+    def create_topic(self, name: str, queues: int = 1) -> None:
+        self._call("CreateTopic", pb.CreateTopicRequest(name=name, queues=queues), retry=False)
+        self._queues[name] = queues
+
+    def delete_topic(self, name: str) -> None:
+        self._call("DeleteTopic", pb.DeleteTopicRequest(name=name), retry=False)
+        self._queues.pop(name, None)
+
+    def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
+        resp = self._call("ListTopics", pb.ListTopicsRequest(include_system=include_system))
+        return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets)} for t in resp.topics}
+
+    def _queue_count(self, topic: str) -> int:
+        if topic not in self._queues:
+            topics = self.list_topics(include_system=True)
+            if topic not in topics:
+                raise BrokerError(grpc.StatusCode.NOT_FOUND, f"unknown topic {topic!r}")
+            self._queues[topic] = topics[topic]["queues"]
+        return self._queues[topic]
+
+    # -- send ----------------------------------------------------------------------------------
+    def pick_queue(self, topic: str, key: str | None) -> int:
+        queues = self._queue_count(topic)
+        if key is None:
+            return next(self._round_robin) % queues
+        return crc32c.crc32c(key.encode()) % queues
+
+    def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
+             timeout_ms: int | None = None) -> list[Receipt]:
+        if ack not in ACKS:
+            raise ValueError(f"ack must be one of {', '.join(ACKS)}")
+        if not messages:
+            return []
+        by_queue: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            by_queue.setdefault(self.pick_queue(topic, m.key), []).append(i)
+        receipts: list[Receipt | None] = [None] * len(messages)
+        with self._lock:
+            groups: list[tuple[pb.ProduceBatch, int, list[int], list[int]]] = []
+            for queue_id, idxs in by_queue.items():
+                items = []
+                for i in idxs:
+                    m = messages[i]
+                    if m.deliver_at_ms is not None:
+                        raise ValueError("timer messages (deliver_at_ms) are not supported yet")
+                    items.append((m.body, m.key.encode() if m.key else b"", bf.encode_props(m.properties)))
+                records, positions = bf.encode_records(items)
+                seq = self._producer.sequences.get((topic, queue_id), 0)
+                batch = pb.ProduceBatch(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                        base_sequence=seq, record_count=len(idxs),
+                                        records_crc=crc32c.crc32c(records), records=records)
+                groups.append((batch, queue_id, idxs, positions))
+            request = pb.SendRequest(batches=[g[0] for g in groups], ack=ACKS[ack], timeout_ms=timeout_ms or 0)
+            try:
+                resp = self._call("Send", request)
+            except BrokerError:
+                self._producer = _Producer()  # unknown outcome: never reuse these sequences
+                raise
+            for (batch, queue_id, idxs, positions), r in zip(groups, resp.receipts, strict=True):
+                self._producer.sequences[(topic, queue_id)] = batch.base_sequence + batch.record_count
+                records_at = r.commit_offset + bf.HEADER_BYTES + len(topic.encode())
+                for j, i in enumerate(idxs):
+                    receipts[i] = Receipt(topic, queue_id, r.base_queue_offset + j, records_at + positions[j], r.duplicate)
+        return [r for r in receipts if r is not None]
+
+    # -- pull ----------------------------------------------------------------------------------
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
+             max_wait_ms: int = 0, max_bytes: int = 0) -> PullResult:
+        req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                             max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+        return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return int(self._call("OffsetForTime", pb.OffsetForTimeRequest(
+            topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)).offset)
+
+    # -- consumer offsets ----------------------------------------------------------------------
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.commit_offsets(group, {(topic, queue_id): offset})
+
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        req = pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group=group, topic=t, queue_id=q, offset=o)
+                                              for (t, q), o in offsets.items()])
+        self._call("CommitOffset", req)
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        resp = self._call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
+        return int(resp.offset) if resp.found else None
+
+    # -- admin ---------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(self._call("Status", pb.StatusRequest()).json))
+
+

@@ -1,0 +1,172 @@
+"""The gRPC ``Broker`` service: request checks, mapping to the store, status codes."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import grpc
+import structlog
+
+from broker import metrics, system_records
+from broker.errors import BrokerError, invalid, not_found
+from broker.store import IncomingBatch, Store
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+log = structlog.get_logger("service")
+T = TypeVar("T")
+ACK_NAMES = {pb.ACK_REPLICA: "replica", pb.ACK_LEADER: "leader", pb.ACK_FLUSH: "flush"}
+GROUP_BYTES_MAX = 255
+
+
+def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    try:
+        return fn()
+    except BrokerError as exc:
+        context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+    except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
+        log.exception("request_failed", error=str(exc))
+        context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+    raise AssertionError("unreachable")
+
+
+class BrokerService(pb_grpc.BrokerServicer):
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.config = store.config
+        self._admin_lock = threading.Lock()
+
+    # -- data --------------------------------------------------------------------------------
+    def Send(self, request: pb.SendRequest, context: grpc.ServicerContext) -> pb.SendResponse:
+        return _handle(context, lambda: self._send(request))
+
+    def _send(self, request: pb.SendRequest) -> pb.SendResponse:
+        if request.ack not in ACK_NAMES:
+            raise invalid(f"unknown ack mode {request.ack}")
+        if not request.batches:
+            raise invalid("a send request needs at least one batch")
+        ack = ACK_NAMES[request.ack]
+        if ack == "replica":
+            self.store.check_replica_ack_possible()
+        batches = [
+            IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
+            for b in request.batches
+        ]
+        try:
+            receipts, wait_offset = self.store.append(batches)
+        except BrokerError:
+            metrics.SEND_REQUESTS.labels("refused").inc()
+            raise
+        timeout_ms = request.timeout_ms or self.config["limits.send_timeout_ms"]
+        self.store.wait_ack(wait_offset, ack, min(timeout_ms, self.config["limits.send_timeout_ms"]))
+        metrics.SEND_REQUESTS.labels("ok").inc()
+        metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
+        metrics.SEND_BYTES.inc(sum(len(b.records) for b in batches))
+        return pb.SendResponse(
+            receipts=[
+                pb.BatchReceipt(commit_offset=r.commit_offset, base_queue_offset=r.base_queue_offset,
+                                record_count=r.record_count, duplicate=r.duplicate)
+                for r in receipts
+            ]
+        )
+
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
+        def run() -> pb.PullResponse:
+            max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
+            max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
+            wait_ms = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"])
+            r = self.store.pull(request.topic, request.queue_id, request.offset, max_messages, max_bytes, wait_ms)
+            return pb.PullResponse(batches=r.batches, skip_first=r.skip_first, count=r.count,
+                                   next_offset=r.next_offset, min_offset=r.min_offset, max_offset=r.max_offset)
+        return _handle(context, run)
+
+    def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
+        return _handle(context, lambda: pb.OffsetForTimeResponse(
+            offset=self.store.offset_for_time(request.topic, request.queue_id, request.timestamp_ms)))
+
+    # -- consumer offsets ----------------------------------------------------------------------
+    def CommitOffset(self, request: pb.CommitOffsetRequest, context: grpc.ServicerContext) -> pb.CommitOffsetResponse:
+        def run() -> pb.CommitOffsetResponse:
+            self.store.check_writable()
+            entries = []
+            for o in request.offsets:
+                self._check_group(o.group)
+                _, high = self.store.queue_bounds(o.topic, o.queue_id)
+                if o.offset > high:
+                    raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
+                entries.append((o.group, o.topic, o.queue_id, o.offset))
+            self.store.offsets.commit(entries)
+            return pb.CommitOffsetResponse()
+        return _handle(context, run)
+
+    def GetOffset(self, request: pb.GetOffsetRequest, context: grpc.ServicerContext) -> pb.GetOffsetResponse:
+        def run() -> pb.GetOffsetResponse:
+            self._check_group(request.group)
+            self.store.queue_bounds(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
+            value = self.store.offsets.get(request.group, request.topic, request.queue_id)
+            if value is None:
+                value = self.store.metadata.committed_offset(request.group, request.topic, request.queue_id)
+            return pb.GetOffsetResponse(found=value is not None, offset=value or 0)
+        return _handle(context, run)
+
+    @staticmethod
+    def _check_group(group: str) -> None:
+        if not group or len(group.encode()) > GROUP_BYTES_MAX or "\0" in group:
+            raise invalid(f"invalid group name {group!r}")
+
+    # -- topics --------------------------------------------------------------------------------
+    def _topic_info(self, name: str, queues: int) -> pb.TopicInfo:
+        highs = []
+        for q in range(queues):
+            qf = self.store.consume_queues.queue(name, q)
+            highs.append(qf.next_queue_offset if qf else 0)
+        return pb.TopicInfo(name=name, queues=queues, queue_max_offsets=highs)
+
+    def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.ServicerContext) -> pb.CreateTopicResponse:
+        def run() -> pb.CreateTopicResponse:
+            err = system_records.topic_name_error(request.name)
+            if err:
+                raise invalid(err)
+            queues = request.queues or 1
+            if not 1 <= queues <= system_records.QUEUES_MAX:
+                raise invalid(f"queues must be 1..{system_records.QUEUES_MAX}, got {queues}")
+            with self._admin_lock:
+                if self.store.metadata.topic(request.name) is not None:
+                    raise BrokerError("ALREADY_EXISTS", f"topic {request.name!r} already exists")
+                self._write_metadata(system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues})
+            return pb.CreateTopicResponse(topic=self._topic_info(request.name, queues))
+        return _handle(context, run)
+
+    def DeleteTopic(self, request: pb.DeleteTopicRequest, context: grpc.ServicerContext) -> pb.DeleteTopicResponse:
+        def run() -> pb.DeleteTopicResponse:
+            if request.name.startswith(system_records.SYSTEM_PREFIX):
+                raise invalid(f"system topic {request.name!r} cannot be deleted")
+            with self._admin_lock:
+                if self.store.metadata.topic(request.name) is None:
+                    raise not_found(f"unknown topic {request.name!r}")
+                self._write_metadata(system_records.TOPIC_DELETE, {"topic": request.name})
+            return pb.DeleteTopicResponse()
+        return _handle(context, run)
+
+    def _write_metadata(self, change: str, fields: dict[str, Any]) -> None:
+        self.store.check_replica_ack_possible()
+        end = self.store.append_system([(change, fields)])
+        timeout_ms = self.config["limits.send_timeout_ms"]
+        self.store.wait_ack(end, "replica", timeout_ms)
+        if not self.store.wait_applied(end, timeout_ms / 1000.0):
+            raise BrokerError("DEADLINE_EXCEEDED", f"{change} written but not yet applied within {timeout_ms} ms")
+        log.info("metadata_changed", change=change, **fields)
+
+    def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
+        def run() -> pb.ListTopicsResponse:
+            topics = [self._topic_info(n, t["queues"]) for n, t in sorted(self.store.metadata.list_topics().items())]
+            if request.include_system:
+                topics += [self._topic_info(n, 1) for n in system_records.SYSTEM_TOPICS]
+            return pb.ListTopicsResponse(topics=topics)
+        return _handle(context, run)
+
+    def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
+        return _handle(context, lambda: pb.StatusResponse(json=json.dumps(self.store.status())))

@@ -1,0 +1,100 @@
+"""``tidemark log verify DATA_DIR``: offline check of every segment, checkpoint and queue file.
+
+Reads only; renames nothing. Prints one line per problem and a summary; exit 1 when any.
+"""
+
+from __future__ import annotations
+
+import os
+
+from broker import atomic_file, recovery
+from broker import batch_format as bf
+from broker.invariant import CorruptionError
+from broker.segment import parse_segment_name
+from broker.views import consume_queue, producer_state
+
+SMALL_FILES = (
+    ("identity", b"TMID", 1),
+    ("checkpoints/consume_queue.ckpt", consume_queue.CHECKPOINT_MAGIC, consume_queue.CHECKPOINT_VERSION),
+    ("checkpoints/producer_state.ckpt", producer_state.CHECKPOINT_MAGIC, producer_state.CHECKPOINT_VERSION),
+    (recovery.CLEAN_MARKER, recovery.CLEAN_MAGIC, recovery.CLEAN_VERSION),
+)
+CHUNK_BYTES = 8 << 20
+
+
+def _verify_segment(path: str, start: int, problems: list[str]) -> tuple[int, int]:
+    size = os.path.getsize(path)
+    batches = 0
+    pos = 0
+    with open(path, "rb") as f:
+        while pos < size:
+            f.seek(pos)
+            data = f.read(min(CHUNK_BYTES, size - pos))
+            i = 0
+            while i + 4 <= len(data):
+                n = bf.peek_batch_bytes(data, i)
+                if n < bf.HEADER_BYTES or pos + i + n > size:
+                    problems.append(f"{path}: offset {start + pos + i}: torn or corrupt batch (length {n}); "
+                                    f"{size - pos - i} bytes to the end of the segment")
+                    return batches, pos + i
+                if i + n > len(data):
+                    if i == 0:
+                        f.seek(pos)
+                        data = f.read(n)
+                        continue
+                    break
+                try:
+                    h = bf.verify_batch(data, i, path=path)
+                    if h.base_offset != start + pos + i:
+                        raise CorruptionError(f"batch claims offset {h.base_offset}", path=path, offset=start + pos + i)
+                except CorruptionError as exc:
+                    problems.append(f"{path}: offset {start + pos + i}: {exc}")
+                i += n
+                batches += 1
+            if i == 0:
+                problems.append(f"{path}: offset {start + pos}: unreadable tail")
+                return batches, pos
+            pos += i
+    return batches, size
+
+
+def verify_data_dir(data_dir: str) -> int:
+    problems: list[str] = []
+    log_dir = os.path.join(data_dir, "log")
+    if not os.path.isdir(log_dir):
+        print(f"{data_dir}: no commit log directory")
+        return 1
+    starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(log_dir)) if s is not None)
+    expected = starts[0] if starts else 0
+    total_batches = 0
+    for start in starts:
+        path = os.path.join(log_dir, f"{start:020d}.log")
+        if start != expected:
+            problems.append(f"{path}: starts at {start} but the previous segment ends at {expected}")
+        n, valid = _verify_segment(path, start, problems)
+        total_batches += n
+        expected = start + valid
+    for rel, magic, version in SMALL_FILES:
+        for suffix in ("", ".bak"):
+            path = os.path.join(data_dir, rel + suffix)
+            if not os.path.exists(path):
+                continue
+            try:
+                with open(path, "rb") as f:
+                    atomic_file.decode(f.read(), magic, version)
+            except atomic_file.InvalidFile as exc:
+                problems.append(f"{path}: {exc}")
+    cq_dir = os.path.join(data_dir, "cq")
+    cq_files = 0
+    for root, _, files in os.walk(cq_dir):
+        for name in files:
+            if name.endswith(".cq"):
+                cq_files += 1
+                size = os.path.getsize(os.path.join(root, name))
+                if size % consume_queue.ENTRY_BYTES:
+                    problems.append(f"{os.path.join(root, name)}: size {size} is not a whole number of entries")
+    for p in problems:
+        print(p)
+    print(f"{data_dir}: {len(starts)} segments, {total_batches} batches, {cq_files} queue files, "
+          f"{len(problems)} problems")
+    return 1 if problems else 0

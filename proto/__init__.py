@@ -1,0 +1,1 @@
+"""Generated gRPC/protobuf modules for ``tidemark.proto`` (regenerate with ``make proto``)."""

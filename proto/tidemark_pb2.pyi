@@ -1,0 +1,207 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ACK_REPLICA: _ClassVar[Ack]
+    ACK_LEADER: _ClassVar[Ack]
+    ACK_FLUSH: _ClassVar[Ack]
+ACK_REPLICA: Ack
+ACK_LEADER: Ack
+ACK_FLUSH: Ack
+
+class ProduceBatch(_message.Message):
+    __slots__ = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "records")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    BASE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_CRC_FIELD_NUMBER: _ClassVar[int]
+    RECORDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    producer_id: int
+    base_sequence: int
+    record_count: int
+    records_crc: int
+    records: bytes
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., base_sequence: _Optional[int] = ..., record_count: _Optional[int] = ..., records_crc: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+
+class SendRequest(_message.Message):
+    __slots__ = ("batches", "ack", "timeout_ms")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedCompositeFieldContainer[ProduceBatch]
+    ack: Ack
+    timeout_ms: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class BatchReceipt(_message.Message):
+    __slots__ = ("commit_offset", "base_queue_offset", "record_count", "duplicate")
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BASE_QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    commit_offset: int
+    base_queue_offset: int
+    record_count: int
+    duplicate: bool
+    def __init__(self, commit_offset: _Optional[int] = ..., base_queue_offset: _Optional[int] = ..., record_count: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
+
+class SendResponse(_message.Message):
+    __slots__ = ("receipts",)
+    RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    receipts: _containers.RepeatedCompositeFieldContainer[BatchReceipt]
+    def __init__(self, receipts: _Optional[_Iterable[_Union[BatchReceipt, _Mapping]]] = ...) -> None: ...
+
+class PullRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    max_messages: int
+    max_wait_ms: int
+    max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class PullResponse(_message.Message):
+    __slots__ = ("batches", "skip_first", "count", "next_offset", "min_offset", "max_offset")
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIRST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    batches: _containers.RepeatedScalarFieldContainer[bytes]
+    skip_first: int
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., skip_first: _Optional[int] = ..., count: _Optional[int] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+
+class OffsetForTimeRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "timestamp_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    timestamp_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timestamp_ms: _Optional[int] = ...) -> None: ...
+
+class OffsetForTimeResponse(_message.Message):
+    __slots__ = ("offset",)
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    offset: int
+    def __init__(self, offset: _Optional[int] = ...) -> None: ...
+
+class CommittedOffset(_message.Message):
+    __slots__ = ("group", "topic", "queue_id", "offset")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    offset: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class CommitOffsetRequest(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class CommitOffsetResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetOffsetRequest(_message.Message):
+    __slots__ = ("group", "topic", "queue_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    queue_id: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class GetOffsetResponse(_message.Message):
+    __slots__ = ("found", "offset")
+    FOUND_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    found: bool
+    offset: int
+    def __init__(self, found: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
+
+class TopicInfo(_message.Message):
+    __slots__ = ("name", "queues", "queue_max_offsets")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_MAX_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queues: int
+    queue_max_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[int] = ..., queue_max_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class CreateTopicRequest(_message.Message):
+    __slots__ = ("name", "queues")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    queues: int
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[int] = ...) -> None: ...
+
+class CreateTopicResponse(_message.Message):
+    __slots__ = ("topic",)
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    topic: TopicInfo
+    def __init__(self, topic: _Optional[_Union[TopicInfo, _Mapping]] = ...) -> None: ...
+
+class ListTopicsRequest(_message.Message):
+    __slots__ = ("include_system",)
+    INCLUDE_SYSTEM_FIELD_NUMBER: _ClassVar[int]
+    include_system: bool
+    def __init__(self, include_system: _Optional[bool] = ...) -> None: ...
+
+class ListTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class DeleteTopicResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class StatusResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
