@@ -27,8 +27,8 @@ _ENV_JOURNAL = "TIDEMARK_FSYNC_JOURNAL"
 
 def _parse(spec: str) -> dict[str, str]:
     armed: dict[str, str] = {}
-    for item in spec.split(","):
-        item = item.strip()
+    for raw in spec.split(","):
+        item = raw.strip()
         if not item:
             continue
         name, _, action = item.partition("=")

@@ -9,6 +9,7 @@ the consumer re-reads at most that much.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 
@@ -76,10 +77,8 @@ class OffsetBuffer:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            try:
+            with contextlib.suppress(Exception):
                 self.flush()
-            except Exception:  # noqa: BLE001 - a failed write keeps the loop alive; it is logged by the writer
-                pass
 
     def stop(self) -> None:
         self._stop.set()

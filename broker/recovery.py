@@ -19,6 +19,7 @@ there up to the confirm offset.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import time
@@ -65,7 +66,7 @@ def run(store: Store) -> dict[str, object]:
 
     # 2. segment chain
     segs = store.log.segments
-    for prev, nxt in zip(segs, segs[1:]):
+    for prev, nxt in itertools.pairwise(segs):
         if prev.end_offset != nxt.start_offset:
             raise StartupRefused(
                 f"commit log gap or overlap: {prev.path} ends at {prev.end_offset} but {nxt.path} starts at "
@@ -185,7 +186,7 @@ def _scan(store: Store, start: int) -> int:
                     if header.base_offset != offset:
                         raise CorruptionError(f"batch claims offset {header.base_offset}", path=seg.path, offset=offset)
                 except CorruptionError as exc:
-                    if size == 0 or i + size == len(data) and pos + i + size == seg.size_bytes:
+                    if size == 0 or (i + size == len(data) and pos + i + size == seg.size_bytes):
                         return _torn_or_corrupt(seg, last, offset, str(exc))
                     raise StartupRefused(
                         f"commit log corrupt in segment {seg.path} at offset {offset} "

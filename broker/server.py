@@ -69,7 +69,7 @@ class Daemon:
                         metrics.GROUP_LAG.labels(group, topic, str(queue)).set(qf.next_queue_offset - offset)
                 metrics.SEGMENTS.set(len(self.store.log.segments))
                 self.store.free_bytes()
-            except Exception as exc:  # noqa: BLE001 - metrics must never stop the daemon
+            except Exception as exc:
                 log.warning("lag_metrics_failed", error=str(exc))
 
     def stop(self) -> None:

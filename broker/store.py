@@ -14,6 +14,7 @@ the confirm offset, and checkpoints them every ``checkpoint.interval_ms``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -132,10 +133,8 @@ class Store:
         """Graceful stop: flush offsets, fsync, apply and checkpoint every view, mark clean."""
         from broker import recovery
 
-        try:
+        with contextlib.suppress(BrokerError):
             self.offsets.flush()
-        except BrokerError:
-            pass
         self.offsets.stop()
         with self._append_lock:
             self._sync_log()
@@ -334,8 +333,7 @@ class Store:
 
     def _advance_confirm(self) -> None:
         confirm = min(self.confirm_source(self.flushed_offset), self.flushed_offset)
-        if confirm > self.confirm_offset:
-            self.confirm_offset = confirm
+        self.confirm_offset = max(self.confirm_offset, confirm)
 
     def _flush_loop(self) -> None:
         interval_s = self.config["commitlog.flush_interval_ms"] / 1000.0
@@ -350,7 +348,7 @@ class Store:
             metrics.OFFSET.labels("confirm").set(self.confirm_offset)
 
     # -- dispatcher -------------------------------------------------------------------------------
-    def iter_batches(self, start: int, end: int) -> "BatchIterator":
+    def iter_batches(self, start: int, end: int) -> BatchIterator:
         return BatchIterator(self.log, start, end)
 
     def apply_until(self, end: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections import OrderedDict
 from dataclasses import dataclass
+from typing import Any
 
 from broker import atomic_file
 from broker.batch_format import NO_SEQUENCE, BatchHeader
@@ -75,10 +76,10 @@ class ProducerTable:
         return [[k[0], k[1], k[2], [list(b) for b in v]] for k, v in self.table.items()]
 
     @classmethod
-    def from_json(cls, rows: list[list[object]], producers_max: int = PRODUCERS_MAX) -> ProducerTable:
+    def from_json(cls, rows: list[list[Any]], producers_max: int = PRODUCERS_MAX) -> ProducerTable:
         t = cls(producers_max)
         for pid, topic, queue, batches in rows:
-            t.table[(int(pid), str(topic), int(queue))] = [tuple(b) for b in batches]  # type: ignore[misc,arg-type,call-overload]
+            t.table[(int(pid), str(topic), int(queue))] = [(int(a), int(b), int(c), int(d)) for a, b, c, d in batches]
         return t
 
 

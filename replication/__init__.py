@@ -1,0 +1,1 @@
+"""replication: not implemented yet (see README status table)."""

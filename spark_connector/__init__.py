@@ -1,0 +1,1 @@
+"""spark_connector: not implemented yet (see README status table)."""

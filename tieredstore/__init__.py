@@ -1,0 +1,1 @@
+"""tieredstore: not implemented yet (see README status table)."""
