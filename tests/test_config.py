@@ -1,0 +1,66 @@
+"""Configuration: layering, validation errors naming the key, and the CLI's exit codes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from broker.config import Config, ConfigError
+
+
+def test_defaults_and_layers() -> None:
+    """Defaults < file < environment < flags."""
+    cfg = Config.build(
+        {"commitlog": {"flush_interval_ms": 7}, "offsets": {"flush_interval_ms": 50}},
+        {"offsets.flush_interval_ms": 20},
+        {"TIDEMARK_COMMITLOG__FLUSH_INTERVAL_MS": "9", "TIDEMARK_OFFSETS__FLUSH_INTERVAL_MS": "30"},
+    )
+    assert cfg["commitlog.flush_interval_ms"] == 9
+    assert cfg["offsets.flush_interval_ms"] == 20
+    assert cfg["commitlog.segment_bytes"] == 1 << 30
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"commitlog": {"segment_bytes": "big"}}, "commitlog.segment_bytes: expected an integer"),
+        ({"commitlog": {"flush_interval_ms": 0}}, "commitlog.flush_interval_ms: 0 is below the minimum"),
+        ({"commitlog": {"nonsense": 1}}, "commitlog.nonsense: unknown key"),
+        ({"log": {"format": "xml"}}, "log.format: 'xml' is not one of"),
+        ({"node": {"listen": "nowhere"}}, "node.listen: 'nowhere' is not HOST:PORT"),
+        ({"node": {"role": "slave"}}, "node.master: required"),
+    ],
+)
+def test_errors_name_the_key(values: dict[str, object], message: str) -> None:
+    """Each invalid setting raises one message that starts with its key."""
+    with pytest.raises(ConfigError, match=message):
+        Config.build(values, environ={})
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "broker.cli", *args], capture_output=True, text=True, timeout=60)
+
+
+def test_config_check_cli(tmp_path: Path) -> None:
+    """`tidemark config check`: 0 on a good file, 2 with one line naming the key otherwise."""
+    good = tmp_path / "good.toml"
+    good.write_text("[commitlog]\nflush_interval_ms = 10\n")
+    assert _cli("config", "check", str(good)).returncode == 0
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[retention]\nlocal_bytes = -5\n")
+    r = _cli("config", "check", str(bad))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "retention.local_bytes" in r.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[commitlog\n")
+    assert _cli("config", "check", str(broken)).returncode == 2
+
+
+def test_serve_with_bad_flag_exits_2(tmp_path: Path) -> None:
+    """A bad flag value stops the daemon before it touches the data directory."""
+    r = _cli("serve", "--data-dir", str(tmp_path / "d"), "--listen", "localhost")
+    assert r.returncode == 2 and "node.listen" in r.stderr
+    assert not (tmp_path / "d").exists()

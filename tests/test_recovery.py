@@ -1,0 +1,176 @@
+"""Start-up recovery passes on a real store: torn tails, corruption, lost checkpoints, bounded replay."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from broker.invariant import StartupRefused
+from tests.storeutil import create_topic, open_store, read_all, send
+
+
+def _segment(path: Path) -> Path:
+    return sorted((path / "log").glob("*.log"))[-1]
+
+
+def _wait_applied(s, offset: int) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + 5
+    while s.applied_offset < offset and time.monotonic() < deadline:
+        time.sleep(0.005)
+
+
+def test_clean_restart_replays_nothing(tmp_path: Path) -> None:
+    """After a clean stop the marker lets recovery skip the scan and the replay."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    send(s, "t", [b"a", b"b"])
+    s.stop()
+    s = open_store(str(tmp_path))
+    assert s.recovery_report["clean"] is True and s.recovery_report["replayed_bytes"] == 0
+    assert read_all(s, "t") == [b"a", b"b"]
+    s.stop()
+
+
+@pytest.mark.parametrize("tail", ["zeros", "partial", "garbage_last"])
+def test_torn_tail_is_truncated_and_kept(tmp_path: Path, tail: str) -> None:
+    """A torn last batch is cut, saved under quarantine/, and every whole batch survives."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    for i in range(5):
+        end = send(s, "t", [b"m%d" % i] * 10)
+    _wait_applied(s, end)
+    s.crash_close()
+    seg = _segment(tmp_path)
+    with open(seg, "ab") as f:
+        if tail == "zeros":
+            f.write(b"\0" * 4096)
+        elif tail == "partial":
+            f.write(seg.read_bytes()[-300:-100])  # the start of a batch copy, cut short
+    if tail == "garbage_last":  # flip a byte inside the last whole batch's body
+        data = bytearray(seg.read_bytes())
+        data[-3] ^= 0xFF
+        seg.write_bytes(bytes(data))
+    s = open_store(str(tmp_path))
+    assert s.recovery_report["truncated_bytes"] > 0
+    assert list((tmp_path / "quarantine").iterdir())
+    expected = 40 if tail == "garbage_last" else 50
+    assert len(read_all(s, "t")) == expected
+    s.stop()
+
+
+def test_mid_log_corruption_refuses_start_naming_segment_and_offset(tmp_path: Path) -> None:
+    """A CRC mismatch followed by valid batches is corruption: refuse and say where."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    ends = [send(s, "t", [b"x" * 100] * 10) for _ in range(5)]
+    s.crash_close()
+    seg = _segment(tmp_path)
+    data = bytearray(seg.read_bytes())
+    bad = ends[1] + 200  # inside the third data batch
+    data[bad] ^= 0xFF
+    seg.write_bytes(bytes(data))
+    # make recovery scan from the start: remove the view checkpoints
+    for p in (tmp_path / "checkpoints").iterdir():
+        p.unlink()
+    with pytest.raises(StartupRefused, match=rf"{seg.name} at offset {ends[1]}"):
+        open_store(str(tmp_path))
+
+
+def test_missing_identity_refuses_non_new_dir(tmp_path: Path) -> None:
+    """A data directory with data but no identity is not silently started as new."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    s.stop()
+    for suffix in ("", ".bak"):
+        p = tmp_path / f"identity{suffix}"
+        if p.exists():
+            p.write_bytes(b"garbage")
+    with pytest.raises(StartupRefused, match="identity"):
+        open_store(str(tmp_path))
+    assert (tmp_path / "identity.broken").exists()
+
+
+def test_lost_view_checkpoints_rebuild_from_log(tmp_path: Path) -> None:
+    """With every view checkpoint gone and the log complete, views are rebuilt from offset 0."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t", queues=2)
+    send(s, "t", [b"q0"] * 3, queue=0)
+    send(s, "t", [b"q1"] * 4, queue=1)
+    s.stop()
+    for p in (tmp_path / "checkpoints").iterdir():
+        p.write_bytes(b"\0" * 10)
+    os.unlink(tmp_path / "clean_shutdown")
+    s = open_store(str(tmp_path))
+    assert read_all(s, "t", 0) == [b"q0"] * 3 and read_all(s, "t", 1) == [b"q1"] * 4
+    s.stop()
+
+
+def test_lost_checkpoint_after_retention_refuses(tmp_path: Path) -> None:
+    """Without a checkpoint and with the log head deleted, start-up is refused with the reason."""
+    s = open_store(str(tmp_path), **{"commitlog.segment_bytes": 64 * 1024, "retention.local_bytes": 128 * 1024})
+    create_topic(s, "t")
+    for _ in range(20):
+        end = send(s, "t", [b"y" * 1000] * 20)
+    _wait_applied(s, end)
+    s.checkpoint_views()
+    assert s.enforce_retention()
+    assert s.log.min_offset > 0
+    s.stop()
+    for p in (tmp_path / "checkpoints").glob("consume_queue.ckpt*"):
+        p.unlink()
+    with pytest.raises(StartupRefused, match="cannot be rebuilt"):
+        open_store(str(tmp_path))
+
+
+def test_replay_starts_at_each_views_checkpoint(tmp_path: Path) -> None:
+    """An unclean restart replays only what lies above the views' checkpoints."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    for _ in range(10):
+        end = send(s, "t", [b"z" * 1000] * 50)
+    _wait_applied(s, end)
+    s.checkpoint_views()
+    checkpointed = s.applied_offset
+    tail_end = send(s, "t", [b"tail"] * 5)
+    _wait_applied(s, tail_end)
+    s.crash_close()
+    s = open_store(str(tmp_path))
+    assert s.recovery_report["clean"] is False
+    assert s.recovery_report["replayed_bytes"] == tail_end - checkpointed
+    assert s.recovery_report["scanned_bytes"] == tail_end - checkpointed
+    assert len(read_all(s, "t")) == 505
+    s.stop()
+
+
+def test_retention_never_deletes_what_views_need(tmp_path: Path) -> None:
+    """Segments above the lowest view checkpoint stay, however far over the size limit."""
+    s = open_store(str(tmp_path), **{"commitlog.segment_bytes": 64 * 1024, "retention.local_bytes": 64 * 1024})
+    create_topic(s, "t")
+    for _ in range(20):
+        end = send(s, "t", [b"y" * 1000] * 20)
+    _wait_applied(s, end)
+    assert s.enforce_retention() == []  # nothing checkpointed yet: the views need everything
+    s.checkpoint_views()
+    removed = s.enforce_retention()
+    assert removed and s.log.min_offset <= s.retention_floor()
+    low, high = s.queue_bounds("t", 0)
+    assert low > 0 and high == 400
+    assert len(read_all(s, "t")) == high - low
+    s.stop()
+
+
+def test_segments_roll_and_reads_span_them(tmp_path: Path) -> None:
+    """Small segments: batches never span two files, reads and recovery cross them."""
+    s = open_store(str(tmp_path), **{"commitlog.segment_bytes": 64 * 1024})
+    create_topic(s, "t")
+    for i in range(30):
+        send(s, "t", [b"%d" % i + b"." * 2000] * 5)
+    assert len(list((tmp_path / "log").glob("*.log"))) >= 4
+    s.crash_close()
+    s = open_store(str(tmp_path), **{"commitlog.segment_bytes": 64 * 1024})
+    got = read_all(s, "t")
+    assert len(got) == 150 and got[-1].startswith(b"29.")
+    s.stop()
