@@ -124,7 +124,7 @@ class Store:
         self.recovery_report = recovery.run(self)
         metrics.RECOVERY_SECONDS.set(time.monotonic() - t0)
         for target, name in ((self._flush_loop, "flusher"), (self._dispatch_loop, "dispatcher")):
-            t = threading.Thread(target=target, name=name, daemon=True)
+            t = threading.Thread(target=_fatal_on_error(target, name), name=name, daemon=True)
             t.start()
             self._threads.append(t)
         self.offsets.start()
@@ -169,9 +169,12 @@ class Store:
             self._tail_queue_next[(topic, q)] = qf.next_queue_offset
         self._tail_producers = self.producer_view.producers.copy()
         start = min(self.consume_queues.applied_offset, self.producer_view.applied_offset)
-        for header, _ in self.iter_batches(start, self.log.max_offset):
+        for header, batch in self.iter_batches(start, self.log.max_offset):
             if header.base_offset >= self.consume_queues.applied_offset:
                 self._tail_queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
+                if header.topic == system_records.METADATA_TOPIC:
+                    changes = [system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)]
+                    self._forget_topics(system_records.topics_reset(changes))
             if header.base_offset >= self.producer_view.applied_offset:
                 self._tail_producers.record(header)
             self._last_store_time_ms = max(self._last_store_time_ms, header.store_time_ms)
@@ -222,8 +225,13 @@ class Store:
         if batch.base_sequence < bf.NO_SEQUENCE or batch.base_sequence > 0x7FFFFFFF:
             raise invalid(f"base_sequence {batch.base_sequence} out of range")
 
-    def append(self, batches: list[IncomingBatch], *, internal: bool = False) -> tuple[list[BatchReceipt], int]:
-        """Validate and append; return receipts and the end offset the caller must wait for."""
+    def append(
+        self, batches: list[IncomingBatch], *, internal: bool = False, reset_topics: tuple[str, ...] = ()
+    ) -> tuple[list[BatchReceipt], int]:
+        """Validate and append; return receipts and the end offset the caller must wait for.
+
+        ``reset_topics``: topics whose queue counters restart (created or deleted by this append).
+        """
         self.check_writable()
         for b in batches:
             self.validate(b, internal=internal)
@@ -275,6 +283,7 @@ class Store:
                         raise BrokerError("RESOURCE_EXHAUSTED", f"disk full: {exc.strerror or exc}") from None
                     raise
                 invariant(end == offset, f"log end {end} != expected {offset}")
+                self._forget_topics(reset_topics)
                 self._tail_queue_next.update(queue_next)
                 for h in headers:
                     producers.record(h)
@@ -284,10 +293,15 @@ class Store:
 
     def append_system(self, items: list[tuple[str, dict[str, object]]]) -> int:
         """Append metadata records (one batch) to ``__metadata``; return the batch end offset."""
-        records, _ = bf.encode_records([(body, key, b"") for key, body in (system_records.encode(t, f) for t, f in items)])
+        encoded = [system_records.encode(t, f) for t, f in items]
+        records, _ = bf.encode_records([(body, key, b"") for key, body in encoded])
         batch = IncomingBatch(system_records.METADATA_TOPIC, 0, records, len(items), crc32c.crc32c(records))
-        _, end = self.append([batch], internal=True)
+        _, end = self.append([batch], internal=True, reset_topics=system_records.topics_reset(items))
         return end
+
+    def _forget_topics(self, topics: tuple[str, ...]) -> None:
+        for key in [k for k in self._tail_queue_next if k[0] in topics]:
+            del self._tail_queue_next[key]
 
     def wait_ack(self, offset: int, ack: str, timeout_ms: int) -> None:
         if ack == "leader" or offset == 0:
@@ -559,6 +573,19 @@ class Store:
     def reset_view_dirs(self) -> None:
         """Drop derived state so every view rebuilds from the log (only when the log starts at 0)."""
         shutil.rmtree(os.path.join(self.data_dir, "cq"), ignore_errors=True)
+
+
+def _fatal_on_error(target: Callable[[], None], name: str) -> Callable[[], None]:
+    """A dead flusher or dispatcher would stall every ack silently: exit, and let recovery run."""
+
+    def run() -> None:
+        try:
+            target()
+        except BaseException as exc:
+            log.critical("thread_failed", thread=name, error=f"{type(exc).__name__}: {exc}")
+            os._exit(1)
+
+    return run
 
 
 class BatchIterator:

@@ -40,5 +40,10 @@ def encode(change_type: str, fields: dict[str, Any]) -> tuple[bytes, bytes]:
     return change_type.encode(), json.dumps(fields, separators=(",", ":")).encode()
 
 
+def topics_reset(changes: list[tuple[str, dict[str, Any]]]) -> tuple[str, ...]:
+    """Topics whose queues restart at offset 0 after these changes (created or deleted)."""
+    return tuple(str(f["topic"]) for t, f in changes if t in (TOPIC_CREATE, TOPIC_DELETE))
+
+
 def decode(key: bytes | memoryview, body: bytes | memoryview) -> tuple[str, dict[str, Any]]:
     return bytes(key).decode(), json.loads(bytes(body))

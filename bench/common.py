@@ -1,0 +1,257 @@
+"""Shared helpers for the benchmarks: daemons in temp dirs, Redis, result lines and tables.
+
+Every benchmark script records its figures with ``Results.add()``. Each figure is one JSON line
+appended to ``bench/results/<run id>.jsonl`` (gitignored) and printed as a table at the end of
+the script; ``run_all.py`` reads the same file back and prints every table once more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+BENCH_DIR = os.path.dirname(os.path.abspath(__file__))
+REPO_DIR = os.path.dirname(BENCH_DIR)
+RESULTS_DIR = os.path.join(BENCH_DIR, "results")
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+
+if REPO_DIR not in sys.path:  # the venv installs the package editable; this covers a bare checkout
+    sys.path.insert(0, REPO_DIR)
+
+from broker.procs import DaemonProcess, free_port  # noqa: E402
+
+
+def log(text: str) -> None:
+    """Progress line on stderr (stdout carries the tables)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {text}", file=sys.stderr, flush=True)
+
+
+# -- command line --------------------------------------------------------------------------------
+def base_parser(description: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="small-scale smoke run")
+    p.add_argument("--results", help="JSON-lines file to append results to (default: a new file in bench/results/)")
+    p.add_argument("--workdir", default=None, help="parent directory for temporary data (default: $TMPDIR or /tmp)")
+    return p
+
+
+# -- results -------------------------------------------------------------------------------------
+@dataclass
+class Figure:
+    bench: str
+    metric: str
+    value: float
+    unit: str
+    target: str = ""
+    ok: bool | None = None
+    note: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    time: str = ""
+    host: str = ""
+
+
+class Results:
+    """Collects the figures of one benchmark script and appends them to a JSON-lines file."""
+
+    def __init__(self, bench: str, path: str | None, params: Mapping[str, Any] | None = None) -> None:
+        self.bench = bench
+        if path is None:
+            os.makedirs(RESULTS_DIR, exist_ok=True)
+            path = os.path.join(RESULTS_DIR, f"{time.strftime('%Y%m%d-%H%M%S')}-{bench}.jsonl")
+        else:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        self.path = path
+        self.params = dict(params or {})
+        self.figures: list[Figure] = []
+
+    def add(self, metric: str, value: float, unit: str, *, target: str = "", ok: bool | None = None,
+            note: str = "", **params: Any) -> Figure:
+        fig = Figure(self.bench, metric, float(value), unit, target, ok, note, {**self.params, **params},
+                     time.strftime("%Y-%m-%dT%H:%M:%S"), platform.node())
+        self.figures.append(fig)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(asdict(fig)) + "\n")
+        verdict = "" if ok is None else ("  [target met]" if ok else "  [TARGET MISSED]")
+        log(f"{self.bench}: {metric} = {fmt_value(fig.value, unit)} {unit}{verdict}")
+        return fig
+
+    def print_table(self) -> None:
+        print_table(self.figures)
+
+
+def at_least(value: float, target: float) -> tuple[str, bool]:
+    return f">= {fmt_value(target, '')}", value >= target
+
+
+def at_most(value: float, target: float) -> tuple[str, bool]:
+    return f"<= {fmt_value(target, '')}", value <= target
+
+
+def fmt_value(value: float, unit: str) -> str:
+    if unit in ("s", "x") or abs(value) < 100:
+        return f"{value:,.2f}" if value != int(value) or unit in ("s", "x") else f"{int(value):,}"
+    return f"{value:,.0f}"
+
+
+def load_figures(path: str) -> list[Figure]:
+    out: list[Figure] = []
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                out.append(Figure(**json.loads(line)))
+    return out
+
+
+def print_table(figures: list[Figure], title: str | None = None) -> None:
+    rows = [("bench", "metric", "value", "unit", "target", "verdict", "note")]
+    for fig in figures:
+        verdict = "" if fig.ok is None else ("ok" if fig.ok else "MISSED")
+        rows.append((fig.bench, fig.metric, fmt_value(fig.value, fig.unit), fig.unit, fig.target, verdict, fig.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    if title:
+        print(f"\n== {title} ==")
+    for n, r in enumerate(rows):
+        cells = [c.rjust(w) if i == 2 else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        print("  ".join(cells).rstrip())
+        if n == 0:
+            print("  ".join("-" * w for w in widths))
+    sys.stdout.flush()
+
+
+# -- temporary directories and daemons -----------------------------------------------------------
+@contextlib.contextmanager
+def temp_dir(prefix: str, parent: str | None = None) -> Iterator[str]:
+    path = tempfile.mkdtemp(prefix=prefix, dir=parent)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def running_daemon(workdir: str, name: str = "node", config: Mapping[str, object] | None = None,
+                   timeout_s: float = 120.0) -> Iterator[DaemonProcess]:
+    """A ``tidemark serve`` child process with its data in ``workdir/name``; always stopped at exit."""
+    d = DaemonProcess(os.path.join(workdir, name), config=config)
+    try:
+        d.start(timeout_s=timeout_s)
+        log(f"daemon {name} serving on {d.address} (ready in {d.ready_seconds:.2f}s)")
+        yield d
+    finally:
+        d.kill9()
+
+
+def dir_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            with contextlib.suppress(OSError):
+                total += os.path.getsize(os.path.join(root, name))
+    return total
+
+
+def free_disk_bytes(path: str) -> int:
+    st = os.statvfs(path)
+    return st.f_bavail * st.f_frsize
+
+
+def require_free_disk(path: str, needed: int) -> None:
+    free = free_disk_bytes(path)
+    log(f"free disk at {path}: {free / GiB:.1f} GiB (need about {needed / GiB:.1f} GiB)")
+    if free < needed:
+        raise SystemExit(f"not enough free disk at {path}: {free / GiB:.1f} GiB free, need {needed / GiB:.1f} GiB")
+
+
+def rss_anon_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def cpu_seconds_of(pid: int) -> float:
+    """User + system CPU seconds consumed so far by a process (all its threads)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[11]) + int(fields[12])) / ticks
+
+
+# -- Redis ---------------------------------------------------------------------------------------
+def ensure_redis_server() -> str:
+    """Path of ``redis-server``; installs Debian's package with apt-get when it is missing."""
+    path = shutil.which("redis-server")
+    if path:
+        return path
+    log("redis-server not found: installing Debian's redis-server package (apt-get update; apt-get install)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "redis-server"], check=True, env=env,
+                   stdout=subprocess.DEVNULL)
+    path = shutil.which("redis-server")
+    if not path:
+        raise SystemExit("apt-get installed redis-server but it is not on PATH")
+    return path
+
+
+class RedisServer:
+    """Our own ``redis-server`` on a free loopback port, AOF on, RDB snapshots off."""
+
+    def __init__(self, workdir: str, appendfsync: str) -> None:
+        self.binary = ensure_redis_server()
+        self.dir = tempfile.mkdtemp(prefix=f"redis-{appendfsync}-", dir=workdir)
+        self.port = free_port()
+        self.appendfsync = appendfsync
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = os.path.join(self.dir, "redis.log")
+
+    def version(self) -> str:
+        out = subprocess.run([self.binary, "--version"], capture_output=True, text=True, check=True).stdout
+        for part in out.split():
+            if part.startswith("v="):
+                return part[2:]
+        return out.strip()
+
+    def start(self, timeout_s: float = 15.0) -> RedisServer:
+        cmd = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir,
+               "--appendonly", "yes", "--appendfsync", self.appendfsync, "--save", "",
+               "--daemonize", "no", "--logfile", self.log_path, "--protected-mode", "yes"]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited with {self.proc.returncode}; see {self.log_path}")
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(64).startswith(b"+PONG"):
+                        return self
+            except OSError:
+                pass
+            time.sleep(0.05)
+        raise TimeoutError(f"redis-server on port {self.port} not ready after {timeout_s}s")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)

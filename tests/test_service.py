@@ -1,0 +1,227 @@
+"""The gRPC service on a real daemon process: behaviour and status codes for bad input."""
+
+from __future__ import annotations
+
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+
+import crc32c
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+from broker import batch_format as bf
+from broker.client import BrokerClient, BrokerError, Message
+from broker.procs import DaemonProcess, free_port
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+
+def _stub(d: DaemonProcess) -> pb_grpc.BrokerStub:
+    return pb_grpc.BrokerStub(grpc.insecure_channel(d.address))
+
+
+def _code(fn: Callable[[], object]) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code()  # type: ignore[attr-defined, no-any-return]
+
+
+def test_send_pull_roundtrip_with_keys_and_properties(daemon: DaemonProcess) -> None:
+    """Messages come back intact, in order, with key, properties and offsets from the receipts."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("orders", queues=4)
+        msgs = [Message(body=b"m%d" % i, key=f"k{i % 3}", properties={"i": str(i)}) for i in range(300)]
+        receipts = c.send("orders", msgs, ack="flush")
+        assert len(receipts) == 300
+        for q in range(4):
+            mine = [(r, m) for r, m in zip(receipts, msgs, strict=True) if r.queue_id == q]
+            got = list(c.pull("orders", q, 0, max_messages=1000))
+            assert [m.body for m in got] == [m.body for _, m in mine]
+            assert [m.queue_offset for m in got] == [r.queue_offset for r, _ in mine] == list(range(len(mine)))
+            assert [m.commit_offset for m in got] == [r.commit_offset for r, _ in mine]
+            assert all(g.key == m.key and g.properties == m.properties for g, (_, m) in zip(got, mine, strict=True))
+        for r, m in zip(receipts, msgs, strict=True):  # a key always lands on crc32c(key) % queues
+            assert m.key is not None and r.queue_id == crc32c.crc32c(m.key.encode()) % 4
+
+
+def test_ack_modes_and_visibility(daemon: DaemonProcess) -> None:
+    """leader, flush and replica all become readable; status offsets are ordered."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+        for ack in ("leader", "flush", "replica"):
+            c.send("t", [Message(body=ack.encode())], ack=ack)
+        deadline = time.monotonic() + 5
+        while len(c.pull("t", 0, 0)) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [m.body for m in c.pull("t", 0, 0)] == [b"leader", b"flush", b"replica"]
+        st = c.status()
+        assert st["max_offset"] >= st["flushed_offset"] >= st["confirm_offset"] > 0
+        for field in ("role", "epoch", "min_offset", "replicas", "tiered_uploaded_offset", "timer_pending"):
+            assert field in st
+
+
+def test_retried_batch_is_stored_once(daemon: DaemonProcess) -> None:
+    """The same SendRequest sent twice (a client retry) returns the original receipts."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+    records, _ = bf.encode_records([(b"once", b"", b""), (b"twice?", b"", b"")])
+    req = pb.SendRequest(batches=[pb.ProduceBatch(topic="t", queue_id=0, producer_id=42, base_sequence=0,
+                                                  record_count=2, records_crc=crc32c.crc32c(records), records=records)],
+                         ack=pb.ACK_FLUSH)
+    stub = _stub(daemon)
+    first = stub.Send(req).receipts[0]
+    second = stub.Send(req).receipts[0]
+    assert not first.duplicate and second.duplicate
+    assert (first.commit_offset, first.base_queue_offset) == (second.commit_offset, second.base_queue_offset)
+    out_of_order = pb.SendRequest(batches=[pb.ProduceBatch(
+        topic="t", queue_id=0, producer_id=42, base_sequence=7, record_count=2,
+        records_crc=crc32c.crc32c(records), records=records)])
+    assert _code(lambda: stub.Send(out_of_order)) == grpc.StatusCode.FAILED_PRECONDITION
+    with BrokerClient(daemon.address) as c:
+        assert [m.body for m in c.pull("t", 0, 0)] == [b"once", b"twice?"]
+
+
+def test_bad_requests_get_status_codes_and_daemon_survives(daemon: DaemonProcess) -> None:
+    """Malformed, unknown and out-of-range requests get clear codes; the daemon keeps serving."""
+    stub = _stub(daemon)
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t", queues=2)
+        c.send("t", [Message(body=b"x", key="a")], ack="flush")
+    records, _ = bf.encode_records([(b"x", b"", b"")])
+    crc = crc32c.crc32c(records)
+
+    def send(**kw: object) -> None:
+        fields: dict[str, object] = {"topic": "t", "queue_id": 0, "record_count": 1, "records_crc": crc, "records": records}
+        fields.update(kw)
+        stub.Send(pb.SendRequest(batches=[pb.ProduceBatch(**fields)]))  # type: ignore[arg-type]
+
+    cases: list[tuple[Callable[[], object], grpc.StatusCode]] = [
+        (lambda: send(topic="nope"), grpc.StatusCode.NOT_FOUND),
+        (lambda: send(topic="__metadata"), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: send(queue_id=2), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: send(records_crc=crc ^ 1), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: send(record_count=2), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: send(records=b"\xff" * 11, records_crc=crc32c.crc32c(b"\xff" * 11)), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: send(record_count=0, records=b"", records_crc=0), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.Send(pb.SendRequest()), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.Send(pb.SendRequest(ack=7, batches=[pb.ProduceBatch(topic="t")])), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.Pull(pb.PullRequest(topic="nope")), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.Pull(pb.PullRequest(topic="t", queue_id=9)), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.Pull(pb.PullRequest(topic="t", queue_id=0, offset=10**12)), grpc.StatusCode.OUT_OF_RANGE),
+        (lambda: stub.CreateTopic(pb.CreateTopicRequest(name="bad name!")), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.CreateTopic(pb.CreateTopicRequest(name="__mine")), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.CreateTopic(pb.CreateTopicRequest(name="q", queues=100000)), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.CreateTopic(pb.CreateTopicRequest(name="t")), grpc.StatusCode.ALREADY_EXISTS),
+        (lambda: stub.DeleteTopic(pb.DeleteTopicRequest(name="nope")), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.DeleteTopic(pb.DeleteTopicRequest(name="__metadata")), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.CommitOffset(pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group="", topic="t")])),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.CommitOffset(pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group="g", topic="t", offset=99)])),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.GetOffset(pb.GetOffsetRequest(group="g", topic="nope")), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.OffsetForTime(pb.OffsetForTimeRequest(topic="nope")), grpc.StatusCode.NOT_FOUND),
+    ]
+    for call, code in cases:
+        assert _code(call) == code
+    # oversized request: beyond limits.request_bytes_max (64 MiB by default)
+    big = pb.SendRequest(batches=[pb.ProduceBatch(topic="t", records=b"\0" * (65 << 20))])
+    ch = grpc.insecure_channel(daemon.address, options=[("grpc.max_send_message_length", 128 << 20)])
+    assert _code(lambda: pb_grpc.BrokerStub(ch).Send(big)) == grpc.StatusCode.RESOURCE_EXHAUSTED
+    with BrokerClient(daemon.address) as c:
+        assert [m.body for m in c.pull("t", 0, 0)] + [m.body for m in c.pull("t", 1, 0)] == [b"x"]
+
+
+def test_long_poll_pull_wakes_on_new_data(daemon: DaemonProcess) -> None:
+    """A pull at the queue end waits up to max_wait_ms and returns as soon as data arrives."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+        t0 = time.monotonic()
+        assert len(c.pull("t", 0, 0, max_wait_ms=300)) == 0
+        assert time.monotonic() - t0 >= 0.28
+
+        def later() -> None:
+            time.sleep(0.3)
+            with BrokerClient(daemon.address) as p:
+                p.send("t", [Message(body=b"late")], ack="leader")
+
+        threading.Thread(target=later).start()
+        t0 = time.monotonic()
+        got = c.pull("t", 0, 0, max_wait_ms=10_000)
+        assert [m.body for m in got] == [b"late"] and time.monotonic() - t0 < 5
+
+
+def test_consumer_offsets_and_seek_by_time(daemon: DaemonProcess) -> None:
+    """Committed offsets read back at once and survive a kill -9 after one flush interval."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(body=b"a")] * 10, ack="flush")
+        time.sleep(0.05)
+        split_ms = int(time.time() * 1000)
+        time.sleep(0.05)
+        c.send("t", [Message(body=b"b")] * 5, ack="flush")
+        assert c.offset_for_time("t", 0, 0) == 0
+        assert c.offset_for_time("t", 0, split_ms) == 10
+        assert c.offset_for_time("t", 0, split_ms + 10**9) == 15
+        assert c.committed_offset("g", "t", 0) is None
+        c.commit_offset("g", "t", 0, 7)
+        assert c.committed_offset("g", "t", 0) == 7
+        time.sleep(0.5)  # > offsets.flush_interval_ms + a flush
+    daemon.kill9()
+    daemon.start()
+    with BrokerClient(daemon.address) as c:
+        assert c.committed_offset("g", "t", 0) == 7
+
+
+def test_topic_delete_and_recreate(daemon: DaemonProcess) -> None:
+    """A deleted topic's data is gone and a re-created topic starts from offset 0, across restarts."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t", queues=2)
+        c.send("t", [Message(body=b"old")] * 3, ack="flush")
+        c.delete_topic("t")
+        assert "t" not in c.list_topics()
+        c.create_topic("t", queues=1)
+        c.send("t", [Message(body=b"new")], ack="flush")
+    daemon.kill9()
+    daemon.start()
+    with BrokerClient(daemon.address) as c:
+        assert c.list_topics()["t"]["queues"] == 1
+        assert [m.body for m in c.pull("t", 0, 0)] == [b"new"]
+        assert "__metadata" in c.list_topics(include_system=True)
+
+
+def test_health_reflection_and_metrics(spawn: Callable[..., DaemonProcess]) -> None:
+    """Health checking says SERVING, reflection lists the service, /metrics has our series."""
+    port = free_port()
+    d = spawn("m", config={"node.metrics_listen": f"127.0.0.1:{port}"})
+    ch = grpc.insecure_channel(d.address)
+    resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service="tidemark.v1.Broker"))
+    assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    refl = reflection_pb2_grpc.ServerReflectionStub(ch)
+    answers = refl.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]))
+    names = [s.name for a in answers for s in a.list_services_response.service]
+    assert "tidemark.v1.Broker" in names
+    with BrokerClient(d.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(body=b"x")] * 3, ack="flush")
+        c.pull("t", 0, 0)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    for series in ("tidemark_send_messages_total 3.0", "tidemark_fsync_seconds_bucket", "tidemark_recovery_seconds",
+                   "tidemark_pull_messages_total", "tidemark_free_disk_bytes", "tidemark_view_lag_bytes"):
+        assert series in text
+
+
+def test_client_fails_over_to_next_address(daemon: DaemonProcess) -> None:
+    """With a dead address first in the list, the client reaches the live one."""
+    with BrokerClient([f"127.0.0.1:{free_port()}", daemon.address], timeout_s=5) as c:
+        assert c.status()["role"] == "master"
+
+
+def test_unknown_topic_from_client(daemon: DaemonProcess) -> None:
+    """The client reports NOT_FOUND for sends to an unknown topic."""
+    with BrokerClient(daemon.address) as c, pytest.raises(BrokerError) as info:
+        c.send("missing", [Message(body=b"x")])
+    assert info.value.code == grpc.StatusCode.NOT_FOUND
