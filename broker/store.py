@@ -399,7 +399,8 @@ class Store:
                 metrics.VIEW_LAG.labels(v.name).set(self.confirm_offset - v.applied_offset)
             now = time.monotonic()
             if now - last_ckpt >= interval_s:
-                self.checkpoint_views()
+                if any(self._checkpointed.get(v.name) != v.applied_offset for v in self.views):
+                    self.checkpoint_views()
                 last_ckpt = now
             if now - last_retention >= retention_every_s:
                 self.enforce_retention()
