@@ -25,7 +25,6 @@ class CommitLog:
         self._segments: list[Segment] = []
         self._starts: list[int] = []
         self._lock = threading.Lock()  # guards the segment list; appends are serialised by the caller
-        self._unsynced: list[Segment] = []
         starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(directory)) if s is not None)
         for start in starts:
             self._segments.append(Segment(directory, start))
@@ -87,18 +86,17 @@ class CommitLog:
         return active.end_offset
 
     def _roll(self, active: Segment) -> Segment:
+        # The old segment is durable before its successor exists: a power cut can never leave a
+        # short segment followed by another (recovery would see a gap).
+        active.sync()
         with self._lock:
-            self._unsynced.append(active)
             return self._add_segment(active.end_offset)
 
     def sync(self) -> int:
         """fdatasync everything written so far; return the offset that is now durable."""
         with self._lock:
             active = self._segments[-1] if self._segments else None
-            rolled, self._unsynced = self._unsynced, []
             target = active.end_offset if active else 0
-        for seg in rolled:
-            seg.sync()
         if active is not None:
             failpoint("commitlog_before_fsync")
             active.sync()

@@ -17,6 +17,7 @@ fsync promised survive, nothing more.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -32,7 +33,10 @@ def _parse(spec: str) -> dict[str, str]:
         if not item:
             continue
         name, _, action = item.partition("=")
-        armed[name.strip()] = action.strip() or "exit"
+        action = action.strip() or "exit"
+        if not re.fullmatch(r"exit|exit@\d+|sleep:\d+", action):
+            raise ValueError(f"{_ENV_FAILPOINTS}: unknown action {action!r} for {name!r}")
+        armed[name.strip()] = action
     return armed
 
 
@@ -80,13 +84,17 @@ def note_created(path: str) -> None:
 
 
 def durable_sync(fd: int, path: str, *, data_only: bool = True) -> None:
-    """fdatasync/fsync ``fd`` and journal the length that is now durable."""
+    """fdatasync/fsync ``fd`` and journal the length that is now durable.
+
+    The size is read before the sync: bytes appended meanwhile by another thread are not covered.
+    """
+    size = os.fstat(fd).st_size if _journal_path else 0
     if data_only:
         os.fdatasync(fd)
     else:
         os.fsync(fd)
     if _journal_path:
-        _journal(os.fstat(fd).st_size, path)
+        _journal(size, path)
 
 
 def fsync_dir(path: str) -> None:

@@ -31,6 +31,7 @@ from broker import atomic_file, identity
 from broker import batch_format as bf
 from broker.failpoints import failpoint, fsync_dir
 from broker.invariant import CorruptionError, StartupRefused
+from broker.segment import Segment
 
 if TYPE_CHECKING:
     from broker.store import Store
@@ -58,11 +59,7 @@ def run(store: Store) -> dict[str, object]:
     data_dir = store.data_dir
     is_new = store.is_new
 
-    # 1. identity
-    ident = identity.load_or_create(
-        data_dir, is_new=is_new, cluster_id=store.config["node.cluster_id"], node_id=store.config["node.node_id"]
-    )
-    store.identity = ident  # type: ignore[attr-defined]
+    # 1. identity: loaded by load_identity() when the store was built, before any other file
 
     # 2. segment chain
     segs = store.log.segments
@@ -111,6 +108,12 @@ def run(store: Store) -> dict[str, object]:
             )
         valid_end = _scan(store, scan_from)
         scanned = log_end - scan_from
+        needed = max(v.applied_offset for v in store.views)
+        if valid_end < needed:
+            raise StartupRefused(
+                f"commit log damaged at offset {valid_end}, below offset {needed} that views have already "
+                "applied (confirmed data): refusing to truncate it; run 'tidemark log verify'"
+            )
         if valid_end < log_end:
             truncated_bytes = log_end - valid_end
             _save_torn_tail(store, valid_end, log_end)
@@ -152,9 +155,20 @@ def run(store: Store) -> dict[str, object]:
     return report
 
 
+def load_identity(store: Store) -> identity.Identity:
+    """Pass 1, run first of all: an interrupted first start leaves a directory that is still new."""
+    return identity.load_or_create(
+        store.data_dir, is_new=store.is_new, cluster_id=store.config["node.cluster_id"],
+        node_id=store.config["node.node_id"],
+    )
+
+
 def _reset_view(store: Store, name: str) -> None:
+    """Forget a view whose checkpoint could not be used; it rebuilds from offset 0 (if allowed)."""
     if name == "consume_queue":
         store.consume_queues._reset(0)
+    elif name == "producer_state":
+        store.producer_view.reset()
 
 
 def _scan(store: Store, start: int) -> int:
@@ -187,7 +201,7 @@ def _scan(store: Store, start: int) -> int:
                         raise CorruptionError(f"batch claims offset {header.base_offset}", path=seg.path, offset=offset)
                 except CorruptionError as exc:
                     if size == 0 or (i + size == len(data) and pos + i + size == seg.size_bytes):
-                        return _torn_or_corrupt(seg, last, offset, str(exc))
+                        return _torn_or_corrupt(seg, last, offset, str(exc), zero_length=size == 0)
                     raise StartupRefused(
                         f"commit log corrupt in segment {seg.path} at offset {offset} "
                         f"(byte {pos + i} of the segment): {exc}; run 'tidemark log verify'"
@@ -197,11 +211,21 @@ def _scan(store: Store, start: int) -> int:
     return last.end_offset
 
 
-def _torn_or_corrupt(seg, last, offset: int, why: str) -> int:  # type: ignore[no-untyped-def]
+def _torn_or_corrupt(seg: Segment, last: Segment, offset: int, why: str, *, zero_length: bool = False) -> int:
+    """A torn tail lies in the last segment; a zeroed length must be followed by zeros only."""
     if seg is not last:
         raise StartupRefused(f"commit log corrupt in segment {seg.path} at offset {offset}: {why}")
-    rest = seg.read(offset - seg.start_offset, seg.end_offset - offset)
-    log.warning("torn_tail_found", segment=seg.path, offset=offset, reason=why, zero_filled=not any(rest))
+    if zero_length:
+        pos = offset - seg.start_offset
+        while pos < seg.size_bytes:
+            chunk = seg.read(pos, min(SCAN_CHUNK_BYTES, seg.size_bytes - pos))
+            if chunk.strip(b"\0"):
+                raise StartupRefused(
+                    f"commit log corrupt in segment {seg.path} at offset {offset}: a zeroed batch length "
+                    "is followed by data (not a torn tail); run 'tidemark log verify'"
+                )
+            pos += len(chunk)
+    log.warning("torn_tail_found", segment=seg.path, offset=offset, reason=why)
     return offset
 
 

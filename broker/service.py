@@ -94,6 +94,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             entries = []
             for o in request.offsets:
                 self._check_group(o.group)
+                if o.topic.startswith(system_records.SYSTEM_PREFIX):
+                    raise invalid(f"consumer offsets are not stored for system topic {o.topic!r}")
                 _, high = self.store.queue_bounds(o.topic, o.queue_id)
                 if o.offset > high:
                     raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")

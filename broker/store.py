@@ -78,12 +78,13 @@ class PullResult:
 
 class Store:
     def __init__(self, config: Config, data_dir: str) -> None:
-        from broker.recovery import is_new_data_dir
+        from broker.recovery import is_new_data_dir, load_identity
 
         self.config = config
         self.data_dir = data_dir
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         self.is_new = is_new_data_dir(data_dir)  # before any component creates files
+        self.identity = load_identity(self)  # recovery pass 1, before LMDB or the log create files
         self.log = CommitLog(os.path.join(data_dir, "log"), config["commitlog.segment_bytes"])
         ckpt = os.path.join(data_dir, "checkpoints")
         os.makedirs(ckpt, exist_ok=True)
@@ -167,6 +168,8 @@ class Store:
         self._tail_queue_next = {}
         for (topic, q), qf in self.consume_queues._files.items():
             self._tail_queue_next[(topic, q)] = qf.next_queue_offset
+            if qf.entries:  # store times never go back, even if the clock did while we were down
+                self._last_store_time_ms = max(self._last_store_time_ms, qf.entry(qf.entries - 1).store_time_ms)
         self._tail_producers = self.producer_view.producers.copy()
         start = min(self.consume_queues.applied_offset, self.producer_view.applied_offset)
         for header, batch in self.iter_batches(start, self.log.max_offset):

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import os
 
-from broker import atomic_file, recovery
+from broker import atomic_file, identity, recovery
 from broker import batch_format as bf
 from broker.invariant import CorruptionError
 from broker.segment import parse_segment_name
 from broker.views import consume_queue, producer_state
 
 SMALL_FILES = (
-    ("identity", b"TMID", 1),
+    ("identity", identity.MAGIC, identity.VERSION),
     ("checkpoints/consume_queue.ckpt", consume_queue.CHECKPOINT_MAGIC, consume_queue.CHECKPOINT_VERSION),
     ("checkpoints/producer_state.ckpt", producer_state.CHECKPOINT_MAGIC, producer_state.CHECKPOINT_VERSION),
     (recovery.CLEAN_MARKER, recovery.CLEAN_MAGIC, recovery.CLEAN_VERSION),

@@ -174,3 +174,70 @@ def test_segments_roll_and_reads_span_them(tmp_path: Path) -> None:
     got = read_all(s, "t")
     assert len(got) == 150 and got[-1].startswith(b"29.")
     s.stop()
+
+
+def test_zeroed_length_followed_by_data_is_corruption(tmp_path: Path) -> None:
+    """A zero length field with valid batches after it is not a torn tail: refuse, cut nothing."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    ends = [send(s, "t", [b"v" * 100] * 5) for _ in range(4)]
+    s.crash_close()
+    for p in (tmp_path / "checkpoints").iterdir():
+        p.unlink()
+    seg = _segment(tmp_path)
+    data = bytearray(seg.read_bytes())
+    data[ends[0] : ends[0] + 4] = b"\0\0\0\0"
+    seg.write_bytes(bytes(data))
+    size = seg.stat().st_size
+    with pytest.raises(StartupRefused, match="zeroed batch length is followed by data"):
+        open_store(str(tmp_path))
+    assert seg.stat().st_size == size
+
+
+def test_damage_below_applied_views_is_never_truncated(tmp_path: Path) -> None:
+    """A torn-looking tail below what views already applied refuses start-up instead of cutting."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    for _ in range(3):
+        end = send(s, "t", [b"w" * 100] * 5)
+    _wait_applied(s, end)
+    s.checkpoint_views()
+    s.crash_close()
+    for p in (tmp_path / "checkpoints").glob("producer_state.ckpt*"):
+        p.unlink()  # one view rebuilds from 0, so the scan covers the damaged batch
+    seg = _segment(tmp_path)
+    data = bytearray(seg.read_bytes())
+    data[-3] ^= 0xFF  # the last batch: looks torn, but the consume queues have applied it
+    seg.write_bytes(bytes(data))
+    with pytest.raises(StartupRefused, match="refusing to truncate"):
+        open_store(str(tmp_path))
+    assert seg.stat().st_size == len(data)
+
+
+def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:
+    """A validly framed but unusable producer checkpoint is rebuilt from the log, keeping dedup."""
+    import crc32c
+
+    from broker import atomic_file
+    from broker import batch_format as bf
+    from broker.store import IncomingBatch
+    from broker.views import producer_state
+
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    records, _ = bf.encode_records([(b"once", b"", b"")])
+    batch = IncomingBatch("t", 0, records, 1, crc32c.crc32c(records), producer_id=5, base_sequence=0)
+    first, end = s.append([batch])
+    s.wait_ack(end, "flush", 5000)
+    s.stop()
+    ckpt = str(tmp_path / "checkpoints" / "producer_state.ckpt")
+    for suffix in ("", ".bak"):
+        if Path(ckpt + suffix).exists():
+            Path(ckpt + suffix).unlink()
+    atomic_file.persist(ckpt, producer_state.CHECKPOINT_MAGIC, producer_state.CHECKPOINT_VERSION,
+                        b'{"applied_offset": 350}')
+    s = open_store(str(tmp_path))
+    again, _ = s.append([batch])
+    assert again[0].duplicate and again[0].commit_offset == first[0].commit_offset
+    assert read_all(s, "t") == [b"once"]
+    s.stop()

@@ -123,6 +123,8 @@ def test_bad_requests_get_status_codes_and_daemon_survives(daemon: DaemonProcess
         (lambda: stub.CommitOffset(pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group="g", topic="t", offset=99)])),
          grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: stub.GetOffset(pb.GetOffsetRequest(group="g", topic="nope")), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.CommitOffset(pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group="g", topic="__metadata")])),
+         grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: stub.OffsetForTime(pb.OffsetForTimeRequest(topic="nope")), grpc.StatusCode.NOT_FOUND),
     ]
     for call, code in cases:
@@ -225,3 +227,14 @@ def test_unknown_topic_from_client(daemon: DaemonProcess) -> None:
     with BrokerClient(daemon.address) as c, pytest.raises(BrokerError) as info:
         c.send("missing", [Message(body=b"x")])
     assert info.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_crash_during_first_start_leaves_a_new_directory(spawn: Callable[..., DaemonProcess]) -> None:
+    """A kill during the very first start (identity not yet renamed) does not brick the directory."""
+    d = spawn("first", start=False, env={"TIDEMARK_FAILPOINTS": "atomicfile_before_rename=exit"})
+    d.start(wait=False)
+    assert d.wait_exit(30) == -9
+    d.env.pop("TIDEMARK_FAILPOINTS")
+    d.start()
+    with BrokerClient(d.address) as c:
+        assert c.status()["recovery"]["new"] is True

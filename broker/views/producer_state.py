@@ -96,9 +96,14 @@ class ProducerStateView:
         if loaded is None:
             return False
         state = json.loads(loaded.payload)
-        self.applied_offset = int(state["applied_offset"])
-        self.producers = ProducerTable.from_json(state["producers"])
+        producers = ProducerTable.from_json(state["producers"])
+        applied = int(state["applied_offset"])
+        self.producers, self.applied_offset = producers, applied
         return True
+
+    def reset(self) -> None:
+        self.producers = ProducerTable()
+        self.applied_offset = 0
 
     def apply(self, header: BatchHeader, batch: memoryview) -> None:
         self.producers.record(header)
