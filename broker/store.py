@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import crc32c
+import lmdb
 import structlog
 
 from broker import batch_format as bf
@@ -403,7 +404,10 @@ class Store:
             now = time.monotonic()
             if now - last_ckpt >= interval_s:
                 if any(self._checkpointed.get(v.name) != v.applied_offset for v in self.views):
-                    self.checkpoint_views()
+                    try:
+                        self.checkpoint_views()
+                    except (OSError, lmdb.Error) as exc:  # the previous checkpoint stays valid: retry later
+                        log.warning("checkpoint_failed", error=str(exc))
                 last_ckpt = now
             if now - last_retention >= retention_every_s:
                 self.enforce_retention()

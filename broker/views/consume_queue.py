@@ -80,7 +80,10 @@ class QueueFile:
     def publish(self) -> None:
         if not self._pending:
             return
-        os.write(self.fd, self._pending)
+        written = os.write(self.fd, self._pending)
+        if written != len(self._pending):  # never leave a partial entry; the pending ones stay queued
+            os.ftruncate(self.fd, self.entries * ENTRY_BYTES)
+            raise OSError(28, f"short write to {self.path}: {written} of {len(self._pending)} bytes")
         self.entries += self._pending_entries
         self.next_queue_offset += self._pending_count
         self._pending = bytearray()
