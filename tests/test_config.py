@@ -64,3 +64,17 @@ def test_serve_with_bad_flag_exits_2(tmp_path: Path) -> None:
     r = _cli("serve", "--data-dir", str(tmp_path / "d"), "--listen", "localhost")
     assert r.returncode == 2 and "node.listen" in r.stderr
     assert not (tmp_path / "d").exists()
+
+
+def test_deploy_toml_documents_every_key_with_its_default() -> None:
+    """deploy/tidemark.toml lists exactly the keys the code knows, each with its default."""
+    import tomllib
+
+    from broker.config import KEYS, _flatten
+
+    root = Path(__file__).resolve().parent.parent
+    with open(root / "deploy" / "tidemark.toml", "rb") as f:
+        documented = _flatten(tomllib.load(f))
+    assert set(documented) == set(KEYS)
+    assert all(documented[k] == KEYS[k].default for k in KEYS)
+    assert _cli("config", "check", str(root / "deploy" / "tidemark.toml")).returncode == 0
