@@ -245,18 +245,14 @@ class Store:
             offset = self.log.max_offset
             now = max(int(time.time() * 1000), self._last_store_time_ms)
             chunks: list[list[bytes]] = []
-            headers: list[bf.BatchHeader] = []
             queue_next: dict[tuple[str, int], int] = {}
             producers = self._tail_producers
+            undo = producers.savepoint()  # sequences are recorded as we go, so a request sees its own batches
             wait_offset = 0
             for b in batches:
                 verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence)
-                if verdict.duplicate_of is None:  # same request may repeat a batch: look at this request too
-                    for h in headers:
-                        if (h.producer_id, h.topic, h.queue_id, h.base_sequence) == (
-                            b.producer_id, b.topic, b.queue_id, b.base_sequence) and b.producer_id:
-                            verdict = verdict.__class__(duplicate_of=(h.base_sequence, h.record_count, h.base_offset, h.base_queue_offset))
                 if verdict.error:
+                    producers.rollback(undo)
                     raise BrokerError("FAILED_PRECONDITION", verdict.error)
                 if verdict.duplicate_of is not None:
                     _, count, dup_offset, dup_qoff = verdict.duplicate_of
@@ -273,8 +269,7 @@ class Store:
                     queue_id=b.queue_id, topic_raw=topic_raw, body_crc=b.body_crc,
                 )
                 chunks.append([head, b.records])
-                headers.append(bf.BatchHeader(size, b.record_count, offset, qoff, now, b.producer_id,
-                                              b.base_sequence, self.epoch, b.queue_id, b.topic, b.body_crc))
+                producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
                 receipts.append(BatchReceipt(offset, qoff, b.record_count))
                 queue_next[key] = qoff + b.record_count
                 offset += size
@@ -282,6 +277,7 @@ class Store:
                 try:
                     end = self.log.append(chunks)
                 except OSError as exc:
+                    producers.rollback(undo)
                     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                         self._free_checked_at = 0.0
                         raise BrokerError("RESOURCE_EXHAUSTED", f"disk full: {exc.strerror or exc}") from None
@@ -289,8 +285,6 @@ class Store:
                 invariant(end == offset, f"log end {end} != expected {offset}")
                 self._forget_topics(reset_topics)
                 self._tail_queue_next.update(queue_next)
-                for h in headers:
-                    producers.record(h)
                 self._last_store_time_ms = now
                 wait_offset = max(wait_offset, end)
         return receipts, wait_offset

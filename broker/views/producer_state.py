@@ -40,6 +40,7 @@ class ProducerTable:
     def __init__(self, producers_max: int = PRODUCERS_MAX) -> None:
         self.producers_max = producers_max
         self.table: OrderedDict[Key, list[Remembered]] = OrderedDict()
+        self._undo: dict[Key, list[Remembered] | None] | None = None
 
     def check(self, producer_id: int, topic: str, queue_id: int, base_sequence: int) -> SequenceVerdict:
         if producer_id == 0 or base_sequence == NO_SEQUENCE:
@@ -57,15 +58,36 @@ class ProducerTable:
         return SequenceVerdict()
 
     def record(self, header: BatchHeader) -> None:
-        if header.producer_id == 0 or header.base_sequence == NO_SEQUENCE:
+        self.record_batch(header.producer_id, header.topic, header.queue_id, header.base_sequence,
+                          header.record_count, header.base_offset, header.base_queue_offset)
+
+    def record_batch(self, producer_id: int, topic: str, queue_id: int, base_sequence: int, record_count: int,
+                     base_offset: int, base_queue_offset: int) -> None:
+        if producer_id == 0 or base_sequence == NO_SEQUENCE:
             return
-        key = (header.producer_id, header.topic, header.queue_id)
+        key = (producer_id, topic, queue_id)
+        if self._undo is not None and key not in self._undo:
+            self._undo[key] = list(self.table[key]) if key in self.table else None
         batches = self.table.pop(key, [])
-        batches.append((header.base_sequence, header.record_count, header.base_offset, header.base_queue_offset))
+        batches.append((base_sequence, record_count, base_offset, base_queue_offset))
         del batches[:-BATCHES_KEPT_PER_PRODUCER]
         self.table[key] = batches
         while len(self.table) > self.producers_max:
             self.table.popitem(last=False)
+
+    def savepoint(self) -> dict[Key, list[Remembered] | None]:
+        """Start remembering what ``record_batch`` changes, for ``rollback``."""
+        self._undo = {}
+        return self._undo
+
+    def rollback(self, undo: dict[Key, list[Remembered] | None]) -> None:
+        """Undo every change since ``savepoint`` (a failed append must leave no trace)."""
+        for key, batches in undo.items():
+            if batches is None:
+                self.table.pop(key, None)
+            else:
+                self.table[key] = batches
+        undo.clear()
 
     def copy(self) -> ProducerTable:
         other = ProducerTable(self.producers_max)
