@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import crc32c
 
 from broker import batch_format as bf
@@ -31,6 +33,10 @@ def send(s: Store, topic: str, bodies: list[bytes], queue: int = 0) -> int:
 
 
 def read_all(s: Store, topic: str, queue: int = 0) -> list[bytes]:
+    """Everything readable once the views caught up with the confirm offset."""
+    deadline = time.monotonic() + 5
+    while s.applied_offset < s.confirm_offset and time.monotonic() < deadline:
+        time.sleep(0.002)
     out: list[bytes] = []
     offset = s.queue_bounds(topic, queue)[0]
     while True:
