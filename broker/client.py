@@ -25,6 +25,9 @@ from proto import tidemark_pb2_grpc as pb_grpc
 
 ACKS = {"replica": pb.ACK_REPLICA, "leader": pb.ACK_LEADER, "flush": pb.ACK_FLUSH}
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# For Send the request is idempotent (producer id + sequences), so an unknown outcome is retried too.
+SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit sequence runs out
 RETRIES_MAX = 5
 REQUEST_BYTES_TARGET = 8 << 20
 MESSAGE_BYTES_MAX = 256 << 20
@@ -219,7 +222,8 @@ class BrokerClient:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _call(self, method: str, request: Any, *, retry: bool = True, timeout_s: float | None = None) -> Any:
+    def _call(self, method: str, request: Any, *, retry: bool = True, timeout_s: float | None = None,
+              retryable: tuple[grpc.StatusCode, ...] = RETRYABLE) -> Any:
         attempts = RETRIES_MAX if retry else 1
         delay = 0.05
         for attempt in range(attempts):
@@ -228,7 +232,7 @@ class BrokerClient:
                 return getattr(self._stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
-                if code in RETRYABLE and attempt + 1 < attempts:
+                if code in retryable and attempt + 1 < attempts:
                     if len(self.addresses) > 1:
                         self._connect(self._current + 1)
                     time.sleep(delay)
@@ -276,6 +280,8 @@ class BrokerClient:
             by_queue.setdefault(self.pick_queue(topic, m.key), []).append(i)
         receipts: list[Receipt | None] = [None] * len(messages)
         with self._lock:
+            if any(s > SEQUENCE_MAX for s in self._producer.sequences.values()):
+                self._producer = _Producer()
             groups: list[tuple[pb.ProduceBatch, int, list[int], list[int]]] = []
             for queue_id, idxs in by_queue.items():
                 items = []
@@ -292,9 +298,9 @@ class BrokerClient:
                 groups.append((batch, queue_id, idxs, positions))
             request = pb.SendRequest(batches=[g[0] for g in groups], ack=ACKS[ack], timeout_ms=timeout_ms or 0)
             try:
-                resp = self._call("Send", request)
+                resp = self._call("Send", request, retryable=SEND_RETRYABLE)
             except BrokerError:
-                self._producer = _Producer()  # unknown outcome: never reuse these sequences
+                self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
                 raise
             for (batch, queue_id, idxs, positions), r in zip(groups, resp.receipts, strict=True):
                 self._producer.sequences[(topic, queue_id)] = batch.base_sequence + batch.record_count

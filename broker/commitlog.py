@@ -12,7 +12,7 @@ import os
 import threading
 
 from broker.failpoints import failpoint, fsync_dir
-from broker.segment import Segment, parse_segment_name
+from broker.segment import FsyncFailed, Segment, parse_segment_name
 
 
 class CommitLog:
@@ -88,7 +88,10 @@ class CommitLog:
     def _roll(self, active: Segment) -> Segment:
         # The old segment is durable before its successor exists: a power cut can never leave a
         # short segment followed by another (recovery would see a gap).
-        active.sync()
+        try:
+            active.sync()
+        except OSError as exc:
+            raise FsyncFailed(f"fsync of {active.path} failed: {exc}") from exc
         with self._lock:
             return self._add_segment(active.end_offset)
 
@@ -109,7 +112,7 @@ class CommitLog:
             while len(self._segments) > 1 and self._segments[-1].start_offset >= offset:
                 seg = self._segments.pop()
                 self._starts.pop()
-                seg.close()
+                seg.close_later()
                 os.unlink(seg.path)
             if self._segments:
                 seg = self._segments[-1]
@@ -124,7 +127,7 @@ class CommitLog:
             while len(self._segments) > 1 and self._segments[0].end_offset <= offset:
                 seg = self._segments.pop(0)
                 self._starts.pop(0)
-                seg.close()
+                seg.close_later()
                 os.unlink(seg.path)
                 removed.append(seg.path)
         if removed:

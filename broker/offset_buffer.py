@@ -45,6 +45,13 @@ class OffsetBuffer:
         if full:
             self._wake.set()
 
+    def drop_topic(self, topic: str) -> None:
+        """Forget buffered offsets of a deleted topic (they must not land on a re-created one)."""
+        with self._lock:
+            for d in (self._active, self._flushing):
+                for key in [k for k in d if k[1] == topic]:
+                    del d[key]
+
     def get(self, group: str, topic: str, queue: int) -> int | None:
         key = (group, topic, queue)
         with self._lock:

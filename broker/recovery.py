@@ -11,8 +11,8 @@ there up to the confirm offset.
    scan is needed. Otherwise every batch from the lowest view checkpoint to the end is verified;
    a torn tail is saved to ``quarantine/`` and truncated; any other damage refuses start-up,
    naming segment and offset. Checkpoints above the log end (lost unsynced log bytes) refuse too.
-5. Durability point: fsync the log; flushed = confirm = log end (a lone node confirms what it
-   has flushed; replication lowers confirm later).
+5. Durability point: fsync the log; flushed = log end; confirm from the confirm source (a lone
+   node confirms what it has flushed; with replicas it is lower).
 6. Replay: apply each view from its own applied offset up to the confirm offset.
 7. Tail state: queue offsets and producer sequences for the next append; remove the marker.
 """
@@ -126,7 +126,8 @@ def run(store: Store) -> dict[str, object]:
 
     # 5. durability point
     store.log.sync()
-    store.flushed_offset = store.confirm_offset = log_end
+    store.flushed_offset = log_end
+    store.confirm_offset = min(store.confirm_source(log_end), log_end)
 
     # 6. replay
     replay_from = min(v.applied_offset for v in store.views)

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import errno
 import os
 
+from broker.deferred_close import DEFERRED
 from broker.failpoints import durable_sync, note_created
 
 SUFFIX = ".log"
+IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # writev takes at most this many buffers
+
+
+class FsyncFailed(Exception):
+    """An fsync failed: the page cache can no longer be trusted, the process must restart."""
 
 
 def segment_name(start_offset: int) -> str:
@@ -40,11 +47,19 @@ class Segment:
         return self.start_offset + self.size_bytes
 
     def append(self, chunks: list[bytes]) -> None:
-        total = sum(len(c) for c in chunks)
-        written = os.writev(self.fd, chunks)
-        if written != total:  # partial write (e.g. disk full): undo so no torn batch remains
+        """Write every chunk or nothing (a failed or short write is undone with ftruncate)."""
+        total = 0
+        try:
+            for i in range(0, len(chunks), IOV_MAX):
+                group = chunks[i : i + IOV_MAX]
+                want = sum(len(c) for c in group)
+                written = os.writev(self.fd, group)
+                total += written
+                if written != want:
+                    raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {want} bytes")
+        except OSError:
             os.ftruncate(self.fd, self.size_bytes)
-            raise OSError(28, f"short write to {self.path}: {written} of {total} bytes")
+            raise
         self.size_bytes += total
 
     def read(self, position: int, length: int) -> bytes:
@@ -60,3 +75,7 @@ class Segment:
 
     def close(self) -> None:
         os.close(self.fd)
+
+    def close_later(self) -> None:
+        """Close after a grace period: readers may still hold this segment (see deferred_close)."""
+        DEFERRED.defer(self.fd)

@@ -37,9 +37,11 @@ class Daemon:
         log.info("starting", data_dir=self.config["node.data_dir"], listen=self.config["node.listen"])
         self.store.start()
         limit = self.config["limits.request_bytes_max"]
+        # a pull answers up to pull_bytes_max of batches, or one batch of up to request_bytes_max
+        send_limit = max(limit, self.config["limits.pull_bytes_max"]) + (1 << 20)
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", limit),
-            ("grpc.max_send_message_length", limit),
+            ("grpc.max_send_message_length", send_limit),
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"]), options=options)
@@ -77,6 +79,7 @@ class Daemon:
         log.info("stopping")
         self.stopping.set()
         self.health.enter_graceful_shutdown()
+        self.store.begin_close()  # new writes get UNAVAILABLE; in-flight acks still complete
         if self.grpc_server is not None:
             self.grpc_server.stop(GRACE_S).wait()
         self.store.stop()

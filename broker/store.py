@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import crc32c
 import lmdb
@@ -31,10 +32,12 @@ from broker import batch_format as bf
 from broker import metrics, system_records
 from broker.commitlog import CommitLog
 from broker.config import Config
+from broker.deferred_close import DEFERRED
 from broker.errors import BrokerError, invalid, not_found
 from broker.failpoints import failpoint
 from broker.invariant import invariant
 from broker.offset_buffer import OffsetBuffer
+from broker.segment import FsyncFailed
 from broker.views import ConsumeQueueView, MetadataView, ProducerStateView, View
 from broker.views.consume_queue import Entry
 from broker.views.producer_state import ProducerTable
@@ -96,6 +99,7 @@ class Store:
         self.epoch = 0
         self.role = config["node.role"]
         self.fenced_reason = ""
+        self.closing = False
         # offsets and their condition (flushed / confirm / applied)
         self._cond = threading.Condition()
         self.flushed_offset = 0
@@ -106,9 +110,11 @@ class Store:
         # tail state: what the next append needs, including unconfirmed batches
         self._append_lock = threading.Lock()
         self._tail_queue_next: dict[tuple[str, int], int] = {}
+        self._tail_topics: set[str] = set()
         self._tail_producers = ProducerTable()
         self._last_store_time_ms = 0
         self._checkpointed: dict[str, int] = {}
+        self._checkpointed_prev: dict[str, int] = {}  # the .bak copy recovery may fall back to
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.offsets = OffsetBuffer(
@@ -151,6 +157,7 @@ class Store:
         for v in self.views:
             v.close()
         self.log.close()
+        DEFERRED.reap(everything=True)
 
     def crash_close(self) -> None:
         """Close files without a clean marker (tests of recovery inside one process)."""
@@ -173,18 +180,29 @@ class Store:
                 self._last_store_time_ms = max(self._last_store_time_ms, qf.entry(qf.entries - 1).store_time_ms)
         self._tail_producers = self.producer_view.producers.copy()
         start = min(self.consume_queues.applied_offset, self.producer_view.applied_offset)
+        self._tail_topics = {t for t in self.consume_queues.topics if not t.startswith(system_records.SYSTEM_PREFIX)}
         for header, batch in self.iter_batches(start, self.log.max_offset):
             if header.base_offset >= self.consume_queues.applied_offset:
                 self._tail_queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
                 if header.topic == system_records.METADATA_TOPIC:
-                    changes = [system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)]
-                    self._forget_topics(system_records.topics_reset(changes))
+                    self._apply_topic_changes([
+                        system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)
+                        if bytes(k) in system_records.TOPIC_CHANGE_KEYS
+                    ])
             if header.base_offset >= self.producer_view.applied_offset:
                 self._tail_producers.record(header)
             self._last_store_time_ms = max(self._last_store_time_ms, header.store_time_ms)
 
     # -- writes -----------------------------------------------------------------------------------
+    def begin_close(self) -> None:
+        """Stop taking writes and wake long-polls before the gRPC server drains its calls."""
+        self.closing = True
+        with self._cond:
+            self._cond.notify_all()
+
     def check_writable(self) -> None:
+        if self.closing:
+            raise BrokerError("UNAVAILABLE", "the broker is shutting down; retry against it or another node")
         if self.fenced_reason:
             raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}")
         if self.role != "master":
@@ -230,11 +248,13 @@ class Store:
             raise invalid(f"base_sequence {batch.base_sequence} out of range")
 
     def append(
-        self, batches: list[IncomingBatch], *, internal: bool = False, reset_topics: tuple[str, ...] = ()
+        self, batches: list[IncomingBatch], *, internal: bool = False,
+        topic_changes: list[tuple[str, dict[str, Any]]] | None = None,
     ) -> tuple[list[BatchReceipt], int]:
         """Validate and append; return receipts and the end offset the caller must wait for.
 
-        ``reset_topics``: topics whose queue counters restart (created or deleted by this append).
+        ``topic_changes``: topic creations/deletions this (metadata) append carries; checked and
+        applied to the append-side topic set under the append lock.
         """
         self.check_writable()
         for b in batches:
@@ -242,6 +262,10 @@ class Store:
         receipts: list[BatchReceipt] = []
         with self._append_lock:
             self.check_writable()
+            for b in batches:  # the append side's own view of topics: deletes may not be applied yet
+                if not b.topic.startswith(system_records.SYSTEM_PREFIX) and b.topic not in self._tail_topics:
+                    raise not_found(f"unknown topic {b.topic!r}")
+            self._check_topic_changes(topic_changes or [])
             offset = self.log.max_offset
             now = max(int(time.time() * 1000), self._last_store_time_ms)
             chunks: list[list[bytes]] = []
@@ -274,16 +298,22 @@ class Store:
                 queue_next[key] = qoff + b.record_count
                 offset += size
             if chunks:
+                start = self.log.max_offset
                 try:
                     end = self.log.append(chunks)
-                except OSError as exc:
+                except (OSError, FsyncFailed) as exc:
                     producers.rollback(undo)
-                    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                        self._free_checked_at = 0.0
-                        raise BrokerError("RESOURCE_EXHAUSTED", f"disk full: {exc.strerror or exc}") from None
-                    raise
+                    full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+                    if not full or self.log.max_offset != start:
+                        # part of the request is in the log (or an fsync failed): the tail state no
+                        # longer matches it. Restart; recovery derives the tail from the log itself.
+                        log.critical("append_failed_partially", error=str(exc), start=start,
+                                     now_at=self.log.max_offset)
+                        os._exit(1)
+                    self._free_checked_at = 0.0
+                    raise BrokerError("RESOURCE_EXHAUSTED", f"disk full: {exc}") from None
                 invariant(end == offset, f"log end {end} != expected {offset}")
-                self._forget_topics(reset_topics)
+                self._apply_topic_changes(topic_changes or [])
                 self._tail_queue_next.update(queue_next)
                 self._last_store_time_ms = now
                 wait_offset = max(wait_offset, end)
@@ -294,12 +324,29 @@ class Store:
         encoded = [system_records.encode(t, f) for t, f in items]
         records, _ = bf.encode_records([(body, key, b"") for key, body in encoded])
         batch = IncomingBatch(system_records.METADATA_TOPIC, 0, records, len(items), crc32c.crc32c(records))
-        _, end = self.append([batch], internal=True, reset_topics=system_records.topics_reset(items))
+        changes = [(t, f) for t, f in items if t in (system_records.TOPIC_CREATE, system_records.TOPIC_DELETE)]
+        _, end = self.append([batch], internal=True, topic_changes=changes)
         return end
 
-    def _forget_topics(self, topics: tuple[str, ...]) -> None:
-        for key in [k for k in self._tail_queue_next if k[0] in topics]:
-            del self._tail_queue_next[key]
+    def _check_topic_changes(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
+        for change, fields in changes:
+            name = str(fields["topic"])
+            if change == system_records.TOPIC_CREATE and name in self._tail_topics:
+                raise BrokerError("ALREADY_EXISTS", f"topic {name!r} already exists")
+            if change == system_records.TOPIC_DELETE and name not in self._tail_topics:
+                raise not_found(f"unknown topic {name!r}")
+
+    def _apply_topic_changes(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
+        """Created or deleted topics restart their queue offsets at 0; buffered offsets of a deleted one go."""
+        for change, fields in changes:
+            name = str(fields["topic"])
+            for key in [k for k in self._tail_queue_next if k[0] == name]:
+                del self._tail_queue_next[key]
+            if change == system_records.TOPIC_CREATE:
+                self._tail_topics.add(name)
+            elif change == system_records.TOPIC_DELETE:
+                self._tail_topics.discard(name)
+                self.offsets.drop_topic(name)
 
     def wait_ack(self, offset: int, ack: str, timeout_ms: int) -> None:
         if ack == "leader" or offset == 0:
@@ -309,12 +356,12 @@ class Store:
             if ack == "flush":
                 self._flush_wanted = True
                 self._cond.notify_all()
-                ok = self._cond.wait_for(lambda: self.flushed_offset >= offset or self._stop.is_set(), deadline - time.monotonic())
+                ok = self._cond.wait_for(lambda: self.flushed_offset >= offset, deadline - time.monotonic())
             else:
                 self._flush_wanted = True
                 self._cond.notify_all()
-                ok = self._cond.wait_for(lambda: self.confirm_offset >= offset or self._stop.is_set(), deadline - time.monotonic())
-        if not ok or self._stop.is_set():
+                ok = self._cond.wait_for(lambda: self.confirm_offset >= offset, deadline - time.monotonic())
+        if not ok:
             raise BrokerError("DEADLINE_EXCEEDED", f"not acknowledged ({ack}) within {timeout_ms} ms; the records may still be stored")
 
     def check_replica_ack_possible(self) -> None:
@@ -347,12 +394,17 @@ class Store:
         confirm = min(self.confirm_source(self.flushed_offset), self.flushed_offset)
         self.confirm_offset = max(self.confirm_offset, confirm)
 
+    def advance_confirm(self) -> None:
+        """Recompute the confirm offset (replication calls this when a replica acknowledges)."""
+        with self._cond:
+            self._advance_confirm()
+            self._cond.notify_all()
+
     def _flush_loop(self) -> None:
         interval_s = self.config["commitlog.flush_interval_ms"] / 1000.0
         while not self._stop.is_set():
             with self._cond:
-                if not self._flush_wanted:
-                    self._cond.wait(interval_s)
+                self._cond.wait_for(lambda: self._flush_wanted or self._stop.is_set(), interval_s)
                 self._flush_wanted = False
             if self.log.max_offset > self.flushed_offset:
                 self._sync_log()
@@ -404,22 +456,27 @@ class Store:
                         log.warning("checkpoint_failed", error=str(exc))
                 last_ckpt = now
             if now - last_retention >= retention_every_s:
-                self.enforce_retention()
+                try:
+                    self.enforce_retention()
+                except OSError as exc:  # retention can wait; the dispatcher must not die
+                    log.warning("retention_failed", error=str(exc))
                 last_retention = now
+            DEFERRED.reap()
 
     def checkpoint_views(self) -> None:
         failpoint("views_before_checkpoint")
         for v in self.views:
             v.checkpoint()
+            self._checkpointed_prev[v.name] = self._checkpointed.get(v.name, 0)
             self._checkpointed[v.name] = v.applied_offset
         failpoint("views_after_checkpoint")
 
     # -- retention --------------------------------------------------------------------------------
     def retention_floor(self) -> int:
         """Lowest offset some view may still replay from: nothing at or above it may go."""
-        if len(self._checkpointed) < len(self.views):
+        if len(self._checkpointed_prev) < len(self.views):
             return 0
-        return min(self._checkpointed.values())
+        return min(self._checkpointed_prev.values())
 
     def enforce_retention(self) -> list[str]:
         local_bytes = self.config["retention.local_bytes"]
@@ -473,7 +530,8 @@ class Store:
             deadline = time.monotonic() + max_wait_ms / 1000.0
             with self._cond:
                 self._cond.wait_for(
-                    lambda: qf.next_queue_offset > offset or self._stop.is_set(), max(0.0, deadline - time.monotonic())
+                    lambda: qf.next_queue_offset > offset or self.closing or self._stop.is_set(),
+                    max(0.0, deadline - time.monotonic()),
                 )
         low, high = self.queue_bounds(topic, queue_id)
         if offset > high:
@@ -491,6 +549,8 @@ class Store:
             if not chunk:
                 break
             for e in chunk:
+                if entries and byte_total + e.batch_bytes > max_bytes:
+                    break
                 entries.append(e)
                 byte_total += e.batch_bytes
                 if e.base_queue_offset + e.record_count >= wanted or byte_total >= max_bytes:
@@ -544,7 +604,8 @@ class Store:
     # -- metadata operations ----------------------------------------------------------------------
     def _write_offsets(self, entries: list[tuple[str, str, int, int]]) -> None:
         end = self.append_system([(system_records.OFFSETS_COMMIT, {"offsets": [list(e) for e in entries]})])
-        self.wait_applied(end, self.config["limits.send_timeout_ms"] / 1000.0)
+        if not self.wait_applied(end, self.config["limits.send_timeout_ms"] / 1000.0):
+            raise BrokerError("DEADLINE_EXCEEDED", "consumer offsets written but not applied in time")
 
     def status(self) -> dict[str, object]:
         segs = self.log.segments

@@ -22,6 +22,7 @@ TOPIC_CREATE = "topic.create"
 TOPIC_DELETE = "topic.delete"
 OFFSETS_COMMIT = "offsets.commit"
 
+TOPIC_CHANGE_KEYS = (TOPIC_CREATE.encode(), TOPIC_DELETE.encode())
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
 QUEUES_MAX = 1024
 
@@ -38,11 +39,6 @@ def topic_name_error(name: str) -> str | None:
 def encode(change_type: str, fields: dict[str, Any]) -> tuple[bytes, bytes]:
     """(key, body) of one metadata record."""
     return change_type.encode(), json.dumps(fields, separators=(",", ":")).encode()
-
-
-def topics_reset(changes: list[tuple[str, dict[str, Any]]]) -> tuple[str, ...]:
-    """Topics whose queues restart at offset 0 after these changes (created or deleted)."""
-    return tuple(str(f["topic"]) for t, f in changes if t in (TOPIC_CREATE, TOPIC_DELETE))
 
 
 def decode(key: bytes | memoryview, body: bytes | memoryview) -> tuple[str, dict[str, Any]]:

@@ -238,3 +238,38 @@ def test_crash_during_first_start_leaves_a_new_directory(spawn: Callable[..., Da
     d.start()
     with BrokerClient(d.address) as c:
         assert c.status()["recovery"]["new"] is True
+
+
+def test_committed_offset_reads_own_latest_commit(spawn: Callable[..., DaemonProcess]) -> None:
+    """Across many buffer flushes, a read right after a commit always returns that commit."""
+    d = spawn("o", config={"offsets.flush_interval_ms": 2})
+    with BrokerClient(d.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(body=b"x")] * 300, ack="flush")
+        time.sleep(0.1)
+        for offset in range(1, 301):
+            c.commit_offset("g", "t", 0, offset)
+            assert c.committed_offset("g", "t", 0) == offset
+
+
+def test_sigterm_with_long_poll_in_flight_stops_fast(daemon: DaemonProcess) -> None:
+    """A consumer waiting in a 30 s long-poll does not hold up a graceful stop."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+    result: list[object] = []
+
+    def poll() -> None:
+        try:
+            with BrokerClient(daemon.address) as c:
+                result.append(len(c.pull("t", 0, 0, max_wait_ms=30_000)))
+        except BrokerError as exc:
+            result.append(exc)
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    assert daemon.stop() == 0
+    assert time.monotonic() - t0 < 3.0
+    t.join(10)
+    assert result == [0]

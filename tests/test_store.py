@@ -41,3 +41,51 @@ def test_rejected_request_leaves_no_sequence_behind(tmp_path: Path) -> None:
     assert not receipts[0].duplicate
     assert read_all(s, "t") == [b"x"]
     s.stop()
+
+
+def test_request_with_more_batches_than_iov_max(tmp_path: Path) -> None:
+    """A request of 1500 batches (3000 buffers for writev) is written completely."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "wide", queues=1024)
+    batches = []
+    for i in range(1500):
+        records, _ = bf.encode_records([(b"%d" % i, b"", b"")])
+        batches.append(IncomingBatch("wide", i % 1024, records, 1, crc32c.crc32c(records)))
+    receipts, end = s.append(batches)
+    s.wait_ack(end, "flush", 5000)
+    assert len(receipts) == 1500 and s.log.max_offset == end
+    assert read_all(s, "wide", 5) == [b"5", b"1029"]
+    s.stop()
+
+
+def test_pull_respects_its_byte_budget(tmp_path: Path) -> None:
+    """A pull returns whole batches within max_bytes (one oversized first batch is still served)."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    for _ in range(5):
+        records, _ = bf.encode_records([(b"b" * 10_000, b"", b"")])
+        _, end = s.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
+    s.wait_ack(end, "flush", 5000)
+    read_all(s, "t")
+    r = s.pull("t", 0, 0, 100, 25_000, 0)
+    assert len(r.batches) == 2 and sum(len(b) for b in r.batches) <= 25_000 and r.count == 2
+    r = s.pull("t", 0, 0, 100, 100, 0)
+    assert len(r.batches) == 1 and r.count == 1
+    s.stop()
+
+
+def test_send_after_unapplied_delete_is_refused(tmp_path: Path) -> None:
+    """Once a topic delete is appended, sends to it fail even before the views applied it."""
+    from broker import system_records
+
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    s.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
+    records, _ = bf.encode_records([(b"late", b"", b"")])
+    with pytest.raises(BrokerError) as info:
+        s.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
+    assert info.value.code == "NOT_FOUND"
+    with pytest.raises(BrokerError) as again:
+        s.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
+    assert again.value.code == "NOT_FOUND"
+    s.stop()

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from broker import atomic_file, system_records
 from broker.batch_format import BatchHeader, iter_records
+from broker.deferred_close import DEFERRED
 from broker.failpoints import durable_sync, failpoint, fsync_dir, note_created
 from broker.invariant import CorruptionError, invariant
 
@@ -217,6 +218,7 @@ class ConsumeQueueView:
         for q in range(info.queues):
             path = os.path.join(tdir, f"{q}.cq")
             self._files[(name, q)] = QueueFile(path, create=True)
+        fsync_dir(tdir)
         fsync_dir(self.directory)
 
     # -- apply --------------------------------------------------------------------------------
@@ -227,6 +229,8 @@ class ConsumeQueueView:
             self._round.add(qf)
         if header.topic == system_records.METADATA_TOPIC:
             for _, key, _, body in iter_records(batch, header):
+                if bytes(key) not in system_records.TOPIC_CHANGE_KEYS:
+                    continue  # offsets.commit bodies can be large: not decoded here
                 change, fields = system_records.decode(key, body)
                 if change == system_records.TOPIC_CREATE and fields["topic"] not in self.topics:
                     self._publish_round()
@@ -244,7 +248,7 @@ class ConsumeQueueView:
                 qf = self._files.pop((name, q), None)
                 if qf is not None:
                     self._round.discard(qf)
-                    qf.close()
+                    DEFERRED.defer(qf.fd)  # a pull may still hold it
         self._doomed.append(os.path.join(self.directory, f"{name}.{info.topic_id}"))
 
     def _publish_round(self) -> None:

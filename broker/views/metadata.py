@@ -101,9 +101,9 @@ class MetadataView:
                 txn.put(_offset_key(group, topic, int(queue)), _U64.pack(int(value)), db=self._offsets_db)
 
     def end_round(self, offset: int) -> None:
-        self.applied_offset = offset
         if self._txn is not None:
-            self._commit(offset)
+            self._commit(offset)  # durable first; readers wait on applied_offset
+        self.applied_offset = offset
 
     def _commit(self, offset: int) -> None:
         txn = self._txn if self._txn is not None else self.env.begin(write=True)
