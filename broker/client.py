@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, NamedTuple, overload
 
 import crc32c
 import grpc
@@ -42,8 +42,9 @@ class Message:
     deliver_at_ms: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Receipt:
+class Receipt(NamedTuple):
+    """Where a sent message landed (a delayed one also names its timer record)."""
+
     topic: str
     queue_id: int
     queue_offset: int
@@ -95,7 +96,11 @@ class PulledMessage:
 
 
 class PullResult(Sequence[PulledMessage]):
-    """The messages of one pull, decoded lazily; ``next_offset`` is where to continue."""
+    """The messages of one pull, decoded lazily; ``next_offset`` is where to continue.
+
+    The response holds runs of whole log batches; ``skip_first`` records of the first batch are
+    before the requested offset and ``count`` records are returned in all.
+    """
 
     def __init__(self, response: pb.PullResponse) -> None:
         self.next_offset = response.next_offset
@@ -103,23 +108,37 @@ class PullResult(Sequence[PulledMessage]):
         self.max_offset = response.max_offset
         self._count = response.count
         self._response = response
-        self._index: list[tuple[memoryview, int, bf.BatchHeader, int]] | None = None
+        self._index: list[tuple[memoryview, int, bf.BatchHeader, int, int]] | None = None
 
-    def _build(self) -> list[tuple[memoryview, int, bf.BatchHeader, int]]:
-        index: list[tuple[memoryview, int, bf.BatchHeader, int]] = []
+    def _batches(self) -> Iterator[tuple[memoryview, int, bf.BatchHeader]]:
+        """(blob, batch start, header) for every batch, header CRC checked (paired with the write)."""
+        for raw in self._response.batches:
+            mv = memoryview(raw)
+            pos = 0
+            while pos < len(mv):
+                header = bf.decode_header(mv, pos)
+                yield mv, pos, header
+                pos += header.batch_bytes
+
+    def _build(self) -> list[tuple[memoryview, int, bf.BatchHeader, int, int]]:
+        """One entry per returned record: (blob, record position, header, index in batch, batch start)."""
+        index: list[tuple[memoryview, int, bf.BatchHeader, int, int]] = []
+        append = index.append
+        unpack = _RECORD_HEAD.unpack_from
         skip = self._response.skip_first
         remaining = self._count
-        for raw in self._response.batches:
+        for mv, start, h in self._batches():
             if remaining <= 0:
                 break
-            mv = memoryview(raw)
-            header = bf.decode_header(mv, 0)
-            positions = bf.record_positions(mv[header.records_at :], header.record_count)
-            for i in range(skip, len(positions)):
-                index.append((mv, header.records_at + positions[i], header, i))
-                remaining -= 1
-                if remaining == 0:
-                    break
+            pos = start + h.records_at
+            end = start + h.batch_bytes
+            i = 0
+            while pos < end and remaining > 0:
+                if i >= skip:
+                    append((mv, pos, h, i, start))
+                    remaining -= 1
+                pos += 4 + unpack(mv, pos)[0]
+                i += 1
             skip = 0
         self._index = index
         return index
@@ -139,22 +158,37 @@ class PullResult(Sequence[PulledMessage]):
 
     def __iter__(self) -> Iterator[PulledMessage]:
         index = self._index if self._index is not None else self._build()
+        make = self._make
         for t in index:
-            yield self._make(t)
+            yield make(t)
 
     @staticmethod
-    def _make(t: tuple[memoryview, int, bf.BatchHeader, int]) -> PulledMessage:
-        mv, pos, h, i = t
-        return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos, h.store_time_ms)
+    def _make(t: tuple[memoryview, int, bf.BatchHeader, int, int]) -> PulledMessage:
+        mv, pos, h, i, start = t
+        return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos - start,
+                             h.store_time_ms)
 
     def bodies(self) -> list[bytes]:
-        """All bodies at once, without building message objects."""
-        index = self._index if self._index is not None else self._build()
-        out = []
+        """All bodies at once, in one pass over the batches, without per-message objects."""
+        out: list[bytes] = []
+        append = out.append
         unpack = _RECORD_HEAD.unpack_from
-        for mv, pos, _, _ in index:
-            size, kl, pl = unpack(mv, pos)
-            out.append(bytes(mv[pos + 8 + kl + pl : pos + 4 + size]))
+        skip = self._response.skip_first
+        remaining = self._count
+        for mv, start, h in self._batches():
+            if remaining <= 0:
+                break
+            pos = start + h.records_at
+            end = start + h.batch_bytes
+            i = 0
+            while pos < end and remaining > 0:
+                size, kl, pl = unpack(mv, pos)
+                if i >= skip:
+                    append(mv[pos + 8 + kl + pl : pos + 4 + size].tobytes())
+                    remaining -= 1
+                pos += 4 + size
+                i += 1
+            skip = 0
         return out
 
 
@@ -162,6 +196,30 @@ class PullResult(Sequence[PulledMessage]):
 class _Producer:
     producer_id: int = field(default_factory=lambda: random.getrandbits(63) or 1)
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _encode(messages: Sequence[Message], idxs: list[int]) -> tuple[bytes, list[int]]:
+    """Records of ``messages[i] for i in idxs`` (format in broker.batch_format) and their positions."""
+    parts: list[bytes] = []
+    positions: list[int] = []
+    add = parts.append
+    pack = _RECORD_HEAD.pack
+    pos = 0
+    for i in idxs:
+        m = messages[i]
+        body = m.body
+        key = m.key.encode() if m.key else b""
+        props = bf.encode_props(m.properties) if m.properties else b""
+        size = len(key) + len(props) + len(body)
+        add(pack(4 + size, len(key), len(props)))
+        if key:
+            add(key)
+        if props:
+            add(props)
+        add(body)
+        positions.append(pos)
+        pos += 8 + size
+    return b"".join(parts), positions
 
 
 class BrokerError(Exception):
@@ -264,6 +322,7 @@ class BrokerClient:
 
     # -- send ----------------------------------------------------------------------------------
     def pick_queue(self, topic: str, key: str | None) -> int:
+        """A key always maps to ``crc32c(key) % queues``; keyless sends rotate over the queues."""
         queues = self._queue_count(topic)
         if key is None:
             return next(self._round_robin) % queues
@@ -271,30 +330,37 @@ class BrokerClient:
 
     def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
              timeout_ms: int | None = None) -> list[Receipt]:
+        """Send in one request: one batch per queue. Keyless messages of one call share a queue
+        (the next in round-robin order), so a call makes one batch, not one per message."""
         if ack not in ACKS:
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
             return []
+        queues = self._queue_count(topic)
+        sticky = next(self._round_robin) % queues
         by_queue: dict[int, list[int]] = {}
+        crc = crc32c.crc32c
         for i, m in enumerate(messages):
-            by_queue.setdefault(self.pick_queue(topic, m.key), []).append(i)
+            if m.deliver_at_ms is not None:
+                raise ValueError("timer messages (deliver_at_ms) are not supported yet")
+            q = sticky if m.key is None else crc(m.key.encode()) % queues
+            group = by_queue.get(q)
+            if group is None:
+                by_queue[q] = [i]
+            else:
+                group.append(i)
         receipts: list[Receipt | None] = [None] * len(messages)
+        topic_bytes = len(topic.encode())
         with self._lock:
-            if any(s > SEQUENCE_MAX for s in self._producer.sequences.values()):
+            if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
                 self._producer = _Producer()
             groups: list[tuple[pb.ProduceBatch, int, list[int], list[int]]] = []
             for queue_id, idxs in by_queue.items():
-                items = []
-                for i in idxs:
-                    m = messages[i]
-                    if m.deliver_at_ms is not None:
-                        raise ValueError("timer messages (deliver_at_ms) are not supported yet")
-                    items.append((m.body, m.key.encode() if m.key else b"", bf.encode_props(m.properties)))
-                records, positions = bf.encode_records(items)
+                records, positions = _encode(messages, idxs)
                 seq = self._producer.sequences.get((topic, queue_id), 0)
                 batch = pb.ProduceBatch(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
                                         base_sequence=seq, record_count=len(idxs),
-                                        records_crc=crc32c.crc32c(records), records=records)
+                                        records_crc=crc(records), records=records)
                 groups.append((batch, queue_id, idxs, positions))
             request = pb.SendRequest(batches=[g[0] for g in groups], ack=ACKS[ack], timeout_ms=timeout_ms or 0)
             try:
@@ -304,9 +370,10 @@ class BrokerClient:
                 raise
             for (batch, queue_id, idxs, positions), r in zip(groups, resp.receipts, strict=True):
                 self._producer.sequences[(topic, queue_id)] = batch.base_sequence + batch.record_count
-                records_at = r.commit_offset + bf.HEADER_BYTES + len(topic.encode())
+                records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
+                base, dup = r.base_queue_offset, r.duplicate
                 for j, i in enumerate(idxs):
-                    receipts[i] = Receipt(topic, queue_id, r.base_queue_offset + j, records_at + positions[j], r.duplicate)
+                    receipts[i] = Receipt(topic, queue_id, base + j, records_at + positions[j], dup)
         return [r for r in receipts if r is not None]
 
     # -- pull ----------------------------------------------------------------------------------

@@ -568,7 +568,7 @@ class Store:
         return PullResult(batches, skip, count, offset + count, low, high)
 
     def _read_batches(self, entries: list[Entry]) -> list[bytes]:
-        """Read the entries' batches, merging neighbours into one pread each."""
+        """Read the entries' batches: each run of adjacent batches is one pread and one blob."""
         out: list[bytes] = []
         i = 0
         while i < len(entries):
@@ -581,11 +581,7 @@ class Store:
             data = self.log.read(start, end - start)
             if len(data) != end - start:
                 raise BrokerError("OUT_OF_RANGE", f"log range {start}..{end} is no longer stored locally")
-            mv = memoryview(data)
-            pos = 0
-            for e in entries[i:j]:
-                out.append(bytes(mv[pos : pos + e.batch_bytes]) if j - i > 1 else data)
-                pos += e.batch_bytes
+            out.append(data)
             i = j
         return out
 

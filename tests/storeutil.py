@@ -45,12 +45,16 @@ def read_all(s: Store, topic: str, queue: int = 0) -> list[bytes]:
             return out
         remaining = r.count
         skip = r.skip_first
-        for raw in r.batches:
-            h = bf.decode_header(raw, 0)
-            for i, (_, _, _, body) in enumerate(bf.iter_records(raw, h)):
-                if i < skip or remaining == 0:
-                    continue
-                out.append(bytes(body))
-                remaining -= 1
-            skip = 0
+        for raw in r.batches:  # each blob is a run of adjacent batches
+            pos = 0
+            while pos < len(raw):
+                h = bf.verify_batch(raw, pos)
+                batch = memoryview(raw)[pos : pos + h.batch_bytes]
+                for i, (_, _, _, body) in enumerate(bf.iter_records(batch, h)):
+                    if i < skip or remaining == 0:
+                        continue
+                    out.append(bytes(body))
+                    remaining -= 1
+                skip = 0
+                pos += h.batch_bytes
         offset = r.next_offset

@@ -67,10 +67,10 @@ def test_pull_respects_its_byte_budget(tmp_path: Path) -> None:
         _, end = s.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
     s.wait_ack(end, "flush", 5000)
     read_all(s, "t")
-    r = s.pull("t", 0, 0, 100, 25_000, 0)
-    assert len(r.batches) == 2 and sum(len(b) for b in r.batches) <= 25_000 and r.count == 2
+    r = s.pull("t", 0, 0, 100, 25_000, 0)  # adjacent batches come back as one run
+    assert sum(len(b) for b in r.batches) <= 25_000 and r.count == 2
     r = s.pull("t", 0, 0, 100, 100, 0)
-    assert len(r.batches) == 1 and r.count == 1
+    assert sum(len(b) for b in r.batches) > 100 and r.count == 1
     s.stop()
 
 
