@@ -198,6 +198,62 @@ class _Producer:
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
+class _Group:
+    """The messages of one send that went to one queue (one batch)."""
+
+    __slots__ = ("base_queue_offset", "base_sequence", "duplicate", "idxs", "positions", "queue_id", "records_at")
+
+    def __init__(self, queue_id: int, idxs: list[int], positions: list[int], base_sequence: int) -> None:
+        self.queue_id = queue_id
+        self.idxs = idxs
+        self.positions = positions
+        self.base_sequence = base_sequence
+        self.records_at = 0
+        self.base_queue_offset = 0
+        self.duplicate = False
+
+
+class Receipts(Sequence[Receipt]):
+    """The receipts of one send, in message order, each built when first read."""
+
+    def __init__(self, topic: str, count: int, groups: list[_Group]) -> None:
+        self._topic = topic
+        self._where: list[tuple[_Group, int]] = [] if len(groups) == 1 else [None] * count  # type: ignore[list-item]
+        self._single = groups[0] if len(groups) == 1 else None
+        self._count = count
+        if self._single is None:
+            for g in groups:
+                for j, i in enumerate(g.idxs):
+                    self._where[i] = (g, j)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _receipt(self, i: int) -> Receipt:
+        if self._single is not None:
+            g, j = self._single, i
+        else:
+            g, j = self._where[i]
+        return Receipt(self._topic, g.queue_id, g.base_queue_offset + j, g.records_at + g.positions[j], g.duplicate)
+
+    @overload
+    def __getitem__(self, i: int) -> Receipt: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Receipt]: ...
+    def __getitem__(self, i: int | slice) -> Receipt | list[Receipt]:
+        if isinstance(i, slice):
+            return [self._receipt(k) for k in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        return self._receipt(i)
+
+    def __iter__(self) -> Iterator[Receipt]:
+        for i in range(self._count):
+            yield self._receipt(i)
+
+
 def _encode(messages: Sequence[Message], idxs: list[int]) -> tuple[bytes, list[int]]:
     """Records of ``messages[i] for i in idxs`` (format in broker.batch_format) and their positions."""
     parts: list[bytes] = []
@@ -329,13 +385,13 @@ class BrokerClient:
         return crc32c.crc32c(key.encode()) % queues
 
     def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
-             timeout_ms: int | None = None) -> list[Receipt]:
+             timeout_ms: int | None = None) -> Sequence[Receipt]:
         """Send in one request: one batch per queue. Keyless messages of one call share a queue
         (the next in round-robin order), so a call makes one batch, not one per message."""
         if ack not in ACKS:
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
-            return []
+            return Receipts(topic, 0, [])
         queues = self._queue_count(topic)
         sticky = next(self._round_robin) % queues
         by_queue: dict[int, list[int]] = {}
@@ -349,32 +405,31 @@ class BrokerClient:
                 by_queue[q] = [i]
             else:
                 group.append(i)
-        receipts: list[Receipt | None] = [None] * len(messages)
         topic_bytes = len(topic.encode())
         with self._lock:
             if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
                 self._producer = _Producer()
-            groups: list[tuple[pb.ProduceBatch, int, list[int], list[int]]] = []
+            # filled in place: constructing sub-messages separately would copy every payload twice
+            request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0)
+            groups: list[_Group] = []
             for queue_id, idxs in by_queue.items():
                 records, positions = _encode(messages, idxs)
                 seq = self._producer.sequences.get((topic, queue_id), 0)
-                batch = pb.ProduceBatch(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
-                                        base_sequence=seq, record_count=len(idxs),
-                                        records_crc=crc(records), records=records)
-                groups.append((batch, queue_id, idxs, positions))
-            request = pb.SendRequest(batches=[g[0] for g in groups], ack=ACKS[ack], timeout_ms=timeout_ms or 0)
+                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                    base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
+                                    records=records)
+                groups.append(_Group(queue_id, idxs, positions, seq))
             try:
                 resp = self._call("Send", request, retryable=SEND_RETRYABLE)
             except BrokerError:
                 self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
                 raise
-            for (batch, queue_id, idxs, positions), r in zip(groups, resp.receipts, strict=True):
-                self._producer.sequences[(topic, queue_id)] = batch.base_sequence + batch.record_count
-                records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
-                base, dup = r.base_queue_offset, r.duplicate
-                for j, i in enumerate(idxs):
-                    receipts[i] = Receipt(topic, queue_id, base + j, records_at + positions[j], dup)
-        return [r for r in receipts if r is not None]
+            for g, r in zip(groups, resp.receipts, strict=True):
+                self._producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
+                g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
+                g.base_queue_offset = r.base_queue_offset
+                g.duplicate = r.duplicate
+        return Receipts(topic, len(messages), groups)
 
     # -- pull ----------------------------------------------------------------------------------
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,

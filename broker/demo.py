@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import time
 
-from broker.client import BrokerClient, Message
+from broker.client import BrokerClient, Message, Receipt
 from broker.procs import DaemonProcess
 
 MESSAGES = 20_000
@@ -29,7 +29,7 @@ def run_demo() -> int:
             c.create_topic("orders", queues=4)
             _say("2. created topic 'orders' with 4 queues")
             t0 = time.perf_counter()
-            receipts = []
+            receipts: list[Receipt] = []
             for start in range(0, MESSAGES, 1000):
                 batch = [Message(body=b"order-%06d " % i + b"x" * 1000, key=f"customer-{i % 97}")
                          for i in range(start, start + 1000)]
