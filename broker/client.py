@@ -60,7 +60,7 @@ class PulledMessage:
     __slots__ = ("_batch", "_key", "_pos", "_props", "commit_offset", "queue_id", "queue_offset",
                  "store_time_ms", "topic")
 
-    def __init__(self, batch: memoryview, pos: int, topic: str, queue_id: int, queue_offset: int,
+    def __init__(self, batch: bytes, pos: int, topic: str, queue_id: int, queue_offset: int,
                  commit_offset: int, store_time_ms: int) -> None:
         self._batch = batch
         self._pos = pos
@@ -108,21 +108,20 @@ class PullResult(Sequence[PulledMessage]):
         self.max_offset = response.max_offset
         self._count = response.count
         self._response = response
-        self._index: list[tuple[memoryview, int, bf.BatchHeader, int, int]] | None = None
+        self._index: list[tuple[bytes, int, bf.BatchHeader, int, int]] | None = None
 
-    def _batches(self) -> Iterator[tuple[memoryview, int, bf.BatchHeader]]:
+    def _batches(self) -> Iterator[tuple[bytes, int, bf.BatchHeader]]:
         """(blob, batch start, header) for every batch, header CRC checked (paired with the write)."""
         for raw in self._response.batches:
-            mv = memoryview(raw)
             pos = 0
-            while pos < len(mv):
-                header = bf.decode_header(mv, pos)
-                yield mv, pos, header
+            while pos < len(raw):
+                header = bf.decode_header(raw, pos)
+                yield raw, pos, header
                 pos += header.batch_bytes
 
-    def _build(self) -> list[tuple[memoryview, int, bf.BatchHeader, int, int]]:
+    def _build(self) -> list[tuple[bytes, int, bf.BatchHeader, int, int]]:
         """One entry per returned record: (blob, record position, header, index in batch, batch start)."""
-        index: list[tuple[memoryview, int, bf.BatchHeader, int, int]] = []
+        index: list[tuple[bytes, int, bf.BatchHeader, int, int]] = []
         append = index.append
         unpack = _RECORD_HEAD.unpack_from
         skip = self._response.skip_first
@@ -163,7 +162,7 @@ class PullResult(Sequence[PulledMessage]):
             yield make(t)
 
     @staticmethod
-    def _make(t: tuple[memoryview, int, bf.BatchHeader, int, int]) -> PulledMessage:
+    def _make(t: tuple[bytes, int, bf.BatchHeader, int, int]) -> PulledMessage:
         mv, pos, h, i, start = t
         return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos - start,
                              h.store_time_ms)
@@ -184,7 +183,7 @@ class PullResult(Sequence[PulledMessage]):
             while pos < end and remaining > 0:
                 size, kl, pl = unpack(mv, pos)
                 if i >= skip:
-                    append(mv[pos + 8 + kl + pl : pos + 4 + size].tobytes())
+                    append(mv[pos + 8 + kl + pl : pos + 4 + size])  # slicing bytes: one copy, no view
                     remaining -= 1
                 pos += 4 + size
                 i += 1
@@ -437,6 +436,29 @@ class BrokerClient:
         req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                              max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
+
+    def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
+                  max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True) -> Iterator[PullResult]:
+        """Pull continuously from ``offset``, keeping the next request in flight while the caller
+        works on the current result (fetch pipelining). Stops at the queue's end unless told not to."""
+        timeout = self.timeout_s + max_wait_ms / 1000.0
+
+        def request(at: int) -> Any:
+            req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
+                                 max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+            assert self._stub is not None
+            return self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
+
+        pending = request(offset)
+        while True:
+            try:
+                result = PullResult(pending.result())
+            except grpc.RpcError as exc:
+                raise BrokerError(exc.code(), exc.details() or "") from None  # type: ignore[attr-defined]
+            if not len(result) and stop_at_end:
+                return
+            pending = request(result.next_offset)
+            yield result
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         return int(self._call("OffsetForTime", pb.OffsetForTimeRequest(

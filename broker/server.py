@@ -18,8 +18,8 @@ from broker.config import Config
 from broker.invariant import StartupRefused
 from broker.service import BrokerService
 from broker.store import Store
+from broker.wire import add_broker_service
 from proto import tidemark_pb2 as pb
-from proto import tidemark_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("server")
 GRACE_S = 5.0
@@ -45,7 +45,7 @@ class Daemon:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"]), options=options)
-        pb_grpc.add_BrokerServicer_to_server(BrokerService(self.store), server)
+        add_broker_service(BrokerService(self.store), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = (pb.DESCRIPTOR.services_by_name["Broker"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
         reflection.enable_server_reflection(names, server)

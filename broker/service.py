@@ -13,6 +13,7 @@ import structlog
 from broker import metrics, system_records
 from broker.errors import BrokerError, invalid, not_found
 from broker.store import IncomingBatch, Store
+from broker.wire import pull_response_bytes
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -73,14 +74,16 @@ class BrokerService(pb_grpc.BrokerServicer):
             ]
         )
 
-    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> pb.PullResponse:
-        def run() -> pb.PullResponse:
+    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> bytes:
+        """Answers wire bytes of a PullResponse (see broker.wire: no copy of the log bytes)."""
+
+        def run() -> bytes:
             max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
             max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
             wait_ms = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"])
             r = self.store.pull(request.topic, request.queue_id, request.offset, max_messages, max_bytes, wait_ms)
-            return pb.PullResponse(batches=r.batches, skip_first=r.skip_first, count=r.count,
-                                   next_offset=r.next_offset, min_offset=r.min_offset, max_offset=r.max_offset)
+            return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
+                                       min_offset=r.min_offset, max_offset=r.max_offset)
         return _handle(context, run)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:

@@ -273,3 +273,13 @@ def test_sigterm_with_long_poll_in_flight_stops_fast(daemon: DaemonProcess) -> N
     assert time.monotonic() - t0 < 3.0
     t.join(10)
     assert result == [0]
+
+
+def test_iter_pull_pipelines_to_the_end(daemon: DaemonProcess) -> None:
+    """iter_pull yields every message once, in order, and stops at the queue end."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+        for i in range(5):
+            c.send("t", [Message(body=b"%d-%d" % (i, j)) for j in range(300)], ack="flush")
+        got = [b for r in c.iter_pull("t", 0, 150, max_messages=400) for b in r.bodies()]
+    assert got == [b"%d-%d" % (i, j) for i in range(5) for j in range(300)][150:]

@@ -1,0 +1,58 @@
+"""gRPC registration of the Broker service, with a zero-copy Pull response.
+
+A pull answer is mostly log bytes. Building a ``PullResponse`` message copies every blob into
+it and serialising copies them again; instead the servicer returns the wire bytes, built with one
+join: the small fields serialised by protobuf, then each blob as field 1 (``repeated bytes``,
+wire type 2: tag ``0x0a``, varint length, bytes). Protobuf parsers accept fields in any order
+(protobuf encoding spec), so clients parse it as an ordinary ``PullResponse``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+
+from proto import tidemark_pb2 as pb
+
+_BATCHES_TAG = b"\x0a"
+SERVICE = pb.DESCRIPTOR.services_by_name["Broker"]
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def pull_response_bytes(
+    batches: list[bytes], *, skip_first: int, count: int, next_offset: int, min_offset: int, max_offset: int
+) -> bytes:
+    """Wire bytes of a ``PullResponse`` holding ``batches`` and the given scalar fields."""
+    head = pb.PullResponse(skip_first=skip_first, count=count, next_offset=next_offset, min_offset=min_offset,
+                           max_offset=max_offset)
+    parts = [head.SerializeToString()]
+    for blob in batches:
+        parts += (_BATCHES_TAG, _varint(len(blob)), blob)
+    return b"".join(parts)
+
+
+def _passthrough(data: bytes) -> bytes:
+    return data
+
+
+def add_broker_service(servicer: Any, server: grpc.Server) -> None:
+    """Register every Broker method; Pull returns pre-encoded bytes (see module docstring)."""
+    handlers: dict[str, grpc.RpcMethodHandler] = {}
+    for method in SERVICE.methods:
+        request_cls = getattr(pb, method.input_type.name)
+        response_cls = getattr(pb, method.output_type.name)
+        serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
+        handlers[method.name] = grpc.unary_unary_rpc_method_handler(
+            getattr(servicer, method.name), request_deserializer=request_cls.FromString, response_serializer=serialize
+        )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))
