@@ -63,6 +63,13 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("--max", type=int, default=0, help="stop after N messages (0: no limit)")
     co.add_argument("--timeout-ms", type=int, default=1000, help="stop after this long without messages")
 
+    pr = sub.add_parser("promote", help="make a slave the master (a new epoch)")
+    pr.add_argument("--broker", required=True)
+    pr.add_argument("--unclean", action="store_true", help="even if not known to be in sync (may lose data)")
+    dm = sub.add_parser("demote", help="make a master follow another master")
+    dm.add_argument("--broker", required=True)
+    dm.add_argument("--master", required=True)
+
     st = sub.add_parser("status")
     st.add_argument("--broker", required=True)
     st.add_argument("--json", action="store_true")
@@ -116,6 +123,15 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _consume(args)
         if cmd == "status":
             return _status(args)
+        if cmd == "promote":
+            with _client(args.broker) as c:
+                print(json.dumps({"promoted": args.broker, "epoch": c.promote(unclean=args.unclean)}))
+            return 0
+        if cmd == "demote":
+            with _client(args.broker) as c:
+                c.demote(master=args.master)
+            print(json.dumps({"demoted": args.broker, "master": args.master}))
+            return 0
     except BrokerError as exc:
         code = EXIT_USAGE if exc.code.name in ("INVALID_ARGUMENT",) else EXIT_FAILURE
         return _fail(f"{exc.code.name}: {exc.details}", code)
@@ -132,8 +148,6 @@ def _serve(args: argparse.Namespace) -> int:
         "node.master": args.master, "node.metrics_listen": args.metrics_listen,
     }
     cfg = Config.load(args.config, overrides)
-    if cfg["node.role"] == "slave":
-        return _fail("node.role: slave is not supported yet (replication is not implemented)", EXIT_USAGE)
     logsetup.configure(cfg["log.level"], cfg["log.format"])
     try:
         return serve(cfg)

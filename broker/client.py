@@ -253,6 +253,18 @@ class Receipts(Sequence[Receipt]):
             yield self._receipt(i)
 
 
+def _redirect(exc: grpc.RpcError) -> str:
+    """The master's address a slave put in the trailing metadata of a refused write, if any."""
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:  # not every RpcError carries metadata
+        return ""
+    for key, value in trailing:
+        if key == "tidemark-master" and value:
+            return str(value)
+    return ""
+
+
 def _encode(messages: Sequence[Message], idxs: list[int]) -> tuple[bytes, list[int]]:
     """Records of ``messages[i] for i in idxs`` (format in broker.batch_format) and their positions."""
     parts: list[bytes] = []
@@ -345,6 +357,12 @@ class BrokerClient:
                 return getattr(self._stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
+                master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION else ""
+                if master and attempt + 1 < attempts:  # a slave names its master: follow it
+                    if master not in self.addresses:
+                        self.addresses.append(master)
+                    self._connect(self.addresses.index(master))
+                    continue
                 if code in retryable and attempt + 1 < attempts:
                     if len(self.addresses) > 1:
                         self._connect(self._current + 1)
@@ -480,5 +498,13 @@ class BrokerClient:
     # -- admin ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         return dict(json.loads(self._call("Status", pb.StatusRequest()).json))
+
+    def promote(self, unclean: bool = False) -> int:
+        """Make the connected node (a slave) the master; returns its new epoch."""
+        return int(self._call("Promote", pb.PromoteRequest(unclean=unclean), retry=False).epoch)
+
+    def demote(self, master: str) -> None:
+        """Make the connected node (a master) a slave of ``master``."""
+        self._call("Demote", pb.DemoteRequest(master=master), retry=False)
 
 

@@ -44,6 +44,12 @@ KEYS: dict[str, Key] = {
     "retention.local_ms": Key(0, int, minimum=0, reloadable=True),
     "retention.check_interval_ms": Key(10_000, int, minimum=10, maximum=3_600_000),
     "replication.min_insync_replicas": Key(1, int, minimum=1, maximum=2),
+    "replication.listen": Key("", str),
+    "replication.max_lag_bytes": Key(256 * MiB, int, minimum=1),
+    "replication.max_lag_ms": Key(5000, int, minimum=10, maximum=3_600_000),
+    "replication.chunk_bytes": Key(1 * MiB, int, minimum=64 * 1024, maximum=64 * MiB),
+    "replication.window_bytes": Key(16 * MiB, int, minimum=64 * 1024, maximum=1 * GiB),
+    "replication.reconnect_backoff_ms_max": Key(2000, int, minimum=10, maximum=60_000),
     "limits.request_bytes_max": Key(64 * MiB, int, minimum=64 * 1024, maximum=1 * GiB),
     "limits.pull_wait_ms_max": Key(30_000, int, minimum=0, maximum=600_000, reloadable=True),
     "limits.pull_messages_max": Key(100_000, int, minimum=1, maximum=10_000_000, reloadable=True),
@@ -129,8 +135,9 @@ class Config:
                     raise ConfigError(f"{name}: unknown key")
                 values[name] = _coerce(name, key, value)
         _check_address("node.listen", values["node.listen"])
-        if values["node.metrics_listen"]:
-            _check_address("node.metrics_listen", values["node.metrics_listen"])
+        for addr_key in ("node.metrics_listen", "replication.listen", "node.master"):
+            if values[addr_key]:
+                _check_address(addr_key, values[addr_key])
         if values["node.role"] == "slave" and not values["node.master"]:
             raise ConfigError("node.master: required when node.role is slave")
         return cls(values)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 
 class BrokerError(Exception):
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, *, metadata: tuple[tuple[str, str], ...] = ()) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
+        self.metadata = metadata  # sent as gRPC trailing metadata (e.g. the master's address)
 
 
 def invalid(message: str) -> BrokerError:

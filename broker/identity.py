@@ -21,6 +21,16 @@ class Identity:
     node_id: str
 
 
+def adopt_cluster(data_dir: str, cluster_id: str) -> Identity:
+    """An empty slave joins its master's cluster (only before it holds any data)."""
+    path = os.path.join(data_dir, FILE_NAME)
+    loaded = atomic_file.load(path, MAGIC, VERSION)
+    node_id = json.loads(loaded.payload)["node_id"] if loaded else uuid.uuid4().hex[:12]
+    ident = Identity(cluster_id, str(node_id))
+    atomic_file.persist(path, MAGIC, VERSION, json.dumps(ident.__dict__).encode())
+    return ident
+
+
 def load_or_create(data_dir: str, *, is_new: bool, cluster_id: str = "", node_id: str = "") -> Identity:
     path = os.path.join(data_dir, FILE_NAME)
     loaded = atomic_file.load(path, MAGIC, VERSION)

@@ -20,6 +20,8 @@ VIEW_LAG = Gauge("tidemark_view_lag_bytes", "Confirm offset minus the view's app
 RECOVERY_SECONDS = Gauge("tidemark_recovery_seconds", "Duration of the last start-up recovery", registry=REGISTRY)
 SEGMENTS = Gauge("tidemark_segments", "Commit-log segment files", registry=REGISTRY)
 FREE_DISK = Gauge("tidemark_free_disk_bytes", "Free bytes on the data directory's filesystem", registry=REGISTRY)
+REPLICA_LAG = Gauge("tidemark_replica_lag_bytes", "Master log end minus the replica's acked offset", ["node"],
+                    registry=REGISTRY)
 GROUP_LAG = Gauge(
     "tidemark_consumer_group_lag_messages", "Queue end minus the group's committed offset",
     ["group", "topic", "queue"], registry=REGISTRY,

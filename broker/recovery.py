@@ -93,6 +93,10 @@ def run(store: Store) -> dict[str, object]:
         if view.applied_offset < log_min:
             raise StartupRefused(f"view {view.name} needs the log from {view.applied_offset} but it starts at {log_min}")
 
+    # 3b. epoch history: a master without one starts epoch 1 at its log end
+    if not store.epochs.load() and not is_new and store.log.max_offset > 0:
+        log.warning("epoch_history_missing", note="rebuilt from the log's batch headers")
+        _rebuild_epochs(store)
     # 4. log tail
     log_end = store.log.max_offset
     marker = atomic_file.load(os.path.join(data_dir, CLEAN_MARKER), CLEAN_MAGIC, CLEAN_VERSION)
@@ -136,8 +140,11 @@ def run(store: Store) -> dict[str, object]:
     replay_s = time.monotonic() - t_replay
     store.applied_offset = min(v.applied_offset for v in store.views)
 
-    # 7. tail state, marker
+    # 7. tail state, epochs, marker
     store.rebuild_tail()
+    store.epochs.truncate(store.log.max_offset)
+    if store.role == "master" and not store.epochs.entries:
+        store.epochs.start(1, store.log.max_offset)
     marker_path = os.path.join(data_dir, CLEAN_MARKER)
     for suffix in ("", ".bak"):
         if os.path.exists(marker_path + suffix):
@@ -162,6 +169,14 @@ def load_identity(store: Store) -> identity.Identity:
         store.data_dir, is_new=store.is_new, cluster_id=store.config["node.cluster_id"],
         node_id=store.config["node.node_id"],
     )
+
+
+def _rebuild_epochs(store: Store) -> None:
+    entries: list[tuple[int, int]] = []
+    for header, _ in store.iter_batches(store.log.min_offset, store.log.max_offset):
+        if not entries or header.epoch > entries[-1][0]:
+            entries.append((header.epoch, header.base_offset))
+    store.epochs.replace(entries)
 
 
 def _reset_view(store: Store, name: str) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from concurrent import futures
+from importlib.metadata import entry_points
 from typing import Any
 
 import grpc
@@ -32,6 +34,8 @@ class Daemon:
         self.grpc_server: grpc.Server | None = None
         self.health = health.HealthServicer()
         self.stopping = threading.Event()
+        self.on_start: list[Callable[[], None]] = []  # plugins: run once serving
+        self.on_stop: list[Callable[[], None]] = []  # plugins: run before the store stops
 
     def start(self) -> None:
         log.info("starting", data_dir=self.config["node.data_dir"], listen=self.config["node.listen"])
@@ -45,14 +49,19 @@ class Daemon:
             ("grpc.so_reuseport", 0),
         ]
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"]), options=options)
+        self.grpc_server = server
         add_broker_service(BrokerService(self.store), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = (pb.DESCRIPTOR.services_by_name["Broker"].full_name, health.SERVICE_NAME, reflection.SERVICE_NAME)
+        names = [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, server)
+        for plugin in entry_points(group="tidemark.plugins"):
+            plugin.load()(self)
+            log.info("plugin_attached", plugin=plugin.name)
         if server.add_insecure_port(self.config["node.listen"]) == 0:
             raise StartupRefused(f"node.listen: cannot bind {self.config['node.listen']}")
         server.start()
-        self.grpc_server = server
+        for hook in self.on_start:
+            hook()
         if self.config["node.metrics_listen"]:
             host, _, port = self.config["node.metrics_listen"].rpartition(":")
             start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
@@ -80,6 +89,8 @@ class Daemon:
         self.stopping.set()
         self.health.enter_graceful_shutdown()
         self.store.begin_close()  # new writes get UNAVAILABLE; in-flight acks still complete
+        for hook in self.on_stop:
+            hook()
         if self.grpc_server is not None:
             self.grpc_server.stop(GRACE_S).wait()
         self.store.stop()

@@ -27,6 +27,8 @@ def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     try:
         return fn()
     except BrokerError as exc:
+        if exc.metadata:
+            context.set_trailing_metadata(exc.metadata)
         context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
     except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
         log.exception("request_failed", error=str(exc))
@@ -172,6 +174,20 @@ class BrokerService(pb_grpc.BrokerServicer):
                 topics += [self._topic_info(n, 1) for n in system_records.SYSTEM_TOPICS]
             return pb.ListTopicsResponse(topics=topics)
         return _handle(context, run)
+
+    def Promote(self, request: pb.PromoteRequest, context: grpc.ServicerContext) -> pb.PromoteResponse:
+        return _handle(context, lambda: pb.PromoteResponse(epoch=self._roles().promote(request.unclean)))
+
+    def Demote(self, request: pb.DemoteRequest, context: grpc.ServicerContext) -> pb.DemoteResponse:
+        def run() -> pb.DemoteResponse:
+            self._roles().demote(request.master)
+            return pb.DemoteResponse()
+        return _handle(context, run)
+
+    def _roles(self) -> Any:
+        if self.store.role_controller is None:
+            raise BrokerError("UNIMPLEMENTED", "replication is not available in this daemon")
+        return self.store.role_controller
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
         return _handle(context, lambda: pb.StatusResponse(json=json.dumps(self.store.status())))

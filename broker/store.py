@@ -33,6 +33,7 @@ from broker import metrics, system_records
 from broker.commitlog import CommitLog
 from broker.config import Config
 from broker.deferred_close import DEFERRED
+from broker.epochs import EpochHistory
 from broker.errors import BrokerError, invalid, not_found
 from broker.failpoints import failpoint
 from broker.invariant import invariant
@@ -96,12 +97,19 @@ class Store:
         self.metadata = MetadataView(os.path.join(data_dir, "metadata"))
         self.producer_view = ProducerStateView(os.path.join(ckpt, "producer_state.ckpt"))
         self.views: list[View] = [self.metadata, self.consume_queues, self.producer_view]
-        self.epoch = 0
+        self.epochs = EpochHistory(data_dir)
         self.role = config["node.role"]
+        self.master_address = config["node.master"]  # where a slave sends writers (redirects)
+        self.role_listeners: list[Callable[[str], None]] = []
+        self.status_providers: list[Callable[[dict[str, object]], None]] = []
+        self.insync_source: Callable[[], int] = lambda: 0  # replication plugs in: in-sync replicas besides us
+        self.replica_acked: Callable[[int], int] = lambda offset: 0  # replicas whose ack passed an offset
+        self.role_controller: object | None = None  # replication plugs in: promote(unclean) / demote(master)
         self.fenced_reason = ""
         self.closing = False
         # offsets and their condition (flushed / confirm / applied)
         self._cond = threading.Condition()
+        self._appended = threading.Condition()  # notified after every append (replication senders wait here)
         self.flushed_offset = 0
         self.confirm_offset = 0
         self.applied_offset = 0  # min over views
@@ -170,6 +178,35 @@ class Store:
             v.close()
         self.log.close()
 
+    @property
+    def epoch(self) -> int:
+        return self.epochs.current
+
+    def set_role(self, role: str, master_address: str = "") -> None:
+        """Change role and tell the listeners (replication, later timers and tiered upload)."""
+        with self._append_lock:
+            self.role = role
+            self.master_address = master_address
+        log.info("role_changed", role=role, epoch=self.epoch, master=master_address)
+        for listener in self.role_listeners:
+            listener(role)
+
+    def fence(self, reason: str) -> None:
+        """Stop taking writes for good (a higher epoch exists elsewhere)."""
+        if not self.fenced_reason:
+            self.fenced_reason = reason
+            log.warning("fenced", reason=reason)
+
+    def wait_appended(self, offset: int, timeout_s: float) -> int:
+        """Wait until the log grows past ``offset`` (or the timeout); return the log end."""
+        with self._appended:
+            self._appended.wait_for(lambda: self.log.max_offset > offset or self._stop.is_set(), timeout_s)
+        return self.log.max_offset
+
+    def _notify_appended(self) -> None:
+        with self._appended:
+            self._appended.notify_all()
+
     # -- tail state -------------------------------------------------------------------------------
     def rebuild_tail(self) -> None:
         """Derive the append-side state from the views plus log records above their offsets."""
@@ -182,16 +219,76 @@ class Store:
         start = min(self.consume_queues.applied_offset, self.producer_view.applied_offset)
         self._tail_topics = {t for t in self.consume_queues.topics if not t.startswith(system_records.SYSTEM_PREFIX)}
         for header, batch in self.iter_batches(start, self.log.max_offset):
-            if header.base_offset >= self.consume_queues.applied_offset:
-                self._tail_queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
-                if header.topic == system_records.METADATA_TOPIC:
-                    self._apply_topic_changes([
-                        system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)
-                        if bytes(k) in system_records.TOPIC_CHANGE_KEYS
-                    ])
-            if header.base_offset >= self.producer_view.applied_offset:
-                self._tail_producers.record(header)
-            self._last_store_time_ms = max(self._last_store_time_ms, header.store_time_ms)
+            self._tail_apply(header, batch, queues=header.base_offset >= self.consume_queues.applied_offset,
+                             producers=header.base_offset >= self.producer_view.applied_offset)
+
+    def _tail_apply(self, header: bf.BatchHeader, batch: memoryview, *, queues: bool = True, producers: bool = True) -> None:
+        """Advance the append-side state past one batch that is already in the log."""
+        if queues:
+            self._tail_queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
+            if header.topic == system_records.METADATA_TOPIC:
+                self._apply_topic_changes([
+                    system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)
+                    if bytes(k) in system_records.TOPIC_CHANGE_KEYS
+                ])
+        if producers:
+            self._tail_producers.record(header)
+        self._last_store_time_ms = max(self._last_store_time_ms, header.store_time_ms)
+
+    # -- replicated writes (slave side) ---------------------------------------------------------------
+    def append_replicated(self, data: bytes) -> int:
+        """Append raw batches shipped by the master, byte for byte; return the new log end.
+
+        Every batch is verified (both CRCs, its offset) before anything is written: a bad chunk
+        is refused whole and the stream restarts from our log end.
+        """
+        mv = memoryview(data)
+        headers: list[bf.BatchHeader] = []
+        with self._append_lock:
+            expected = self.log.max_offset
+            pos = 0
+            while pos < len(data):
+                h = bf.verify_batch(mv, pos, path="replication stream")
+                invariant(h.base_offset == expected + pos,
+                          f"replicated batch claims offset {h.base_offset}, expected {expected + pos}")
+                headers.append(h)
+                pos += h.batch_bytes
+            if not headers:
+                return expected
+            failpoint("replication_before_append")
+            self.log.append([[data]])
+            pos = 0
+            for h in headers:
+                if h.epoch > self.epochs.current:
+                    self.epochs.start(h.epoch, h.base_offset)
+                self._tail_apply(h, mv[pos : pos + h.batch_bytes])
+                pos += h.batch_bytes
+            end = self.log.max_offset
+        self._notify_appended()
+        with self._cond:
+            self._flush_wanted = True
+            self._cond.notify_all()
+        return end
+
+    def truncate_to(self, offset: int) -> None:
+        """Cut the unconfirmed tail at ``offset`` (a batch boundary) after a divergence (DESIGN §4)."""
+        with self._append_lock:
+            if offset >= self.log.max_offset:
+                return
+            applied = max(v.applied_offset for v in self.views)
+            if offset < applied:
+                raise BrokerError(
+                    "FAILED_PRECONDITION",
+                    f"divergence at {offset} is below offset {applied} that the views applied: "
+                    "this node must re-bootstrap (unclean)",
+                )
+            failpoint("replication_before_truncate")
+            self.log.truncate(offset)
+            self.epochs.truncate(offset)
+            with self._cond:
+                self.flushed_offset = min(self.flushed_offset, offset)
+            self.rebuild_tail()
+            log.warning("log_truncated", offset=offset, reason="divergence from the master")
 
     # -- writes -----------------------------------------------------------------------------------
     def begin_close(self) -> None:
@@ -206,7 +303,8 @@ class Store:
         if self.fenced_reason:
             raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}")
         if self.role != "master":
-            raise BrokerError("FAILED_PRECONDITION", "this node is a slave; send writes to the master")
+            raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; send writes to the master at "
+                              f"{self.master_address or '(unknown)'}", metadata=(("tidemark-master", self.master_address),))
         free = self.free_bytes()
         if free < self.config["storage.min_free_bytes"]:
             raise BrokerError(
@@ -317,6 +415,8 @@ class Store:
                 self._tail_queue_next.update(queue_next)
                 self._last_store_time_ms = now
                 wait_offset = max(wait_offset, end)
+        if wait_offset:
+            self._notify_appended()
         return receipts, wait_offset
 
     def append_system(self, items: list[tuple[str, dict[str, object]]]) -> int:
@@ -360,7 +460,11 @@ class Store:
             else:
                 self._flush_wanted = True
                 self._cond.notify_all()
-                ok = self._cond.wait_for(lambda: self.confirm_offset >= offset, deadline - time.monotonic())
+                need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
+                ok = self._cond.wait_for(
+                    lambda: self.confirm_offset >= offset and self.replica_acked(offset) >= need,
+                    deadline - time.monotonic(),
+                )
         if not ok:
             raise BrokerError("DEADLINE_EXCEEDED", f"not acknowledged ({ack}) within {timeout_ms} ms; the records may still be stored")
 
@@ -373,7 +477,8 @@ class Store:
             )
 
     def insync_replicas(self) -> int:
-        return 0  # replication plugs in here
+        """In-sync replicas besides this node (replication replaces this)."""
+        return self.insync_source()
 
     # -- group commit -----------------------------------------------------------------------------
     def _sync_log(self) -> None:
@@ -408,6 +513,8 @@ class Store:
                 self._flush_wanted = False
             if self.log.max_offset > self.flushed_offset:
                 self._sync_log()
+            elif self.confirm_offset < self.flushed_offset:  # a replica may have left the in-sync set
+                self.advance_confirm()
             metrics.OFFSET.labels("max").set(self.log.max_offset)
             metrics.OFFSET.labels("confirm").set(self.confirm_offset)
 
@@ -605,7 +712,7 @@ class Store:
 
     def status(self) -> dict[str, object]:
         segs = self.log.segments
-        return {
+        st: dict[str, object] = {
             "role": self.role,
             "epoch": self.epoch,
             "min_offset": self.log.min_offset,
@@ -622,7 +729,14 @@ class Store:
             "fenced": self.fenced_reason,
             "views": {v.name: v.applied_offset for v in self.views},
             "recovery": self.recovery_report,
+            "master": self.master_address,
+            "epochs": self.epochs.snapshot(),
+            "node_id": self.identity.node_id,
+            "cluster_id": self.identity.cluster_id,
         }
+        for provide in self.status_providers:
+            provide(st)
+        return st
 
     def quarantine_dir(self) -> str:
         path = os.path.join(self.data_dir, "quarantine")

@@ -196,6 +196,28 @@ class DeleteTopicResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class PromoteRequest(_message.Message):
+    __slots__ = ("unclean",)
+    UNCLEAN_FIELD_NUMBER: _ClassVar[int]
+    unclean: bool
+    def __init__(self, unclean: _Optional[bool] = ...) -> None: ...
+
+class PromoteResponse(_message.Message):
+    __slots__ = ("epoch",)
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    def __init__(self, epoch: _Optional[int] = ...) -> None: ...
+
+class DemoteRequest(_message.Message):
+    __slots__ = ("master",)
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    master: str
+    def __init__(self, master: _Optional[str] = ...) -> None: ...
+
+class DemoteResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -205,3 +227,77 @@ class StatusResponse(_message.Message):
     JSON_FIELD_NUMBER: _ClassVar[int]
     json: str
     def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class EpochEntry(_message.Message):
+    __slots__ = ("epoch", "start_offset")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    start_offset: int
+    def __init__(self, epoch: _Optional[int] = ..., start_offset: _Optional[int] = ...) -> None: ...
+
+class Hello(_message.Message):
+    __slots__ = ("protocol_version", "cluster_id", "node_id", "epochs", "log_end", "address")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    LOG_END_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    cluster_id: str
+    node_id: str
+    epochs: _containers.RepeatedCompositeFieldContainer[EpochEntry]
+    log_end: int
+    address: str
+    def __init__(self, protocol_version: _Optional[int] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., log_end: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
+
+class ReplicaAck(_message.Message):
+    __slots__ = ("flushed_offset",)
+    FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    flushed_offset: int
+    def __init__(self, flushed_offset: _Optional[int] = ...) -> None: ...
+
+class SlaveMessage(_message.Message):
+    __slots__ = ("hello", "ack")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    ACK_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    ack: ReplicaAck
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[ReplicaAck, _Mapping]] = ...) -> None: ...
+
+class Welcome(_message.Message):
+    __slots__ = ("cluster_id", "node_id", "epochs", "truncate_to", "log_start")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCHS_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATE_TO_FIELD_NUMBER: _ClassVar[int]
+    LOG_START_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    node_id: str
+    epochs: _containers.RepeatedCompositeFieldContainer[EpochEntry]
+    truncate_to: int
+    log_start: int
+    def __init__(self, cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., truncate_to: _Optional[int] = ..., log_start: _Optional[int] = ...) -> None: ...
+
+class Data(_message.Message):
+    __slots__ = ("start_offset", "batches", "confirm_offset", "epoch", "master_end")
+    START_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    MASTER_END_FIELD_NUMBER: _ClassVar[int]
+    start_offset: int
+    batches: bytes
+    confirm_offset: int
+    epoch: int
+    master_end: int
+    def __init__(self, start_offset: _Optional[int] = ..., batches: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ..., epoch: _Optional[int] = ..., master_end: _Optional[int] = ...) -> None: ...
+
+class MasterMessage(_message.Message):
+    __slots__ = ("welcome", "data")
+    WELCOME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    welcome: Welcome
+    data: Data
+    def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., data: _Optional[_Union[Data, _Mapping]] = ...) -> None: ...

@@ -79,6 +79,16 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.StatusRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.StatusResponse.FromString,
                 _registered_method=True)
+        self.Promote = channel.unary_unary(
+                '/tidemark.v1.Broker/Promote',
+                request_serializer=proto_dot_tidemark__pb2.PromoteRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.PromoteResponse.FromString,
+                _registered_method=True)
+        self.Demote = channel.unary_unary(
+                '/tidemark.v1.Broker/Demote',
+                request_serializer=proto_dot_tidemark__pb2.DemoteRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.DemoteResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -138,6 +148,18 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Promote(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Demote(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -185,6 +207,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=proto_dot_tidemark__pb2.StatusRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.StatusResponse.SerializeToString,
+            ),
+            'Promote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Promote,
+                    request_deserializer=proto_dot_tidemark__pb2.PromoteRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.PromoteResponse.SerializeToString,
+            ),
+            'Demote': grpc.unary_unary_rpc_method_handler(
+                    servicer.Demote,
+                    request_deserializer=proto_dot_tidemark__pb2.DemoteRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.DemoteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -430,6 +462,132 @@ class Broker:
             '/tidemark.v1.Broker/Status',
             proto_dot_tidemark__pb2.StatusRequest.SerializeToString,
             proto_dot_tidemark__pb2.StatusResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Promote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Promote',
+            proto_dot_tidemark__pb2.PromoteRequest.SerializeToString,
+            proto_dot_tidemark__pb2.PromoteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Demote(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Demote',
+            proto_dot_tidemark__pb2.DemoteRequest.SerializeToString,
+            proto_dot_tidemark__pb2.DemoteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+
+class ReplicationStub:
+    """Missing associated documentation comment in .proto file."""
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Stream = channel.stream_stream(
+                '/tidemark.v1.Replication/Stream',
+                request_serializer=proto_dot_tidemark__pb2.SlaveMessage.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.MasterMessage.FromString,
+                _registered_method=True)
+
+
+class ReplicationServicer:
+    """Missing associated documentation comment in .proto file."""
+
+    def Stream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_ReplicationServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Stream': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stream,
+                    request_deserializer=proto_dot_tidemark__pb2.SlaveMessage.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.MasterMessage.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'tidemark.v1.Replication', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('tidemark.v1.Replication', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class Replication:
+    """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tidemark.v1.Replication/Stream',
+            proto_dot_tidemark__pb2.SlaveMessage.SerializeToString,
+            proto_dot_tidemark__pb2.MasterMessage.FromString,
             options,
             channel_credentials,
             insecure,

@@ -1,0 +1,188 @@
+"""The slave's side: follow a master's log (DESIGN §4).
+
+Loop: connect → Hello (our epochs, log end) → Welcome (divergence point) → truncate our
+unconfirmed tail there → for each Data: verify and append the bytes, fsync, acknowledge the
+flushed offset, and take the master's confirm offset (views apply up to it). Reconnect with
+exponential backoff; a cluster mismatch or a needed re-bootstrap stops following and says why
+in ``status()``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import structlog
+
+from broker import identity as identity_mod
+from broker.config import Config
+from broker.errors import BrokerError
+from broker.invariant import CorruptionError
+from broker.store import Store
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
+
+log = structlog.get_logger("replication.follower")
+_STOP = object()
+
+
+class Follower:
+    def __init__(self, store: Store, config: Config, master: str, own_address: str) -> None:
+        self.store = store
+        self.config = config
+        self.master = master
+        self.own_address = own_address
+        self.master_confirm = 0
+        self.master_end = 0
+        self.last_heard = 0.0
+        self.in_sync_when_heard = False
+        self.connected = False
+        self.error = ""
+        self._stop = threading.Event()
+        self._channel: grpc.Channel | None = None
+        self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
+        self.master_confirm = max(v.applied_offset for v in store.views)  # what we know was confirmed
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        self.store.confirm_source = self.confirm
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._channel is not None:
+            self._channel.close()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(10)
+
+    def confirm(self, flushed: int) -> int:
+        return min(flushed, self.master_confirm)
+
+    def known_in_sync(self) -> bool:
+        """Safe to promote: in sync when we last heard from the master, and that knowledge still holds.
+
+        In sync = our log reaches the master's confirm offset and we were within the lag limits.
+        With ``min_insync_replicas = 1`` the master may drop us and confirm alone once
+        ``max_lag_ms`` passed without us, so the knowledge expires then; with 2 it cannot.
+        """
+        if not self.last_heard or not self.in_sync_when_heard:
+            return False
+        if self.config["replication.min_insync_replicas"] >= 2:
+            return True
+        return (time.monotonic() - self.last_heard) * 1000 <= self.config["replication.max_lag_ms"]
+
+    def add_status(self, st: dict[str, object]) -> None:
+        if self.store.role != "slave":
+            return
+        st["replication"] = {
+            "master": self.master, "connected": self.connected, "master_confirm_offset": self.master_confirm,
+            "master_end": self.master_end, "lag_bytes": max(0, self.master_end - self.store.log.max_offset),
+            "in_sync": self.known_in_sync(), "error": self.error,
+        }
+
+    # -- the loop ----------------------------------------------------------------------------------
+    def _run(self) -> None:
+        backoff_s = 0.05
+        cap_s = self.config["replication.reconnect_backoff_ms_max"] / 1000.0
+        while not self._stop.is_set():
+            try:
+                self._follow_once()
+                backoff_s = 0.05
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                self.error = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
+                if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
+                    log.warning("master_refused", master=self.master, error=self.error)
+                elif not self._stop.is_set():
+                    log.info("master_unreachable", master=self.master, error=self.error)
+            except (BrokerError, CorruptionError, FollowError) as exc:
+                self.error = str(exc)
+                log.error("follow_failed", master=self.master, error=self.error)
+            finally:
+                self.connected = False
+            if self._stop.wait(backoff_s):
+                break
+            backoff_s = min(cap_s, backoff_s * 2)
+
+    def _follow_once(self) -> None:
+        store = self.store
+        acks: queue.Queue[object] = queue.Queue(maxsize=1024)
+        ident = store.identity
+        hello = pb.Hello(protocol_version=PROTOCOL_VERSION, cluster_id=ident.cluster_id, node_id=ident.node_id,
+                         epochs=epochs_to_pb(store.epochs.snapshot()), log_end=store.log.max_offset,
+                         address=self.own_address)
+        if store.log.max_offset == 0 and not store.epochs.entries:
+            hello.cluster_id = ""  # an empty slave adopts the master's cluster
+
+        def outgoing() -> Iterator[pb.SlaveMessage]:
+            yield pb.SlaveMessage(hello=hello)
+            while True:
+                item = acks.get()
+                if item is _STOP:
+                    return
+                yield item  # type: ignore[misc]
+
+        self._channel = grpc.insecure_channel(self.master, options=[("grpc.max_receive_message_length", 1 << 30)])
+        try:
+            responses = pb_grpc.ReplicationStub(self._channel).Stream(outgoing())
+            for msg in responses:
+                if self._stop.is_set():
+                    break
+                kind = msg.WhichOneof("kind")
+                if kind == "welcome":
+                    self._welcome(msg.welcome)
+                    self.connected = True
+                    self.error = ""
+                elif kind == "data":
+                    self._data(msg.data, acks)
+        finally:
+            acks.put(_STOP)
+            self._channel.close()
+
+    def _welcome(self, w: pb.Welcome) -> None:
+        store = self.store
+        if w.cluster_id != store.identity.cluster_id:
+            if store.log.max_offset == 0 and not store.epochs.entries:
+                store.identity = identity_mod.adopt_cluster(store.data_dir, w.cluster_id)
+            else:
+                self._stop.set()
+                raise FollowError(f"master {self.master} belongs to cluster {w.cluster_id}, this node to "
+                                  f"{store.identity.cluster_id}: refusing to follow it")
+        theirs = epochs_from_pb(list(w.epochs))
+        if theirs and theirs[-1][0] < store.epoch:
+            raise FollowError(f"master {self.master} is at epoch {theirs[-1][0]}, behind ours {store.epoch}: not following a stale master")
+        if w.truncate_to < store.log.max_offset:
+            store.truncate_to(w.truncate_to)  # BrokerError when below what our views applied: re-bootstrap
+        if store.log.max_offset == 0 and w.log_start > 0:
+            raise FollowError(f"the master's log starts at {w.log_start}: an empty slave needs a snapshot bundle "
+                              "(bootstrap is not implemented yet)")
+        store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
+        log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
+
+    def _data(self, d: pb.Data, acks: queue.Queue[object]) -> None:
+        store = self.store
+        self.last_heard = time.monotonic()
+        self.master_end = d.master_end
+        if d.batches:
+            if d.start_offset != store.log.max_offset:
+                raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
+            end = store.append_replicated(d.batches)
+            store.wait_ack(end, "flush", 30_000)
+            acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.flushed_offset)))
+        if d.epoch > store.epoch:
+            store.epochs.start(d.epoch, store.log.max_offset)
+        if d.confirm_offset > self.master_confirm:
+            self.master_confirm = d.confirm_offset
+            store.advance_confirm()
+        log_end = store.log.max_offset
+        self.in_sync_when_heard = (
+            log_end >= self.master_confirm and d.master_end - log_end <= self.config["replication.max_lag_bytes"]
+        )
+
+
+class FollowError(Exception):
+    """Following this master cannot go on as things are; the message says why."""

@@ -1,0 +1,36 @@
+"""Entry point ``tidemark.plugins: replication``: wires replication into a daemon.
+
+The daemon calls ``attach(daemon)`` after recovery and before serving; ``broker`` never imports
+this package (DESIGN §9).
+"""
+
+from __future__ import annotations
+
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+from proto import tidemark_pb2_grpc as pb_grpc
+from replication.master import MasterSide
+from replication.roles import RoleController
+
+
+def attach(daemon: Any) -> None:
+    store, config = daemon.store, daemon.config
+    master_side = MasterSide(store, config)
+    listen = config["replication.listen"]
+    if listen:
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                             options=[("grpc.max_send_message_length", 1 << 30)])
+        pb_grpc.add_ReplicationServicer_to_server(master_side, server)
+        if server.add_insecure_port(listen) == 0:
+            raise RuntimeError(f"replication.listen: cannot bind {listen}")
+        server.start()
+        daemon.on_stop.append(lambda: server.stop(1).wait())
+    else:
+        pb_grpc.add_ReplicationServicer_to_server(master_side, daemon.grpc_server)
+    controller = RoleController(store, config, master_side, config["node.listen"])
+    store.role_controller = controller
+    daemon.on_start.append(controller.start)
+    daemon.on_stop.insert(0, controller.stop)

@@ -1,0 +1,37 @@
+"""Constants and conversions shared by both sides of the replication stream."""
+
+from __future__ import annotations
+
+from broker import batch_format as bf
+from broker.store import Store
+from proto import tidemark_pb2 as pb
+
+PROTOCOL_VERSION = 1
+HEARTBEAT_S = 0.1  # an idle master still sends its confirm offset this often
+
+
+def epochs_to_pb(entries: list[tuple[int, int]]) -> list[pb.EpochEntry]:
+    return [pb.EpochEntry(epoch=e, start_offset=o) for e, o in entries]
+
+
+def epochs_from_pb(entries: list[pb.EpochEntry]) -> list[tuple[int, int]]:
+    return [(int(e.epoch), int(e.start_offset)) for e in entries]
+
+
+def read_whole_batches(store: Store, offset: int, max_bytes: int) -> bytes:
+    """Log bytes from ``offset`` cut at a batch boundary: at most ``max_bytes`` unless the first
+    batch alone is bigger (then exactly that batch)."""
+    end = store.log.max_offset
+    if offset >= end:
+        return b""
+    data = store.log.read(offset, min(max_bytes, end - offset))
+    pos = 0
+    while pos + bf.HEADER_BYTES <= len(data):
+        size = bf.peek_batch_bytes(data, pos)
+        if pos + size > len(data):
+            break
+        pos += size
+    if pos == 0:
+        first = bf.peek_batch_bytes(data, 0) if len(data) >= 4 else 0
+        return store.log.read(offset, first) if first else b""
+    return data[:pos]
