@@ -11,8 +11,10 @@ there up to the confirm offset.
    scan is needed. Otherwise every batch from the lowest view checkpoint to the end is verified;
    a torn tail is saved to ``quarantine/`` and truncated; any other damage refuses start-up,
    naming segment and offset. Checkpoints above the log end (lost unsynced log bytes) refuse too.
-5. Durability point: fsync the log; flushed = log end; confirm from the confirm source (a lone
-   node confirms what it has flushed; with replicas it is lower).
+5. Durability point: fsync the log; flushed = log end. A master confirms from its confirm
+   source (alone: everything flushed); a slave keeps what its views already applied, since only
+   its master knows what else is confirmed (an old master rejoining as a slave must not apply
+   its unreplicated tail).
 6. Replay: apply each view from its own applied offset up to the confirm offset.
 7. Tail state: queue offsets and producer sequences for the next append; remove the marker.
 """
@@ -131,7 +133,10 @@ def run(store: Store) -> dict[str, object]:
     # 5. durability point
     store.log.sync()
     store.flushed_offset = log_end
-    store.confirm_offset = min(store.confirm_source(log_end), log_end)
+    if store.role == "slave":  # only the master knows what is confirmed: keep what the views applied
+        store.confirm_offset = min(log_end, max(v.applied_offset for v in store.views))
+    else:
+        store.confirm_offset = min(store.confirm_source(log_end), log_end)
 
     # 6. replay
     replay_from = min(v.applied_offset for v in store.views)

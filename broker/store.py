@@ -113,7 +113,7 @@ class Store:
         self.flushed_offset = 0
         self.confirm_offset = 0
         self.applied_offset = 0  # min over views
-        self.confirm_source: Callable[[int], int] = lambda flushed: flushed
+        self.confirm_source: Callable[[int], int] = self._default_confirm_source()
         self._flush_wanted = False
         # tail state: what the next append needs, including unconfirmed batches
         self._append_lock = threading.Lock()
@@ -182,11 +182,20 @@ class Store:
     def epoch(self) -> int:
         return self.epochs.current
 
+    def _default_confirm_source(self) -> Callable[[int], int]:
+        """Alone, a master confirms what it flushed; a slave confirms nothing by itself (its
+        follower supplies the master's confirm offset)."""
+        if self.role == "master":
+            return lambda flushed: flushed
+        return lambda flushed: self.confirm_offset
+
     def set_role(self, role: str, master_address: str = "") -> None:
         """Change role and tell the listeners (replication, later timers and tiered upload)."""
         with self._append_lock:
             self.role = role
             self.master_address = master_address
+            if role == "slave":
+                self.confirm_source = self._default_confirm_source()
         log.info("role_changed", role=role, epoch=self.epoch, master=master_address)
         for listener in self.role_listeners:
             listener(role)

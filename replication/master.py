@@ -1,7 +1,9 @@
 """The master's side: one ``Replication.Stream`` per slave, and the in-sync set.
 
-A replica is *in sync* while it is connected, no more than ``replication.max_lag_bytes`` behind
-the log end, and has caught up with the log end within the last ``replication.max_lag_ms``.
+A replica is *in sync* while it is no more than ``replication.max_lag_bytes`` behind the log end
+and has caught up with the log end within the last ``replication.max_lag_ms``. A disconnect does
+not remove it at once: a slave promises to promote cleanly only within ``max_lag_ms`` of last
+hearing from us, so we must not confirm alone before that time has passed.
 The confirm offset is min(flushed, acked offset of every in-sync replica): with none in sync the
 master confirms alone (DESIGN §2).
 """
@@ -46,8 +48,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
         self.config = config
         self.replicas: dict[str, Replica] = {}
         self._lock = threading.Lock()
-        store.confirm_source = self.confirm
-        store.insync_source = self.insync_count
+        store.insync_source = self.insync_count  # the confirm source is set per role by the RoleController
         store.replica_acked = self.acked_count
         store.status_providers.append(self.add_status)
 
@@ -55,8 +56,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
     def _refresh(self, r: Replica, now: float) -> bool:
         lag_bytes = self.store.log.max_offset - r.acked_offset
         in_sync = (
-            r.connected
-            and lag_bytes <= self.config["replication.max_lag_bytes"]
+            lag_bytes <= self.config["replication.max_lag_bytes"]
             and (now - r.caught_up_at) * 1000 <= self.config["replication.max_lag_ms"]
         )
         changed = in_sync != r.in_sync
@@ -86,6 +86,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
             return sum(1 for r in self.replicas.values() if r.acked_offset >= offset)
 
     def add_status(self, st: dict[str, object]) -> None:
+        self.insync_count()  # re-evaluate the lag rules now
         with self._lock:
             replicas = [
                 {"node_id": r.node_id, "address": r.address, "acked_offset": r.acked_offset, "in_sync": r.in_sync,

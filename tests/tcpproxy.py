@@ -1,0 +1,70 @@
+"""A loopback TCP proxy whose link a test can cut and heal (for replication tests)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+
+class TcpProxy:
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self._server = socket.socket()
+        self._server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._server.bind(("127.0.0.1", 0))
+        self._server.listen(16)
+        self.port = self._server.getsockname()[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self._open = threading.Event()
+        self._open.set()
+        self._conns: list[socket.socket] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return
+            if not self._open.is_set():
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones."""
+        self._open.clear()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+    def heal(self) -> None:
+        self._open.set()
+
+    def close(self) -> None:
+        self.cut()
+        self._server.close()

@@ -1,0 +1,243 @@
+"""Master/slave replication on real daemon pairs: shipping, confirm offset, failover, truncation."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.client import BrokerClient, BrokerError, Message
+from broker.procs import DaemonProcess
+from tests.crashutil import Producer, check_history, read_everything
+from tests.tcpproxy import TcpProxy
+
+QUEUES = 3
+FAST = {"replication.max_lag_ms": 1000, "checkpoint.interval_ms": 100}
+
+
+def _pair(spawn: Callable[..., DaemonProcess], master_cfg: dict[str, object] | None = None,
+          slave_cfg: dict[str, object] | None = None, via: str = "") -> tuple[DaemonProcess, DaemonProcess]:
+    m = spawn("m", config={**FAST, **(master_cfg or {})})
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": via or m.address, **(slave_cfg or {})})
+    return m, s
+
+
+def _wait(cond: Callable[[], bool], timeout_s: float = 15, what: str = "") -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _status(d: DaemonProcess) -> dict[str, object]:
+    with BrokerClient(d.address) as c:
+        return c.status()
+
+
+def _in_sync(m: DaemonProcess) -> bool:
+    reps = _status(m)["replicas"]
+    return bool(reps) and all(r["in_sync"] for r in reps)  # type: ignore[index, union-attr]
+
+
+def _logs(d: DaemonProcess) -> bytes:
+    log_dir = Path(d.data_dir) / "log"
+    return b"".join(p.read_bytes() for p in sorted(log_dir.glob("*.log")))
+
+
+def _metadata(d: DaemonProcess) -> dict[str, object]:
+    with BrokerClient(d.address) as c:
+        topics = c.list_topics()
+        offsets = {(t, q): c.committed_offset("g", t, q) for t, info in topics.items() for q in range(info["queues"])}
+    return {"topics": {t: i["queues"] for t, i in topics.items()}, "offsets": offsets}
+
+
+def _converged(a: DaemonProcess, b: DaemonProcess) -> bool:
+    sa, sb = _status(a), _status(b)
+    return sa["max_offset"] == sb["max_offset"] == sa["confirm_offset"] == sb["confirm_offset"]
+
+
+def test_slave_copies_the_log_byte_for_byte(spawn: Callable[..., DaemonProcess]) -> None:
+    """ack=replica data, topics and offsets reach the slave; logs are identical; slave reads work."""
+    m, s = _pair(spawn)
+    with BrokerClient(m.address) as c:
+        c.create_topic("t", queues=QUEUES)
+        for i in range(20):
+            c.send("t", [Message(body=b"%d-%d" % (i, j), key=str(j)) for j in range(200)], ack="replica")
+        c.commit_offset("g", "t", 1, 5)
+    _wait(lambda: _converged(m, s), what="convergence")
+    time.sleep(0.5)  # one offsets flush interval, then the record replicates
+    _wait(lambda: _converged(m, s), what="offsets record")
+    assert _logs(m) == _logs(s)
+    assert read_everything(m.address, "t", QUEUES) == read_everything(s.address, "t", QUEUES)
+    _wait(lambda: _metadata(s) == _metadata(m), what="metadata")
+    assert _metadata(s)["offsets"][("t", 1)] == 5  # type: ignore[index]
+    st = _status(s)
+    assert st["role"] == "slave" and st["replication"]["connected"]  # type: ignore[index]
+    assert _status(m)["replicas"][0]["in_sync"]  # type: ignore[index]
+
+
+def test_writes_to_a_slave_are_redirected(spawn: Callable[..., DaemonProcess]) -> None:
+    """A slave refuses writes with FAILED_PRECONDITION naming its master; the client follows it."""
+    m, s = _pair(spawn)
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+    _wait(lambda: _converged(m, s), what="topic on the slave")
+    import crc32c
+
+    from broker import batch_format as bf
+    from proto import tidemark_pb2 as pb
+    from proto import tidemark_pb2_grpc as pb_grpc
+
+    records, _ = bf.encode_records([(b"x", b"", b"")])
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(s.address))
+    with pytest.raises(grpc.RpcError) as info:
+        stub.Send(pb.SendRequest(batches=[pb.ProduceBatch(topic="t", record_count=1, records=records,
+                                                          records_crc=crc32c.crc32c(records))]))
+    assert info.value.code() == grpc.StatusCode.FAILED_PRECONDITION  # type: ignore[attr-defined]
+    assert ("tidemark-master", m.address) in tuple(info.value.trailing_metadata())  # type: ignore[attr-defined]
+    with BrokerClient(s.address) as c:  # the client follows the redirect
+        receipts = c.send("t", [Message(body=b"via slave")], ack="replica")
+        assert receipts[0].queue_offset == 0
+
+
+def test_failover_under_load_loses_nothing_acknowledged(spawn: Callable[..., DaemonProcess]) -> None:
+    """kill -9 the master under ack=replica load, promote the slave, keep sending, rejoin the old master."""
+    m, s = _pair(spawn, {"replication.min_insync_replicas": 2}, {"replication.min_insync_replicas": 2})
+    with BrokerClient(m.address) as c:
+        c.create_topic("t", queues=QUEUES)
+    _wait(lambda: _in_sync(m), what="slave in sync")
+    producers = [ReplicaProducer([m.address, s.address], f"p{i}") for i in range(2)]
+    for p in producers:
+        p.start()
+    time.sleep(1.5)
+    m.kill9()
+    with BrokerClient(s.address) as c:
+        epoch = c.promote()
+    assert epoch == 2
+    time.sleep(1.5)  # producers carry on against the new master
+    m.config = {**FAST, "node.role": "slave", "node.master": s.address, "replication.min_insync_replicas": 2}
+    m.start()
+    _wait(lambda: _status(m)["replication"]["connected"], what="old master following")  # type: ignore[index]
+    time.sleep(1.0)
+    for p in producers:
+        p.stop.set()
+    for p in producers:
+        p.join(30)
+    acked = [b for p in producers for b in p.acked]
+    assert len(acked) > 1000 and all(p.switched for p in producers)
+    _wait(lambda: _converged(m, s), what="convergence after failover")
+    check_history(acked, read_everything(s.address, "t", QUEUES))
+    assert read_everything(m.address, "t", QUEUES) == read_everything(s.address, "t", QUEUES)
+    assert _logs(m) == _logs(s)
+    assert _metadata(m) == _metadata(s)
+    assert _status(m)["epoch"] == _status(s)["epoch"] == 2
+
+
+def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProcess]) -> None:
+    """Writes only a cut-off master took (ack=leader) are cut when it rejoins; both logs then agree."""
+    m = spawn("m", config={**FAST, "replication.max_lag_ms": 3000})
+    proxy = TcpProxy(m.port)
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
+    try:
+        with BrokerClient(m.address) as c:
+            c.create_topic("t")
+            c.send("t", [Message(body=b"common")] * 10, ack="replica")
+            _wait(lambda: _in_sync(m), what="in sync")
+            proxy.cut()
+            c.send("t", [Message(body=b"lost")] * 5, ack="leader")  # never reaches the slave
+            st = c.status()
+            assert st["confirm_offset"] < st["max_offset"]  # the slave is still in sync: nothing confirmed alone
+        m.kill9()
+        with BrokerClient(s.address) as c:
+            c.promote()  # in sync when last heard, within max_lag_ms: a clean promotion
+            c.send("t", [Message(body=b"new")] * 3, ack="replica")
+        m.config = {**FAST, "node.role": "slave", "node.master": s.address}
+        m.start()
+        _wait(lambda: _converged(m, s), what="convergence")
+        assert _logs(m) == _logs(s)
+        with BrokerClient(m.address) as c:
+            assert [x.body for x in c.pull("t", 0, 0, 100)] == [b"common"] * 10 + [b"new"] * 3
+        assert list((Path(m.data_dir) / "log").glob("*.log"))
+    finally:
+        proxy.close()
+
+
+def test_link_cut_and_healed_moves_the_in_sync_set(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """Cut link: the slave leaves the in-sync set (ack=replica fails with min 2, confirms alone with 1); heal: rejoins."""
+    m = spawn("m", config={**FAST, "replication.min_insync_replicas": 2})
+    proxy = TcpProxy(m.port)
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
+    try:
+        with BrokerClient(m.address) as c:
+            c.create_topic("t")
+            _wait(lambda: _in_sync(m), what="in sync")
+            c.send("t", [Message(body=b"a")], ack="replica")
+            proxy.cut()
+            _wait(lambda: not _in_sync(m), what="out of sync after the cut")
+            with pytest.raises(BrokerError) as info:
+                c.send("t", [Message(body=b"b")], ack="replica")
+            assert info.value.code == grpc.StatusCode.UNAVAILABLE
+            c.send("t", [Message(body=b"c")], ack="flush")  # the master still takes flush writes
+            proxy.heal()
+            _wait(lambda: _in_sync(m), what="rejoined the in-sync set")
+            c.send("t", [Message(body=b"d")], ack="replica")
+        _wait(lambda: _converged(m, s), what="convergence")
+        with BrokerClient(s.address) as c:
+            assert [x.body for x in c.pull("t", 0, 0, 100)] == [b"a", b"c", b"d"]
+    finally:
+        proxy.close()
+
+
+def test_slave_refuses_a_master_of_another_cluster(spawn: Callable[..., DaemonProcess]) -> None:
+    """A slave holding data of cluster A does not follow a master of cluster B."""
+    a = spawn("a", config={"node.cluster_id": "cluster-a"})
+    with BrokerClient(a.address) as c:
+        c.create_topic("t")
+    a.stop()
+    b = spawn("b", config={"node.cluster_id": "cluster-b"})
+    a.config = {"node.cluster_id": "cluster-a", "node.role": "slave", "node.master": b.address}
+    a.start()
+    _wait(lambda: "cluster" in str(_status(a)["replication"]["error"]), what="cluster refusal")  # type: ignore[index]
+    assert _status(a)["max_offset"] > 0 and not _status(b)["replicas"]
+
+
+def test_promote_refused_when_not_known_in_sync(spawn: Callable[..., DaemonProcess]) -> None:
+    """A slave that never caught up (master unreachable from the start) will not promote without --unclean."""
+    s = spawn("s", config={"node.role": "slave", "node.master": "127.0.0.1:9"})
+    with BrokerClient(s.address) as c:
+        with pytest.raises(BrokerError) as info:
+            c.promote()
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION and "--unclean" in info.value.details
+        assert c.promote(unclean=True) >= 1
+        c.create_topic("t")
+        assert c.status()["role"] == "master"
+
+
+class ReplicaProducer(Producer):
+    """ack=replica producer that follows failover through the client's address list."""
+
+    def __init__(self, addresses: list[str], name: str) -> None:
+        super().__init__(addresses[0], "t", name, batch=20)
+        self.addresses = addresses
+        self.switched = False
+
+    def run(self) -> None:
+        seq = 0
+        with BrokerClient(self.addresses, timeout_s=3) as c:
+            while not self.stop.is_set():
+                bodies = [b"%s-%08d-" % (self.name_.encode(), seq + i) + b"r" * 100 for i in range(self.batch)]
+                try:
+                    c.send(self.topic, [Message(body=b) for b in bodies], ack="replica")
+                except BrokerError:
+                    time.sleep(0.1)  # outcome unknown: these bodies may or may not be stored (never acked)
+                    seq += self.batch
+                    continue
+                if c.addresses[c._current] != self.addresses[0]:
+                    self.switched = True
+                self.acked += bodies
+                seq += self.batch
