@@ -1,0 +1,198 @@
+"""The tidemark source on real Spark (local[2], one session for the module) and real daemons."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from broker.client import BrokerClient, Message
+from broker.procs import DaemonProcess
+from tests.sparkutil import ROOT, build_session, spark_env, start_stream
+
+
+@pytest.fixture(scope="module")
+def spark() -> Iterator[Any]:
+    """One SparkSession for every test here: a session start costs 10-25 s on this machine."""
+    saved = {k: os.environ.get(k) for k in ("PYSPARK_PYTHON", "SPARK_LOCAL_IP")}
+    session = build_session()
+    yield session
+    session.stop()
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+def send_numbered(client: BrokerClient, topic: str, tag: str, count: int) -> None:
+    """``count`` messages with distinct bodies; every third keyless, every fifth with properties."""
+    messages = [Message(body=f"{tag}-{i}".encode(), key=f"{tag}{i % 7}" if i % 3 else None,
+                        properties={"i": str(i)} if i % 5 == 0 else None) for i in range(count)]
+    client.send(topic, messages, ack="replica")
+
+
+def pulled(client: BrokerClient, topic: str) -> dict[tuple[str, int, int], bytes]:
+    """Every record of ``topic`` below the confirm offset, by (topic, queue, offset)."""
+    out: dict[tuple[str, int, int], bytes] = {}
+    info = client.list_topics(include_system=True)[topic]
+    for q, high in enumerate(info["max_offsets"]):
+        offset = 0
+        while offset < high:
+            res = client.pull(topic, q, offset, max_messages=high - offset)
+            for m in res:
+                out[(topic, q, m.queue_offset)] = m.body
+            offset = res.next_offset
+    return out
+
+
+def assert_exactly_once(spark: Any, out: Path, expected: dict[tuple[str, int, int], bytes]) -> None:
+    """The Parquet sink (read through its _spark_metadata log) holds each expected record once."""
+    rows = spark.read.parquet(str(out)).select("topic", "partition", "offset", "value").collect()
+    counts = Counter((r.topic, r.partition, r.offset) for r in rows)
+    duplicates = {k: n for k, n in counts.items() if n > 1}
+    assert not duplicates, f"records written more than once: {sorted(duplicates.items())[:5]}"
+    missing, extra = sorted(set(expected) - set(counts)), sorted(set(counts) - set(expected))
+    assert not missing and not extra, f"missing {missing[:5]}, extra {extra[:5]}"
+    assert all(expected[(r.topic, r.partition, r.offset)] == bytes(r.value) for r in rows)
+
+
+def batch_ids(log_dir: Path) -> set[int]:
+    """Batch ids in a checkpoint's offsets/ or commits/ log (ignoring Hadoop's temp and .crc files)."""
+    return {int(n) for n in os.listdir(log_dir) if n.isdigit()} if log_dir.is_dir() else set()
+
+
+def test_batch_read_equals_the_clients_pull(spark: Any, spawn: Callable[..., DaemonProcess]) -> None:
+    """spark.read over JSON starting/ending offsets returns exactly the pulled records, headers and times."""
+    d = spawn()
+    with BrokerClient(d.address) as c:
+        c.create_topic("orders", queues=2)
+        for tag in ("a", "b", "c"):
+            send_numbered(c, "orders", tag, 60)
+        highs = c.list_topics()["orders"]["max_offsets"]
+        meta_high = c.list_topics(include_system=True)["__metadata"]["max_offsets"][0]
+        starting = {"orders": {"0": 5, "1": -2}}
+        ending = {"orders": {"0": highs[0] - 4, "1": -1}}
+        df = (spark.read.format("tidemark").option("broker", d.address).option("subscribe", "orders,__metadata")
+              .option("startingOffsets", json.dumps(starting)).option("endingOffsets", json.dumps(ending))
+              .option("includeHeaders", "true").load())
+        got = [tuple(r) for r in df.selectExpr(
+            "key", "value", "topic", "partition", "offset", "unix_micros(timestamp)", "timestampType", "headers").collect()]
+        want = []
+        ranges = [("orders", 0, 5, highs[0] - 4), ("orders", 1, 0, highs[1]), ("__metadata", 0, 0, meta_high)]
+        for topic, q, start, end in ranges:
+            res = c.pull(topic, q, start, max_messages=end - start)
+            assert len(res) == end - start
+            for m in res:
+                headers = [(k, v.encode()) for k, v in m.properties.items()] or None
+                want.append((m.key.encode() if m.key else None, m.body, topic, q, m.queue_offset,
+                             m.store_time_ms * 1000, 1, headers))
+    norm = [(bytes(k) if k is not None else None, bytes(v), t, p, o, ts, tt,
+             [(h[0], bytes(h[1])) for h in hs] if hs is not None else None) for k, v, t, p, o, ts, tt, hs in got]
+    assert sorted(norm, key=repr) == sorted(want, key=repr)
+
+
+def test_option_errors_surface_through_spark(spark: Any, spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """Bad options, unknown topics and __timer fail at load/plan time with a message naming the option."""
+    d = spawn()
+
+    def base() -> Any:  # DataFrameReader.option() mutates the reader: a fresh one per case
+        return spark.read.format("tidemark").option("broker", d.address)
+
+    with pytest.raises(Exception, match="tidemark option 'colour'"):
+        base().option("subscribe", "x").option("colour", "red").load()
+    with pytest.raises(Exception, match=r"tidemark option 'subscribe'.*__timer"):
+        base().option("subscribe", "__timer").load()
+    with pytest.raises(Exception, match="tidemark option 'subscribe': unknown topic"):
+        base().option("subscribe", "nope").load().collect()
+    with pytest.raises(Exception, match="tidemark option 'endingOffsets'"):  # streamReader() runs at start
+        query = (spark.readStream.format("tidemark").option("broker", d.address).option("subscribe", "__metadata")
+                 .option("endingOffsets", "latest").load().writeStream.format("noop")
+                 .option("checkpointLocation", str(tmp_path / "ck")).start())
+        query.awaitTermination(60)
+
+
+def test_available_now_three_runs_write_each_record_once(spark: Any, spawn: Callable[..., DaemonProcess],
+                                                          tmp_path: Path) -> None:
+    """Three Trigger.AvailableNow runs on one checkpoint, sends in between: every record once in Parquet."""
+    d = spawn()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    with BrokerClient(d.address) as c:
+        c.create_topic("events", queues=3)
+        for run in range(3):
+            send_numbered(c, "events", f"run{run}", 250)
+            query = start_stream(spark, d.address, "events,__metadata", str(out), str(checkpoint), max_offsets=400)
+            query.awaitTermination(120)
+            assert query.exception() is None and not query.isActive
+            assert query.lastProgress is not None
+        expected = {**pulled(c, "events"), **pulled(c, "__metadata")}
+    assert len(expected) == 751
+    assert_exactly_once(spark, out, expected)
+
+
+def test_max_offsets_per_trigger_bounds_every_batch(spark: Any, spawn: Callable[..., DaemonProcess],
+                                                    tmp_path: Path) -> None:
+    """maxOffsetsPerTrigger=150 over 1000 uneven rows: batches of exactly 150 and a last one of 100."""
+    d = spawn()
+    with BrokerClient(d.address) as c:
+        c.create_topic("bounded", queues=3)
+        c.send("bounded", [Message(body=b"%d" % i, key="hot" if i % 4 else f"k{i}") for i in range(1000)])
+    query = (spark.readStream.format("tidemark").option("broker", d.address).option("subscribe", "bounded")
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "150").load()
+             .writeStream.format("noop").option("checkpointLocation", str(tmp_path / "ck"))
+             .trigger(availableNow=True).start())
+    query.awaitTermination(120)
+    assert query.exception() is None
+    sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+    assert sizes == [150] * 6 + [100]
+
+
+def test_kill_mid_batch_then_rerun_writes_each_record_once(spark: Any, spawn: Callable[..., DaemonProcess],
+                                                           tmp_path: Path) -> None:
+    """SIGKILL the Spark driver (and its workers) inside a batch, rerun on the checkpoint: still exactly once."""
+    d = spawn()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    with BrokerClient(d.address) as c:
+        c.create_topic("crash", queues=2)
+        send_numbered(c, "crash", "x", 1200)
+        expected = pulled(c, "crash")
+    log_path = tmp_path / "child.log"
+    with open(log_path, "wb") as log:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.sparkutil", "--broker", d.address, "--topics", "crash", "--out", str(out),
+             "--checkpoint", str(checkpoint), "--max-offsets", "200", "--batch-pause-s", "2"],
+            cwd=ROOT, env=spark_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        # batch 0 commits (workers warm), then kill 0.7 s into a 2 s batch whose offsets are logged, not committed
+        deadline = time.monotonic() + 150
+        victim = None
+        while victim is None:
+            assert child.poll() is None, f"child exited early: {log_path.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no batch in progress seen: {log_path.read_text()[-3000:]}"
+            planned, done = batch_ids(checkpoint / "offsets"), batch_ids(checkpoint / "commits")
+            running = planned - done
+            if done and running:
+                victim = max(running)
+                time.sleep(0.7)
+            else:
+                time.sleep(0.1)
+        os.killpg(child.pid, signal.SIGKILL)
+    finally:
+        if child.poll() is None:
+            os.killpg(child.pid, signal.SIGKILL)
+        child.wait(30)
+    assert not (checkpoint / "commits" / str(victim)).exists(), "the batch finished before the kill"
+    # the rerun replays the interrupted batch from its logged offsets, then reads the rest in one batch
+    query = start_stream(spark, d.address, "crash", str(out), str(checkpoint))
+    query.awaitTermination(120)
+    assert query.exception() is None
+    assert_exactly_once(spark, out, expected)
