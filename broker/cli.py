@@ -7,6 +7,7 @@ import base64
 import json
 import sys
 import time
+from importlib.metadata import entry_points
 from typing import Any
 
 from broker.config import Config, ConfigError
@@ -149,6 +150,8 @@ def _serve(args: argparse.Namespace) -> int:
     }
     cfg = Config.load(args.config, overrides)
     logsetup.configure(cfg["log.level"], cfg["log.format"])
+    for hook in entry_points(group="tidemark.prestart"):  # e.g. a slave's bootstrap from its master
+        hook.load()(cfg)
     try:
         return serve(cfg)
     except StartupRefused as exc:

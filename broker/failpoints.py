@@ -8,10 +8,11 @@ Actions: ``exit`` (SIGKILL this process at the first hit), ``exit@N`` (at the N-
 ``sleep:MS`` (pause, to widen a race window in a test). Names follow
 ``<component>_<before|after>_<action>``.
 
-``TIDEMARK_FSYNC_JOURNAL=/path`` makes every durable sync append ``<size> <path>`` to that file
-(and every file creation ``0 <path>``). ``kill -9`` keeps the page cache, so a power-loss test
-truncates each listed file to its last journaled size before restarting: exactly the bytes an
-fsync promised survive, nothing more.
+``TIDEMARK_FSYNC_JOURNAL=/path`` makes every durable sync append ``S <size> <path>`` to that file,
+and every creation or truncation ``R <size> <path>`` (a reset). ``kill -9`` keeps the page cache,
+so a power-loss test cuts each listed file to its durable length: the largest size synced since
+its last reset (syncs of one file may run concurrently and journal out of order). Exactly the
+bytes an fsync promised survive, nothing more.
 """
 
 from __future__ import annotations
@@ -67,10 +68,10 @@ def failpoint(name: str) -> None:
         time.sleep(10)  # SIGKILL is delivered asynchronously; never run past the point.
 
 
-def _journal(size: int, path: str) -> None:
+def _journal(kind: str, size: int, path: str) -> None:
     if not _journal_path:
         return
-    line = f"{size} {os.path.realpath(path)}\n".encode()
+    line = f"{kind} {size} {os.path.realpath(path)}\n".encode()
     fd = os.open(_journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, line)
@@ -80,7 +81,12 @@ def _journal(size: int, path: str) -> None:
 
 def note_created(path: str) -> None:
     """Journal a new file: until it is fsynced, a power cut leaves it empty."""
-    _journal(0, path)
+    _journal("R", 0, path)
+
+
+def note_truncated(size: int, path: str) -> None:
+    """Journal a truncation (made durable by the caller's fsync): the file restarts at ``size``."""
+    _journal("R", size, path)
 
 
 def durable_sync(fd: int, path: str, *, data_only: bool = True) -> None:
@@ -94,7 +100,7 @@ def durable_sync(fd: int, path: str, *, data_only: bool = True) -> None:
     else:
         os.fsync(fd)
     if _journal_path:
-        _journal(size, path)
+        _journal("S", size, path)
 
 
 def fsync_dir(path: str) -> None:

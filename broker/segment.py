@@ -6,7 +6,7 @@ import errno
 import os
 
 from broker.deferred_close import DEFERRED
-from broker.failpoints import durable_sync, note_created
+from broker.failpoints import durable_sync, note_created, note_truncated
 
 SUFFIX = ".log"
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # writev takes at most this many buffers
@@ -72,6 +72,7 @@ class Segment:
         os.ftruncate(self.fd, size_bytes)
         self.size_bytes = size_bytes
         durable_sync(self.fd, self.path, data_only=False)
+        note_truncated(size_bytes, self.path)
 
     def close(self) -> None:
         os.close(self.fd)

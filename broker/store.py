@@ -122,6 +122,9 @@ class Store:
         self._tail_producers = ProducerTable()
         self._last_store_time_ms = 0
         self._checkpointed: dict[str, int] = {}
+        self.retention_holds: dict[int, int] = {}  # id -> offset retention must keep (snapshot streams)
+        self.views_lock = threading.Lock()  # held by the dispatcher while it touches views; a snapshot takes it
+        self._last_ckpt = self._last_retention = 0.0
         self._checkpointed_prev: dict[str, int] = {}  # the .bak copy recovery may fall back to
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -549,35 +552,40 @@ class Store:
             self._cond.notify_all()
 
     def _dispatch_loop(self) -> None:
-        interval_s = self.config["checkpoint.interval_ms"] / 1000.0
-        last_ckpt = time.monotonic()
-        retention_every_s = self.config["retention.check_interval_ms"] / 1000.0
-        last_retention = time.monotonic()
+        self._last_ckpt = self._last_retention = time.monotonic()
         while not self._stop.is_set():
             with self._cond:
                 self._cond.wait_for(lambda: self.confirm_offset > self.applied_offset or self._stop.is_set(), 0.05)
                 target = self.confirm_offset
             if self._stop.is_set():
                 break
-            if target > self.applied_offset:
-                self.apply_until(target)
-            for v in self.views:
-                metrics.VIEW_LAG.labels(v.name).set(self.confirm_offset - v.applied_offset)
-            now = time.monotonic()
-            if now - last_ckpt >= interval_s:
-                if any(self._checkpointed.get(v.name) != v.applied_offset for v in self.views):
-                    try:
-                        self.checkpoint_views()
-                    except (OSError, lmdb.Error) as exc:  # the previous checkpoint stays valid: retry later
-                        log.warning("checkpoint_failed", error=str(exc))
-                last_ckpt = now
-            if now - last_retention >= retention_every_s:
+            with self.views_lock:
+                self._dispatch_round(target)
+
+    def _dispatch_round(self, target: int) -> None:
+        """One round: apply up to ``target``, checkpoint and enforce retention when due."""
+        if target > self.applied_offset:
+            self.apply_until(target)
+        for v in self.views:
+            metrics.VIEW_LAG.labels(v.name).set(self.confirm_offset - v.applied_offset)
+        now = time.monotonic()
+        if now - self._last_ckpt >= self.config["checkpoint.interval_ms"] / 1000.0:
+            # also once more after the views went idle, so the previous checkpoint (the .bak that
+            # recovery may fall back to, and so the retention floor) catches up as well
+            if any(self._checkpointed.get(v.name) != v.applied_offset
+                   or self._checkpointed_prev.get(v.name) != v.applied_offset for v in self.views):
                 try:
-                    self.enforce_retention()
-                except OSError as exc:  # retention can wait; the dispatcher must not die
-                    log.warning("retention_failed", error=str(exc))
-                last_retention = now
-            DEFERRED.reap()
+                    self.checkpoint_views()
+                except (OSError, lmdb.Error) as exc:  # the previous checkpoint stays valid: retry later
+                    log.warning("checkpoint_failed", error=str(exc))
+            self._last_ckpt = now
+        if now - self._last_retention >= self.config["retention.check_interval_ms"] / 1000.0:
+            try:
+                self.enforce_retention()
+            except OSError as exc:  # retention can wait; the dispatcher must not die
+                log.warning("retention_failed", error=str(exc))
+            self._last_retention = now
+        DEFERRED.reap()
 
     def checkpoint_views(self) -> None:
         failpoint("views_before_checkpoint")
@@ -589,10 +597,10 @@ class Store:
 
     # -- retention --------------------------------------------------------------------------------
     def retention_floor(self) -> int:
-        """Lowest offset some view may still replay from: nothing at or above it may go."""
+        """Lowest offset some view may still replay from (or a snapshot is streaming): nothing at or above it may go."""
         if len(self._checkpointed_prev) < len(self.views):
             return 0
-        return min(self._checkpointed_prev.values())
+        return min([*self._checkpointed_prev.values(), *self.retention_holds.values()])
 
     def enforce_retention(self) -> list[str]:
         local_bytes = self.config["retention.local_bytes"]
@@ -737,6 +745,7 @@ class Store:
             "free_disk_bytes": self.free_bytes(),
             "fenced": self.fenced_reason,
             "views": {v.name: v.applied_offset for v in self.views},
+            "retention_floor": self.retention_floor(),
             "recovery": self.recovery_report,
             "master": self.master_address,
             "epochs": self.epochs.snapshot(),

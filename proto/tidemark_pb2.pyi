@@ -301,3 +301,25 @@ class MasterMessage(_message.Message):
     welcome: Welcome
     data: Data
     def __init__(self, welcome: _Optional[_Union[Welcome, _Mapping]] = ..., data: _Optional[_Union[Data, _Mapping]] = ...) -> None: ...
+
+class SnapshotRequest(_message.Message):
+    __slots__ = ("cluster_id", "protocol_version")
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    cluster_id: str
+    protocol_version: int
+    def __init__(self, cluster_id: _Optional[str] = ..., protocol_version: _Optional[int] = ...) -> None: ...
+
+class SnapshotChunk(_message.Message):
+    __slots__ = ("path", "offset", "data", "crc32c", "manifest_json")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    CRC32C_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_JSON_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    offset: int
+    data: bytes
+    crc32c: int
+    manifest_json: str
+    def __init__(self, path: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ..., crc32c: _Optional[int] = ..., manifest_json: _Optional[str] = ...) -> None: ...

@@ -541,12 +541,23 @@ class ReplicationStub:
                 request_serializer=proto_dot_tidemark__pb2.SlaveMessage.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.MasterMessage.FromString,
                 _registered_method=True)
+        self.Snapshot = channel.unary_stream(
+                '/tidemark.v1.Replication/Snapshot',
+                request_serializer=proto_dot_tidemark__pb2.SnapshotRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.SnapshotChunk.FromString,
+                _registered_method=True)
 
 
 class ReplicationServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Stream(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Snapshot(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -559,6 +570,11 @@ def add_ReplicationServicer_to_server(servicer, server):
                     servicer.Stream,
                     request_deserializer=proto_dot_tidemark__pb2.SlaveMessage.FromString,
                     response_serializer=proto_dot_tidemark__pb2.MasterMessage.SerializeToString,
+            ),
+            'Snapshot': grpc.unary_stream_rpc_method_handler(
+                    servicer.Snapshot,
+                    request_deserializer=proto_dot_tidemark__pb2.SnapshotRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.SnapshotChunk.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -588,6 +604,33 @@ class Replication:
             '/tidemark.v1.Replication/Stream',
             proto_dot_tidemark__pb2.SlaveMessage.SerializeToString,
             proto_dot_tidemark__pb2.MasterMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Snapshot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/tidemark.v1.Replication/Snapshot',
+            proto_dot_tidemark__pb2.SnapshotRequest.SerializeToString,
+            proto_dot_tidemark__pb2.SnapshotChunk.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,6 +24,7 @@ from broker.invariant import CorruptionError
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from replication.bootstrap import restart_for_bootstrap
 from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
 
 log = structlog.get_logger("replication.follower")
@@ -95,11 +96,18 @@ class Follower:
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
                 self.error = f"{code.name}: {exc.details()}"  # type: ignore[attr-defined]
-                if code in (grpc.StatusCode.FAILED_PRECONDITION, grpc.StatusCode.OUT_OF_RANGE):
+                if code == grpc.StatusCode.OUT_OF_RANGE:  # the master no longer has our position
+                    restart_for_bootstrap(self.store.data_dir, self.error)
+                if code == grpc.StatusCode.FAILED_PRECONDITION:
                     log.warning("master_refused", master=self.master, error=self.error)
                 elif not self._stop.is_set():
                     log.info("master_unreachable", master=self.master, error=self.error)
-            except (BrokerError, CorruptionError, FollowError) as exc:
+            except BrokerError as exc:
+                self.error = str(exc)
+                log.error("follow_failed", master=self.master, error=self.error)
+                if "re-bootstrap" in exc.message:  # diverged below what our views applied (unclean)
+                    restart_for_bootstrap(self.store.data_dir, self.error)
+            except (CorruptionError, FollowError) as exc:
                 self.error = str(exc)
                 log.error("follow_failed", master=self.master, error=self.error)
             finally:
@@ -157,9 +165,6 @@ class Follower:
             raise FollowError(f"master {self.master} is at epoch {theirs[-1][0]}, behind ours {store.epoch}: not following a stale master")
         if w.truncate_to < store.log.max_offset:
             store.truncate_to(w.truncate_to)  # BrokerError when below what our views applied: re-bootstrap
-        if store.log.max_offset == 0 and w.log_start > 0:
-            raise FollowError(f"the master's log starts at {w.log_start}: an empty slave needs a snapshot bundle "
-                              "(bootstrap is not implemented yet)")
         store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
         log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
 

@@ -25,6 +25,7 @@ from broker.epochs import divergence_point
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from replication.bundle import stream_bundle
 from replication.protocol import HEARTBEAT_S, PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb, read_whole_batches
 
 log = structlog.get_logger("replication.master")
@@ -97,6 +98,9 @@ class MasterSide(pb_grpc.ReplicationServicer):
             st["replicas"] = replicas
         for r in replicas:
             metrics.REPLICA_LAG.labels(str(r["node_id"])).set(int(r["lag_bytes"]))  # type: ignore[call-overload]
+
+    def Snapshot(self, request: pb.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[pb.SnapshotChunk]:
+        yield from stream_bundle(self.store, request, context)
 
     # -- the stream ---------------------------------------------------------------------------------
     def Stream(self, request_iterator: Iterator[pb.SlaveMessage], context: grpc.ServicerContext) -> Iterator[pb.MasterMessage]:

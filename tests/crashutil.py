@@ -36,12 +36,15 @@ class Producer(threading.Thread):
 
 
 def drop_unsynced_bytes(journal: str) -> int:
-    """Power loss: cut every journaled file back to its last fsynced length. Returns bytes dropped."""
+    """Power loss: cut every journaled file back to its durable length. Returns bytes dropped.
+
+    Durable length = the largest size synced since the file's last reset (creation/truncation).
+    """
     last: dict[str, int] = {}
     with open(journal) as f:
         for line in f:
-            size, _, path = line.rstrip("\n").partition(" ")
-            last[path] = int(size)
+            kind, size, path = line.rstrip("\n").split(" ", 2)
+            last[path] = int(size) if kind == "R" else max(last.get(path, 0), int(size))
     dropped = 0
     for path, size in last.items():
         if os.path.exists(path) and os.path.getsize(path) > size:

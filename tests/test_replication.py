@@ -241,3 +241,81 @@ class ReplicaProducer(Producer):
                     self.switched = True
                 self.acked += bodies
                 seq += self.batch
+
+
+TRIM = {"commitlog.segment_bytes": 256 * 1024, "retention.local_bytes": 512 * 1024,
+        "retention.check_interval_ms": 100, "checkpoint.interval_ms": 50}
+
+
+def _fill(address: str, batches: int, body_bytes: int = 1000, per_batch: int = 100) -> None:
+    with BrokerClient(address) as c:
+        for i in range(batches):
+            c.send("t", [Message(body=b"%06d-" % i + b"f" * body_bytes)] * per_batch, ack="flush")
+
+
+def _tail_logs_equal(m: DaemonProcess, s: DaemonProcess) -> None:
+    """Both logs hold the same bytes over the range both still have."""
+    sm, ss = _status(m), _status(s)
+    start = max(int(sm["min_offset"]), int(ss["min_offset"]))  # type: ignore[call-overload]
+    end = int(sm["max_offset"])  # type: ignore[call-overload]
+    lm, ls = _logs(m), _logs(s)
+    assert lm[start - int(sm["min_offset"]):end - int(sm["min_offset"])] == ls[start - int(ss["min_offset"]):end - int(ss["min_offset"])]  # type: ignore[call-overload]
+
+
+def test_empty_slave_bootstraps_from_a_trimmed_master(spawn: Callable[..., DaemonProcess]) -> None:
+    """A master whose log head was removed ships a snapshot bundle; the slave then follows."""
+    m = spawn("m", config=TRIM)
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(body=b"first")], ack="flush")
+        c.commit_offset("g", "t", 0, 1)
+    _fill(m.address, 30)
+    _wait(lambda: int(_status(m)["min_offset"]) > 0, what="retention on the master")  # type: ignore[call-overload]
+    s = spawn("s", config={**TRIM, "node.role": "slave", "node.master": m.address})
+    _fill(m.address, 3)
+    _wait(lambda: _converged(m, s), what="convergence")
+    _tail_logs_equal(m, s)
+    assert _metadata(s) == _metadata(m)
+    with BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
+        assert cs.status()["min_offset"] > 0
+        qm = [x.body for r in cm.iter_pull("t", 0, cm.list_topics()["t"]["max_offsets"][0] - 200) for x in r]
+        qs = [x.body for r in cs.iter_pull("t", 0, cs.list_topics()["t"]["max_offsets"][0] - 200) for x in r]
+        assert qm == qs and len(qm) == 200
+    assert "bootstrapped" in Path(s.log_path).read_text()
+
+
+def test_slave_whose_position_was_removed_rebootstraps(spawn: Callable[..., DaemonProcess]) -> None:
+    """A stopped slave that the master's retention left behind moves its directory aside and re-bootstraps."""
+    m = spawn("m", config=TRIM)
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+    s = spawn("s", config={**TRIM, "node.role": "slave", "node.master": m.address})
+    _fill(m.address, 2)
+    _wait(lambda: _converged(m, s), what="first convergence")
+    s.stop()
+    _fill(m.address, 30)
+    _wait(lambda: int(_status(m)["min_offset"]) > int(_status_offline_end(s)), what="retention past the slave")  # type: ignore[call-overload]
+    s.start()
+    _wait(lambda: _converged(m, s), timeout_s=30, what="convergence after re-bootstrap")
+    _tail_logs_equal(m, s)
+    aside = list(Path(s.data_dir).parent.glob(Path(s.data_dir).name + ".old-*"))
+    assert len(aside) == 1 and (aside[0] / "log").is_dir()
+
+
+def _status_offline_end(s: DaemonProcess) -> int:
+    return sum(p.stat().st_size for p in (Path(s.data_dir) / "log").glob("*.log")) + min(
+        int(p.name[:20]) for p in (Path(s.data_dir) / "log").glob("*.log"))
+
+
+@pytest.mark.slow
+def test_empty_slave_joins_a_master_with_1gib_of_log(spawn: Callable[..., DaemonProcess]) -> None:
+    """An empty slave catches up with a master holding 1 GiB of log; both logs end identical."""
+    m = spawn("m")
+    with BrokerClient(m.address) as c:
+        c.create_topic("t", queues=4)
+        body = [Message(body=b"g" * 1024)] * 4000
+        while int(c.status()["max_offset"]) < (1 << 30):
+            c.send("t", body, ack="leader")
+    s = spawn("s", config={"node.role": "slave", "node.master": m.address})
+    _wait(lambda: _converged(m, s), timeout_s=120, what="1 GiB convergence")
+    assert _logs(m) == _logs(s)

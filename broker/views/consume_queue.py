@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from broker import atomic_file, system_records
 from broker.batch_format import BatchHeader, iter_records
 from broker.deferred_close import DEFERRED
-from broker.failpoints import durable_sync, failpoint, fsync_dir, note_created
+from broker.failpoints import durable_sync, failpoint, fsync_dir, note_created, note_truncated
 from broker.invariant import CorruptionError, invariant
 
 ENTRY = struct.Struct("<QQIIQ")
@@ -136,6 +136,7 @@ class QueueFile:
     def truncate(self, entries: int) -> None:
         os.ftruncate(self.fd, entries * ENTRY_BYTES)
         durable_sync(self.fd, self.path, data_only=False)
+        note_truncated(entries * ENTRY_BYTES, self.path)
 
     def close(self) -> None:
         os.close(self.fd)

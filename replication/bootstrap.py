@@ -1,0 +1,55 @@
+"""Entry point ``tidemark.prestart: replication``: bootstrap a slave before its store opens.
+
+Runs when the daemon starts as a slave and either its data directory is new, or a previous run
+marked it ``needs_bootstrap`` (its position was removed by the master's retention, or it
+diverged below what its views applied: an unclean node). A marked directory is moved aside to
+``<dir>.old-<unix time>`` (renamed, never deleted); then a snapshot bundle is installed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import grpc
+import structlog
+
+from broker.config import Config
+from broker.recovery import is_new_data_dir
+from replication.bundle import BundleError, install
+
+log = structlog.get_logger("replication.bootstrap")
+NEEDS_BOOTSTRAP = "needs_bootstrap"
+
+
+def prestart(config: Config) -> None:
+    if config["node.role"] != "slave" or not config["node.master"]:
+        return
+    data_dir = config["node.data_dir"]
+    if os.path.exists(os.path.join(data_dir, NEEDS_BOOTSTRAP)):
+        aside = f"{data_dir.rstrip('/')}.old-{int(time.time())}"
+        os.rename(data_dir, aside)
+        log.warning("data_dir_moved_aside", data_dir=data_dir, moved_to=aside, reason="re-bootstrap")
+    elif not is_new_data_dir(data_dir) or (os.path.isdir(data_dir) and os.listdir(data_dir)):
+        return
+    t0 = time.monotonic()
+    try:
+        manifest = install(config["node.master"], data_dir, cluster_id=config["node.cluster_id"])
+    except (grpc.RpcError, BundleError, OSError) as exc:
+        detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
+        log.warning("bootstrap_failed", master=config["node.master"], error=detail,
+                    note="starting empty; the follower will stream from the master's log start")
+        return
+    log.info("bootstrapped", seconds=round(time.monotonic() - t0, 3), snapshot_offset=manifest["snapshot_offset"],
+             log_start=manifest["log_start"])
+
+
+def restart_for_bootstrap(data_dir: str, reason: str) -> None:
+    """Mark the directory and re-execute the daemon: ``prestart`` then moves it aside and bootstraps."""
+    with open(os.path.join(data_dir, NEEDS_BOOTSTRAP), "w") as f:
+        f.write(reason + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    log.warning("restarting_for_bootstrap", reason=reason)
+    os.execv(sys.executable, [sys.executable, "-m", "broker.cli", *sys.argv[1:]])

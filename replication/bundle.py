@@ -1,0 +1,189 @@
+"""Snapshot bundles (DESIGN §4; spec docs/formats/snapshot-bundle.md).
+
+Master: under the views lock, bring every view to the confirm offset S and checkpoint it, then
+copy the checkpoint files, the consume-queue files (to their checkpointed lengths) and an LMDB
+copy into a staging directory. The log bytes [L, S) (L = the local log start) are read straight
+from the segments while retention is held back. Everything is streamed as CRC32C-checked chunks;
+the last message is the manifest (S, L, epochs, cluster id, and each file's length and CRC32C).
+
+Slave: ``install`` writes the chunks into ``<data_dir>.bootstrap``, checks every chunk and every
+file, writes its identity and epoch history, fsyncs, and renames the staging directory into
+place: a bundle is only ever installed where no data directory exists (or an empty one).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import crc32c
+import grpc
+import structlog
+
+from broker import atomic_file, epochs, identity
+from broker.failpoints import fsync_dir
+from broker.segment import segment_name
+from broker.store import Store
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+log = structlog.get_logger("replication.bundle")
+CHUNK_BYTES = 1 << 20
+_hold_ids = itertools.count(1)
+
+
+def _copy_prefix(src: str, dst: str, length: int) -> None:
+    os.makedirs(os.path.dirname(dst), exist_ok=True)
+    with open(src, "rb") as fi, open(dst, "wb") as fo:
+        remaining = length
+        while remaining > 0:
+            chunk = fi.read(min(CHUNK_BYTES, remaining))
+            if not chunk:
+                raise OSError(f"{src} is shorter than {length} bytes")
+            fo.write(chunk)
+            remaining -= len(chunk)
+
+
+def make_bundle(store: Store, staging: str) -> tuple[dict[str, Any], int]:
+    """Checkpoint every view at one offset and stage their files; return (manifest, retention hold id)."""
+    with store.views_lock:
+        store.apply_until(store.confirm_offset)
+        store.checkpoint_views()
+        snapshot = min(v.applied_offset for v in store.views)
+        log_start = store.log.min_offset
+        hold = next(_hold_ids)
+        store.retention_holds[hold] = log_start
+        for name in ("consume_queue.ckpt", "producer_state.ckpt"):
+            src = os.path.join(store.data_dir, "checkpoints", name)
+            _copy_prefix(src, os.path.join(staging, "checkpoints", name), os.path.getsize(src))
+        for qf in list(store.consume_queues._files.values()):
+            rel = os.path.relpath(qf.path, store.data_dir)
+            _copy_prefix(qf.path, os.path.join(staging, rel), qf.entries * 32)
+        os.makedirs(os.path.join(staging, "metadata"))
+        store.metadata.env.copy(os.path.join(staging, "metadata"))
+        epoch_entries = store.epochs.snapshot()
+    manifest = {"snapshot_offset": snapshot, "log_start": log_start, "cluster_id": store.identity.cluster_id,
+                "epochs": epoch_entries, "files": []}
+    return manifest, hold
+
+
+def _chunks(path: str, rel: str, start: int, length: int, files: list[dict[str, Any]], read: Any) -> Iterator[pb.SnapshotChunk]:
+    crc = 0
+    pos = 0
+    while pos < length:
+        data = read(start + pos, min(CHUNK_BYTES, length - pos))
+        if not data:
+            raise OSError(f"{path}: short read at {start + pos}")
+        c = crc32c.crc32c(data)
+        crc = crc32c.crc32c(data, crc)
+        yield pb.SnapshotChunk(path=rel, offset=pos, data=data, crc32c=c)
+        pos += len(data)
+    files.append({"path": rel, "bytes": length, "crc32c": crc})
+
+
+def stream_bundle(store: Store, request: pb.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[pb.SnapshotChunk]:
+    if request.cluster_id and request.cluster_id != store.identity.cluster_id:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cluster mismatch: master is {store.identity.cluster_id}")
+    if store.role != "master":
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "snapshots come from the master")
+    staging = tempfile.mkdtemp(prefix="bundle-", dir=store.data_dir)
+    hold = 0
+    try:
+        manifest, hold = make_bundle(store, staging)
+        files: list[dict[str, Any]] = []
+        for root, _, names in os.walk(staging):
+            for name in sorted(names):
+                path = os.path.join(root, name)
+                rel = os.path.relpath(path, staging)
+                with open(path, "rb") as f:
+                    yield from _chunks(path, rel, 0, os.path.getsize(path), files,
+                                       lambda at, n, f=f: (f.seek(at), f.read(n))[1])
+        for seg in store.log.segments:  # the log bytes [L, S), segment by segment, as named on the master
+            if seg.start_offset >= manifest["snapshot_offset"]:
+                break
+            length = min(seg.end_offset, manifest["snapshot_offset"]) - seg.start_offset
+            yield from _chunks(seg.path, f"log/{segment_name(seg.start_offset)}", 0, length, files, seg.read)
+        manifest["files"] = files
+        store.retention_holds.pop(hold, None)  # before the last yield: the client may never read past it
+        shutil.rmtree(staging, ignore_errors=True)
+        log.info("snapshot_streamed", snapshot_offset=manifest["snapshot_offset"], log_start=manifest["log_start"],
+                 files=len(files), bytes=sum(f["bytes"] for f in files))
+        yield pb.SnapshotChunk(manifest_json=json.dumps(manifest))
+    finally:
+        store.retention_holds.pop(hold, None)
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+class BundleError(Exception):
+    pass
+
+
+def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float = 600.0) -> dict[str, Any]:
+    """Fetch a bundle from ``master`` and install it as ``data_dir`` (which must not hold data)."""
+    if os.path.isdir(data_dir) and os.listdir(data_dir):
+        raise BundleError(f"{data_dir} is not empty: a bundle is only installed into an empty directory")
+    staging = data_dir.rstrip("/") + ".bootstrap"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging, mode=0o700)
+    crcs: dict[str, int] = {}
+    manifest: dict[str, Any] | None = None
+    with grpc.insecure_channel(master, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
+        stream = pb_grpc.ReplicationStub(ch).Snapshot(pb.SnapshotRequest(cluster_id=cluster_id), timeout=timeout_s)
+        handles: dict[str, Any] = {}
+        try:
+            for chunk in stream:
+                if chunk.manifest_json:
+                    manifest = json.loads(chunk.manifest_json)
+                    break
+                if crc32c.crc32c(chunk.data) != chunk.crc32c:
+                    raise BundleError(f"chunk of {chunk.path} at {chunk.offset}: checksum mismatch")
+                rel = os.path.normpath(chunk.path)
+                if rel.startswith("..") or os.path.isabs(rel):
+                    raise BundleError(f"bad path in bundle: {chunk.path!r}")
+                f = handles.get(rel)
+                if f is None:
+                    path = os.path.join(staging, rel)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    f = handles[rel] = open(path, "wb")  # noqa: SIM115 - closed below
+                    crcs[rel] = 0
+                if f.tell() != chunk.offset:
+                    raise BundleError(f"chunk of {chunk.path} at {chunk.offset}, expected {f.tell()}")
+                f.write(chunk.data)
+                crcs[rel] = crc32c.crc32c(chunk.data, crcs[rel])
+        finally:
+            for f in handles.values():
+                f.flush()
+                os.fsync(f.fileno())
+                f.close()
+    if manifest is None:
+        raise BundleError("the bundle stream ended without a manifest")
+    for entry in manifest["files"]:
+        rel = os.path.normpath(entry["path"])
+        if crcs.get(rel) != entry["crc32c"] or os.path.getsize(os.path.join(staging, rel)) != entry["bytes"]:
+            raise BundleError(f"{rel}: length or checksum differs from the manifest")
+    log_dir = os.path.join(staging, "log")
+    os.makedirs(log_dir, exist_ok=True)
+    if not os.listdir(log_dir):  # an empty log still needs its first segment at L
+        open(os.path.join(log_dir, segment_name(manifest["log_start"])), "wb").close()
+    ident = identity.Identity(manifest["cluster_id"], uuid.uuid4().hex[:12])
+    atomic_file.persist(os.path.join(staging, identity.FILE_NAME), identity.MAGIC, identity.VERSION,
+                        json.dumps(ident.__dict__).encode())
+    atomic_file.persist(os.path.join(staging, epochs.FILE_NAME), epochs.MAGIC, epochs.VERSION,
+                        json.dumps({"entries": manifest["epochs"]}).encode())
+    for root, dirs, _ in os.walk(staging):
+        for d in dirs:
+            fsync_dir(os.path.join(root, d))
+    fsync_dir(staging)
+    if os.path.isdir(data_dir):
+        os.rmdir(data_dir)  # empty, checked above
+    os.rename(staging, data_dir)
+    fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
+    log.info("snapshot_installed", data_dir=data_dir, snapshot_offset=manifest["snapshot_offset"],
+             log_start=manifest["log_start"], files=len(manifest["files"]))
+    return manifest
