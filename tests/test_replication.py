@@ -319,3 +319,41 @@ def test_empty_slave_joins_a_master_with_1gib_of_log(spawn: Callable[..., Daemon
     s = spawn("s", config={"node.role": "slave", "node.master": m.address})
     _wait(lambda: _converged(m, s), timeout_s=120, what="1 GiB convergence")
     assert _logs(m) == _logs(s)
+
+
+def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
+    """With replication.listen set, slaves follow through that port."""
+    from broker.procs import free_port
+
+    rport = free_port()
+    m = spawn("m", config={**FAST, "replication.listen": f"127.0.0.1:{rport}"})
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": f"127.0.0.1:{rport}"})
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(body=b"x")] * 10, ack="replica")
+    _wait(lambda: _converged(m, s), what="convergence over the replication port")
+    assert _logs(m) == _logs(s)
+
+
+def test_master_learning_a_higher_epoch_fences_itself(spawn: Callable[..., DaemonProcess]) -> None:
+    """A master that meets a node of a newer epoch stops taking writes (FAILED_PRECONDITION)."""
+    m = spawn("m", config=FAST)
+    proxy = TcpProxy(m.port)
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
+    try:
+        with BrokerClient(m.address) as c:
+            c.create_topic("t")
+            c.send("t", [Message(body=b"a")], ack="replica")
+        _wait(lambda: _in_sync(m), what="in sync")
+        proxy.cut()  # a partition: both sides live on
+        with BrokerClient(s.address) as c:
+            assert c.promote(unclean=True) == 2
+            c.send("t", [Message(body=b"b")], ack="replica")
+            c.demote(master=proxy.address)  # the epoch-2 node now meets the epoch-1 master
+        proxy.heal()
+        _wait(lambda: bool(_status(m)["fenced"]), what="fencing")
+        with BrokerClient(m.address) as c, pytest.raises(BrokerError) as info:
+            c.send("t", [Message(body=b"split brain")], ack="flush")
+        assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
+    finally:
+        proxy.close()
