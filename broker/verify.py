@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from broker import atomic_file, identity, recovery
+from broker import atomic_file, epochs, identity, recovery
 from broker import batch_format as bf
 from broker.invariant import CorruptionError
 from broker.segment import parse_segment_name
@@ -15,6 +15,7 @@ from broker.views import consume_queue, producer_state
 
 SMALL_FILES = (
     ("identity", identity.MAGIC, identity.VERSION),
+    (epochs.FILE_NAME, epochs.MAGIC, epochs.VERSION),
     ("checkpoints/consume_queue.ckpt", consume_queue.CHECKPOINT_MAGIC, consume_queue.CHECKPOINT_VERSION),
     ("checkpoints/producer_state.ckpt", producer_state.CHECKPOINT_MAGIC, producer_state.CHECKPOINT_VERSION),
     (recovery.CLEAN_MARKER, recovery.CLEAN_MAGIC, recovery.CLEAN_VERSION),
