@@ -1,0 +1,185 @@
+"""Pulled log batches → Arrow columns, with no Python object per record.
+
+Format: docs/formats/commitlog.md. The constants below mirror ``broker/batch_format.py`` (a
+unit test checks that they agree); the connector keeps its own copy because it may use only the
+client API of ``broker``.
+
+How: one Python pass per batch reads each record's 8-byte head (``u32 record_bytes, u16
+key_len, u16 props_len``) to find where the records are. Numpy then turns those positions into
+an offsets array that cuts the whole blob into four pieces per record, *head | key | props |
+body*, which is exactly the layout of an Arrow ``binary`` array over the blob's bytes. Taking
+every fourth element (pyarrow's C++ ``take``) gathers the bodies, keys and properties into
+contiguous columns. Keys of length 0 become nulls (no key).
+
+Integrity (paired with the server's checks at append): each batch's magic, version, header
+CRC32C and body CRC32C are checked, its records must fill it exactly, and its topic, queue and
+queue offsets must be the ones asked for.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import crc32c
+import numpy as np
+import pyarrow as pa
+
+from spark_connector.invariant import invariant
+
+HEADER = struct.Struct("<IIHBBIQQQQiIHBBI")
+HEADER_BYTES = 64
+RECORD_HEAD = struct.Struct("<IHH")
+RECORD_HEAD_BYTES = 8
+_U32 = struct.Struct("<I")
+_HEAD_DTYPE = np.dtype([("size", "<u4"), ("key_len", "<u2"), ("props_len", "<u2")])
+_HEAD_SPAN = np.arange(RECORD_HEAD_BYTES, dtype=np.int64)
+MAGIC = 0x4D54
+VERSION = 1
+BLOB_BYTES_MAX = (1 << 31) - 1  # int32 offsets of Arrow's binary type
+
+
+class BatchFormatError(ValueError):
+    """Pulled bytes are not valid log batches (corruption in transit or a format mismatch)."""
+
+
+@dataclass(frozen=True)
+class Columns:
+    """The decoded records of one pull, ``count`` rows."""
+
+    keys: pa.Array  # binary, null for a record without a key
+    values: pa.Array  # binary
+    props: pa.Array | None  # binary, encoded properties (empty when none); None unless asked for
+    times_ms: np.ndarray  # int64 store time of each record (its batch's)
+    count: int
+
+
+def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int, first_offset: int,
+           with_props: bool) -> Columns:
+    """The ``count`` records after the first ``skip_first`` records of ``blobs`` (runs of whole
+    batches), which must start at queue offset ``first_offset`` of ``topic``/``queue_id``."""
+    topic_raw = topic.encode()
+    keys: list[pa.Array] = []
+    values: list[pa.Array] = []
+    props: list[pa.Array] = []
+    times: list[np.ndarray] = []
+    skip = skip_first
+    remaining = count
+    next_offset = first_offset - skip_first  # queue offset of the next batch's first record
+    for blob in blobs:
+        if remaining <= 0:
+            break
+        invariant(len(blob) <= BLOB_BYTES_MAX, f"a pulled blob of {len(blob)} bytes is too large")
+        starts: list[np.ndarray] = []
+        batch_times: list[int] = []
+        batch_counts: list[int] = []
+        pos = 0
+        while pos < len(blob) and remaining > 0:
+            batch_bytes, record_count, base_queue_offset, store_time_ms, records_at = _header(blob, pos, topic_raw, queue_id)
+            if base_queue_offset != next_offset:
+                raise BatchFormatError(f"{topic}/{queue_id}: batch at queue offset {base_queue_offset}, "
+                                       f"expected {next_offset}")
+            if skip >= record_count:
+                raise BatchFormatError(f"{topic}/{queue_id}: cannot skip {skip} of a batch of {record_count} records")
+            end = pos + batch_bytes
+            taken = _scan(blob, records_at, end, record_count, skip, remaining)
+            starts.append(taken)
+            batch_times.append(store_time_ms)
+            batch_counts.append(len(taken))
+            remaining -= len(taken)
+            skip = 0
+            next_offset += record_count
+            pos = end
+        if not sum(batch_counts):
+            continue
+        k, v, p = _columns(blob, starts[0] if len(starts) == 1 else np.concatenate(starts), with_props)
+        keys.append(k)
+        values.append(v)
+        if p is not None:
+            props.append(p)
+        times.append(np.repeat(np.asarray(batch_times, dtype=np.int64), batch_counts))
+    if remaining != 0:
+        raise BatchFormatError(f"{topic}/{queue_id}: the pull holds {count - remaining} records, expected {count}")
+    return Columns(
+        keys=_concat(keys, pa.binary()),
+        values=_concat(values, pa.binary()),
+        props=_concat(props, pa.binary()) if with_props else None,
+        times_ms=np.concatenate(times) if times else np.zeros(0, np.int64),
+        count=count,
+    )
+
+
+def _header(blob: bytes, pos: int, topic_raw: bytes, queue_id: int) -> tuple[int, int, int, int, int]:
+    """Check the batch at ``pos``; (batch_bytes, record_count, base_queue_offset, store_time_ms, records_at)."""
+    if len(blob) - pos < HEADER_BYTES:
+        raise BatchFormatError(f"batch header truncated at {pos}")
+    (batch_bytes, header_crc, magic, version, _flags, record_count, _base_offset, base_queue_offset, store_time_ms,
+     _producer_id, _base_sequence, _epoch, batch_queue, topic_len, _reserved, body_crc) = HEADER.unpack_from(blob, pos)
+    records_at = pos + HEADER_BYTES + topic_len
+    end = pos + batch_bytes
+    if magic != MAGIC or version != VERSION:
+        raise BatchFormatError(f"bad batch magic/version {magic:#x}/{version} at {pos}")
+    if batch_bytes < HEADER_BYTES + topic_len or end > len(blob):
+        raise BatchFormatError(f"bad batch length {batch_bytes} at {pos}")
+    view = memoryview(blob)
+    if crc32c.crc32c(view[pos + 8 : records_at]) != header_crc:
+        raise BatchFormatError(f"batch header checksum mismatch at {pos}")
+    if crc32c.crc32c(view[records_at:end]) != body_crc:
+        raise BatchFormatError(f"batch body checksum mismatch at {pos}")
+    if blob[pos + HEADER_BYTES : records_at] != topic_raw or batch_queue != queue_id:
+        raise BatchFormatError(f"batch of {blob[pos + HEADER_BYTES:records_at]!r}/{batch_queue} in a pull of "
+                               f"{topic_raw!r}/{queue_id}")
+    return batch_bytes, record_count, base_queue_offset, store_time_ms, records_at
+
+
+def _scan(blob: bytes, pos: int, end: int, record_count: int, skip: int, limit: int) -> np.ndarray:
+    """Positions of records ``skip..skip+limit`` of the batch whose records span ``[pos, end)``.
+
+    Every record of the batch is walked (the framing checked) even when fewer are taken. When
+    all records have the same size (fixed-size messages), one strided numpy view checks every
+    length field at once; otherwise a Python loop follows the length fields."""
+    stride = 4 + _U32.unpack_from(blob, pos)[0] if end - pos >= 4 else 0
+    if stride and end - pos == record_count * stride:
+        sizes = np.ndarray((record_count,), dtype="<u4", buffer=blob, offset=pos, strides=(stride,))
+        if bool(np.all(sizes == stride - 4)):
+            return np.arange(pos + skip * stride, pos + min(record_count, skip + limit) * stride, stride, dtype=np.int64)
+    starts: list[int] = []
+    unpack = _U32.unpack_from
+    add = starts.append
+    while pos < end:
+        add(pos)
+        pos += 4 + unpack(blob, pos)[0]
+    if pos != end or len(starts) != record_count:
+        raise BatchFormatError(f"records do not fill their batch ({len(starts)} of {record_count}, {pos} vs {end})")
+    return np.asarray(starts[skip : skip + limit], dtype=np.int64)
+
+
+def _columns(blob: bytes, pos: np.ndarray, with_props: bool) -> tuple[pa.Array, pa.Array, pa.Array | None]:
+    """Keys, values (and props) of the records at positions ``pos`` in ``blob``, gathered by Arrow."""
+    n = len(pos)
+    raw = np.frombuffer(blob, dtype=np.uint8)
+    heads = raw[pos[:, None] + _HEAD_SPAN].view(_HEAD_DTYPE).reshape(n)  # the 8-byte record heads, gathered
+    size = heads["size"].astype(np.int64)
+    key_len = heads["key_len"].astype(np.int64)
+    props_len = heads["props_len"].astype(np.int64)
+    if np.any(size < RECORD_HEAD_BYTES - 4 + key_len + props_len):
+        raise BatchFormatError("a record is shorter than its key and properties")
+    cuts = np.empty(4 * n + 1, dtype=np.int32)
+    cuts[0] = pos[0]
+    cuts[1::4] = pos + RECORD_HEAD_BYTES  # key
+    cuts[2::4] = cuts[1::4] + key_len  # props
+    cuts[3::4] = cuts[2::4] + props_len  # body
+    cuts[4::4] = pos + 4 + size  # next piece: the next record's head (and any batch header)
+    pieces = pa.Array.from_buffers(pa.binary(), 4 * n, [None, pa.py_buffer(cuts), pa.py_buffer(blob)])
+    base = np.arange(0, 4 * n, 4, dtype=np.int32)
+    keys = pieces.take(pa.array(base + 1, mask=key_len == 0))
+    values = pieces.take(pa.array(base + 3))
+    props = pieces.take(pa.array(base + 2)) if with_props else None
+    return keys, values, props
+
+
+def _concat(arrays: list[pa.Array], kind: pa.DataType) -> pa.Array:
+    if not arrays:
+        return pa.array([], kind)
+    return arrays[0] if len(arrays) == 1 else pa.concat_arrays(arrays)
