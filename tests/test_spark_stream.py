@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -196,3 +197,23 @@ def test_kill_mid_batch_then_rerun_writes_each_record_once(spark: Any, spawn: Ca
     query.awaitTermination(120)
     assert query.exception() is None
     assert_exactly_once(spark, out, expected)
+
+
+def test_example_pipeline_counts_each_record_once(spark: Any, spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """examples/spark_topic_counts.py: per-topic totals in Parquet match what was sent, over two runs."""
+    spec = importlib.util.spec_from_file_location("spark_topic_counts", os.path.join(ROOT, "examples", "spark_topic_counts.py"))
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    d = spawn()
+    out, checkpoint = str(tmp_path / "counts"), str(tmp_path / "checkpoint")
+    with BrokerClient(d.address) as c:
+        c.create_topic("orders", queues=3)
+        c.create_topic("payments", queues=1)
+        for orders, payments in ((300, 40), (120, 0)):
+            send_numbered(c, "orders", "o", orders)
+            if payments:
+                send_numbered(c, "payments", "p", payments)
+            example.start_counts(spark, d.address, "orders,payments,__metadata", out, checkpoint, once=True,
+                                 max_offsets_per_trigger=250).awaitTermination(120)
+    assert example.totals(spark, out) == {"orders": 420, "payments": 40, "__metadata": 2}
