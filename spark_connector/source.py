@@ -65,6 +65,8 @@ def plan(start: of.Offsets, end: of.Offsets, opts: ReadOptions) -> list[InputPar
     out: list[InputPartition] = []
     for key in sorted(set(start) | set(end)):
         topic, queue_id = key
+        if topic not in opts.topics:
+            continue  # dropped from 'subscribe' since the checkpoint was written: not a loss
         first = start.get(key, 0)  # a queue the start does not know is new: read it from 0
         if key not in end:
             report_data_loss(f"{topic}/{queue_id} no longer exists (topic deleted?); offsets from {first} on are lost",

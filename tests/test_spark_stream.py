@@ -217,3 +217,34 @@ def test_example_pipeline_counts_each_record_once(spark: Any, spawn: Callable[..
             example.start_counts(spark, d.address, "orders,payments,__metadata", out, checkpoint, once=True,
                                  max_offsets_per_trigger=250).awaitTermination(120)
     assert example.totals(spark, out) == {"orders": 420, "payments": 40, "__metadata": 2}
+
+
+def test_reading_the_slave_gives_the_masters_rows(spark: Any, spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """A batch read and a streaming read from the slave return exactly the master's confirmed rows."""
+    fast = {"replication.max_lag_ms": 1000, "checkpoint.interval_ms": 100}
+    m = spawn("m", config=fast)
+    s = spawn("s", config={**fast, "node.role": "slave", "node.master": m.address})
+    with BrokerClient(m.address) as c:
+        c.create_topic("replicated", queues=2)
+        for tag in ("a", "b"):
+            send_numbered(c, "replicated", tag, 150)  # ack=replica: on the slave too
+        on_master = c.list_topics(include_system=True)
+    deadline = time.monotonic() + 30
+    with BrokerClient(s.address) as c:
+        while c.list_topics(include_system=True) != on_master:
+            assert time.monotonic() < deadline, "the slave never caught up"
+            time.sleep(0.05)
+        assert c.status()["role"] == "slave"
+        expected = {**pulled(c, "replicated"), **pulled(c, "__metadata")}
+
+    def rows(address: str) -> list[tuple[Any, ...]]:
+        df = (spark.read.format("tidemark").option("broker", address).option("subscribe", "replicated,__metadata")
+              .option("includeHeaders", "true").load())
+        return sorted((tuple(r) for r in df.selectExpr("topic", "partition", "offset", "key", "value", "headers",
+                                                       "unix_micros(timestamp)").collect()), key=repr)
+
+    from_slave = rows(s.address)
+    assert from_slave == rows(m.address) and len(from_slave) == 301
+    out = tmp_path / "out"
+    start_stream(spark, s.address, "replicated,__metadata", str(out), str(tmp_path / "ck")).awaitTermination(120)
+    assert_exactly_once(spark, out, expected)

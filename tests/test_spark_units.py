@@ -203,6 +203,12 @@ def test_plan_reports_lost_queues(caplog: pytest.LogCaptureFixture) -> None:
     assert "no longer exists" in caplog.text and "went back" in caplog.text
 
 
+def test_plan_ignores_topics_no_longer_subscribed() -> None:
+    """A topic removed from 'subscribe' between restarts is not reported as lost."""
+    strict = parse_options(opts()).for_streaming()
+    assert plan({("orders", 0): 1, ("gone", 0): 5}, {("orders", 0): 3}, strict)[0].end == 3
+
+
 # -- schema and pickling --------------------------------------------------------------------------
 @pytest.mark.parametrize("headers", [False, True])
 def test_arrow_schema_equals_what_spark_derives(headers: bool) -> None:
