@@ -46,7 +46,110 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="small-scale smoke run")
     p.add_argument("--results", help="JSON-lines file to append results to (default: a new file in bench/results/)")
     p.add_argument("--workdir", default=None, help="parent directory for temporary data (default: $TMPDIR or /tmp)")
+    p.add_argument("--malloc-tuned", action="store_true",
+                   help="diagnosis only: run daemon and clients with glibc's mmap/trim thresholds raised to 256 MiB/1 GiB, "
+                        "so big buffers are reused instead of mmapped and page-faulted afresh each time")
+    p.add_argument("--max-wait-quiet", type=float, default=600.0,
+                   help="wait up to this many seconds for other load on the machine to end before measuring")
     return p
+
+
+# -- the machine ---------------------------------------------------------------------------------
+def cpu_busy_fraction(interval_s: float = 1.0) -> float:
+    """Share of all CPUs busy over ``interval_s`` (from /proc/stat)."""
+
+    def snap() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            vals = [int(x) for x in f.readline().split()[1:]]
+        return sum(vals), vals[3] + vals[4]
+
+    t0, i0 = snap()
+    time.sleep(interval_s)
+    t1, i1 = snap()
+    return 1.0 - (i1 - i0) / max(1, t1 - t0)
+
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    table: dict[int, tuple[int, str]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        table[int(name)] = (ppid, cmd)
+    return table
+
+
+def foreign_processes() -> list[str]:
+    """Daemons, test runs and Redis servers on this machine that this benchmark run did not start."""
+    table = _proc_table()
+    root = os.getpid()
+    parent = table.get(root, (0, ""))[0]
+    if "run_all.py" in table.get(parent, (0, ""))[1]:
+        root = parent
+    out = []
+    for pid, (_, cmd) in table.items():
+        if not any(k in cmd for k in ("broker.cli serve", "pytest", "redis-server", "tidemark ")):
+            continue
+        p, seen = pid, 0
+        while p > 1 and p != root and seen < 64:
+            p = table.get(p, (0, ""))[0]
+            seen += 1
+        if p != root:
+            out.append(f"{pid}: {cmd[:120]}")
+    return out
+
+
+def wait_for_quiet(max_wait_s: float, busy_max: float = 0.15) -> dict[str, Any]:
+    """Wait (bounded) until no test run is alive and the CPUs are mostly idle."""
+    deadline = time.monotonic() + max_wait_s
+    t0 = time.monotonic()
+    announced = False
+    while True:
+        busy = cpu_busy_fraction(1.0)
+        foreign = foreign_processes()
+        testing = [f for f in foreign if "pytest" in f]  # an idle leftover daemon does not matter; a test run does
+        if (busy <= busy_max and not testing) or time.monotonic() >= deadline:
+            break
+        if not announced:
+            log(f"machine busy ({busy:.0%} CPU; other processes: {foreign or 'none'}); waiting up to {max_wait_s:.0f}s")
+            announced = True
+        time.sleep(2.0)
+    waited = time.monotonic() - t0
+    if busy > busy_max or foreign:
+        log(f"WARNING: measuring on a machine that is not quiet: {busy:.0%} CPU busy; other processes: {foreign}")
+    elif announced:
+        log(f"machine quiet after {waited:.0f}s")
+    return {"cpu_busy_before": round(busy, 3), "waited_for_quiet_s": round(waited, 1), "foreign_processes": foreign}
+
+
+def git_revision() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_DIR, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "broker", "proto"], cwd=REPO_DIR,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + ("+dirty" if dirty else "")
+
+
+MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
+def preflight(res: Results, max_wait_s: float, malloc_tuned: bool = False) -> None:
+    """Record the code revision and the machine's state in every figure that follows."""
+    res.params["git"] = git_revision()
+    if malloc_tuned:  # inherited by the daemons and by every spawned client process
+        os.environ.update(MALLOC_TUNING)
+        res.params["malloc_tuned"] = True
+        res.bench += " (malloc-tuned)"
+    res.params.update(wait_for_quiet(max_wait_s))
 
 
 # -- results -------------------------------------------------------------------------------------
@@ -90,6 +193,8 @@ class Results:
         return fig
 
     def print_table(self) -> None:
+        others = foreign_processes()
+        self.add("other daemons/tests running at the end", len(others), "procs", note="; ".join(others)[:200])
         print_table(self.figures)
 
 
@@ -148,11 +253,70 @@ def running_daemon(workdir: str, name: str = "node", config: Mapping[str, object
     """A ``tidemark serve`` child process with its data in ``workdir/name``; always stopped at exit."""
     d = DaemonProcess(os.path.join(workdir, name), config=config)
     try:
-        d.start(timeout_s=timeout_s)
+        start_timed(d, timeout_s=timeout_s)
         log(f"daemon {name} serving on {d.address} (ready in {d.ready_seconds:.2f}s)")
         yield d
     finally:
         d.kill9()
+
+
+FAST_RECONNECT = [("grpc.initial_reconnect_backoff_ms", 10), ("grpc.min_reconnect_backoff_ms", 10),
+                  ("grpc.max_reconnect_backoff_ms", 20)]
+
+
+def start_timed(d: DaemonProcess, timeout_s: float = 600.0) -> float:
+    """Start ``d`` and set ``d.ready_seconds`` to the time from spawn until health says SERVING.
+
+    ``DaemonProcess.wait_ready`` polls through one channel with gRPC's default reconnect backoff
+    (1 s, then x1.6): after the first refused connect it only sees the daemon at the next backoff
+    tick, so its ``ready_seconds`` is rounded up to ~1 s, ~2.6 s, ... Here the channel retries
+    every 10-20 ms, so the figure is the daemon's own start time (+ <= 20 ms).
+    """
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    t0 = time.monotonic()
+    d.start(wait=False)
+    deadline = t0 + timeout_s
+    with grpc.insecure_channel(d.address, options=FAST_RECONNECT) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            assert d.proc is not None
+            if d.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {d.proc.returncode}: {d.tail_log()}")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5, wait_for_ready=True)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    break
+            except grpc.RpcError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"daemon on {d.address} not ready after {timeout_s}s: {d.tail_log()}")
+            time.sleep(0.005)
+    d.ready_seconds = time.monotonic() - t0
+    return d.ready_seconds
+
+
+def evict_page_cache(path: str) -> int:
+    """Drop the cached pages of every file under ``path`` (clean pages only: fsync first); return bytes.
+
+    Only these files lose their cache (``posix_fadvise(DONTNEED)``), not the rest of the machine.
+    """
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            file_path = os.path.join(root, name)
+            try:
+                fd = os.open(file_path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                total += os.fstat(fd).st_size
+            finally:
+                os.close(fd)
+    return total
 
 
 def dir_bytes(path: str) -> int:

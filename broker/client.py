@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, overload
 import crc32c
 import grpc
 
+from broker import alloc
 from broker import batch_format as bf
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -320,6 +321,7 @@ class BrokerClient:
         self._producer = _Producer()
         self._queues: dict[str, int] = {}
         self._round_robin = itertools.count()
+        alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
         self._connect(0)
 
     # -- connection ----------------------------------------------------------------------------

@@ -61,7 +61,10 @@ class DaemonProcess:
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as ch:
+        # short reconnect backoff: gRPC's default (1 s, x1.6) would report starts up to a second late
+        options = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
+                   ("grpc.max_reconnect_backoff_ms", 100)]
+        with grpc.insecure_channel(self.address, options=options) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
                 assert self.proc is not None

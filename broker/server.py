@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from broker import metrics
+from broker import alloc, metrics
 from broker.config import Config
 from broker.invariant import StartupRefused
 from broker.service import BrokerService
@@ -98,6 +98,7 @@ class Daemon:
 
 
 def serve(config: Config) -> int:
+    alloc.tune()
     daemon = Daemon(config)
     stop = threading.Event()
 

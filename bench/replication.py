@@ -1,0 +1,840 @@
+"""Replication: ack=replica vs ack=flush, lag at half load, metadata visibility, empty-slave bootstrap vs Redis.
+
+Every Tidemark figure comes from a master with one slave attached (two ``tidemark serve`` processes on
+loopback, default configuration, fresh temp directories):
+
+1. Send throughput, ack=replica against ack=flush on the same pair: ``--producers`` processes, each
+   with its own ``BrokerClient``, each ``send()`` carrying ``--batch`` keyless 1 KiB messages (the same
+   shape as bench/send_throughput.py). Each round starts a new pair and measures both modes on it,
+   the order alternating between rounds; figures are medians over ``--rounds``. While it runs the
+   master's ``status()`` is sampled every 100 ms: if the slave ever leaves the in-sync set, ack=replica
+   confirms without it (min_insync_replicas=1) and the figure is flagged.
+2. Replication lag at half of the maximum load: the same producers with ack=leader, rate-limited to 50%
+   of the median ack=flush rate of part 1. Every acknowledged send is timed from its ack until the
+   slave's ``status()["max_offset"]`` passes the receipt's ``commit_offset`` (the slave is polled every
+   ``--poll-ms``; the first poll that shows it ends the interval, so the figure is an upper bound
+   within one poll). The same is reported up to the slave's ``flushed_offset`` (fsynced there), and
+   the master's sampled ``replicas[0]["lag_bytes"]``.
+3. Metadata visibility: create a topic on the master / commit a consumer offset on the master, then
+   poll the slave (``list_topics()`` / ``committed_offset()``, every 1 ms) until it shows it; a random
+   pause of 0-100 ms before each sample spreads them over the offsets' flush interval
+   (``offsets.flush_interval_ms``, 100 ms by design: a commit is buffered that long before it is
+   written to the log at all). Topic times run from the CreateTopic call on the master (which itself
+   waits for ack=replica); the time after the call returned is reported in the note.
+4. Empty-slave bootstrap: fill a master with ``--bootstrap-gib`` of log (4000 x 1 KiB per send,
+   ack=leader; the log stays in the page cache unless ``--cold``), then start an empty slave and time
+   from spawning its process until its ``max_offset`` and ``confirm_offset`` equal the master's (a
+   snapshot bundle, which carries the whole log [L, S), then the stream). Then Redis 7 with the same
+   volume: two ``redis-server`` (bench/common.py ``RedisServer``, AOF everysec, no RDB saves) on
+   loopback, ``repl-diskless-sync no``, the primary filled with pipelined ``SET`` of 1 KiB values
+   (incompressible), then ``REPLICAOF`` on the second, timed until ``master_link_status:up``, no sync
+   in progress and the replica's ``DBSIZE`` equal to the primary's. Rates are bytes moved (Tidemark:
+   log bytes; Redis: the RDB file) per second; the ratio is Tidemark MB/s / Redis MB/s.
+
+Before measuring (and before each part) the script waits until no other benchmark script (a process
+running ``bench/*.py``), daemon, test run or redis-server is alive and the CPUs are quiet.
+``--profile-dir DIR`` records py-spy stacks (raw/collapsed format) of master and slave during the
+first ack=replica window and during the bootstrap.
+
+Usage: .venv/bin/python bench/replication.py [--quick] [--only throughput,lag,metadata,bootstrap]
+       [--rounds 3] [--seconds 15] [--bootstrap-gib 1] [--skip-redis] [--profile-dir DIR]
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import multiprocessing as mp
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import common
+from common import GiB, KiB, MiB, Results, log
+
+from broker.client import BrokerClient, Message
+from broker.procs import DaemonProcess
+
+TOPIC = "bench-repl"
+QUEUES = 4
+PARTS = ("throughput", "lag", "metadata", "bootstrap")
+REPLICA_TARGET = 0.60  # ack=replica >= 60% of ack=flush
+LAG_P99_TARGET_MS = 50.0
+VISIBILITY_P99_TARGET_MS = 200.0
+BOOTSTRAP_TARGET_MBS = 150.0
+REDIS_RATIO_TARGET = 2.5
+FILL_BATCH = 4000  # messages per send while filling the bootstrap master (4 MiB requests)
+REDIS_PIPELINE = 1000
+
+
+# -- small helpers -------------------------------------------------------------------------------
+def _wait_until(t: float) -> None:
+    while (d := t - time.time()) > 0:
+        time.sleep(min(d, 0.05))
+
+
+def _wait_for(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> float:
+    """Poll ``cond`` until true; return the seconds it took (TimeoutError after ``timeout_s``)."""
+    t0 = time.monotonic()
+    while True:
+        if cond():
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(poll_s)
+
+
+def _pct(values: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank rule (0.0 when empty)."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, int(q * len(s) + 0.5) - 1))]
+
+
+def _machine_busy_seconds() -> float:
+    with open("/proc/stat") as f:
+        vals = [int(x) for x in f.readline().split()[1:]]
+    return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _status(address: str) -> dict[str, Any]:
+    with BrokerClient(address) as c:
+        return c.status()
+
+
+# -- waiting for a quiet machine -----------------------------------------------------------------
+def _ancestors_and_self() -> set[int]:
+    out = {os.getpid()}
+    pid = os.getpid()
+    for _ in range(64):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        if pid <= 1:
+            break
+        out.add(pid)
+    return out
+
+
+def other_bench_scripts() -> list[str]:
+    """Benchmark scripts (``bench/*.py``) run by someone else; ``common.foreign_processes`` covers
+    daemons, pytest and redis-server but not a benchmark's own (client) processes."""
+    mine = _ancestors_and_self()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) in mine:
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if re.search(r"bench/\w+\.py", cmd):
+            out.append(f"{name}: {cmd[:120]}")
+    return out
+
+
+def wait_for_quiet(max_wait_s: float) -> dict[str, Any]:
+    """No other benchmark script alive (bounded wait), then common.wait_for_quiet (daemons, CPU)."""
+    deadline = time.monotonic() + max_wait_s
+    others = other_bench_scripts()
+    if others:
+        log(f"other benchmark scripts running ({others}); waiting up to {max_wait_s:.0f}s for them to end")
+        while others and time.monotonic() < deadline:
+            time.sleep(5.0)
+            others = other_bench_scripts()
+        if others:
+            log(f"WARNING: measuring while other benchmark scripts run: {others}")
+        else:
+            log("other benchmark scripts ended")
+    quiet = common.wait_for_quiet(max(5.0, deadline - time.monotonic()))
+    quiet["other_bench_scripts"] = others
+    return quiet
+
+
+# -- daemons ---------------------------------------------------------------------------------------
+def _in_sync(master: str) -> bool:
+    reps = _status(master).get("replicas") or []
+    return bool(reps) and all(r["in_sync"] for r in reps)
+
+
+def _caught_up(master: str, slave: str) -> bool:
+    sm, ss = _status(master), _status(slave)
+    return int(ss["max_offset"]) == int(sm["max_offset"]) and int(ss["confirm_offset"]) == int(sm["confirm_offset"])
+
+
+@contextlib.contextmanager
+def running_pair(workdir: str, label: str) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
+    """A master and a slave following it (default configuration), the slave in sync; both killed at exit."""
+    with common.temp_dir(f"tm-repl-{label}-", workdir) as wd, common.running_daemon(wd, "master") as m, \
+            common.running_daemon(wd, "slave", {"node.role": "slave", "node.master": m.address}) as s:
+        _wait_for(lambda: _in_sync(m.address), 60, "the slave to join the in-sync set")
+        yield m, s
+
+
+class Spy:
+    """``py-spy record`` (collapsed stacks) of one process, until ``stop()`` or ``seconds``."""
+
+    def __init__(self, pid: int, path: str, seconds: float | None = None) -> None:
+        exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
+        cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "100", "--threads", "--nonblocking",
+               "--output", path]
+        if seconds:
+            cmd += ["--duration", str(max(1, round(seconds)))]
+        self.path = path
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        log(f"py-spy stacks in {self.path}")
+
+
+# -- producers -------------------------------------------------------------------------------------
+def producer(address: str, ack: str, batch: int, body_bytes: int, index: int, nprocs: int, sends_per_s: float,
+             start_at: float, warmup_s: float, seconds: float, out: Any) -> None:
+    """Send ``batch`` keyless messages per call; with ``sends_per_s`` > 0 on a fixed schedule (open
+    loop, phases spread over the processes). Reports every acknowledged send of the window as
+    (ack wall time, commit offset of its last record)."""
+    from broker.client import BrokerClient, Message
+
+    body = os.urandom(body_bytes)
+    messages = [Message(body=body) for _ in range(batch)]
+    count = 0
+    latencies: list[float] = []
+    acked: list[tuple[float, int]] = []
+    first = last = cpu0 = 0.0
+    error = ""
+    try:
+        with BrokerClient(address) as client:
+            client.send(TOPIC, messages[:QUEUES], ack=ack)  # connect, learn the queue count
+            interval = 1.0 / sends_per_s if sends_per_s > 0 else 0.0
+            next_at = start_at + interval * index / max(1, nprocs)
+            _wait_until(start_at)
+            window_start = start_at + warmup_s
+            window_end = window_start + seconds
+            while True:
+                if interval:
+                    _wait_until(next_at)
+                    next_at += interval
+                t0 = time.time()
+                if t0 >= window_end:
+                    break
+                receipts = client.send(TOPIC, messages, ack=ack)
+                t1 = time.time()
+                if t0 >= window_start:
+                    if not count:
+                        first = t0
+                        cpu0 = time.process_time()
+                    count += batch
+                    last = t1
+                    latencies.append(t1 - t0)
+                    acked.append((t1, receipts[-1].commit_offset))
+    except Exception as exc:  # reported to the parent, which fails the run
+        error = f"{type(exc).__name__}: {exc}"
+    cpu = time.process_time() - cpu0 if count else 0.0
+    out.put({"count": count, "first": first, "last": last, "latencies": latencies, "acked": acked, "cpu": cpu,
+             "error": error})
+
+
+class Sampler(threading.Thread):
+    """Calls ``probe()`` every ``interval_s`` until stopped; keeps (time after the call, result)."""
+
+    def __init__(self, probe: Callable[[], Any], interval_s: float) -> None:
+        super().__init__(daemon=True)
+        self.probe = probe
+        self.interval_s = interval_s
+        self.samples: list[tuple[float, Any]] = []
+        self.errors = 0
+        self.stop_event = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop_event.is_set():
+            try:
+                value = self.probe()
+            except Exception:
+                self.errors += 1
+                value = None
+            if value is not None:
+                self.samples.append((time.time(), value))
+            if self.interval_s:
+                self.stop_event.wait(self.interval_s)
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        self.join(30)
+
+
+def run_load(m: DaemonProcess, s: DaemonProcess, ack: str, producers: int, batch: int, body: int, warmup_s: float,
+             seconds: float, sends_per_s: float = 0.0, samplers: list[Sampler] | None = None,
+             spy_prefix: str = "") -> dict[str, Any]:
+    """One window of ``producers`` processes against master ``m``; CPU of both daemons; samplers run
+    from the window's start until every producer has reported."""
+    assert m.proc is not None and s.proc is not None
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    start_at = time.time() + 2.0 + 0.3 * producers  # time to spawn and import
+    per_proc = sends_per_s / producers if sends_per_s else 0.0
+    procs = [ctx.Process(target=producer, args=(m.address, ack, batch, body, i, producers, per_proc, start_at, warmup_s,
+                                                seconds, out)) for i in range(producers)]
+    for p in procs:
+        p.start()
+    samplers = samplers or []
+    _wait_until(start_at + warmup_s)
+    for smp in samplers:
+        smp.start()
+    spies = [Spy(m.proc.pid, f"{spy_prefix}-master.txt", seconds), Spy(s.proc.pid, f"{spy_prefix}-slave.txt", seconds)] \
+        if spy_prefix else []
+    cpu_m0, cpu_s0, machine0 = common.cpu_seconds_of(m.proc.pid), common.cpu_seconds_of(s.proc.pid), _machine_busy_seconds()
+    _wait_until(start_at + warmup_s + seconds)
+    cpu_m1, cpu_s1, machine1 = common.cpu_seconds_of(m.proc.pid), common.cpu_seconds_of(s.proc.pid), _machine_busy_seconds()
+    try:
+        results = [out.get(timeout=seconds + warmup_s + 120) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        for spy in spies:
+            spy.stop()
+    errors = [r["error"] for r in results if r["error"]]
+    if errors:
+        for smp in samplers:
+            smp.stop()
+        raise RuntimeError(f"producer failed: {errors[0]}")
+    count = sum(r["count"] for r in results)
+    window = max(r["last"] for r in results) - (start_at + warmup_s)
+    lat = [x for r in results for x in r["latencies"]]
+    return {
+        "count": count,
+        "window_s": window,
+        "rate": count / window if window > 0 else 0.0,
+        "p50_ms": 1000 * _pct(lat, 0.5),
+        "p99_ms": 1000 * _pct(lat, 0.99),
+        "master_cpu": (cpu_m1 - cpu_m0) / seconds,
+        "slave_cpu": (cpu_s1 - cpu_s0) / seconds,
+        "client_cpu": sum(r["cpu"] for r in results) / window if window > 0 else 0.0,
+        "machine_cpu": (machine1 - machine0) / seconds,
+        "acked": sorted(a for r in results for a in r["acked"]),
+        "window_start": start_at + warmup_s,
+    }
+
+
+def _replica_probe(address: str) -> Callable[[], Any]:
+    client = BrokerClient(address)
+
+    def probe() -> Any:
+        reps = client.status().get("replicas") or []
+        return (bool(reps) and all(r["in_sync"] for r in reps), max((int(r["lag_bytes"]) for r in reps), default=0))
+
+    return probe
+
+
+# -- part 1: ack=replica vs ack=flush --------------------------------------------------------------
+def part_throughput(res: Results, a: Any, workdir: str) -> float:
+    runs: dict[str, list[dict[str, Any]]] = {"flush": [], "replica": []}
+    for round_no in range(1, a.rounds + 1):
+        order = ["flush", "replica"] if round_no % 2 else ["replica", "flush"]
+        with running_pair(workdir, f"tput{round_no}") as (m, s):
+            with BrokerClient(m.address) as c:
+                c.create_topic(TOPIC, queues=QUEUES)
+            for ack in order:
+                _wait_for(lambda m=m, s=s: _caught_up(m.address, s.address), 120, "the slave to catch up")
+                sampler = Sampler(_replica_probe(m.address), 0.1)
+                spy = ""
+                if a.profile_dir and round_no == 1 and ack == "replica":
+                    spy = os.path.join(a.profile_dir, "ack-replica")
+                log(f"round {round_no}: ack={ack}: {a.producers} producer processes x {a.batch} msgs/send, {a.seconds}s window")
+                r = run_load(m, s, ack, a.producers, a.batch, a.body, a.warmup, a.seconds, samplers=[sampler],
+                             spy_prefix=spy)
+                sampler.stop()
+                flags = [x for _, x in sampler.samples]
+                r["in_sync_fraction"] = sum(1 for ok, _ in flags if ok) / len(flags) if flags else 0.0
+                r["lag_bytes_max"] = max((lb for _, lb in flags), default=0)
+                r["lag_bytes_p50"] = _pct([float(lb) for _, lb in flags], 0.5)
+                log(f"round {round_no}: ack={ack}: {r['rate']:,.0f} msg/s, p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms "
+                    f"per send; CPU master {r['master_cpu']:.2f} slave {r['slave_cpu']:.2f} clients {r['client_cpu']:.2f} "
+                    f"machine {r['machine_cpu']:.2f}; slave in sync {r['in_sync_fraction']:.0%} of samples, "
+                    f"lag p50 {r['lag_bytes_p50'] / MiB:.1f} MiB max {r['lag_bytes_max'] / MiB:.1f} MiB")
+                runs[ack].append(r)
+            m.stop()
+            s.stop()
+    median: dict[str, float] = {}
+    for ack, rs in runs.items():
+        rates = [r["rate"] for r in rs]
+        median[ack] = statistics.median(rates)
+        mid = sorted(rs, key=lambda r: r["rate"])[len(rs) // 2]
+        insync = min(r["in_sync_fraction"] for r in rs)
+        note = (f"median of {len(rates)}: " + " / ".join(f"{x:,.0f}" for x in rates)
+                + f"; p50 {mid['p50_ms']:.0f} ms p99 {mid['p99_ms']:.0f} ms per send of {a.batch}; CPU master "
+                f"{mid['master_cpu']:.2f}, slave {mid['slave_cpu']:.2f}, clients {mid['client_cpu']:.2f}, machine "
+                f"{mid['machine_cpu']:.2f} cores; slave in sync in {insync:.0%} of samples (min over rounds), "
+                f"lag max {max(r['lag_bytes_max'] for r in rs) / MiB:.0f} MiB")
+        if ack == "replica" and insync < 1.0:
+            note = "SLAVE LEFT THE IN-SYNC SET: ack=replica confirmed without it part of the time; " + note
+        res.add(f"master+slave ack={ack}", median[ack], "msg/s", note=note, rates=rates, p50_ms=mid["p50_ms"],
+                p99_ms=mid["p99_ms"], master_cpu_cores=mid["master_cpu"], slave_cpu_cores=mid["slave_cpu"],
+                client_cpu_cores=mid["client_cpu"], machine_cpu_cores=mid["machine_cpu"], in_sync_fraction=insync)
+        res.add(f"master+slave ack={ack} MB/s", median[ack] * a.body / 1e6, "MB/s", note="payload bytes only")
+    ratio = median["replica"] / median["flush"] if median["flush"] else 0.0
+    paired = [r["rate"] / f["rate"] for r, f in zip(runs["replica"], runs["flush"], strict=True) if f["rate"]]
+    insync_all = min(r["in_sync_fraction"] for r in runs["replica"])
+    target, ok = common.at_least(ratio, REPLICA_TARGET)
+    res.add("ratio ack=replica / ack=flush", ratio, "x", target=target, ok=ok and insync_all >= 1.0,
+            note="of the medians; per round: " + " / ".join(f"{x:.2f}" for x in paired)
+                 + ("" if insync_all >= 1.0 else "; INVALID: the slave left the in-sync set during ack=replica"),
+            paired=paired)
+    return median["flush"]
+
+
+# -- part 2: replication lag at half load -----------------------------------------------------------
+def _lags(acked: list[tuple[float, int]], samples: list[tuple[float, Any]], field: int) -> tuple[list[float], int]:
+    """Per acked send: seconds from its ack until the first sample whose offset ``field`` passed it."""
+    times = [t for t, _ in samples]
+    offsets = [v[field] for _, v in samples]
+    for i in range(1, len(offsets)):  # offsets never go back; guard against a reordered sample anyway
+        offsets[i] = max(offsets[i], offsets[i - 1])
+    lags: list[float] = []
+    missing = 0
+    for t_ack, off in acked:
+        i = bisect.bisect_right(offsets, off)  # first sample with offset > off
+        while i < len(times) and times[i] < t_ack - 1.0:  # a sample far before the ack cannot be about it
+            i += 1
+        if i >= len(times):
+            missing += 1
+            continue
+        lags.append(max(0.0, times[i] - t_ack))
+    return lags, missing
+
+
+def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
+    with running_pair(workdir, "lag") as (m, s):
+        with BrokerClient(m.address) as c:
+            c.create_topic(TOPIC, queues=QUEUES)
+        source = "part 1 (median ack=flush on a pair)"
+        if not max_flush_rate:
+            source = "a 10 s ack=flush window on this pair"
+            log("lag: measuring the maximum ack=flush rate on this pair first")
+            max_flush_rate = run_load(m, s, "flush", a.producers, a.batch, a.body, a.warmup, min(10.0, a.seconds))["rate"]
+            _wait_for(lambda: _caught_up(m.address, s.address), 120, "the slave to catch up")
+        target_rate = 0.5 * max_flush_rate
+        sends_per_s = target_rate / a.batch
+        slave_client = BrokerClient(s.address)
+        master_client = BrokerClient(m.address)
+
+        def slave_probe() -> tuple[int, int]:
+            st = slave_client.status()
+            return int(st["max_offset"]), int(st["flushed_offset"])
+
+        def master_probe() -> tuple[int, int]:
+            reps = master_client.status().get("replicas") or [{"lag_bytes": -1, "acked_offset": -1}]
+            return int(reps[0]["lag_bytes"]), int(reps[0]["acked_offset"])
+
+        slave_sampler = Sampler(slave_probe, a.poll_ms / 1000.0)
+        master_sampler = Sampler(master_probe, 0.01)
+        log(f"lag: ack=leader at 50% of {max_flush_rate:,.0f} msg/s = {target_rate:,.0f} msg/s "
+            f"({sends_per_s:.1f} sends/s of {a.batch}), {a.lag_seconds}s window; slave polled every {a.poll_ms} ms")
+        r = run_load(m, s, "leader", a.producers, a.batch, a.body, a.warmup, a.lag_seconds, sends_per_s=sends_per_s,
+                     samplers=[slave_sampler, master_sampler])
+        _wait_for(lambda: _caught_up(m.address, s.address), 60, "the slave to catch up after the lag window")
+        time.sleep(0.1)
+        slave_sampler.stop()
+        master_sampler.stop()
+        slave_client.close()
+        master_client.close()
+        m.stop()
+        s.stop()
+    acked = r["acked"]
+    appended, miss_a = _lags(acked, slave_sampler.samples, 0)
+    flushed, miss_f = _lags(acked, slave_sampler.samples, 1)
+    gaps = [b[0] - a_[0] for a_, b in zip(slave_sampler.samples, slave_sampler.samples[1:], strict=False)]
+    lag_bytes = [float(v[0]) for t, v in master_sampler.samples if v[0] >= 0 and t <= r["window_start"] + a.lag_seconds]
+    resolution = 1000 * statistics.median(gaps) if gaps else 0.0
+    common_params = {"offered_msgs_per_s": target_rate, "achieved_msgs_per_s": r["rate"], "max_flush_rate": max_flush_rate,
+                     "sends": len(acked), "poll_resolution_ms": resolution, "missing": miss_a}
+    note = (f"{len(appended)} sends of {a.batch} x {a.body} B, ack=leader at {r['rate']:,.0f} msg/s (50% of {max_flush_rate:,.0f} "
+            f"from {source}); ack -> slave max_offset passes the receipt; slave polled every {resolution:.1f} ms "
+            f"(median gap); CPU master {r['master_cpu']:.2f} slave {r['slave_cpu']:.2f} machine {r['machine_cpu']:.2f}")
+    if miss_a:
+        note = f"{miss_a} sends never seen on the slave; " + note
+    res.add("replication lag p50 at 50% load", 1000 * _pct(appended, 0.5), "ms", note=note, **common_params)
+    target, ok = common.at_most(1000 * _pct(appended, 0.99), LAG_P99_TARGET_MS)
+    res.add("replication lag p99 at 50% load", 1000 * _pct(appended, 0.99), "ms", target=target, ok=ok and not miss_a,
+            note=f"max {1000 * max(appended, default=0):.1f} ms; " + note, **common_params)
+    res.add("replication lag to slave fsync p50", 1000 * _pct(flushed, 0.5), "ms",
+            note="ack -> slave flushed_offset passes the receipt (durable on the slave)", missing=miss_f)
+    res.add("replication lag to slave fsync p99", 1000 * _pct(flushed, 0.99), "ms",
+            note=f"max {1000 * max(flushed, default=0):.1f} ms", missing=miss_f)
+    res.add("master lag_bytes sampled p99 at 50% load", _pct(lag_bytes, 0.99) / KiB, "KiB",
+            note=f"master status replicas[0].lag_bytes every 10 ms, {len(lag_bytes)} samples; p50 "
+                 f"{_pct(lag_bytes, 0.5) / KiB:,.0f} KiB, max {max(lag_bytes, default=0) / KiB:,.0f} KiB")
+
+
+# -- part 3: metadata visibility on the slave ---------------------------------------------------------
+def _poll_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> float | None:
+    """time.monotonic() when ``cond`` first held (polled back to back with 1 ms pauses), None on timeout."""
+    from broker.client import BrokerError
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return time.monotonic()
+        except BrokerError:  # e.g. NOT_FOUND: the slave has not applied the topic yet
+            pass
+        time.sleep(0.001)
+    return None
+
+
+def part_metadata(res: Results, a: Any, workdir: str) -> None:
+    rng = random.Random(42)
+    with running_pair(workdir, "meta") as (m, s), BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
+        # topics
+        from_call: list[float] = []
+        from_return: list[float] = []
+        failed = 0
+        log(f"metadata: {a.samples} topic creations on the master, polling the slave's list_topics()")
+        for i in range(a.samples):
+            time.sleep(rng.uniform(0.0, 0.1))
+            name = f"vis-{i:05d}"
+            t0 = time.monotonic()
+            cm.create_topic(name)
+            t1 = time.monotonic()
+            t2 = _poll_until(lambda name=name: name in cs.list_topics())
+            if t2 is None:
+                failed += 1
+                continue
+            from_call.append(t2 - t0)
+            from_return.append(max(0.0, t2 - t1))
+        target, ok = common.at_most(1000 * _pct(from_call, 0.99), VISIBILITY_P99_TARGET_MS)
+        note = (f"{len(from_call)} samples, CreateTopic call on the master -> in the slave's list_topics(); after the "
+                f"call returned: p50 {1000 * _pct(from_return, 0.5):.1f} ms p99 {1000 * _pct(from_return, 0.99):.1f} ms")
+        if failed:
+            note = f"{failed} NEVER VISIBLE within 10 s; " + note
+        res.add("topic create visible on slave p50", 1000 * _pct(from_call, 0.5), "ms", note=note, samples=len(from_call))
+        res.add("topic create visible on slave p99", 1000 * _pct(from_call, 0.99), "ms", target=target,
+                ok=ok and not failed, note=f"max {1000 * max(from_call, default=0):.1f} ms; " + note,
+                samples=len(from_call), failed=failed)
+
+        # consumer offsets
+        topic = "vis-offsets"
+        cm.create_topic(topic)
+        body = [Message(body=b"o" * 100)] * 1000
+        for _ in range((a.samples + 999) // 1000):
+            cm.send(topic, body, ack="replica")
+        _wait_for(lambda: _caught_up(m.address, s.address), 60, "the slave to catch up")
+        vis: list[float] = []
+        failed = 0
+        log(f"metadata: {a.samples} offset commits on the master, polling the slave's committed_offset()")
+        for i in range(1, a.samples + 1):
+            time.sleep(rng.uniform(0.0, 0.1))
+            t0 = time.monotonic()
+            cm.commit_offset("bench-group", topic, 0, i)
+            t2 = _poll_until(lambda i=i: cs.committed_offset("bench-group", topic, 0) == i)
+            if t2 is None:
+                failed += 1
+                continue
+            vis.append(t2 - t0)
+        target, ok = common.at_most(1000 * _pct(vis, 0.99), VISIBILITY_P99_TARGET_MS)
+        note = (f"{len(vis)} samples, CommitOffset call on the master -> the slave's committed_offset() returns it; "
+                "includes the master's offsets.flush_interval_ms=100 buffering")
+        if failed:
+            note = f"{failed} NEVER VISIBLE within 10 s; " + note
+        res.add("offset commit visible on slave p50", 1000 * _pct(vis, 0.5), "ms", note=note, samples=len(vis))
+        res.add("offset commit visible on slave p99", 1000 * _pct(vis, 0.99), "ms", target=target, ok=ok and not failed,
+                note=f"max {1000 * max(vis, default=0):.1f} ms; " + note, samples=len(vis), failed=failed)
+        m.stop()
+        s.stop()
+
+
+# -- part 4: empty-slave bootstrap against a Redis full sync --------------------------------------------
+def _fill_tidemark(address: str, volume: int) -> float:
+    t0 = time.monotonic()
+    with BrokerClient(address, timeout_s=120) as c:
+        c.create_topic(TOPIC, queues=QUEUES)
+        pool = os.urandom(1 << 20)
+        batch = [Message(body=pool[i * 97 % (len(pool) - KiB):][:KiB]) for i in range(FILL_BATCH)]
+        end = 0
+        while end < volume:
+            end = c.send(TOPIC, batch, ack="leader")[-1].commit_offset
+    return time.monotonic() - t0
+
+
+def _log_value(path: str, event: str, key: str) -> str:
+    """The last ``key=value`` of a console log line naming ``event`` ('' if none)."""
+    try:
+        with open(path, errors="replace") as f:
+            lines = [line for line in f if event in line]
+    except OSError:
+        return ""
+    if not lines:
+        return ""
+    found = re.search(rf"\b{key}=(\S+)", re.sub(r"\x1b\[[0-9;]*m", "", lines[-1]))
+    return found.group(1) if found else ""
+
+
+def bootstrap_tidemark(a: Any, workdir: str, volume: int) -> dict[str, float]:
+    with common.temp_dir("tm-repl-boot-", workdir) as wd, common.running_daemon(wd, "master") as m:
+        assert m.proc is not None
+        fill_s = _fill_tidemark(m.address, volume)
+        log(f"bootstrap: master filled in {fill_s:.1f}s; waiting for it to be idle (flushed, applied, checkpointed)")
+
+        def idle() -> bool:
+            st = _status(m.address)
+            return int(st["max_offset"]) == int(st["flushed_offset"]) == int(st["confirm_offset"]) == int(st["applied_offset"])
+
+        _wait_for(idle, 120, "the master to be idle")
+        time.sleep(2.0)  # a checkpoint interval (1 s) and then some
+        st = _status(m.address)
+        log_bytes = int(st["max_offset"]) - int(st["min_offset"])
+        if a.cold:
+            evicted = common.evict_page_cache(m.data_dir)
+            log(f"bootstrap: evicted {evicted / MiB:,.0f} MiB of the master's files from the page cache")
+        quiet = wait_for_quiet(a.max_wait_quiet)
+        s = DaemonProcess(os.path.join(wd, "slave"), config={"node.role": "slave", "node.master": m.address})
+        spies: list[Spy] = []
+        try:
+            log(f"bootstrap: starting an empty slave of a master with {log_bytes / MiB:,.0f} MiB of log")
+            t0 = time.monotonic()
+            s.start(wait=False)
+            assert s.proc is not None
+            if a.profile_dir:
+                time.sleep(0.05)
+                spies = [Spy(s.proc.pid, os.path.join(a.profile_dir, "bootstrap-slave.txt")),
+                         Spy(m.proc.pid, os.path.join(a.profile_dir, "bootstrap-master.txt"))]
+            cpu_m0 = common.cpu_seconds_of(m.proc.pid)
+            ready_s = _wait_serving(s, t0)
+            with BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
+                def converged() -> bool:
+                    sm, ss = cm.status(), cs.status()
+                    return sm["max_offset"] == ss["max_offset"] and sm["confirm_offset"] == ss["confirm_offset"]
+
+                converged_s = _wait_for(converged, 600, "the slave to converge", 0.02)
+            total_s = time.monotonic() - t0
+            cpu_m = common.cpu_seconds_of(m.proc.pid) - cpu_m0
+            cpu_s = common.cpu_seconds_of(s.proc.pid)
+            for spy in spies:
+                spy.stop()
+            spies = []
+            sm, ss = _status(m.address), _status(s.address)
+            slave_log_bytes = common.dir_bytes(os.path.join(s.data_dir, "log"))
+            master_log_bytes = common.dir_bytes(os.path.join(m.data_dir, "log"))
+            if slave_log_bytes != master_log_bytes:
+                raise RuntimeError(f"slave log holds {slave_log_bytes} bytes, the master's {master_log_bytes}")
+            bundle_s = _log_value(s.log_path, "bootstrapped", "seconds")
+            snapshot_offset = _log_value(s.log_path, "bootstrapped", "snapshot_offset")
+            out = {"seconds": total_s, "ready_s": ready_s, "stream_s": converged_s, "bytes": float(log_bytes),
+                   "bundle_s": float(bundle_s or 0.0), "snapshot_offset": float(snapshot_offset or 0),
+                   "master_cpu_s": cpu_m, "slave_cpu_s": cpu_s, "fill_s": fill_s,
+                   "max_offset": float(sm["max_offset"]), "slave_min_offset": float(ss["min_offset"])}
+            out["quiet"] = quiet  # type: ignore[assignment]
+            log(f"bootstrap: converged {total_s:.2f}s after spawning the slave ({log_bytes / total_s / 1e6:,.0f} MB/s): "
+                f"serving after {ready_s:.2f}s (bundle {bundle_s or '?'}s), then {converged_s:.2f}s of streaming; "
+                f"CPU master {cpu_m:.1f}s slave {cpu_s:.1f}s")
+            s.stop()
+            m.stop()
+            return out
+        finally:
+            for spy in spies:
+                spy.stop()
+            s.kill9()
+            shutil.rmtree(s.data_dir + ".bootstrap", ignore_errors=True)
+
+
+def _wait_serving(d: DaemonProcess, t0: float, timeout_s: float = 600.0) -> float:
+    """Seconds from ``t0`` until ``d`` answers health checks (polled every 10-20 ms, like common.start_timed,
+    whose own spawn we cannot use here: the spawn time is ``t0``)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    with grpc.insecure_channel(d.address, options=common.FAST_RECONNECT) as ch:
+        stub = health_pb2_grpc.HealthStub(ch)
+        while True:
+            assert d.proc is not None
+            if d.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited with {d.proc.returncode}: {d.tail_log()}")
+            try:
+                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5, wait_for_ready=True)
+                if resp.status == health_pb2.HealthCheckResponse.SERVING:
+                    return time.monotonic() - t0
+            except grpc.RpcError:
+                pass
+            if time.monotonic() - t0 > timeout_s:
+                raise TimeoutError(f"daemon on {d.address} not ready after {timeout_s}s: {d.tail_log()}")
+            time.sleep(0.005)
+
+
+def _fill_redis(port: int, keys: int) -> float:
+    import redis
+
+    t0 = time.monotonic()
+    r = redis.Redis(host="127.0.0.1", port=port)
+    pool = os.urandom(1 << 20)
+    for start in range(0, keys, REDIS_PIPELINE):
+        pipe = r.pipeline(transaction=False)
+        for i in range(start, min(keys, start + REDIS_PIPELINE)):
+            at = i * 97 % (len(pool) - KiB)
+            pipe.set(f"k{i:09d}", pool[at:at + KiB])
+        pipe.execute()
+    r.close()
+    return time.monotonic() - t0
+
+
+def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
+    import redis
+
+    primary = common.RedisServer(workdir, "everysec")
+    replica = common.RedisServer(workdir, "everysec")
+    try:
+        primary.start()
+        replica.start()
+        version = primary.version()
+        p = redis.Redis(host="127.0.0.1", port=primary.port)
+        rr = redis.Redis(host="127.0.0.1", port=replica.port)
+        p.config_set("repl-diskless-sync", "no")
+        rr.config_set("repl-diskless-load", "disabled")
+        keys = volume // KiB
+        log(f"redis {version}: filling the primary with {keys:,} SET of 1 KiB values (pipelines of {REDIS_PIPELINE})")
+        fill_s = _fill_redis(primary.port, keys)
+
+        def idle() -> bool:
+            info = p.info("persistence")
+            return not (info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"] or info["rdb_bgsave_in_progress"])
+
+        _wait_for(idle, 300, "the Redis primary to finish background rewrites")
+        dbsize = int(p.dbsize())
+        used = int(p.info("memory")["used_memory"])
+        quiet = wait_for_quiet(a.max_wait_quiet)
+        log(f"redis: primary holds {dbsize:,} keys, used_memory {used / MiB:,.0f} MiB (filled in {fill_s:.1f}s); REPLICAOF")
+        t0 = time.monotonic()
+        rr.replicaof("127.0.0.1", primary.port)
+
+        def synced() -> bool:
+            try:
+                info = rr.info("replication")
+                if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                    return False
+                return int(rr.dbsize()) == dbsize
+            except redis.exceptions.BusyLoadingError:
+                return False
+
+        _wait_for(synced, 900, "the Redis replica full sync", 0.01)
+        seconds = time.monotonic() - t0
+        rdb_path = os.path.join(primary.dir, "dump.rdb")
+        rdb_bytes = os.path.getsize(rdb_path) if os.path.exists(rdb_path) else 0
+        replica_used = int(rr.info("memory")["used_memory"])
+        p.close()
+        rr.close()
+        log(f"redis: replica synced in {seconds:.2f}s: RDB {rdb_bytes / MiB:,.0f} MiB ({rdb_bytes / seconds / 1e6:,.0f} MB/s); "
+            f"replica used_memory {replica_used / MiB:,.0f} MiB")
+        return {"seconds": seconds, "rdb_bytes": rdb_bytes, "keys": dbsize, "used_memory": used,
+                "replica_used_memory": replica_used, "version": version, "fill_s": fill_s, "quiet": quiet}
+    finally:
+        replica.stop()
+        primary.stop()
+
+
+def part_bootstrap(res: Results, a: Any, workdir: str) -> None:
+    volume = int(a.bootstrap_gib * GiB)
+    t = bootstrap_tidemark(a, workdir, volume)
+    mbs = t["bytes"] / t["seconds"] / 1e6
+    target, ok = common.at_least(mbs, BOOTSTRAP_TARGET_MBS)
+    note = (f"{t['bytes'] / MiB:,.0f} MiB of log in {t['seconds']:.2f}s from spawning the empty slave to max/confirm offsets "
+            f"equal: serving after {t['ready_s']:.2f}s (snapshot bundle {t['bundle_s']:.2f}s of it), converged "
+            f"{t['stream_s']:.2f}s later; CPU master {t['master_cpu_s']:.1f}s slave {t['slave_cpu_s']:.1f}s"
+            + ("; master's page cache evicted first" if a.cold else "; master's log in the page cache"))
+    res.add("tidemark empty-slave bootstrap", mbs, "MB/s", target=target, ok=ok, note=note,
+            **{k: v for k, v in t.items() if k != "quiet"}, quiet=t["quiet"])
+    res.add("tidemark empty-slave bootstrap time", t["seconds"], "s", note=f"{t['bytes'] / GiB:.2f} GiB of log")
+    if a.skip_redis:
+        return
+    r = bootstrap_redis(a, workdir, int(t["bytes"]))
+    rmbs = r["rdb_bytes"] / r["seconds"] / 1e6
+    res.add(f"redis {r['version']} replica full sync", rmbs, "MB/s",
+            note=f"{r['keys']:,} keys x 1 KiB, RDB {r['rdb_bytes'] / MiB:,.0f} MiB (used_memory {r['used_memory'] / MiB:,.0f} MiB) "
+                 f"in {r['seconds']:.2f}s from REPLICAOF to link up + DBSIZE equal; repl-diskless-sync no",
+            **{k: v for k, v in r.items() if k != "quiet"}, quiet=r["quiet"])
+    res.add(f"redis {r['version']} replica full sync time", r["seconds"], "s")
+    ratio = mbs / rmbs if rmbs else 0.0
+    target, ok = common.at_least(ratio, REDIS_RATIO_TARGET)
+    res.add("ratio bootstrap tidemark / redis", ratio, "x", target=target, ok=ok,
+            note=f"MB/s over MB/s; times {t['seconds']:.2f}s for {t['bytes'] / 1e9:.2f} GB vs {r['seconds']:.2f}s for "
+                 f"{r['rdb_bytes'] / 1e9:.2f} GB")
+
+
+# -- main ----------------------------------------------------------------------------------------------
+def main() -> int:
+    p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--only", default="", help="comma-separated subset of: " + ", ".join(PARTS))
+    p.add_argument("--producers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1000, help="messages per send() call")
+    p.add_argument("--body", type=int, default=KiB)
+    p.add_argument("--seconds", type=float, default=None, help="throughput window per mode (default 15, quick 3)")
+    p.add_argument("--warmup", type=float, default=None, help="unmeasured warm-up per window (default 2, quick 1)")
+    p.add_argument("--rounds", type=int, default=None, help="pairs for the throughput part; medians (default 3, quick 1)")
+    p.add_argument("--lag-seconds", type=float, default=None, help="lag window (default 20, quick 4)")
+    p.add_argument("--poll-ms", type=float, default=2.0, help="pause between slave status polls in the lag part")
+    p.add_argument("--samples", type=int, default=None, help="metadata samples of each kind (default 300, quick 30)")
+    p.add_argument("--bootstrap-gib", type=float, default=None, help="log volume for the bootstrap (default 1, quick 0.0625)")
+    p.add_argument("--cold", action="store_true", help="evict the master's files from the page cache before the bootstrap")
+    p.add_argument("--skip-redis", action="store_true")
+    p.add_argument("--profile-dir", default="", help="write py-spy stacks (collapsed) of master and slave here")
+    a = p.parse_args()
+    parts = [x for x in a.only.split(",") if x] or list(PARTS)
+    unknown = [x for x in parts if x not in PARTS]
+    if unknown:
+        p.error(f"unknown part(s): {', '.join(unknown)}")
+    a.seconds = a.seconds or (3.0 if a.quick else 15.0)
+    a.warmup = a.warmup if a.warmup is not None else (1.0 if a.quick else 2.0)
+    a.rounds = a.rounds or (1 if a.quick else 3)
+    a.lag_seconds = a.lag_seconds or (4.0 if a.quick else 20.0)
+    a.samples = a.samples or (30 if a.quick else 300)
+    a.bootstrap_gib = a.bootstrap_gib or (1 / 16 if a.quick else 1.0)
+    if a.profile_dir:
+        os.makedirs(a.profile_dir, exist_ok=True)
+    workdir = a.workdir or "/tmp"
+    params = {"producers": a.producers, "batch": a.batch, "body_bytes": a.body, "seconds": a.seconds, "rounds": a.rounds,
+              "queues": QUEUES, "lag_seconds": a.lag_seconds, "samples": a.samples, "bootstrap_gib": a.bootstrap_gib,
+              "quick": a.quick, "parts": parts}
+    res = Results("replication", a.results, params)
+    res.params.update(wait_for_quiet(a.max_wait_quiet))  # benchmark scripts first, then daemons and CPU
+    common.preflight(res, 30.0, a.malloc_tuned)
+    need = int(4 * 200_000 * a.body * (a.seconds + a.warmup)) if "throughput" in parts else 0
+    need = max(need, int(5 * a.bootstrap_gib * GiB) if "bootstrap" in parts else 0, 1 << 30)
+    common.require_free_disk(workdir, need)
+
+    max_flush = 0.0
+    if "throughput" in parts:
+        max_flush = part_throughput(res, a, workdir)
+    if "lag" in parts:
+        wait_for_quiet(a.max_wait_quiet)
+        part_lag(res, a, workdir, max_flush)
+    if "metadata" in parts:
+        wait_for_quiet(a.max_wait_quiet)
+        part_metadata(res, a, workdir)
+    if "bootstrap" in parts:
+        wait_for_quiet(a.max_wait_quiet)
+        part_bootstrap(res, a, workdir)
+    res.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,373 @@
+"""Spark read: the tidemark source vs a pure-Python Arrow generator, streaming on local[2].
+
+One daemon holds ``--messages`` (default 2,000,000) distinct 1 KiB keyless messages in
+``--queues`` queues, filled by two producer processes (ack=leader). One SparkSession
+(local[2]) then runs Trigger.AvailableNow streaming queries:
+
+1. tidemark → noop sink (the target: >= 150,000 rows/s);
+2. generator → noop sink: a Python data source yielding the same rows (same schema, same
+   partitions, same Arrow batch size) from pre-built buffers, with no broker and no decoding:
+   the ceiling for a Python source here (the target: tidemark >= 50% of it);
+3. tidemark → Parquet and 4. generator → Parquet.
+
+Each query first runs once on a small warm-up topic (so Python workers are started) and the
+timed run reads everything in one micro-batch. Rates are rows / wall time of the query, from
+start() to the end of awaitTermination(). Spark, its Python workers and the daemon share the
+machine's 2 cores; the daemon's CPU seconds are reported for each tidemark run.
+
+Usage: .venv/bin/python bench/spark_read.py [--quick] [--messages 2000000] [--queues 4] [--no-parquet]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import common
+from common import KiB, Results, log
+
+TOPIC = "bench-spark"
+WARMUP_TOPIC = "bench-spark-warmup"
+WARMUP_MESSAGES = 20_000
+TARGET_ROWS_S = 150_000
+TARGET_RATIO = 0.5
+POOL_BYTES = 64 << 20  # distinct bodies are windows of one random pool (Parquet cannot dictionary-encode them)
+BATCH_ROWS = 16384  # rows per Arrow batch in the generator, as spark_connector.partition.PULL_MESSAGES_MAX
+
+
+# -- filling the daemon ---------------------------------------------------------------------------
+def fill_producer(address: str, topic: str, count: int, seed: int, batch: int, body_bytes: int, out: Any) -> None:
+    from broker.client import BrokerClient, Message
+
+    pool = os.urandom(POOL_BYTES)
+    sent = 0
+    i = seed * 7919
+    with BrokerClient(address) as client:
+        while sent < count:
+            n = min(batch, count - sent)
+            messages = []
+            for _ in range(n):
+                at = (i * 1031) % (POOL_BYTES - body_bytes)
+                messages.append(Message(body=pool[at:at + body_bytes]))
+                i += 1
+            client.send(topic, messages, ack="leader")
+            sent += n
+    out.put(sent)
+
+
+def fill(address: str, topic: str, count: int, body_bytes: int) -> float:
+    """Send ``count`` messages from two producer processes; seconds taken."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    share = [count // 2, count - count // 2]
+    t0 = time.perf_counter()
+    procs = [ctx.Process(target=fill_producer, args=(address, topic, n, k, 1000, body_bytes, out))
+             for k, n in enumerate(share)]
+    for pr in procs:
+        pr.start()
+    filled = sum(out.get(timeout=3600) for _ in procs)
+    for pr in procs:
+        pr.join()
+    if filled != count:
+        raise SystemExit(f"filled {filled} messages, wanted {count}")
+    return time.perf_counter() - t0
+
+
+# -- the generator source (the ceiling) ----------------------------------------------------------
+def generator_source() -> type:
+    """A streaming Python data source yielding the tidemark schema's rows from pre-built buffers.
+
+    Defined in a function so that cloudpickle ships the classes by value to the Python workers.
+    """
+    import numpy as np
+    import pyarrow as pa
+    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
+
+    from spark_connector.schema import TIMESTAMP_ARROW, arrow_schema, spark_schema
+
+    @dataclass(frozen=True)
+    class Range(InputPartition):
+        queue_id: int
+        start: int
+        end: int
+        body_bytes: int
+
+    class Reader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+        def __init__(self, options: dict[str, str]) -> None:
+            self.queues = int(options["queues"])
+            self.rows = int(options["rows"])
+            self.body_bytes = int(options["bodybytes"])
+
+        def _all(self) -> dict[str, int]:
+            per = [self.rows // self.queues + (1 if q < self.rows % self.queues else 0) for q in range(self.queues)]
+            return {str(q): n for q, n in enumerate(per)}
+
+        def initialOffset(self) -> dict[str, int]:
+            return {str(q): 0 for q in range(self.queues)}
+
+        def latestOffset(self, start: dict[str, int], limit: Any) -> dict[str, int]:
+            assert isinstance(limit, ReadAllAvailable)
+            return self._all()
+
+        def prepareForTriggerAvailableNow(self) -> None:
+            pass
+
+        def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+            return [Range(int(q), start[q], end[q], self.body_bytes) for q in sorted(end, key=int) if end[q] > start[q]]
+
+        def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+            p = partition
+            assert isinstance(p, Range)
+            pool = pa.py_buffer(np.random.default_rng(p.queue_id).bytes(POOL_BYTES))
+            schema = arrow_schema(False)
+            topic = TOPIC.encode()
+            stamp = pa.scalar(int(time.time() * 1e6), TIMESTAMP_ARROW)
+            offset = p.start
+            window = 0
+            while offset < p.end:
+                n = min(BATCH_ROWS, p.end - offset)
+                span = n * p.body_bytes
+                if window + span > POOL_BYTES:
+                    window = 0
+                value_offsets = np.arange(0, span + 1, p.body_bytes, dtype=np.int32)
+                topic_offsets = np.arange(0, (n + 1) * len(topic), len(topic), dtype=np.int32)
+                columns = [
+                    pa.nulls(n, pa.binary()),
+                    pa.Array.from_buffers(pa.binary(), n, [None, pa.py_buffer(value_offsets), pool.slice(window, span)]),
+                    pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(topic_offsets), pa.py_buffer(topic * n)]),
+                    pa.array(np.full(n, p.queue_id, dtype=np.int32)),
+                    pa.array(np.arange(offset, offset + n, dtype=np.int64)),
+                    pa.array(np.full(n, stamp.value, dtype=np.int64), TIMESTAMP_ARROW),
+                    pa.array(np.full(n, 1, dtype=np.int32)),
+                ]
+                yield pa.RecordBatch.from_arrays(columns, schema=schema)
+                window += span + 4099  # the next batch's bodies start elsewhere in the pool
+                offset += n
+
+    class Generator(DataSource):
+        @classmethod
+        def name(cls) -> str:
+            return "tidemark_generator"
+
+        def schema(self) -> Any:
+            return spark_schema(False)
+
+        def streamReader(self, schema: Any) -> DataSourceStreamReader:
+            return Reader(dict(self.options))
+
+    return Generator
+
+
+# -- running queries ------------------------------------------------------------------------------
+@dataclass
+class Run:
+    rows: int
+    seconds: float
+    cpu_s: dict[str, float]  # by role: jvm, python workers, daemon
+
+
+def cpu_by_role(daemon_pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of this process's descendants: the JVM, Spark's Python workers, the daemon."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    table: dict[int, tuple[int, str, float]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{name}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        table[int(name)] = (int(fields[1]), cmd, (int(fields[11]) + int(fields[12])) / ticks)
+    out = {"jvm": 0.0, "python workers": 0.0, "daemon": 0.0}
+    for pid, (_, cmd, cpu) in table.items():
+        p, depth = pid, 0
+        while p > 1 and p != os.getpid() and depth < 32:
+            p, depth = table.get(p, (0, "", 0.0))[0], depth + 1
+        if p != os.getpid():
+            continue
+        if pid == daemon_pid:
+            out["daemon"] += cpu
+        elif "java" in cmd.split(" ", 1)[0]:
+            out["jvm"] += cpu
+        elif "pyspark" in cmd:
+            out["python workers"] += cpu
+    return out
+
+
+def run_query(spark: Any, source: str, options: dict[str, str], sink: str, workdir: str, name: str,
+              daemon_pid: int | None) -> Run:
+    """One Trigger.AvailableNow query on a fresh checkpoint; rows read and wall seconds."""
+    checkpoint = os.path.join(workdir, f"ck-{name}")
+    out = os.path.join(workdir, f"out-{name}")
+    reader = spark.readStream.format(source)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    writer = reader.load().writeStream.format(sink).option("checkpointLocation", checkpoint).trigger(availableNow=True)
+    if sink == "parquet":
+        writer = writer.option("path", out)
+    cpu0 = cpu_by_role(daemon_pid)
+    t0 = time.perf_counter()
+    query = writer.start()
+    query.awaitTermination()
+    seconds = time.perf_counter() - t0
+    cpu1 = cpu_by_role(daemon_pid)
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    if query.exception() is not None:
+        raise SystemExit(f"{name}: {query.exception()}")
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    return Run(rows, seconds, cpu)
+
+
+RAW_BATCHES_SHIM = """
+# Written by bench/spark_read.py --emulate-raw-batches: the PullResult.raw_batches() helper proposed
+# for broker/client.py, patched in at interpreter start (diagnosis only).
+import broker.client as _client
+
+
+def _raw_batches(self):
+    return list(self._response.batches), self._response.skip_first
+
+
+_client.PullResult.raw_batches = _raw_batches
+"""
+
+
+def emulate_raw_batches(workdir: str) -> None:
+    """Patch the proposed helper into this process and (sitecustomize) every Python process started later."""
+    shim = os.path.join(workdir, "raw-batches-shim")
+    os.makedirs(shim, exist_ok=True)
+    with open(os.path.join(shim, "sitecustomize.py"), "w") as f:
+        f.write(RAW_BATCHES_SHIM)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (shim, os.environ.get("PYTHONPATH", "")) if p)
+    exec(compile(RAW_BATCHES_SHIM, "raw-batches-shim", "exec"), {})
+
+
+def build_session() -> Any:
+    """local[2], as the tests: workers run this venv's Python, Spark binds to loopback."""
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
+    from pyspark.sql import SparkSession
+
+    import spark_connector
+
+    spark = (SparkSession.builder.master("local[2]").appName("tidemark-bench").config("spark.ui.enabled", "false")
+             .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false").getOrCreate())
+    spark.sparkContext.setLogLevel("ERROR")
+    spark_connector.register(spark)
+    return spark
+
+
+def wait_for_quiet(max_wait_s: float, busy_max: float = 0.2) -> float:
+    """Wait (bounded) for the CPUs to be mostly idle; the busy share seen last."""
+    deadline = time.monotonic() + max_wait_s
+    while True:
+        with open("/proc/stat") as f:
+            a = [int(x) for x in f.readline().split()[1:]]
+        time.sleep(1.0)
+        with open("/proc/stat") as f:
+            b = [int(x) for x in f.readline().split()[1:]]
+        idle = (b[3] + b[4]) - (a[3] + a[4])
+        busy = 1.0 - idle / max(1, sum(b) - sum(a))
+        if busy <= busy_max or time.monotonic() >= deadline:
+            return busy
+        log(f"machine busy ({busy:.0%} CPU); waiting")
+        time.sleep(4.0)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small-scale smoke run (200,000 messages)")
+    p.add_argument("--results", help="JSON-lines file to append results to (default: a new file in bench/results/)")
+    p.add_argument("--workdir", default=None, help="parent directory for temporary data (default /tmp)")
+    p.add_argument("--max-wait-quiet", type=float, default=600.0, help="wait up to this long for an idle machine")
+    p.add_argument("--messages", type=int, default=None, help="messages to read (default 2,000,000; quick 200,000)")
+    p.add_argument("--queues", type=int, default=4)
+    p.add_argument("--body", type=int, default=KiB)
+    p.add_argument("--no-parquet", action="store_true", help="skip the two Parquet runs")
+    p.add_argument("--emulate-raw-batches", action="store_true",
+                   help="diagnosis only: give broker.client.PullResult the proposed raw_batches() helper (patched "
+                        "into this process and, through a sitecustomize on PYTHONPATH, into Spark's Python workers) "
+                        "to measure the connector's decode path before the client offers it")
+    a = p.parse_args()
+    messages = a.messages or (200_000 if a.quick else 2_000_000)
+    params = {"messages": messages, "queues": a.queues, "body_bytes": a.body, "quick": a.quick, "master": "local[2]",
+              "emulate_raw_batches": a.emulate_raw_batches}
+    res = Results("spark_read", a.results, params)
+    parent = a.workdir or "/tmp"
+    from broker.client import PullResult
+
+    decode_path = "raw batches" if hasattr(PullResult, "raw_batches") else "PulledMessage objects"
+
+    from broker.client import BrokerClient
+
+    with common.temp_dir("tm-spark-", parent) as wd, common.running_daemon(wd) as daemon:
+        assert daemon.proc is not None
+        if a.emulate_raw_batches:
+            emulate_raw_batches(wd)
+            decode_path = "raw batches (emulated helper)"
+        log(f"connector decode path: {decode_path}")
+        with BrokerClient(daemon.address) as c:
+            c.create_topic(TOPIC, queues=a.queues)
+            c.create_topic(WARMUP_TOPIC, queues=a.queues)
+            fill(daemon.address, WARMUP_TOPIC, WARMUP_MESSAGES, a.body)
+            fill_s = fill(daemon.address, TOPIC, messages, a.body)
+            log(f"filled {messages:,} messages in {fill_s:.1f}s; waiting for the views to catch up")
+            deadline = time.monotonic() + 300
+            while sum(c.list_topics()[TOPIC]["max_offsets"]) < messages and time.monotonic() < deadline:
+                time.sleep(0.2)
+            held = sum(c.list_topics()[TOPIC]["max_offsets"])
+            if held != messages:
+                raise SystemExit(f"the topic holds {held} messages below the confirm offset, expected {messages}")
+        res.add("fill rate (2 producers, ack=leader)", messages / fill_s, "msg/s")
+
+        t0 = time.perf_counter()
+        spark = build_session()
+        spark.dataSource.register(generator_source())
+        log(f"Spark session up in {time.perf_counter() - t0:.1f}s")
+        tidemark = {"broker": daemon.address, "subscribe": TOPIC, "startingOffsets": "earliest"}
+        warm = {**tidemark, "subscribe": WARMUP_TOPIC}
+        gen = {"queues": str(a.queues), "rows": str(messages), "bodybytes": str(a.body)}
+        gen_warm = {**gen, "rows": str(WARMUP_MESSAGES)}
+        sinks = ["noop"] if a.no_parquet else ["noop", "parquet"]
+        rates: dict[tuple[str, str], float] = {}
+        for sink in sinks:
+            for source, opts, warm_opts, pid in (("tidemark", tidemark, warm, daemon.proc.pid),
+                                                 ("tidemark_generator", gen, gen_warm, None)):
+                run_query(spark, source, warm_opts, sink, wd, f"{source}-{sink}-warmup", pid)
+                busy = wait_for_quiet(a.max_wait_quiet)
+                r = run_query(spark, source, opts, sink, wd, f"{source}-{sink}", pid)
+                if r.rows != messages:
+                    raise SystemExit(f"{source} → {sink}: read {r.rows} rows, expected {messages}")
+                rate = r.rows / r.seconds
+                rates[(source, sink)] = rate
+                label = f"tidemark [{decode_path}]" if source == "tidemark" else "generator (ceiling)"
+                target, ok = common.at_least(rate, TARGET_ROWS_S) if (source, sink) == ("tidemark", "noop") else ("", None)
+                per_row = ", ".join(f"{k} {v / r.rows * 1e6:.1f}" for k, v in r.cpu_s.items() if v)
+                note = (f"{r.rows:,} rows in {r.seconds:.2f}s, {rate * a.body / 1e6:,.0f} MB/s; CPU µs/row: {per_row}; "
+                        f"busy before {busy:.0%}")
+                res.add(f"{label} → {sink}", rate, "rows/s", target=target, ok=ok, note=note, seconds=r.seconds,
+                        cpu_s=r.cpu_s)
+            ratio = rates[("tidemark", sink)] / rates[("tidemark_generator", sink)]
+            target, ok = common.at_least(ratio, TARGET_RATIO) if sink == "noop" else ("", None)
+            res.add(f"tidemark / generator ({sink})", ratio, "x", target=target, ok=ok)
+        spark.stop()
+        daemon.stop()
+    res.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
