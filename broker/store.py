@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -761,9 +760,6 @@ class Store:
         os.makedirs(path, exist_ok=True)
         return path
 
-    def reset_view_dirs(self) -> None:
-        """Drop derived state so every view rebuilds from the log (only when the log starts at 0)."""
-        shutil.rmtree(os.path.join(self.data_dir, "cq"), ignore_errors=True)
 
 
 def _fatal_on_error(target: Callable[[], None], name: str) -> Callable[[], None]:
