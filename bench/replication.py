@@ -74,6 +74,8 @@ BOOTSTRAP_TARGET_MBS = 150.0
 REDIS_RATIO_TARGET = 2.5
 FILL_BATCH = 4000  # messages per send while filling the bootstrap master (4 MiB requests)
 REDIS_PIPELINE = 1000
+OTHER_CPU_MAX = 0.45  # cores used by other processes during a measurement before it is redone (as send_throughput.py)
+ATTEMPTS = 3
 
 
 # -- small helpers -------------------------------------------------------------------------------
@@ -105,6 +107,13 @@ def _machine_busy_seconds() -> float:
     with open("/proc/stat") as f:
         vals = [int(x) for x in f.readline().split()[1:]]
     return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_with_children(pid: int) -> float:
+    """CPU seconds of a process and of its children it has waited for (Redis reaps its BGSAVE child)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
 def _status(address: str) -> dict[str, Any]:
@@ -303,8 +312,10 @@ def run_load(m: DaemonProcess, s: DaemonProcess, ack: str, producers: int, batch
     spies = [Spy(m.proc.pid, f"{spy_prefix}-master.txt", seconds), Spy(s.proc.pid, f"{spy_prefix}-slave.txt", seconds)] \
         if spy_prefix else []
     cpu_m0, cpu_s0, machine0 = common.cpu_seconds_of(m.proc.pid), common.cpu_seconds_of(s.proc.pid), _machine_busy_seconds()
+    own0 = time.process_time()
     _wait_until(start_at + warmup_s + seconds)
     cpu_m1, cpu_s1, machine1 = common.cpu_seconds_of(m.proc.pid), common.cpu_seconds_of(s.proc.pid), _machine_busy_seconds()
+    own = (time.process_time() - own0) / seconds
     try:
         results = [out.get(timeout=seconds + warmup_s + 120) for _ in procs]
     finally:
@@ -322,16 +333,21 @@ def run_load(m: DaemonProcess, s: DaemonProcess, ack: str, producers: int, batch
     count = sum(r["count"] for r in results)
     window = max(r["last"] for r in results) - (start_at + warmup_s)
     lat = [x for r in results for x in r["latencies"]]
+    client_cpu = sum(r["cpu"] for r in results) / window if window > 0 else 0.0
+    machine_cpu = (machine1 - machine0) / seconds
+    master_cpu, slave_cpu = (cpu_m1 - cpu_m0) / seconds, (cpu_s1 - cpu_s0) / seconds
     return {
         "count": count,
         "window_s": window,
         "rate": count / window if window > 0 else 0.0,
         "p50_ms": 1000 * _pct(lat, 0.5),
         "p99_ms": 1000 * _pct(lat, 0.99),
-        "master_cpu": (cpu_m1 - cpu_m0) / seconds,
-        "slave_cpu": (cpu_s1 - cpu_s0) / seconds,
-        "client_cpu": sum(r["cpu"] for r in results) / window if window > 0 else 0.0,
-        "machine_cpu": (machine1 - machine0) / seconds,
+        "master_cpu": master_cpu,
+        "slave_cpu": slave_cpu,
+        "client_cpu": client_cpu,
+        "bench_cpu": own,
+        "machine_cpu": machine_cpu,
+        "other_cpu": max(0.0, machine_cpu - master_cpu - slave_cpu - client_cpu - own),
         "acked": sorted(a for r in results for a in r["acked"]),
         "window_start": start_at + warmup_s,
     }
@@ -356,22 +372,29 @@ def part_throughput(res: Results, a: Any, workdir: str) -> float:
             with BrokerClient(m.address) as c:
                 c.create_topic(TOPIC, queues=QUEUES)
             for ack in order:
-                _wait_for(lambda m=m, s=s: _caught_up(m.address, s.address), 120, "the slave to catch up")
-                sampler = Sampler(_replica_probe(m.address), 0.1)
-                spy = ""
-                if a.profile_dir and round_no == 1 and ack == "replica":
-                    spy = os.path.join(a.profile_dir, "ack-replica")
-                log(f"round {round_no}: ack={ack}: {a.producers} producer processes x {a.batch} msgs/send, {a.seconds}s window")
-                r = run_load(m, s, ack, a.producers, a.batch, a.body, a.warmup, a.seconds, samplers=[sampler],
-                             spy_prefix=spy)
-                sampler.stop()
+                for attempt in range(1, ATTEMPTS + 1):
+                    _wait_for(lambda m=m, s=s: _caught_up(m.address, s.address), 120, "the slave to catch up")
+                    sampler = Sampler(_replica_probe(m.address), 0.1)
+                    spy = ""
+                    if a.profile_dir and round_no == 1 and ack == "replica":
+                        spy = os.path.join(a.profile_dir, f"ack-replica-{attempt}")
+                    log(f"round {round_no}: ack={ack}: {a.producers} producer processes x {a.batch} msgs/send, "
+                        f"{a.seconds}s window")
+                    r = run_load(m, s, ack, a.producers, a.batch, a.body, a.warmup, a.seconds, samplers=[sampler],
+                                 spy_prefix=spy)
+                    sampler.stop()
+                    if r["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
+                        break
+                    log(f"{r['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}, "
+                        f"{other_bench_scripts()}): measuring again")
+                    wait_for_quiet(a.max_wait_quiet)
                 flags = [x for _, x in sampler.samples]
                 r["in_sync_fraction"] = sum(1 for ok, _ in flags if ok) / len(flags) if flags else 0.0
                 r["lag_bytes_max"] = max((lb for _, lb in flags), default=0)
                 r["lag_bytes_p50"] = _pct([float(lb) for _, lb in flags], 0.5)
                 log(f"round {round_no}: ack={ack}: {r['rate']:,.0f} msg/s, p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms "
                     f"per send; CPU master {r['master_cpu']:.2f} slave {r['slave_cpu']:.2f} clients {r['client_cpu']:.2f} "
-                    f"machine {r['machine_cpu']:.2f}; slave in sync {r['in_sync_fraction']:.0%} of samples, "
+                    f"machine {r['machine_cpu']:.2f} (others {r['other_cpu']:.2f}); slave in sync {r['in_sync_fraction']:.0%} of samples, "
                     f"lag p50 {r['lag_bytes_p50'] / MiB:.1f} MiB max {r['lag_bytes_max'] / MiB:.1f} MiB")
                 runs[ack].append(r)
             m.stop()
@@ -386,12 +409,14 @@ def part_throughput(res: Results, a: Any, workdir: str) -> float:
                 + f"; p50 {mid['p50_ms']:.0f} ms p99 {mid['p99_ms']:.0f} ms per send of {a.batch}; CPU master "
                 f"{mid['master_cpu']:.2f}, slave {mid['slave_cpu']:.2f}, clients {mid['client_cpu']:.2f}, machine "
                 f"{mid['machine_cpu']:.2f} cores; slave in sync in {insync:.0%} of samples (min over rounds), "
-                f"lag max {max(r['lag_bytes_max'] for r in rs) / MiB:.0f} MiB")
+                f"lag max {max(r['lag_bytes_max'] for r in rs) / MiB:.0f} MiB; max other {max(r['other_cpu'] for r in rs):.2f} cores")
         if ack == "replica" and insync < 1.0:
             note = "SLAVE LEFT THE IN-SYNC SET: ack=replica confirmed without it part of the time; " + note
         res.add(f"master+slave ack={ack}", median[ack], "msg/s", note=note, rates=rates, p50_ms=mid["p50_ms"],
                 p99_ms=mid["p99_ms"], master_cpu_cores=mid["master_cpu"], slave_cpu_cores=mid["slave_cpu"],
-                client_cpu_cores=mid["client_cpu"], machine_cpu_cores=mid["machine_cpu"], in_sync_fraction=insync)
+                client_cpu_cores=mid["client_cpu"], machine_cpu_cores=mid["machine_cpu"], in_sync_fraction=insync,
+                other_cpu_cores=[r["other_cpu"] for r in rs], in_sync_fractions=[r["in_sync_fraction"] for r in rs],
+                lag_bytes_p50=[r["lag_bytes_p50"] for r in rs], lag_bytes_max=[r["lag_bytes_max"] for r in rs])
         res.add(f"master+slave ack={ack} MB/s", median[ack] * a.body / 1e6, "MB/s", note="payload bytes only")
     ratio = median["replica"] / median["flush"] if median["flush"] else 0.0
     paired = [r["rate"] / f["rate"] for r, f in zip(runs["replica"], runs["flush"], strict=True) if f["rate"]]
@@ -405,23 +430,17 @@ def part_throughput(res: Results, a: Any, workdir: str) -> float:
 
 
 # -- part 2: replication lag at half load -----------------------------------------------------------
-def _lags(acked: list[tuple[float, int]], samples: list[tuple[float, Any]], field: int) -> tuple[list[float], int]:
-    """Per acked send: seconds from its ack until the first sample whose offset ``field`` passed it."""
+def _lags(acked: list[tuple[float, int]], samples: list[tuple[float, Any]], field: int) -> list[float | None]:
+    """Per acked send: seconds from its ack until the first sample whose offset ``field`` passed it (None: never)."""
     times = [t for t, _ in samples]
     offsets = [v[field] for _, v in samples]
     for i in range(1, len(offsets)):  # offsets never go back; guard against a reordered sample anyway
         offsets[i] = max(offsets[i], offsets[i - 1])
-    lags: list[float] = []
-    missing = 0
+    out: list[float | None] = []
     for t_ack, off in acked:
         i = bisect.bisect_right(offsets, off)  # first sample with offset > off
-        while i < len(times) and times[i] < t_ack - 1.0:  # a sample far before the ack cannot be about it
-            i += 1
-        if i >= len(times):
-            missing += 1
-            continue
-        lags.append(max(0.0, times[i] - t_ack))
-    return lags, missing
+        out.append(max(0.0, times[i] - t_ack) if i < len(times) else None)
+    return out
 
 
 def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
@@ -447,37 +466,60 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
             reps = master_client.status().get("replicas") or [{"lag_bytes": -1, "acked_offset": -1}]
             return int(reps[0]["lag_bytes"]), int(reps[0]["acked_offset"])
 
-        slave_sampler = Sampler(slave_probe, a.poll_ms / 1000.0)
-        master_sampler = Sampler(master_probe, 0.01)
-        log(f"lag: ack=leader at 50% of {max_flush_rate:,.0f} msg/s = {target_rate:,.0f} msg/s "
-            f"({sends_per_s:.1f} sends/s of {a.batch}), {a.lag_seconds}s window; slave polled every {a.poll_ms} ms")
-        r = run_load(m, s, "leader", a.producers, a.batch, a.body, a.warmup, a.lag_seconds, sends_per_s=sends_per_s,
-                     samplers=[slave_sampler, master_sampler])
-        _wait_for(lambda: _caught_up(m.address, s.address), 60, "the slave to catch up after the lag window")
-        time.sleep(0.1)
-        slave_sampler.stop()
-        master_sampler.stop()
+        for attempt in range(1, ATTEMPTS + 1):
+            _wait_for(lambda: _caught_up(m.address, s.address), 120, "the slave to catch up")
+            slave_sampler = Sampler(slave_probe, a.poll_ms / 1000.0)
+            master_sampler = Sampler(master_probe, 0.01)
+            log(f"lag: ack=leader at 50% of {max_flush_rate:,.0f} msg/s = {target_rate:,.0f} msg/s "
+                f"({sends_per_s:.1f} sends/s of {a.batch}), {a.lag_seconds}s window; slave polled every {a.poll_ms} ms")
+            spy = os.path.join(a.profile_dir, f"lag-{attempt}") if a.profile_dir else ""
+            r = run_load(m, s, "leader", a.producers, a.batch, a.body, a.warmup, a.lag_seconds, sends_per_s=sends_per_s,
+                         samplers=[slave_sampler, master_sampler], spy_prefix=spy)
+            _wait_for(lambda: _caught_up(m.address, s.address), 60, "the slave to catch up after the lag window")
+            time.sleep(0.1)
+            slave_sampler.stop()
+            master_sampler.stop()
+            if r["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
+                break
+            log(f"{r['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}, "
+                f"{other_bench_scripts()}): measuring again")
+            wait_for_quiet(a.max_wait_quiet)
         slave_client.close()
         master_client.close()
         m.stop()
         s.stop()
     acked = r["acked"]
-    appended, miss_a = _lags(acked, slave_sampler.samples, 0)
-    flushed, miss_f = _lags(acked, slave_sampler.samples, 1)
+    per_send_a = _lags(acked, slave_sampler.samples, 0)
+    per_send_f = _lags(acked, slave_sampler.samples, 1)
+    appended = [x for x in per_send_a if x is not None]
+    flushed = [x for x in per_send_f if x is not None]
+    miss_a, miss_f = len(per_send_a) - len(appended), len(per_send_f) - len(flushed)
+    if a.dump_lags:
+        import json
+
+        with open(a.dump_lags, "w") as f:
+            json.dump({"window_start": r["window_start"], "sends": [[t - r["window_start"], off, la, lf] for (t, off), la, lf
+                                                                    in zip(acked, per_send_a, per_send_f, strict=True)],
+                       "slave_samples": [[t - r["window_start"], *v] for t, v in slave_sampler.samples],
+                       "master_samples": [[t - r["window_start"], *v] for t, v in master_sampler.samples]}, f)
+        log(f"lag: per-send lags written to {a.dump_lags}")
     gaps = [b[0] - a_[0] for a_, b in zip(slave_sampler.samples, slave_sampler.samples[1:], strict=False)]
     lag_bytes = [float(v[0]) for t, v in master_sampler.samples if v[0] >= 0 and t <= r["window_start"] + a.lag_seconds]
     resolution = 1000 * statistics.median(gaps) if gaps else 0.0
     common_params = {"offered_msgs_per_s": target_rate, "achieved_msgs_per_s": r["rate"], "max_flush_rate": max_flush_rate,
-                     "sends": len(acked), "poll_resolution_ms": resolution, "missing": miss_a}
+                     "sends": len(acked), "poll_resolution_ms": resolution, "missing": miss_a, "other_cpu_cores": r["other_cpu"],
+                     "lags_over_50ms": sum(1 for x in appended if x > 0.05)}
     note = (f"{len(appended)} sends of {a.batch} x {a.body} B, ack=leader at {r['rate']:,.0f} msg/s (50% of {max_flush_rate:,.0f} "
             f"from {source}); ack -> slave max_offset passes the receipt; slave polled every {resolution:.1f} ms "
-            f"(median gap); CPU master {r['master_cpu']:.2f} slave {r['slave_cpu']:.2f} machine {r['machine_cpu']:.2f}")
+            f"(median gap); CPU master {r['master_cpu']:.2f} slave {r['slave_cpu']:.2f} machine {r['machine_cpu']:.2f} "
+            f"(others {r['other_cpu']:.2f})")
     if miss_a:
         note = f"{miss_a} sends never seen on the slave; " + note
     res.add("replication lag p50 at 50% load", 1000 * _pct(appended, 0.5), "ms", note=note, **common_params)
     target, ok = common.at_most(1000 * _pct(appended, 0.99), LAG_P99_TARGET_MS)
     res.add("replication lag p99 at 50% load", 1000 * _pct(appended, 0.99), "ms", target=target, ok=ok and not miss_a,
-            note=f"max {1000 * max(appended, default=0):.1f} ms; " + note, **common_params)
+            note=f"max {1000 * max(appended, default=0):.1f} ms, {common_params['lags_over_50ms']} sends over 50 ms; " + note,
+            **common_params)
     res.add("replication lag to slave fsync p50", 1000 * _pct(flushed, 0.5), "ms",
             note="ack -> slave flushed_offset passes the receipt (durable on the slave)", missing=miss_f)
     res.add("replication lag to slave fsync p99", 1000 * _pct(flushed, 0.99), "ms",
@@ -506,6 +548,18 @@ def _poll_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> float | No
 def part_metadata(res: Results, a: Any, workdir: str) -> None:
     rng = random.Random(42)
     with running_pair(workdir, "meta") as (m, s), BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
+        assert m.proc is not None and s.proc is not None
+        mpid, spid = m.proc.pid, s.proc.pid
+
+        def cpu_mark() -> tuple[float, float, float, float]:
+            return (time.monotonic(), _machine_busy_seconds(),
+                    common.cpu_seconds_of(mpid) + common.cpu_seconds_of(spid) + time.process_time(), 0.0)
+
+        def other_since(mark: tuple[float, float, float, float]) -> float:
+            now = cpu_mark()
+            return max(0.0, (now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0])
+
+        mark = cpu_mark()
         # topics
         from_call: list[float] = []
         from_return: list[float] = []
@@ -523,9 +577,11 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
                 continue
             from_call.append(t2 - t0)
             from_return.append(max(0.0, t2 - t1))
+        other = other_since(mark)
         target, ok = common.at_most(1000 * _pct(from_call, 0.99), VISIBILITY_P99_TARGET_MS)
         note = (f"{len(from_call)} samples, CreateTopic call on the master -> in the slave's list_topics(); after the "
-                f"call returned: p50 {1000 * _pct(from_return, 0.5):.1f} ms p99 {1000 * _pct(from_return, 0.99):.1f} ms")
+                f"call returned: p50 {1000 * _pct(from_return, 0.5):.1f} ms p99 {1000 * _pct(from_return, 0.99):.1f} ms; "
+                f"other processes {other:.2f} cores")
         if failed:
             note = f"{failed} NEVER VISIBLE within 10 s; " + note
         res.add("topic create visible on slave p50", 1000 * _pct(from_call, 0.5), "ms", note=note, samples=len(from_call))
@@ -543,6 +599,7 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
         vis: list[float] = []
         failed = 0
         log(f"metadata: {a.samples} offset commits on the master, polling the slave's committed_offset()")
+        mark = cpu_mark()
         for i in range(1, a.samples + 1):
             time.sleep(rng.uniform(0.0, 0.1))
             t0 = time.monotonic()
@@ -554,7 +611,7 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
             vis.append(t2 - t0)
         target, ok = common.at_most(1000 * _pct(vis, 0.99), VISIBILITY_P99_TARGET_MS)
         note = (f"{len(vis)} samples, CommitOffset call on the master -> the slave's committed_offset() returns it; "
-                "includes the master's offsets.flush_interval_ms=100 buffering")
+                f"includes the master's offsets.flush_interval_ms=100 buffering; other processes {other_since(mark):.2f} cores")
         if failed:
             note = f"{failed} NEVER VISIBLE within 10 s; " + note
         res.add("offset commit visible on slave p50", 1000 * _pct(vis, 0.5), "ms", note=note, samples=len(vis))
@@ -590,7 +647,7 @@ def _log_value(path: str, event: str, key: str) -> str:
     return found.group(1) if found else ""
 
 
-def bootstrap_tidemark(a: Any, workdir: str, volume: int) -> dict[str, float]:
+def bootstrap_tidemark(a: Any, workdir: str, volume: int) -> dict[str, Any]:
     with common.temp_dir("tm-repl-boot-", workdir) as wd, common.running_daemon(wd, "master") as m:
         assert m.proc is not None
         fill_s = _fill_tidemark(m.address, volume)
@@ -604,58 +661,71 @@ def bootstrap_tidemark(a: Any, workdir: str, volume: int) -> dict[str, float]:
         time.sleep(2.0)  # a checkpoint interval (1 s) and then some
         st = _status(m.address)
         log_bytes = int(st["max_offset"]) - int(st["min_offset"])
-        if a.cold:
-            evicted = common.evict_page_cache(m.data_dir)
-            log(f"bootstrap: evicted {evicted / MiB:,.0f} MiB of the master's files from the page cache")
-        quiet = wait_for_quiet(a.max_wait_quiet)
-        s = DaemonProcess(os.path.join(wd, "slave"), config={"node.role": "slave", "node.master": m.address})
-        spies: list[Spy] = []
-        try:
-            log(f"bootstrap: starting an empty slave of a master with {log_bytes / MiB:,.0f} MiB of log")
-            t0 = time.monotonic()
-            s.start(wait=False)
-            assert s.proc is not None
-            if a.profile_dir:
-                time.sleep(0.05)
-                spies = [Spy(s.proc.pid, os.path.join(a.profile_dir, "bootstrap-slave.txt")),
-                         Spy(m.proc.pid, os.path.join(a.profile_dir, "bootstrap-master.txt"))]
-            cpu_m0 = common.cpu_seconds_of(m.proc.pid)
-            ready_s = _wait_serving(s, t0)
-            with BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
-                def converged() -> bool:
-                    sm, ss = cm.status(), cs.status()
-                    return sm["max_offset"] == ss["max_offset"] and sm["confirm_offset"] == ss["confirm_offset"]
+        for attempt in range(1, ATTEMPTS + 1):
+            if a.cold:
+                evicted = common.evict_page_cache(m.data_dir)
+                log(f"bootstrap: evicted {evicted / MiB:,.0f} MiB of the master's files from the page cache")
+            quiet = wait_for_quiet(a.max_wait_quiet)
+            out = _bootstrap_once(a, wd, m, attempt, log_bytes)
+            out.update(fill_s=fill_s, quiet=quiet, attempts=attempt)
+            if out["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
+                break
+            log(f"{out['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}, "
+                f"{other_bench_scripts()}): measuring again")
+        m.stop()
+        return out
 
-                converged_s = _wait_for(converged, 600, "the slave to converge", 0.02)
-            total_s = time.monotonic() - t0
-            cpu_m = common.cpu_seconds_of(m.proc.pid) - cpu_m0
-            cpu_s = common.cpu_seconds_of(s.proc.pid)
-            for spy in spies:
-                spy.stop()
-            spies = []
-            sm, ss = _status(m.address), _status(s.address)
-            slave_log_bytes = common.dir_bytes(os.path.join(s.data_dir, "log"))
-            master_log_bytes = common.dir_bytes(os.path.join(m.data_dir, "log"))
-            if slave_log_bytes != master_log_bytes:
-                raise RuntimeError(f"slave log holds {slave_log_bytes} bytes, the master's {master_log_bytes}")
-            bundle_s = _log_value(s.log_path, "bootstrapped", "seconds")
-            snapshot_offset = _log_value(s.log_path, "bootstrapped", "snapshot_offset")
-            out = {"seconds": total_s, "ready_s": ready_s, "stream_s": converged_s, "bytes": float(log_bytes),
-                   "bundle_s": float(bundle_s or 0.0), "snapshot_offset": float(snapshot_offset or 0),
-                   "master_cpu_s": cpu_m, "slave_cpu_s": cpu_s, "fill_s": fill_s,
-                   "max_offset": float(sm["max_offset"]), "slave_min_offset": float(ss["min_offset"])}
-            out["quiet"] = quiet  # type: ignore[assignment]
-            log(f"bootstrap: converged {total_s:.2f}s after spawning the slave ({log_bytes / total_s / 1e6:,.0f} MB/s): "
-                f"serving after {ready_s:.2f}s (bundle {bundle_s or '?'}s), then {converged_s:.2f}s of streaming; "
-                f"CPU master {cpu_m:.1f}s slave {cpu_s:.1f}s")
-            s.stop()
-            m.stop()
-            return out
-        finally:
-            for spy in spies:
-                spy.stop()
-            s.kill9()
-            shutil.rmtree(s.data_dir + ".bootstrap", ignore_errors=True)
+
+def _bootstrap_once(a: Any, wd: str, m: DaemonProcess, attempt: int, log_bytes: int) -> dict[str, Any]:
+    """Start an empty slave of ``m``, time it until converged, check both logs hold the same bytes, stop it."""
+    assert m.proc is not None
+    s = DaemonProcess(os.path.join(wd, f"slave{attempt}"), config={"node.role": "slave", "node.master": m.address})
+    spies: list[Spy] = []
+    try:
+        log(f"bootstrap: starting an empty slave of a master with {log_bytes / MiB:,.0f} MiB of log")
+        cpu_m0, machine0, own0 = common.cpu_seconds_of(m.proc.pid), _machine_busy_seconds(), time.process_time()
+        t0 = time.monotonic()
+        s.start(wait=False)
+        assert s.proc is not None
+        if a.profile_dir:
+            time.sleep(0.05)
+            spies = [Spy(s.proc.pid, os.path.join(a.profile_dir, f"bootstrap-slave-{attempt}.txt")),
+                     Spy(m.proc.pid, os.path.join(a.profile_dir, f"bootstrap-master-{attempt}.txt"))]
+        ready_s = _wait_serving(s, t0)
+        with BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
+            def converged() -> bool:
+                sm, ss = cm.status(), cs.status()
+                return sm["max_offset"] == ss["max_offset"] and sm["confirm_offset"] == ss["confirm_offset"]
+
+            converged_s = _wait_for(converged, 600, "the slave to converge", 0.02)
+        total_s = time.monotonic() - t0
+        cpu_m = common.cpu_seconds_of(m.proc.pid) - cpu_m0
+        cpu_s = common.cpu_seconds_of(s.proc.pid)
+        other = max(0.0, _machine_busy_seconds() - machine0 - cpu_m - cpu_s - (time.process_time() - own0)) / total_s
+        for spy in spies:
+            spy.stop()
+        spies = []
+        sm, ss = _status(m.address), _status(s.address)
+        slave_log_bytes = common.dir_bytes(os.path.join(s.data_dir, "log"))
+        master_log_bytes = common.dir_bytes(os.path.join(m.data_dir, "log"))
+        if slave_log_bytes != master_log_bytes:
+            raise RuntimeError(f"slave log holds {slave_log_bytes} bytes, the master's {master_log_bytes}")
+        bundle_s = _log_value(s.log_path, "bootstrapped", "seconds")
+        snapshot_offset = _log_value(s.log_path, "bootstrapped", "snapshot_offset")
+        log(f"bootstrap: converged {total_s:.2f}s after spawning the slave ({log_bytes / total_s / 1e6:,.0f} MB/s): "
+            f"serving after {ready_s:.2f}s (bundle {bundle_s or '?'}s), then {converged_s:.2f}s of streaming; "
+            f"CPU master {cpu_m:.1f}s slave {cpu_s:.1f}s, other processes {other:.2f} cores")
+        s.stop()
+        return {"seconds": total_s, "ready_s": ready_s, "stream_s": converged_s, "bytes": float(log_bytes),
+                "bundle_s": float(bundle_s or 0.0), "snapshot_offset": float(snapshot_offset or 0),
+                "master_cpu_s": cpu_m, "slave_cpu_s": cpu_s, "other_cpu": other,
+                "max_offset": float(sm["max_offset"]), "slave_min_offset": float(ss["min_offset"])}
+    finally:
+        for spy in spies:
+            spy.stop()
+        s.kill9()
+        shutil.rmtree(s.data_dir, ignore_errors=True)
+        shutil.rmtree(s.data_dir + ".bootstrap", ignore_errors=True)
 
 
 def _wait_serving(d: DaemonProcess, t0: float, timeout_s: float = 600.0) -> float:
@@ -701,15 +771,12 @@ def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
     import redis
 
     primary = common.RedisServer(workdir, "everysec")
-    replica = common.RedisServer(workdir, "everysec")
     try:
         primary.start()
-        replica.start()
+        assert primary.proc is not None
         version = primary.version()
         p = redis.Redis(host="127.0.0.1", port=primary.port)
-        rr = redis.Redis(host="127.0.0.1", port=replica.port)
         p.config_set("repl-diskless-sync", "no")
-        rr.config_set("repl-diskless-load", "disabled")
         keys = volume // KiB
         log(f"redis {version}: filling the primary with {keys:,} SET of 1 KiB values (pipelines of {REDIS_PIPELINE})")
         fill_s = _fill_redis(primary.port, keys)
@@ -721,34 +788,59 @@ def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
         _wait_for(idle, 300, "the Redis primary to finish background rewrites")
         dbsize = int(p.dbsize())
         used = int(p.info("memory")["used_memory"])
-        quiet = wait_for_quiet(a.max_wait_quiet)
-        log(f"redis: primary holds {dbsize:,} keys, used_memory {used / MiB:,.0f} MiB (filled in {fill_s:.1f}s); REPLICAOF")
-        t0 = time.monotonic()
-        rr.replicaof("127.0.0.1", primary.port)
-
-        def synced() -> bool:
+        for attempt in range(1, ATTEMPTS + 1):
+            _wait_for(idle, 300, "the Redis primary to finish background saves")
+            replica = common.RedisServer(workdir, "everysec")
             try:
-                info = rr.info("replication")
-                if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
-                    return False
-                return int(rr.dbsize()) == dbsize
-            except redis.exceptions.BusyLoadingError:
-                return False
+                replica.start()
+                assert replica.proc is not None
+                rr = redis.Redis(host="127.0.0.1", port=replica.port)
+                rr.config_set("repl-diskless-load", "disabled")
+                quiet = wait_for_quiet(a.max_wait_quiet)
+                log(f"redis: primary holds {dbsize:,} keys, used_memory {used / MiB:,.0f} MiB (filled in {fill_s:.1f}s); "
+                    "REPLICAOF on a new replica")
+                cpu_p0, machine0, own0 = _cpu_with_children(primary.proc.pid), _machine_busy_seconds(), time.process_time()
+                t0 = time.monotonic()
+                rr.replicaof("127.0.0.1", primary.port)
 
-        _wait_for(synced, 900, "the Redis replica full sync", 0.01)
-        seconds = time.monotonic() - t0
-        rdb_path = os.path.join(primary.dir, "dump.rdb")
-        rdb_bytes = os.path.getsize(rdb_path) if os.path.exists(rdb_path) else 0
-        replica_used = int(rr.info("memory")["used_memory"])
+                def synced(rr: Any = rr) -> bool:
+                    try:
+                        info = rr.info("replication")
+                        if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
+                            return False
+                        return int(rr.dbsize()) == dbsize
+                    except redis.exceptions.BusyLoadingError:
+                        return False
+
+                _wait_for(synced, 900, "the Redis replica full sync", 0.01)
+                seconds = time.monotonic() - t0
+                cpu_p = _cpu_with_children(primary.proc.pid) - cpu_p0
+                cpu_r = common.cpu_seconds_of(replica.proc.pid)  # its children (the AOF rewrite) are not counted
+                other = max(0.0, _machine_busy_seconds() - machine0 - cpu_p - cpu_r - (time.process_time() - own0)) / seconds
+                rdb_path = os.path.join(primary.dir, "dump.rdb")
+                rdb_bytes = os.path.getsize(rdb_path) if os.path.exists(rdb_path) else 0
+                replica_used = int(rr.info("memory")["used_memory"])
+                rr.replicaof("NO", "ONE")
+                rr.close()
+            finally:
+                t_stop = time.monotonic()
+                replica.stop()
+                log(f"redis: replica stopped in {time.monotonic() - t_stop:.1f}s")
+            log(f"redis: replica synced in {seconds:.2f}s: RDB {rdb_bytes / MiB:,.0f} MiB ({rdb_bytes / seconds / 1e6:,.0f} MB/s); "
+                f"replica used_memory {replica_used / MiB:,.0f} MiB; CPU primary {cpu_p:.1f}s (with its BGSAVE child) "
+                f"replica {cpu_r:.1f}s, other processes {other:.2f} cores")
+            if attempt == ATTEMPTS or other <= OTHER_CPU_MAX:
+                break
+            log(f"{other:.2f} cores went to other processes ({common.foreign_processes()}, {other_bench_scripts()}): "
+                "measuring again")
         p.close()
-        rr.close()
-        log(f"redis: replica synced in {seconds:.2f}s: RDB {rdb_bytes / MiB:,.0f} MiB ({rdb_bytes / seconds / 1e6:,.0f} MB/s); "
-            f"replica used_memory {replica_used / MiB:,.0f} MiB")
         return {"seconds": seconds, "rdb_bytes": rdb_bytes, "keys": dbsize, "used_memory": used,
-                "replica_used_memory": replica_used, "version": version, "fill_s": fill_s, "quiet": quiet}
+                "replica_used_memory": replica_used, "version": version, "fill_s": fill_s, "quiet": quiet,
+                "other_cpu": other, "primary_cpu_s": cpu_p, "replica_cpu_s": cpu_r, "attempts": attempt}
     finally:
-        replica.stop()
+        t_stop = time.monotonic()
         primary.stop()
+        log(f"redis: primary stopped in {time.monotonic() - t_stop:.1f}s")
 
 
 def part_bootstrap(res: Results, a: Any, workdir: str) -> None:
@@ -758,7 +850,8 @@ def part_bootstrap(res: Results, a: Any, workdir: str) -> None:
     target, ok = common.at_least(mbs, BOOTSTRAP_TARGET_MBS)
     note = (f"{t['bytes'] / MiB:,.0f} MiB of log in {t['seconds']:.2f}s from spawning the empty slave to max/confirm offsets "
             f"equal: serving after {t['ready_s']:.2f}s (snapshot bundle {t['bundle_s']:.2f}s of it), converged "
-            f"{t['stream_s']:.2f}s later; CPU master {t['master_cpu_s']:.1f}s slave {t['slave_cpu_s']:.1f}s"
+            f"{t['stream_s']:.2f}s later; CPU master {t['master_cpu_s']:.1f}s slave {t['slave_cpu_s']:.1f}s, other processes "
+            f"{t['other_cpu']:.2f} cores"
             + ("; master's page cache evicted first" if a.cold else "; master's log in the page cache"))
     res.add("tidemark empty-slave bootstrap", mbs, "MB/s", target=target, ok=ok, note=note,
             **{k: v for k, v in t.items() if k != "quiet"}, quiet=t["quiet"])
@@ -769,7 +862,8 @@ def part_bootstrap(res: Results, a: Any, workdir: str) -> None:
     rmbs = r["rdb_bytes"] / r["seconds"] / 1e6
     res.add(f"redis {r['version']} replica full sync", rmbs, "MB/s",
             note=f"{r['keys']:,} keys x 1 KiB, RDB {r['rdb_bytes'] / MiB:,.0f} MiB (used_memory {r['used_memory'] / MiB:,.0f} MiB) "
-                 f"in {r['seconds']:.2f}s from REPLICAOF to link up + DBSIZE equal; repl-diskless-sync no",
+                 f"in {r['seconds']:.2f}s from REPLICAOF to link up + DBSIZE equal; repl-diskless-sync no; CPU primary "
+                 f"{r['primary_cpu_s']:.1f}s (with BGSAVE) replica {r['replica_cpu_s']:.1f}s, other {r['other_cpu']:.2f} cores",
             **{k: v for k, v in r.items() if k != "quiet"}, quiet=r["quiet"])
     res.add(f"redis {r['version']} replica full sync time", r["seconds"], "s")
     ratio = mbs / rmbs if rmbs else 0.0
@@ -796,6 +890,7 @@ def main() -> int:
     p.add_argument("--cold", action="store_true", help="evict the master's files from the page cache before the bootstrap")
     p.add_argument("--skip-redis", action="store_true")
     p.add_argument("--profile-dir", default="", help="write py-spy stacks (collapsed) of master and slave here")
+    p.add_argument("--dump-lags", default="", help="write the lag part's per-send lags and samples (JSON) here")
     a = p.parse_args()
     parts = [x for x in a.only.split(",") if x] or list(PARTS)
     unknown = [x for x in parts if x not in PARTS]
