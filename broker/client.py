@@ -168,6 +168,12 @@ class PullResult(Sequence[PulledMessage]):
         return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos - start,
                              h.store_time_ms)
 
+    def raw_batches(self) -> tuple[list[bytes], int]:
+        """The pulled log bytes (runs of whole batches, docs/formats/commitlog.md) and how many
+        records of the first batch lie before the requested offset; ``len(self)`` records follow.
+        For columnar readers (the Spark connector) that decode without per-record objects."""
+        return list(self._response.batches), self._response.skip_first
+
     def bodies(self) -> list[bytes]:
         """All bodies at once, in one pass over the batches, without per-message objects."""
         out: list[bytes] = []
