@@ -1,8 +1,8 @@
 """Pulled log batches → Arrow columns, with no Python object per record.
 
-Format: docs/formats/commitlog.md. The constants below mirror ``broker/batch_format.py`` (a
-unit test checks that they agree); the connector keeps its own copy because it may use only the
-client API of ``broker``.
+Input: ``PullResult.raw_batches()``. Format: docs/formats/commitlog.md. The constants below
+mirror ``broker/batch_format.py`` (a unit test checks that they agree); the connector keeps its
+own copy because it uses only the client API of ``broker``.
 
 How: one Python pass per batch reads each record's 8-byte head (``u32 record_bytes, u16
 key_len, u16 props_len``) to find where the records are. Numpy then turns those positions into
@@ -19,7 +19,7 @@ queue offsets must be the ones asked for.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import crc32c
@@ -55,15 +55,13 @@ class Columns:
     count: int
 
 
-def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int, first_offset: int,
-           with_props: bool) -> Columns:
+def decode_chunks(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int,
+                  first_offset: int, with_props: bool) -> Iterator[Columns]:
     """The ``count`` records after the first ``skip_first`` records of ``blobs`` (runs of whole
-    batches), which must start at queue offset ``first_offset`` of ``topic``/``queue_id``."""
+    batches), which must start at queue offset ``first_offset`` of ``topic``/``queue_id``: one
+    ``Columns`` per blob (no copy to join blobs). Every blob is checked before the first yield."""
     topic_raw = topic.encode()
-    keys: list[pa.Array] = []
-    values: list[pa.Array] = []
-    props: list[pa.Array] = []
-    times: list[np.ndarray] = []
+    plan: list[tuple[bytes, np.ndarray, np.ndarray]] = []  # (blob, record positions, store times)
     skip = skip_first
     remaining = count
     next_offset = first_offset - skip_first  # queue offset of the next batch's first record
@@ -91,21 +89,26 @@ def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, q
             skip = 0
             next_offset += record_count
             pos = end
-        if not sum(batch_counts):
-            continue
-        k, v, p = _columns(blob, starts[0] if len(starts) == 1 else np.concatenate(starts), with_props)
-        keys.append(k)
-        values.append(v)
-        if p is not None:
-            props.append(p)
-        times.append(np.repeat(np.asarray(batch_times, dtype=np.int64), batch_counts))
+        if sum(batch_counts):
+            plan.append((blob, starts[0] if len(starts) == 1 else np.concatenate(starts),
+                         np.repeat(np.asarray(batch_times, dtype=np.int64), batch_counts)))
     if remaining != 0:
         raise BatchFormatError(f"{topic}/{queue_id}: the pull holds {count - remaining} records, expected {count}")
+    for blob, positions, times_ms in plan:
+        keys, values, props = _columns(blob, positions, with_props)
+        yield Columns(keys, values, props, times_ms, len(positions))
+
+
+def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int, first_offset: int,
+           with_props: bool) -> Columns:
+    """``decode_chunks`` joined into one ``Columns``."""
+    chunks = list(decode_chunks(blobs, skip_first, count, topic=topic, queue_id=queue_id, first_offset=first_offset,
+                                with_props=with_props))
     return Columns(
-        keys=_concat(keys, pa.binary()),
-        values=_concat(values, pa.binary()),
-        props=_concat(props, pa.binary()) if with_props else None,
-        times_ms=np.concatenate(times) if times else np.zeros(0, np.int64),
+        keys=_concat([c.keys for c in chunks], pa.binary()),
+        values=_concat([c.values for c in chunks], pa.binary()),
+        props=_concat([c.props for c in chunks if c.props is not None], pa.binary()) if with_props else None,
+        times_ms=np.concatenate([c.times_ms for c in chunks]) if chunks else np.zeros(0, np.int64),
         count=count,
     )
 

@@ -22,7 +22,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from broker.client import BrokerClient, BrokerError, PullResult
-from spark_connector.batches import raw_batch, record_batch
+from spark_connector.batches import pull_batch
 from spark_connector.invariant import invariant
 
 log = logging.getLogger("spark_connector")
@@ -73,7 +73,7 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
                         report_data_loss(f"{p.topic}/{p.queue_id} ends at {offset}, before the planned end {p.end}",
                                          p.fail_on_data_loss)
                         return
-                    yield _arrow(result, count, p, offset)
+                    yield pull_batch(result, count, p.topic, p.queue_id, offset, p.include_headers)
                     offset += count
                     if offset >= p.end:
                         return
@@ -83,15 +83,6 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
                 resume = _resume_after_loss(client, p, offset, exc)
                 invariant(resume > offset, f"no progress after data loss at {p.topic}/{p.queue_id}@{offset}")
                 offset = resume
-
-
-def _arrow(result: PullResult, count: int, p: QueueRange, offset: int) -> pa.RecordBatch:
-    """The first ``count`` records of ``result`` as an Arrow batch (fast path when the client has it)."""
-    raw_batches = getattr(result, "raw_batches", None)  # proposed client helper, see batches.py
-    if raw_batches is not None:
-        blobs, skip_first = raw_batches()
-        return raw_batch(blobs, skip_first, count, p.topic, p.queue_id, offset, p.include_headers)
-    return record_batch(result, count, p.topic, p.queue_id, offset, p.include_headers)
 
 
 def _pulls(client: BrokerClient, p: QueueRange, offset: int) -> Iterator[PullResult]:

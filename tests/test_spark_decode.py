@@ -1,7 +1,7 @@
 """The connector's batch decoder (spark_connector/decode.py): Spark-free, on synthetic and real batches.
 
-``PullResult.raw_batches()`` does not exist in the client yet (it is the helper the connector
-proposes); the tests that need it against a real daemon patch it in with ``monkeypatch``.
+Against a real daemon the decoder is checked against an independent reference: the same rows
+built from the client's ``PulledMessage`` objects.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from broker.client import BrokerClient, Message, PullResult
 from broker.procs import DaemonProcess
 from spark_connector import decode as dc
 from spark_connector import schema as sc
-from spark_connector.batches import raw_batch, record_batch
+from spark_connector.batches import pull_batch, raw_batch
 from spark_connector.partition import QueueRange, read_partition
 
 Item = tuple[bytes, bytes, bytes]  # (body, key, encoded props)
@@ -72,8 +72,8 @@ def test_decode_selects_the_requested_records(uniform: bool, skip: int, count: i
         column.validate(full=True)
 
 
-def test_raw_batch_equals_the_object_path_on_synthetic_batches() -> None:
-    """raw_batch() builds the same RecordBatch (headers included) as the documented row shape."""
+def test_raw_batch_builds_the_documented_rows() -> None:
+    """raw_batch() builds the documented row shape (headers included) from synthetic batches."""
     everything = items(9, uniform=False)
     blob = make_batch(everything, base_queue_offset=0, topic="orders", queue_id=2, store_time_ms=42)
     batch = raw_batch([blob], 2, 6, "orders", 2, 2, True)
@@ -118,27 +118,39 @@ def test_decode_checks_framing_inside_a_batch() -> None:
         dc.decode([head + records], 0, 2, topic="t", queue_id=0, first_offset=0, with_props=False)
 
 
-def raw_batches(self: PullResult) -> tuple[list[bytes], int]:
-    """The proposed client helper, as the connector expects it (test stand-in)."""
-    return list(self._response.batches), self._response.skip_first
+def reference_batch(result: PullResult, count: int, topic: str, queue_id: int, first_offset: int) -> pa.RecordBatch:
+    """The expected rows, from PulledMessage objects (public client API), with headers."""
+    msgs = list(result)[:count]
+    assert [m.queue_offset for m in msgs] == list(range(first_offset, first_offset + count))
+    columns = [
+        pa.array([m.key.encode() if m.key is not None else None for m in msgs], pa.binary()),
+        pa.array([m.body for m in msgs], pa.binary()),
+        pa.array([topic] * count, pa.string()),
+        pa.array([queue_id] * count, pa.int32()),
+        pa.array(range(first_offset, first_offset + count), pa.int64()),
+        pa.array([m.store_time_ms * 1000 for m in msgs], sc.TIMESTAMP_ARROW),
+        pa.array([1] * count, pa.int32()),
+        pa.array([[(k, v.encode()) for k, v in m.properties.items()] or None for m in msgs], sc.HEADERS_ARROW),
+    ]
+    return pa.RecordBatch.from_arrays(columns, schema=sc.arrow_schema(True))
 
 
-def test_both_decode_paths_read_the_same_rows(spawn: Callable[..., DaemonProcess], monkeypatch: pytest.MonkeyPatch) -> None:
-    """Against a real daemon, the raw-batch path and the PulledMessage path yield identical batches."""
+def test_decoded_pulls_equal_the_message_objects(spawn: Callable[..., DaemonProcess]) -> None:
+    """Against a real daemon, decoded batches and read_partition equal the rows built from PulledMessage objects."""
     d = spawn()
     with BrokerClient(d.address) as c:
         c.create_topic("mixed", queues=2)
         for n in range(6):
             c.send("mixed", [Message(body=os.urandom(50 + i % 7), key=f"k{i}" if i % 2 else None,
-                                     properties={"n": str(n)} if i % 3 == 0 else None) for i in range(700)])
+                                     properties={"n": str(n), "é": "ü"} if i % 3 == 0 else None) for i in range(700)])
         highs = c.list_topics()["mixed"]["max_offsets"]
+        expected = []
         for q, high in enumerate(highs):
             res = c.pull("mixed", q, 3, max_messages=high)
-            assert raw_batch(*raw_batches(res), len(res) - 5, "mixed", q, 3, True).equals(
-                record_batch(res, len(res) - 5, "mixed", q, 3, True))
-    parts = [QueueRange((d.address,), "mixed", q, 1, high, True, True) for q, high in enumerate(highs)]
-    slow = [pa.Table.from_batches(list(read_partition(p))) for p in parts]
-    monkeypatch.setattr(PullResult, "raw_batches", raw_batches, raising=False)
-    fast = [pa.Table.from_batches(list(read_partition(p))) for p in parts]
-    assert all(a.equals(b) for a, b in zip(slow, fast, strict=True))
-    assert sum(t.num_rows for t in fast) == sum(highs) - 2
+            assert pull_batch(res, len(res) - 5, "mixed", q, 3, True).equals(reference_batch(res, len(res) - 5, "mixed", q, 3))
+            whole = c.pull("mixed", q, 1, max_messages=high)
+            assert len(whole) == high - 1
+            expected.append(pa.Table.from_batches([reference_batch(whole, high - 1, "mixed", q, 1)]))
+    got = [pa.Table.from_batches(list(read_partition(QueueRange((d.address,), "mixed", q, 1, high, True, True))))
+           for q, high in enumerate(highs)]
+    assert all(a.equals(b) for a, b in zip(got, expected, strict=True))
