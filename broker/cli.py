@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import os
 import sys
 import time
 from importlib.metadata import entry_points
@@ -21,8 +22,23 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> int:
     return code
 
 
+TOKEN_ENV = "TIDEMARK_TOKEN"
+
+
+def _connection_flags() -> argparse.ArgumentParser:
+    """--broker and the TLS/token options every client subcommand takes."""
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("--broker", required=True, help="HOST:PORT[,HOST:PORT...]")
+    c.add_argument("--tls-ca", help="PEM CA bundle: connect with TLS and verify the broker against it")
+    c.add_argument("--tls-cert", help="PEM client certificate (a broker with tls.client_ca_file asks for one)")
+    c.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    c.add_argument("--token-file", help=f"file holding the bearer token (default: ${TOKEN_ENV})")
+    return c
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tidemark", description="Tidemark broker daemon and tools")
+    conn = _connection_flags()
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("serve", help="run the daemon")
@@ -37,42 +53,34 @@ def _parser() -> argparse.ArgumentParser:
 
     t = sub.add_parser("topic", help="create, list or delete topics")
     tsub = t.add_subparsers(dest="topic_command", required=True)
-    tc = tsub.add_parser("create")
+    tc = tsub.add_parser("create", parents=[conn])
     tc.add_argument("name")
     tc.add_argument("--queues", type=int, default=1)
-    tc.add_argument("--broker", required=True)
-    tl = tsub.add_parser("list")
-    tl.add_argument("--broker", required=True)
+    tl = tsub.add_parser("list", parents=[conn])
     tl.add_argument("--all", action="store_true", help="include system topics")
-    td = tsub.add_parser("delete")
+    td = tsub.add_parser("delete", parents=[conn])
     td.add_argument("name")
-    td.add_argument("--broker", required=True)
 
-    se = sub.add_parser("send", help="send one message per stdin line; print one JSON receipt per line")
+    se = sub.add_parser("send", parents=[conn], help="send one message per stdin line; print one JSON receipt per line")
     se.add_argument("topic")
-    se.add_argument("--broker", required=True)
     se.add_argument("--key")
     se.add_argument("--delay-ms", type=int)
     se.add_argument("--ack", choices=("leader", "flush", "replica"), default="replica")
     se.add_argument("--batch", type=int, default=1000, help="lines per request")
 
-    co = sub.add_parser("consume", help="print one JSON object per message")
+    co = sub.add_parser("consume", parents=[conn], help="print one JSON object per message")
     co.add_argument("topic")
-    co.add_argument("--broker", required=True)
     co.add_argument("--group")
     co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest")
     co.add_argument("--max", type=int, default=0, help="stop after N messages (0: no limit)")
     co.add_argument("--timeout-ms", type=int, default=1000, help="stop after this long without messages")
 
-    pr = sub.add_parser("promote", help="make a slave the master (a new epoch)")
-    pr.add_argument("--broker", required=True)
+    pr = sub.add_parser("promote", parents=[conn], help="make a slave the master (a new epoch)")
     pr.add_argument("--unclean", action="store_true", help="even if not known to be in sync (may lose data)")
-    dm = sub.add_parser("demote", help="make a master follow another master")
-    dm.add_argument("--broker", required=True)
+    dm = sub.add_parser("demote", parents=[conn], help="make a master follow another master")
     dm.add_argument("--master", required=True)
 
-    st = sub.add_parser("status")
-    st.add_argument("--broker", required=True)
+    st = sub.add_parser("status", parents=[conn])
     st.add_argument("--json", action="store_true")
 
     cf = sub.add_parser("config", help="configuration tools")
@@ -109,7 +117,12 @@ def _dispatch(args: argparse.Namespace) -> int:
 
             return run_demo()
         if cmd == "config":
+            from broker import auth, tls
+
             cfg = Config.load(args.file)
+            tls.check_files(cfg)  # certificate, key and token files must exist and parse
+            if cfg["auth.token_file"]:
+                auth.read_token(cfg["auth.token_file"])
             print(f"{args.file}: ok ({len(cfg.as_dict())} settings)")
             return 0
         if cmd == "log":
@@ -125,11 +138,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         if cmd == "status":
             return _status(args)
         if cmd == "promote":
-            with _client(args.broker) as c:
+            with _client(args) as c:
                 print(json.dumps({"promoted": args.broker, "epoch": c.promote(unclean=args.unclean)}))
             return 0
         if cmd == "demote":
-            with _client(args.broker) as c:
+            with _client(args) as c:
                 c.demote(master=args.master)
             print(json.dumps({"demoted": args.broker, "master": args.master}))
             return 0
@@ -150,22 +163,35 @@ def _serve(args: argparse.Namespace) -> int:
     }
     cfg = Config.load(args.config, overrides)
     logsetup.configure(cfg["log.level"], cfg["log.format"])
-    for hook in entry_points(group="tidemark.prestart"):  # e.g. a slave's bootstrap from its master
-        hook.load()(cfg)
+
+    def prestart(config: Config) -> None:
+        for hook in entry_points(group="tidemark.prestart"):  # e.g. a slave's bootstrap from its master
+            hook.load()(config)
+
     try:
-        return serve(cfg)
+        return serve(cfg, load_config=lambda: Config.load(args.config, overrides), prestart=prestart)
     except StartupRefused as exc:
         return _fail(f"refusing to start: {exc}")
 
 
-def _client(broker: str) -> Any:
+def _client(args: argparse.Namespace) -> Any:
+    from broker.auth import read_token
     from broker.client import BrokerClient
 
-    return BrokerClient([a.strip() for a in broker.split(",") if a.strip()])
+    token = os.environ.get(TOKEN_ENV) or None
+    if args.token_file:
+        token = read_token(args.token_file, "--token-file")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    try:
+        return BrokerClient([a.strip() for a in args.broker.split(",") if a.strip()], token=token,
+                            tls_ca_file=args.tls_ca, tls_cert_file=args.tls_cert, tls_key_file=args.tls_key)
+    except OSError as exc:
+        raise ConfigError(f"{exc.filename}: cannot read: {exc.strerror}") from None
 
 
 def _topic(args: argparse.Namespace) -> int:
-    with _client(args.broker) as c:
+    with _client(args) as c:
         if args.topic_command == "create":
             c.create_topic(args.name, queues=args.queues)
             print(json.dumps({"created": args.name, "queues": args.queues}))
@@ -183,7 +209,7 @@ def _send(args: argparse.Namespace) -> int:
 
     if args.delay_ms is not None:
         return _fail("--delay-ms: timer messages are not supported yet", EXIT_USAGE)
-    with _client(args.broker) as c:
+    with _client(args) as c:
         pending: list[Message] = []
 
         def flush() -> None:
@@ -212,7 +238,7 @@ def _body_json(body: bytes) -> dict[str, str]:
 def _consume(args: argparse.Namespace) -> int:
     if args.start == "committed" and not args.group:
         return _fail("--from committed needs --group", EXIT_USAGE)
-    with _client(args.broker) as c:
+    with _client(args) as c:
         topics = c.list_topics(include_system=True)
         if args.topic not in topics:
             return _fail(f"NOT_FOUND: unknown topic {args.topic!r}")
@@ -257,7 +283,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    with _client(args.broker) as c:
+    with _client(args) as c:
         st = c.status()
     if args.json:
         print(json.dumps(st, indent=2))

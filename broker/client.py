@@ -296,6 +296,22 @@ def _encode(messages: Sequence[Message], idxs: list[int]) -> tuple[bytes, list[i
     return b"".join(parts), positions
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel_credentials(root_certificates: bytes | None, ca_file: str | None, cert_file: str | None,
+                         key_file: str | None) -> grpc.ChannelCredentials | None:
+    if ca_file:
+        root_certificates = _read(ca_file)
+    if root_certificates is None and not cert_file:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=root_certificates,
+                                        private_key=_read(key_file) if key_file else None,
+                                        certificate_chain=_read(cert_file) if cert_file else None)
+
+
 class BrokerError(Exception):
     """A call failed; ``code`` is the gRPC status code."""
 
@@ -313,12 +329,19 @@ class BrokerClient:
         timeout_s: float = 30.0,
         root_certificates: bytes | None = None,
         token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
     ) -> None:
+        """TLS when ``tls_ca_file`` (or ``root_certificates``, the CA's PEM bytes) is given; a client
+        certificate with ``tls_cert_file`` + ``tls_key_file``; ``token`` is sent as a bearer token."""
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.addresses:
             raise ValueError("at least one broker address is needed")
+        if bool(tls_cert_file) != bool(tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
         self.timeout_s = timeout_s
-        self._root_certificates = root_certificates
+        self._credentials = _channel_credentials(root_certificates, tls_ca_file, tls_cert_file, tls_key_file)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._current = 0
         self._channel: grpc.Channel | None = None
@@ -337,9 +360,8 @@ class BrokerClient:
         self._current = index % len(self.addresses)
         address = self.addresses[self._current]
         options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX)]
-        if self._root_certificates is not None:
-            creds = grpc.ssl_channel_credentials(root_certificates=self._root_certificates)
-            self._channel = grpc.secure_channel(address, creds, options=options)
+        if self._credentials is not None:
+            self._channel = grpc.secure_channel(address, self._credentials, options=options)
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.BrokerStub(self._channel)

@@ -58,9 +58,20 @@ KEYS: dict[str, Key] = {
     "limits.grpc_workers": Key(16, int, minimum=1, maximum=256),
     "log.level": Key("info", str, choices=("debug", "info", "warning", "error"), reloadable=True),
     "log.format": Key("console", str, choices=("console", "json")),
+    # -- security (issue 7; docs/operations.md) ------------------------------------------------
+    "tls.cert_file": Key("", str),
+    "tls.key_file": Key("", str),
+    "tls.client_ca_file": Key("", str),
+    "auth.token_file": Key("", str),
+    "auth.require_for_reads": Key(False, bool),
+    "replication.tls_cert_file": Key("", str),
+    "replication.tls_key_file": Key("", str),
+    "replication.tls_ca_file": Key("", str),
+    "replication.tls_server_name": Key("", str),
 }
 
 ENV_PREFIX = "TIDEMARK_"
+_BOOL_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}
 
 
 class ConfigError(Exception):
@@ -68,6 +79,12 @@ class ConfigError(Exception):
 
 
 def _coerce(name: str, key: Key, value: Any) -> Any:
+    if key.kind is bool:
+        if isinstance(value, str) and value.lower() in _BOOL_WORDS:
+            return _BOOL_WORDS[value.lower()]
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        return value
     if key.kind is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")
@@ -113,6 +130,24 @@ class Config:
     def as_dict(self) -> dict[str, Any]:
         return dict(self._values)
 
+    def differences(self, other: Config) -> dict[str, tuple[Any, Any]]:
+        """``{name: (ours, theirs)}`` for every key whose value differs."""
+        return {k: (v, other._values[k]) for k, v in self._values.items() if other._values[k] != v}
+
+    def update_reloadable(self, other: Config) -> dict[str, tuple[Any, Any]]:
+        """Take ``other``'s values of the reloadable keys (SIGHUP); returns what changed.
+
+        Only reloadable keys may differ (the caller checks): readers look keys up on every use,
+        so the new values apply from the next request on.
+        """
+        changed = self.differences(other)
+        fixed = sorted(k for k in changed if not KEYS[k].reloadable)
+        if fixed:
+            raise ConfigError(f"{fixed[0]}: changed, but it needs a restart to take effect")
+        for k, (_, new) in changed.items():
+            self._values[k] = new
+        return changed
+
     @classmethod
     def build(
         cls,
@@ -140,6 +175,7 @@ class Config:
                 _check_address(addr_key, values[addr_key])
         if values["node.role"] == "slave" and not values["node.master"]:
             raise ConfigError("node.master: required when node.role is slave")
+        _check_security(values)
         return cls(values)
 
     @classmethod
@@ -160,3 +196,25 @@ def _check_address(name: str, value: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{name}: {value!r} is not HOST:PORT")
+
+
+_TLS_GROUPS = {
+    "tls": ("tls.cert_file", "tls.key_file"),
+    "replication mutual TLS": ("replication.tls_cert_file", "replication.tls_key_file", "replication.tls_ca_file"),
+}
+
+
+def _check_security(values: Mapping[str, Any]) -> None:
+    """TLS keys come in complete groups; mutual TLS for replication needs its own port."""
+    for what, names in _TLS_GROUPS.items():
+        given = [n for n in names if values[n]]
+        if given and len(given) < len(names):
+            missing = next(n for n in names if not values[n])
+            raise ConfigError(f"{missing}: required for {what} (because {given[0]} is set)")
+    if values["tls.client_ca_file"] and not values["tls.cert_file"]:
+        raise ConfigError("tls.cert_file: required when tls.client_ca_file is set (client certificates need TLS)")
+    if (values["replication.tls_cert_file"] or values["tls.cert_file"]) and not values["replication.listen"]:
+        raise ConfigError("replication.listen: required with TLS (replication gets its own port, with mutual TLS "
+                          "when replication.tls_* are set)")
+    if values["auth.require_for_reads"] and not values["auth.token_file"]:
+        raise ConfigError("auth.token_file: required when auth.require_for_reads is true")

@@ -1,9 +1,18 @@
-"""``tidemark serve``: recover the store, then serve gRPC (+ health, reflection) and metrics."""
+"""``tidemark serve``: recover the store, then serve gRPC (+ health, reflection) and metrics.
+
+Under systemd (``Type=notify``, deploy/systemd/) the daemon reports its state with sd_notify:
+``STATUS=`` lines while it starts, ``READY=1`` once recovery is done and the gRPC port serves,
+``WATCHDOG=1`` from the main loop while the flusher makes progress, ``RELOADING=1`` … ``READY=1``
+around a SIGHUP reload of the reloadable keys, ``STOPPING=1`` on SIGTERM before the graceful stop.
+"""
 
 from __future__ import annotations
 
+import os
 import signal
+import stat
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from importlib.metadata import entry_points
@@ -15,9 +24,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from broker import alloc, metrics
-from broker.config import Config
+from broker import alloc, auth, logsetup, metrics, tls
+from broker.config import KEYS, Config, ConfigError
 from broker.invariant import StartupRefused
+from broker.liveness import FlushProgress
+from broker.sdnotify import Notifier
 from broker.service import BrokerService
 from broker.store import Store
 from broker.wire import add_broker_service
@@ -25,11 +36,16 @@ from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("server")
 GRACE_S = 5.0
+MAIN_LOOP_S = 1.0  # the main loop wakes at least this often (more often for the watchdog)
+UMASK = 0o077  # files and directories the daemon creates are private to its user
 
 
 class Daemon:
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, notifier: Notifier | None = None) -> None:
         self.config = config
+        self.notifier = notifier or Notifier({})
+        self.interceptors, self.tokens = auth.interceptors(config)
+        _warn_if_open(config["node.data_dir"])
         self.store = Store(config, config["node.data_dir"])
         self.grpc_server: grpc.Server | None = None
         self.health = health.HealthServicer()
@@ -38,17 +54,22 @@ class Daemon:
         self.on_stop: list[Callable[[], None]] = []  # plugins: run before the store stops
 
     def start(self) -> None:
-        log.info("starting", data_dir=self.config["node.data_dir"], listen=self.config["node.listen"])
+        log.info("starting", data_dir=self.config["node.data_dir"], listen=self.config["node.listen"],
+                 tls=bool(self.config["tls.cert_file"]), token_required=self.tokens is not None)
+        self.notifier.status(f"recovering {self.config['node.data_dir']}")
         self.store.start()
+        self.notifier.status("recovered; starting the gRPC server")
         limit = self.config["limits.request_bytes_max"]
-        # a pull answers up to pull_bytes_max of batches, or one batch of up to request_bytes_max
-        send_limit = max(limit, self.config["limits.pull_bytes_max"]) + (1 << 20)
+        # a pull answers up to pull_bytes_max of batches, or one batch of up to request_bytes_max;
+        # the largest pull_bytes_max a SIGHUP may set counts, since the server's limit is fixed
+        send_limit = max(limit, KEYS["limits.pull_bytes_max"].maximum or 0) + (1 << 20)
         options: list[tuple[str, Any]] = [
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", send_limit),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"]), options=options)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"]), options=options,
+                             interceptors=self.interceptors)
         self.grpc_server = server
         add_broker_service(BrokerService(self.store), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -57,8 +78,11 @@ class Daemon:
         for plugin in entry_points(group="tidemark.plugins"):
             plugin.load()(self)
             log.info("plugin_attached", plugin=plugin.name)
-        if server.add_insecure_port(self.config["node.listen"]) == 0:
-            raise StartupRefused(f"node.listen: cannot bind {self.config['node.listen']}")
+        creds = tls.client_port_credentials(self.config)
+        listen = self.config["node.listen"]
+        bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+        if bound == 0:
+            raise StartupRefused(f"node.listen: cannot bind {listen}")
         server.start()
         for hook in self.on_start:
             hook()
@@ -70,6 +94,42 @@ class Daemon:
         threading.Thread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
         log.info("serving", listen=self.config["node.listen"], role=self.store.role,
                  recovery=self.store.recovery_report)
+        self.store.role_listeners.append(self._on_role_change)
+        self.notifier.ready(self.serving_status())
+
+    def _on_role_change(self, _role: str) -> None:
+        self.notifier.status(self.serving_status())
+
+    def serving_status(self) -> str:
+        r = self.store.recovery_report
+        start = "new data directory" if r.get("new") else (
+            "clean start" if r.get("clean") else f"recovered, replayed {r.get('replayed_bytes', 0)} bytes")
+        return (f"serving {self.config['node.listen']} as {self.store.role}, epoch {self.store.epoch}; "
+                f"{start} in {r.get('seconds', 0)} s")
+
+    def reload(self, load: Callable[[], Config]) -> bool:
+        """SIGHUP: take the reloadable keys from the file (+ environment), or keep everything."""
+        self.notifier.reloading()
+        try:
+            new = load()
+            changed = self.config.differences(new)
+            fixed = sorted(k for k in changed if not KEYS[k].reloadable)
+            if fixed:
+                raise ConfigError(f"{', '.join(fixed)}: changed, but only a restart applies "
+                                  f"{'this key' if len(fixed) == 1 else 'these keys'}")
+            token = auth.read_token(self.tokens.path) if self.tokens is not None else None
+        except ConfigError as exc:
+            log.error("reload_refused", error=str(exc), note="the running configuration is unchanged")
+            self.notifier.ready(f"reload refused: {exc}; {self.serving_status()}")
+            return False
+        self.config.update_reloadable(new)
+        if "log.level" in changed:
+            logsetup.configure(self.config["log.level"], self.config["log.format"])
+        rotated = self.tokens.replace(token) if self.tokens is not None and token is not None else False
+        log.info("reloaded", changed={k: {"old": old, "new": value} for k, (old, value) in changed.items()},
+                 token_rotated=rotated)
+        self.notifier.ready(f"reloaded ({len(changed)} changed); {self.serving_status()}")
+        return True
 
     def _lag_metrics_loop(self) -> None:
         while not self.stopping.wait(5.0):
@@ -97,19 +157,90 @@ class Daemon:
         log.info("stopped", clean=True)
 
 
-def serve(config: Config) -> int:
-    alloc.tune()
-    daemon = Daemon(config)
-    stop = threading.Event()
+def _warn_if_open(data_dir: str) -> None:
+    try:
+        mode = os.stat(data_dir).st_mode
+    except OSError:
+        return  # created below with mode 0700
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        log.warning("data_dir_not_private", data_dir=data_dir, mode=oct(stat.S_IMODE(mode)),
+                    note="other users can read it; chmod 700 is recommended")
 
-    def on_signal(signum: int, _frame: object) -> None:
+
+class _Signals:
+    """What the signal handlers asked for; the main loop acts on it (never inside a handler)."""
+
+    def __init__(self) -> None:
+        self.wake = threading.Event()
+        self.stop = False
+        self.reload = False
+
+    def install(self) -> None:
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum: int, _frame: object) -> None:
         log.info("signal", signal=signal.Signals(signum).name)
-        stop.set()
+        if signum == signal.SIGHUP:
+            self.reload = True
+        else:
+            self.stop = True
+        self.wake.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    daemon.start()
-    while not stop.wait(1.0):
-        pass
+
+def _keepalive(notifier: Notifier, done: threading.Event) -> None:
+    """Watchdog pings while start-up runs (a re-exec for bootstrap happens with the watchdog armed)."""
+    interval = notifier.watchdog_interval_s()
+    if interval is None:
+        return
+
+    def run() -> None:
+        while not done.wait(interval):
+            notifier.watchdog()
+
+    threading.Thread(target=run, name="startup-keepalive", daemon=True).start()
+
+
+def serve(config: Config, load_config: Callable[[], Config] | None = None,
+          prestart: Callable[[Config], None] | None = None) -> int:
+    """Run the daemon until SIGTERM/SIGINT; SIGHUP reloads from ``load_config``."""
+    os.umask(UMASK)
+    alloc.tune()
+    notifier = Notifier()
+    signals = _Signals()
+    signals.install()
+    tls.check_files(config)  # a bad certificate path fails before the data directory is touched
+    started = threading.Event()
+    _keepalive(notifier, started)
+    if prestart is not None:
+        notifier.status(f"preparing {config['node.data_dir']}")
+        prestart(config)
+    daemon = Daemon(config, notifier)
+    try:
+        daemon.start()
+    finally:
+        started.set()
+    interval_s = min(MAIN_LOOP_S, notifier.watchdog_interval_s() or MAIN_LOOP_S)
+    progress = FlushProgress(stall_s=max(1.0, notifier.watchdog_usec / 1e6))
+    unhealthy = ""
+    while not signals.stop:
+        signals.wake.wait(interval_s)
+        signals.wake.clear()
+        if signals.stop:
+            break
+        if signals.reload:
+            signals.reload = False
+            if load_config is not None:
+                daemon.reload(load_config)
+        if notifier.watchdog_usec:
+            reason = progress.check(daemon.store.log.max_offset, daemon.store.flushed_offset, time.monotonic())
+            if reason is None:
+                notifier.watchdog()
+            elif reason != unhealthy:
+                log.error("watchdog_withheld", reason=reason)
+                notifier.status(f"unhealthy: {reason}")
+            unhealthy = reason or ""
+    notifier.stopping("stopping: draining requests, fsync, checkpointing views")
     daemon.stop()
+    notifier.close()
     return 0

@@ -18,6 +18,7 @@ import structlog
 from broker.config import Config
 from broker.recovery import is_new_data_dir
 from replication.bundle import BundleError, install
+from replication.channel import call_metadata, open_channel
 
 log = structlog.get_logger("replication.bootstrap")
 NEEDS_BOOTSTRAP = "needs_bootstrap"
@@ -35,7 +36,9 @@ def prestart(config: Config) -> None:
         return
     t0 = time.monotonic()
     try:
-        manifest = install(config["node.master"], data_dir, cluster_id=config["node.cluster_id"])
+        manifest = install(config["node.master"], data_dir, cluster_id=config["node.cluster_id"],
+                           channel=lambda address: open_channel(config, address, [("grpc.max_receive_message_length", 64 << 20)]),
+                           metadata=call_metadata(config))
     except (grpc.RpcError, BundleError, OSError) as exc:
         detail = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)  # type: ignore[attr-defined]
         log.warning("bootstrap_failed", master=config["node.master"], error=detail,

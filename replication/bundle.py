@@ -19,7 +19,7 @@ import os
 import shutil
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import crc32c
@@ -124,8 +124,11 @@ class BundleError(Exception):
     pass
 
 
-def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float = 600.0) -> dict[str, Any]:
-    """Fetch a bundle from ``master`` and install it as ``data_dir`` (which must not hold data)."""
+def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float = 600.0,
+            channel: Callable[[str], grpc.Channel] | None = None,
+            metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
+    """Fetch a bundle from ``master`` and install it as ``data_dir`` (which must not hold data).
+    ``channel`` opens the connection (default: plaintext); ``metadata`` goes with the call (a token)."""
     if os.path.isdir(data_dir) and os.listdir(data_dir):
         raise BundleError(f"{data_dir} is not empty: a bundle is only installed into an empty directory")
     staging = data_dir.rstrip("/") + ".bootstrap"
@@ -133,8 +136,10 @@ def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float =
     os.makedirs(staging, mode=0o700)
     crcs: dict[str, int] = {}
     manifest: dict[str, Any] | None = None
-    with grpc.insecure_channel(master, options=[("grpc.max_receive_message_length", 64 << 20)]) as ch:
-        stream = pb_grpc.ReplicationStub(ch).Snapshot(pb.SnapshotRequest(cluster_id=cluster_id), timeout=timeout_s)
+    options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 << 20)]
+    with channel(master) if channel else grpc.insecure_channel(master, options=options) as ch:
+        stream = pb_grpc.ReplicationStub(ch).Snapshot(pb.SnapshotRequest(cluster_id=cluster_id), timeout=timeout_s,
+                                                      metadata=metadata)
         handles: dict[str, Any] = {}
         try:
             for chunk in stream:

@@ -25,6 +25,7 @@ from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.bootstrap import restart_for_bootstrap
+from replication.channel import call_metadata, open_channel
 from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
 
 log = structlog.get_logger("replication.follower")
@@ -134,9 +135,9 @@ class Follower:
                     return
                 yield item  # type: ignore[misc]
 
-        self._channel = grpc.insecure_channel(self.master, options=[("grpc.max_receive_message_length", 1 << 30)])
+        self._channel = open_channel(self.config, self.master, [("grpc.max_receive_message_length", 1 << 30)])
         try:
-            responses = pb_grpc.ReplicationStub(self._channel).Stream(outgoing())
+            responses = pb_grpc.ReplicationStub(self._channel).Stream(outgoing(), metadata=call_metadata(self.config))
             for msg in responses:
                 if self._stop.is_set():
                     break

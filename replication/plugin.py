@@ -11,6 +11,7 @@ from typing import Any
 
 import grpc
 
+from broker import tls
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.master import MasterSide
 from replication.roles import RoleController
@@ -21,10 +22,13 @@ def attach(daemon: Any) -> None:
     master_side = MasterSide(store, config)
     listen = config["replication.listen"]
     if listen:
+        # the same token check as the client port: a slave's calls carry auth.token_file's token
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
-                             options=[("grpc.max_send_message_length", 1 << 30)])
+                             options=[("grpc.max_send_message_length", 1 << 30)], interceptors=daemon.interceptors)
         pb_grpc.add_ReplicationServicer_to_server(master_side, server)
-        if server.add_insecure_port(listen) == 0:
+        creds = tls.replication_server_credentials(config)  # mutual TLS: unknown slaves fail the handshake
+        bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+        if bound == 0:
             raise RuntimeError(f"replication.listen: cannot bind {listen}")
         server.start()
         daemon.on_stop.append(lambda: server.stop(1).wait())
