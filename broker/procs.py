@@ -31,7 +31,11 @@ class DaemonProcess:
         config: Mapping[str, object] | None = None,
         env: Mapping[str, str] | None = None,
         log_path: str | None = None,
+        config_file: str | None = None,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
+        """``config`` goes in as ``TIDEMARK_*`` environment; ``config_file`` as ``--config``;
+        ``credentials`` (TLS on the client port) are what the readiness check connects with."""
         self.data_dir = data_dir
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
@@ -39,11 +43,14 @@ class DaemonProcess:
         self.env = dict(env or {})
         self.log_path = log_path or os.path.join(os.path.dirname(os.path.abspath(data_dir)),
                                                  f"{os.path.basename(data_dir)}.log")
+        self.config_file = config_file
+        self.credentials = credentials
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_seconds = 0.0
 
     def command(self) -> list[str]:
-        return [sys.executable, "-m", "broker.cli", "serve", "--data-dir", self.data_dir, "--listen", self.address]
+        config = ["--config", self.config_file] if self.config_file else []
+        return [sys.executable, "-m", "broker.cli", "serve", *config, "--data-dir", self.data_dir, "--listen", self.address]
 
     def start(self, timeout_s: float = 30.0, *, wait: bool = True) -> DaemonProcess:
         env = dict(os.environ)
@@ -64,7 +71,8 @@ class DaemonProcess:
         # short reconnect backoff: gRPC's default (1 s, x1.6) would report starts up to a second late
         options = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
                    ("grpc.max_reconnect_backoff_ms", 100)]
-        with grpc.insecure_channel(self.address, options=options) as ch:
+        with (grpc.secure_channel(self.address, self.credentials, options=options) if self.credentials
+              else grpc.insecure_channel(self.address, options=options)) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
                 assert self.proc is not None
