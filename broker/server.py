@@ -123,11 +123,12 @@ class Daemon:
             self.notifier.ready(f"reload refused: {exc}; {self.serving_status()}")
             return False
         self.config.update_reloadable(new)
-        if "log.level" in changed:
-            logsetup.configure(self.config["log.level"], self.config["log.format"])
         rotated = self.tokens.replace(token) if self.tokens is not None and token is not None else False
+        # logged before a new log level applies, so that raising it still records the reload
         log.info("reloaded", changed={k: {"old": old, "new": value} for k, (old, value) in changed.items()},
                  token_rotated=rotated)
+        if "log.level" in changed:
+            logsetup.configure(self.config["log.level"], self.config["log.format"])
         self.notifier.ready(f"reloaded ({len(changed)} changed); {self.serving_status()}")
         return True
 

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from broker.cli import _parser
+from broker.procs import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT_DIR = ROOT / "deploy" / "systemd"
@@ -122,3 +125,59 @@ def test_hardening_is_the_same_in_every_unit() -> None:
     blocks = {name: HARDENING.search((UNIT_DIR / name).read_text()) for name in UNITS}
     assert all(blocks.values())
     assert len({m.group(0) for m in blocks.values() if m}) == 1
+
+
+# MemoryDenyWriteExecute=yes is kept only because the daemon demonstrably works under it: Linux ≥ 6.3
+# offers the same rule per process (prctl PR_SET_MDWE, inherited across exec), which the test applies.
+_MDWE_EXEC = """
+import ctypes, os, sys
+PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN = 65, 1
+if ctypes.CDLL(None, use_errno=True).prctl(PR_SET_MDWE, PR_MDWE_REFUSE_EXEC_GAIN, 0, 0, 0) != 0:
+    sys.exit(f'PR_SET_MDWE failed: errno {ctypes.get_errno()}')
+os.execv(sys.argv[1], sys.argv[1:])
+"""
+
+
+class _MdweDaemon(DaemonProcess):
+    def command(self) -> list[str]:
+        return [sys.executable, "-c", _MDWE_EXEC, *super().command()]
+
+
+def test_daemon_works_under_memory_deny_write_execute(tmp_path: Path) -> None:
+    """With W^X enforced by the kernel, the daemon serves TLS, tokens and replication (grpc, lmdb, crc32c)."""
+    import grpc
+
+    from broker.client import BrokerClient, Message
+    from tests.certs import CA
+
+    ca = CA.create(tmp_path, "ca")
+    leaf = ca.issue("node")
+    token = tmp_path / "token"
+    token.write_text("mdwe-token-0123456789abcdef\n")
+    creds = grpc.ssl_channel_credentials(Path(ca.cert).read_bytes())
+    master = _MdweDaemon(str(tmp_path / "m"), credentials=creds, config={
+        "tls.cert_file": leaf.cert, "tls.key_file": leaf.key, "auth.token_file": str(token),
+        "replication.listen": f"127.0.0.1:{free_port()}", "replication.tls_cert_file": leaf.cert,
+        "replication.tls_key_file": leaf.key, "replication.tls_ca_file": ca.cert})
+    slave = _MdweDaemon(str(tmp_path / "s"), credentials=creds, config={
+        **master.config, "replication.listen": f"127.0.0.1:{free_port()}", "node.role": "slave",
+        "node.master": master.config["replication.listen"]})
+    pr_get_mdwe = 66
+    if ctypes.CDLL(None, use_errno=True).prctl(pr_get_mdwe, 0, 0, 0, 0) < 0:
+        pytest.skip("this kernel has no PR_SET_MDWE (Linux < 6.3)")
+    try:
+        master.start()
+        slave.start()
+        with BrokerClient(master.address, tls_ca_file=ca.cert, token=token.read_text().strip()) as c:
+            c.create_topic("t", queues=2)
+            c.send("t", [Message(body=b"wx", key="k")], ack="replica")
+            end = c.status()["max_offset"]
+        with BrokerClient(slave.address, tls_ca_file=ca.cert) as s:
+            deadline = time.monotonic() + 20
+            while s.status()["confirm_offset"] < end and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert s.status()["confirm_offset"] == end
+        assert master.stop() == 0 and slave.stop() == 0
+    finally:
+        master.kill9()
+        slave.kill9()

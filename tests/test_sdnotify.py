@@ -1,0 +1,159 @@
+"""sd_notify against a real NOTIFY_SOCKET: READY after recovery, STATUS, watchdog, reload, STOPPING."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from broker.client import BrokerClient, Message
+from broker.liveness import FlushProgress
+from broker.procs import DaemonProcess
+from broker.sdnotify import Notifier
+from tests.notifyutil import NotifySocket
+
+Spawn = Callable[..., DaemonProcess]
+WATCHDOG_USEC = 600_000  # pings expected every 0.3 s
+
+
+@pytest.fixture
+def notify() -> Iterator[NotifySocket]:
+    sock = NotifySocket.abstract()
+    yield sock
+    sock.close()
+
+
+def _signal(d: DaemonProcess, sig: signal.Signals) -> None:
+    assert d.proc is not None
+    d.proc.send_signal(sig)
+
+
+# -- the module alone --------------------------------------------------------------------------------
+def test_notifier_sends_to_a_path_socket(tmp_path: Path) -> None:
+    """A filesystem NOTIFY_SOCKET gets one datagram of KEY=VALUE lines per call."""
+    sock = NotifySocket(str(tmp_path / "notify"))
+    try:
+        n = Notifier({"NOTIFY_SOCKET": sock.address})
+        assert n.ready("up")
+        i = sock.wait_for("READY", "1", timeout_s=5)
+        assert sock.messages[i].fields == {"READY": "1", "STATUS": "up"}
+        assert n.reloading()
+        j = sock.wait_for("RELOADING", "1", timeout_s=5)
+        sent_usec = int(sock.messages[j].fields["MONOTONIC_USEC"])
+        assert abs(time.clock_gettime_ns(time.CLOCK_MONOTONIC) // 1000 - sent_usec) < 5_000_000
+    finally:
+        sock.close()
+
+
+def test_notifier_without_systemd_is_silent() -> None:
+    """No NOTIFY_SOCKET: every call is a no-op returning False; no watchdog."""
+    n = Notifier({})
+    assert not n.enabled and not n.ready("x") and not n.watchdog() and n.watchdog_interval_s() is None
+
+
+def test_watchdog_only_for_our_pid() -> None:
+    """WATCHDOG_USEC applies when WATCHDOG_PID is absent or ours; the ping interval is half the timeout."""
+    assert Notifier({"WATCHDOG_USEC": "4000000"}).watchdog_interval_s() == 2.0
+    assert Notifier({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": str(os.getpid())}).watchdog_interval_s() == 2.0
+    assert Notifier({"WATCHDOG_USEC": "4000000", "WATCHDOG_PID": "1"}).watchdog_interval_s() is None
+    assert Notifier({"WATCHDOG_USEC": "junk"}).watchdog_interval_s() is None
+
+
+def test_flush_progress_withholds_the_ping_only_when_stuck() -> None:
+    """Unflushed bytes whose flushed offset does not move for longer than the limit make the daemon unhealthy."""
+    p = FlushProgress(stall_s=2.0)
+    assert p.check(100, 100, 0.0) is None  # nothing pending
+    assert p.check(200, 100, 1.0) is None  # pending, just noticed
+    assert p.check(300, 150, 2.5) is None  # moved
+    assert p.check(300, 150, 4.0) is None  # 1.5 s without progress
+    reason = p.check(300, 150, 5.0)
+    assert reason is not None and "stuck at 150" in reason
+    assert p.check(300, 300, 5.1) is None  # caught up: healthy again
+
+
+# -- a real daemon ----------------------------------------------------------------------------------
+def test_ready_only_after_recovery_then_watchdog_then_stopping(spawn: Spawn, notify: NotifySocket) -> None:
+    """After a crash, STATUS lines come first, READY=1 only once recovery is logged and health serves,
+    WATCHDOG=1 follows at half the timeout, and SIGTERM sends STOPPING=1 and exits 0."""
+    d = spawn("node")
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=2)
+        for _ in range(5):
+            c.send("t", [Message(body=b"x" * 1000) for _ in range(200)], ack="flush")
+    d.kill9()  # the next start must scan and replay
+    d.env.update(notify.env(WATCHDOG_USEC))
+    t0 = time.monotonic()
+    d.start(wait=False)
+    ready = notify.wait_for("READY", "1")
+    log = Path(d.log_path).read_text().split("recovery_done")[-1]  # this run's part
+    assert "clean=False" in log and "serving" in log, log  # recovery finished before READY was sent
+    with grpc.insecure_channel(d.address) as ch:
+        resp = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=2)
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    statuses = [m.fields["STATUS"] for m in notify.messages[:ready] if "STATUS" in m.fields]
+    assert any(s.startswith("recovering ") for s in statuses), statuses
+    assert "as master" in notify.messages[ready].fields["STATUS"]
+    assert notify.messages[ready].at > t0
+    time.sleep(1.6)
+    pings = notify.count("WATCHDOG", after=ready)
+    assert 3 <= pings <= 8, pings  # every 0.3 s
+    _signal(d, signal.SIGTERM)
+    stopping = notify.wait_for("STOPPING", "1", after=ready)
+    assert "stopping" in notify.messages[stopping].fields["STATUS"]
+    assert d.wait_exit(60) == 0
+    assert notify.count("READY", after=stopping) == 0
+
+
+def _write_config(path: Path, body: str) -> None:
+    path.write_text(body)
+
+
+def test_sighup_reloads_reloadable_keys_and_refuses_the_rest(spawn: Spawn, notify: NotifySocket, tmp_path: Path) -> None:
+    """SIGHUP: RELOADING=1 (with MONOTONIC_USEC) then READY=1; a new pull limit and log level apply; an
+    invalid file or a changed non-reloadable key is refused whole, and the daemon keeps serving."""
+    conf = tmp_path / "node.toml"
+    _write_config(conf, '[log]\nlevel = "info"\n[limits]\npull_messages_max = 100000\n')
+    d = spawn("node", config_file=str(conf), env=notify.env())
+    first_ready = notify.wait_for("READY", "1")
+    log_path = Path(d.log_path)
+    with BrokerClient(d.address) as c:
+        c.create_topic("before")
+        c.send("before", [Message(body=b"%d" % i) for i in range(20)], ack="flush")
+        assert len(c.pull("before", 0, 0, max_messages=1000)) == 20
+        assert "topic=before" in log_path.read_text()  # info lines are logged
+
+        _write_config(conf, '[log]\nlevel = "warning"\n[limits]\npull_messages_max = 5\n')
+        _signal(d, signal.SIGHUP)
+        reloading = notify.wait_for("RELOADING", "1", after=first_ready + 1)
+        assert int(notify.messages[reloading].fields["MONOTONIC_USEC"]) > 0
+        ready = notify.wait_for("READY", "1", after=reloading)
+        assert notify.messages[ready].fields["STATUS"].startswith("reloaded (2 changed)")
+        assert len(c.pull("before", 0, 0, max_messages=1000)) == 5
+        c.create_topic("after")
+        time.sleep(0.2)
+        text = log_path.read_text()
+        assert "reloaded" in text and "pull_messages_max" in text
+        assert "topic=after" not in text  # info is below the new level
+
+        _write_config(conf, '[limits\npull_messages_max = 7\n')  # not TOML
+        _signal(d, signal.SIGHUP)
+        ready = notify.wait_for("READY", "1", after=ready + 1)
+        assert notify.messages[ready].fields["STATUS"].startswith("reload refused: ")
+        assert len(c.pull("before", 0, 0, max_messages=1000)) == 5
+
+        _write_config(conf, '[limits]\npull_messages_max = 7\n[commitlog]\nsegment_bytes = 1048576\n')
+        _signal(d, signal.SIGHUP)
+        ready = notify.wait_for("READY", "1", after=ready + 1)
+        status = notify.messages[ready].fields["STATUS"]
+        assert "commitlog.segment_bytes" in status and "restart" in status, status
+        assert len(c.pull("before", 0, 0, max_messages=1000)) == 5  # nothing of that file applied
+        assert c.status()["role"] == "master"
+    text = log_path.read_text()
+    assert text.count("reload_refused") == 2 and "not valid TOML" in text
+    assert d.stop() == 0
