@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from spark_connector.offsets import EARLIEST, LATEST, QueueKey
 
 OPTIONS = ("broker", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss",
-           "includeHeaders")
+           "includeHeaders", "tlsCaFile", "tokenFile")
 CANONICAL = {name.lower(): name for name in OPTIONS}
 # Kafka-source options a user may carry over; each gets a specific hint instead of "unknown".
 KAFKA_ONLY = {
@@ -63,6 +63,8 @@ class ReadOptions:
     max_offsets_per_trigger: int | None
     fail_on_data_loss: bool
     include_headers: bool
+    tls_ca_file: str | None = None  # TLS to the brokers, verified against this CA (PEM), on every process
+    token_file: str | None = None  # bearer token (needed for reads only with auth.require_for_reads)
 
     def for_batch(self) -> ReadOptions:
         """Checks that only apply to ``spark.read``; returns the options with defaults filled in."""
@@ -76,16 +78,14 @@ class ReadOptions:
             raise OptionError("endingOffsets", "'earliest' is not allowed in a batch query (it would read nothing)")
         if ending.kind == "specific" and any(v == EARLIEST for v in ending.offsets.values()):
             raise OptionError("endingOffsets", "-2 (earliest) is not allowed as an ending offset")
-        return ReadOptions(self.brokers, self.topics, starting, ending, None, self.fail_on_data_loss,
-                           self.include_headers)
+        return replace(self, starting=starting, ending=ending, max_offsets_per_trigger=None)
 
     def for_streaming(self) -> ReadOptions:
         """Checks that only apply to ``spark.readStream``; returns the options with defaults filled in."""
         if self.ending is not None:
             raise OptionError("endingOffsets", "applies to batch queries only (spark.read)")
         starting = self.starting or OffsetSpec("latest")
-        return ReadOptions(self.brokers, self.topics, starting, None, self.max_offsets_per_trigger,
-                           self.fail_on_data_loss, self.include_headers)
+        return replace(self, starting=starting, ending=None)
 
 
 def parse_options(options: Mapping[str, str]) -> ReadOptions:
@@ -117,7 +117,16 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         max_offsets_per_trigger=max_rows,
         fail_on_data_loss=_boolean("failOnDataLoss", given.get("failOnDataLoss", "true")),
         include_headers=_boolean("includeHeaders", given.get("includeHeaders", "false")),
+        tls_ca_file=_path("tlsCaFile", given["tlsCaFile"]) if "tlsCaFile" in given else None,
+        token_file=_path("tokenFile", given["tokenFile"]) if "tokenFile" in given else None,
     )
+
+
+def _path(option: str, value: str) -> str:
+    """A file every Spark process reads itself (same path on the driver and the executors)."""
+    if not value.strip():
+        raise OptionError(option, "is empty: give the path of a file readable on the driver and every executor")
+    return value.strip()
 
 
 def _brokers(value: str) -> tuple[str, ...]:

@@ -23,6 +23,7 @@ from pyspark.sql.datasource import InputPartition
 
 from broker.client import BrokerClient, BrokerError, PullResult
 from spark_connector.batches import pull_batch
+from spark_connector.connect import connect
 from spark_connector.invariant import invariant
 
 log = logging.getLogger("spark_connector")
@@ -46,6 +47,8 @@ class QueueRange(InputPartition):
     end: int
     include_headers: bool
     fail_on_data_loss: bool
+    tls_ca_file: str | None = None
+    token_file: str | None = None
 
     def __repr__(self) -> str:
         return f"QueueRange({self.topic}/{self.queue_id} [{self.start}, {self.end}))"
@@ -63,7 +66,7 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     if not isinstance(partition, QueueRange):  # Spark's placeholder when a batch plans no partition
         return
     p = partition
-    with BrokerClient(list(p.brokers)) as client:
+    with connect(p.brokers, p.tls_ca_file, p.token_file) as client:
         offset = p.start
         while offset < p.end:
             try:

@@ -20,6 +20,7 @@ from pyspark.sql.types import StructType
 
 from broker.client import BrokerClient
 from spark_connector import offsets as of
+from spark_connector.connect import connect
 from spark_connector.options import OptionError, ReadOptions, parse_options
 from spark_connector.partition import QueueRange, read_partition, report_data_loss
 from spark_connector.schema import ddl, spark_schema
@@ -79,7 +80,7 @@ def plan(start: of.Offsets, end: of.Offsets, opts: ReadOptions) -> list[InputPar
             continue
         if last > first:
             out.append(QueueRange(opts.brokers, topic, queue_id, first, last, opts.include_headers,
-                                  opts.fail_on_data_loss))
+                                  opts.fail_on_data_loss, opts.tls_ca_file, opts.token_file))
     return out
 
 
@@ -91,7 +92,7 @@ class _BrokerUser:
 
     def client(self) -> BrokerClient:
         if self._client is None:
-            self._client = BrokerClient(list(self.opts.brokers))
+            self._client = connect(self.opts.brokers, self.opts.tls_ca_file, self.opts.token_file)
         return self._client
 
     def __getstate__(self) -> dict[str, Any]:
@@ -107,7 +108,7 @@ class TidemarkBatchReader(_BrokerUser, DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         assert self.opts.starting is not None and self.opts.ending is not None  # for_batch() filled them
-        with BrokerClient(list(self.opts.brokers)) as client:
+        with connect(self.opts.brokers, self.opts.tls_ca_file, self.opts.token_file) as client:
             latest = latest_offsets(client, self.opts.topics, missing_ok=False)
             start = resolve("startingOffsets", self.opts.starting, latest, client)
             end = resolve("endingOffsets", self.opts.ending, latest, client)
