@@ -17,6 +17,7 @@ from typing import Any
 import grpc
 import structlog
 
+from broker import metrics
 from broker.config import Config, ConfigError
 
 log = structlog.get_logger("auth")
@@ -112,6 +113,7 @@ class TokenInterceptor(grpc.ServerInterceptor):
             return handler
 
         def on_refuse(context: grpc.ServicerContext) -> None:
+            metrics.AUTH_REFUSED.labels(code.name).inc()
             log.warning("auth_refused", method=method, peer=context.peer(), reason=reason)
 
         return _refusing(handler, code, f"{method}: {reason} (this call needs the bearer token)", on_refuse)

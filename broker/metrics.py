@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 REGISTRY = CollectorRegistry()
@@ -26,3 +29,29 @@ GROUP_LAG = Gauge(
     "tidemark_consumer_group_lag_messages", "Queue end minus the group's committed offset",
     ["group", "topic", "queue"], registry=REGISTRY,
 )
+
+# -- node state for alerting (exported every 5 s from status(); docs/operations.md "Alerts") ------
+IS_MASTER = Gauge("tidemark_is_master", "1 on a master that takes writes, 0 on a slave or a fenced master",
+                  registry=REGISTRY)
+EPOCH = Gauge("tidemark_epoch", "Current leader epoch", registry=REGISTRY)
+FENCED = Gauge("tidemark_fenced", "1 when this node stopped taking writes because a higher epoch exists",
+               registry=REGISTRY)
+INSYNC_REPLICAS = Gauge("tidemark_insync_replicas", "Slaves in the master's in-sync set (master only)",
+                        registry=REGISTRY)
+FOLLOWER_CONNECTED = Gauge("tidemark_follower_connected", "1 while a slave streams from its master (slave only)",
+                           registry=REGISTRY)
+AUTH_REFUSED = Counter("tidemark_auth_refused", "Calls refused for a missing or wrong bearer token", ["code"],
+                       registry=REGISTRY)
+CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],
+                         registry=REGISTRY)
+
+
+def export_status(st: Mapping[str, Any]) -> None:
+    """Set the node-state gauges from one ``Store.status()`` dict."""
+    master = st.get("role") == "master"
+    FENCED.set(1 if st.get("fenced") else 0)
+    IS_MASTER.set(1 if master and not st.get("fenced") else 0)
+    EPOCH.set(int(st.get("epoch") or 0))
+    INSYNC_REPLICAS.set(sum(1 for r in st.get("replicas") or [] if r.get("in_sync")) if master else 0)
+    follower = st.get("replication") or {}
+    FOLLOWER_CONNECTED.set(1 if not master and follower.get("connected") else 0)

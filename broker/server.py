@@ -120,9 +120,11 @@ class Daemon:
             token = auth.read_token(self.tokens.path) if self.tokens is not None else None
         except ConfigError as exc:
             log.error("reload_refused", error=str(exc), note="the running configuration is unchanged")
+            metrics.CONFIG_RELOADS.labels("refused").inc()
             self.notifier.ready(f"reload refused: {exc}; {self.serving_status()}")
             return False
         self.config.update_reloadable(new)
+        metrics.CONFIG_RELOADS.labels("applied").inc()
         rotated = self.tokens.replace(token) if self.tokens is not None and token is not None else False
         # logged before a new log level applies, so that raising it still records the reload
         log.info("reloaded", changed={k: {"old": old, "new": value} for k, (old, value) in changed.items()},
@@ -140,7 +142,7 @@ class Daemon:
                     if qf is not None:
                         metrics.GROUP_LAG.labels(group, topic, str(queue)).set(qf.next_queue_offset - offset)
                 metrics.SEGMENTS.set(len(self.store.log.segments))
-                self.store.free_bytes()
+                metrics.export_status(self.store.status())  # also refreshes replica lag and free disk
             except Exception as exc:
                 log.warning("lag_metrics_failed", error=str(exc))
 

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import ctypes
-import os
 import re
 import shlex
-import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +15,7 @@ import pytest
 
 from broker.cli import _parser
 from broker.procs import DaemonProcess, free_port
+from tests.aptutil import require_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT_DIR = ROOT / "deploy" / "systemd"
@@ -29,18 +28,7 @@ HARDENING = re.compile(r"# --- hardening.*?# --- end of hardening ---", re.S)
 @pytest.fixture(scope="session")
 def systemd_analyze() -> str:
     """Debian's systemd package (works offline without systemd as PID 1); installed if missing."""
-    found = shutil.which("systemd-analyze")
-    if found:
-        return found
-    if os.geteuid() != 0 or not shutil.which("apt-get"):
-        pytest.skip("systemd-analyze is missing and apt-get cannot install it here (not root or no apt)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env, timeout=600)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", "systemd"], check=True,
-                   capture_output=True, env=env, timeout=900)
-    found = shutil.which("systemd-analyze")
-    assert found, "apt-get installed systemd but systemd-analyze is not on PATH"
-    return found
+    return require_tool("systemd-analyze", "systemd")
 
 
 @pytest.fixture
