@@ -17,6 +17,7 @@ import structlog
 
 from broker.config import Config
 from broker.recovery import is_new_data_dir
+from replication import role_record
 from replication.bundle import BundleError, install
 from replication.channel import call_metadata, open_channel
 
@@ -25,6 +26,7 @@ NEEDS_BOOTSTRAP = "needs_bootstrap"
 
 
 def prestart(config: Config) -> None:
+    role_record.check(config)  # a promote/demote the configuration does not reflect yet: refuse
     if config["node.role"] != "slave" or not config["node.master"]:
         return
     data_dir = config["node.data_dir"]

@@ -15,6 +15,7 @@ import structlog
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.store import Store
+from replication import role_record
 from replication.follower import Follower
 from replication.master import MasterSide
 
@@ -65,6 +66,7 @@ class RoleController:
             store.confirm_source = self.master_side.confirm
             store.fenced_reason = ""
             store.set_role("master", "")
+            role_record.record(store.data_dir, "master", "", epoch)
             store.advance_confirm()
             log.info("promoted", epoch=epoch, log_end=store.log.max_offset, unclean=unclean)
             return epoch
@@ -77,6 +79,7 @@ class RoleController:
             if self.follower is not None:
                 self.follower.stop()
             store.set_role("slave", master)  # writes are refused from here on
+            role_record.record(store.data_dir, "slave", master, store.epoch)
             self._follow(master)
             log.info("demoted", master=master)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import re
 import shlex
 import subprocess
@@ -169,3 +170,16 @@ def test_daemon_works_under_memory_deny_write_execute(tmp_path: Path) -> None:
     finally:
         master.kill9()
         slave.kill9()
+
+
+@pytest.mark.parametrize("role", ["master", "slave"])
+def test_example_config_fits_its_unit(role: str) -> None:
+    """deploy/etc/ROLE.toml is valid, says its role, and keeps its data directory *inside* the unit's
+    StateDirectory: bundle staging (<dir>.bootstrap) and move-aside (<dir>.old-*) need a writable parent."""
+    from broker.config import Config
+
+    cfg = Config.load(str(ROOT / "deploy" / "etc" / f"{role}.toml"))
+    state = _directives(f"tidemark-{role}.service")["StateDirectory"][0]
+    assert os.path.dirname(cfg["node.data_dir"]) == f"/var/lib/{state}"
+    assert cfg["node.role"] == role
+    assert _directives(f"tidemark-{role}.service")["ExecStart"][0].endswith(f"--config /etc/tidemark/{role}.toml")

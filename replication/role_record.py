@@ -1,0 +1,49 @@
+"""A promote or demote outlives the process (spec: docs/formats/role-change.md).
+
+The role is configuration (``node.role``, ``node.master``), but promote and demote change it at
+run time. If the configuration is not edited to match and the daemon restarts (a crash, systemd's
+``Restart=on-failure``), a demoted master would come back as a master next to the promoted one.
+So each runtime change is recorded in the data directory, and a start whose configuration
+disagrees with the record is refused (exit 2) with what to change. A start that agrees removes
+the record: the configuration has caught up, and later edits are the operator's again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from broker import atomic_file
+from broker.config import Config, ConfigError
+
+MAGIC = b"TMRC"
+VERSION = 1
+FILE_NAME = "role_change"
+
+
+def record(data_dir: str, role: str, master: str, epoch: int) -> None:
+    payload = {"role": role, "master": master, "epoch": epoch, "time_ms": int(time.time() * 1000)}
+    atomic_file.persist(os.path.join(data_dir, FILE_NAME), MAGIC, VERSION, json.dumps(payload).encode())
+
+
+def check(config: Config) -> None:
+    """Refuse a start whose ``node.role``/``node.master`` contradict the last runtime role change."""
+    path = os.path.join(config["node.data_dir"], FILE_NAME)
+    if not atomic_file.exists_any(path):
+        return
+    loaded = atomic_file.load(path, MAGIC, VERSION)
+    if loaded is None:
+        return  # quarantined as .broken by load(): nothing trustworthy to compare with
+    rec = json.loads(loaded.payload)
+    role, master = rec["role"], rec["master"]
+    agrees = config["node.role"] == role and (role == "master" or config["node.master"] == master)
+    if agrees:
+        for suffix in ("", ".bak"):
+            if os.path.exists(path + suffix):
+                os.unlink(path + suffix)
+        return
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rec["time_ms"] / 1000))
+    wanted = 'node.role = "master"' if role == "master" else f'node.role = "slave", node.master = "{master}"'
+    raise ConfigError(f"node.role: this node became {role} at run time (epoch {rec['epoch']}, {when}) but the "
+                      f"configuration says {config['node.role']}; set {wanted} (or remove {path} to start as configured)")
