@@ -115,8 +115,8 @@ class Daemon:
             changed = self.config.differences(new)
             fixed = sorted(k for k in changed if not KEYS[k].reloadable)
             if fixed:
-                raise ConfigError(f"{', '.join(fixed)}: changed, but only a restart applies "
-                                  f"{'this key' if len(fixed) == 1 else 'these keys'}")
+                raise ConfigError(f"{', '.join(fixed)}: changed, but {'this key needs' if len(fixed) == 1 else 'these keys need'}"
+                                  " a restart to take effect")
             token = auth.read_token(self.tokens.path) if self.tokens is not None else None
         except ConfigError as exc:
             log.error("reload_refused", error=str(exc), note="the running configuration is unchanged")
@@ -225,7 +225,7 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
         started.set()
     interval_s = min(MAIN_LOOP_S, notifier.watchdog_interval_s() or MAIN_LOOP_S)
     progress = FlushProgress(stall_s=max(1.0, notifier.watchdog_usec / 1e6))
-    unhealthy = ""
+    unhealthy = False
     while not signals.stop:
         signals.wake.wait(interval_s)
         signals.wake.clear()
@@ -238,11 +238,14 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
         if notifier.watchdog_usec:
             reason = progress.check(daemon.store.log.max_offset, daemon.store.flushed_offset, time.monotonic())
             if reason is None:
+                if unhealthy:
+                    log.info("watchdog_resumed")
+                    notifier.status(daemon.serving_status())
                 notifier.watchdog()
-            elif reason != unhealthy:
+            elif not unhealthy:  # once per episode: systemd restarts us after WatchdogSec without pings
                 log.error("watchdog_withheld", reason=reason)
                 notifier.status(f"unhealthy: {reason}")
-            unhealthy = reason or ""
+            unhealthy = reason is not None
     notifier.stopping("stopping: draining requests, fsync, checkpointing views")
     daemon.stop()
     notifier.close()

@@ -157,3 +157,29 @@ def test_sighup_reloads_reloadable_keys_and_refuses_the_rest(spawn: Spawn, notif
     text = log_path.read_text()
     assert text.count("reload_refused") == 2 and "not valid TOML" in text
     assert d.stop() == 0
+
+
+def test_watchdog_pings_stop_while_the_disk_hangs(spawn: Spawn, notify: NotifySocket) -> None:
+    """A 3 s fsync (failpoint) with bytes waiting: no WATCHDOG=1 past the 1 s stall limit, an
+    "unhealthy" STATUS instead, and pings resume once the flush completes."""
+    d = spawn("node", env={**notify.env(1_000_000), "TIDEMARK_FAILPOINTS": "commitlog_before_fsync=sleep:3000"})
+    ready = notify.wait_for("READY", "1")
+    notify.wait_for("WATCHDOG", "1", after=ready)
+    with BrokerClient(d.address) as c:
+        c.create_topic("t")  # waits for its own (slow) flushes; then the disk is idle again
+        mark = len(notify.messages)
+        c.send("t", [Message(body=b"x")], ack="leader")  # returns at once; the flusher hangs in fsync
+    sent = time.monotonic()
+    bad = notify.wait_for("STATUS", after=mark, timeout_s=10)
+    while not notify.messages[bad].fields["STATUS"].startswith("unhealthy: "):
+        bad = notify.wait_for("STATUS", after=bad + 1, timeout_s=10)
+    assert "flushed offset stuck" in notify.messages[bad].fields["STATUS"]
+    resumed = notify.wait_for("STATUS", after=bad + 1, timeout_s=10)
+    assert notify.messages[resumed].fields["STATUS"].startswith("serving ")
+    pings = [m.at for m in notify.messages[mark:resumed] if "WATCHDOG" in m.fields]
+    # the first check that sees the stall is ≤ 0.5 s late, the limit is 1 s: no ping after ~1.5 s
+    assert pings and all(at < sent + 2.0 for at in pings), [round(at - sent, 2) for at in pings]
+    assert notify.messages[resumed].at - max(pings) >= 1.0  # a real gap, not merely slow pings
+    assert notify.messages[resumed].at - sent >= 2.5  # the fsync took 3 s
+    notify.wait_for("WATCHDOG", "1", after=resumed)
+    assert "watchdog_withheld" in Path(d.log_path).read_text()
