@@ -95,7 +95,15 @@ class Daemon:
         log.info("serving", listen=self.config["node.listen"], role=self.store.role,
                  recovery=self.store.recovery_report)
         self.store.role_listeners.append(self._on_role_change)
+        self.store.status_providers.append(self._security_status)
         self.notifier.ready(self.serving_status())
+
+    def _security_status(self, st: dict[str, object]) -> None:
+        c = self.config
+        st["security"] = {"tls": bool(c["tls.cert_file"]), "client_certificates": bool(c["tls.client_ca_file"]),
+                          "replication_mutual_tls": bool(c["replication.tls_cert_file"]),
+                          "token_for_writes": self.tokens is not None,
+                          "token_for_reads": self.tokens is not None and c["auth.require_for_reads"]}
 
     def _on_role_change(self, _role: str) -> None:
         self.notifier.status(self.serving_status())

@@ -109,6 +109,8 @@ def test_client_certificates_when_client_ca_is_set(spawn: Spawn, pki: PKI) -> No
                       tls_key_file=pki.client.key) as c:
         c.create_topic("t")
         assert "t" in c.list_topics()
+        assert c.status()["security"] == {"tls": True, "client_certificates": True, "replication_mutual_tls": False,
+                                          "token_for_writes": False, "token_for_reads": False}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -167,6 +169,8 @@ def test_replication_mutual_tls_refuses_unknown_slaves(spawn: Spawn, pki: PKI) -
         assert st["replication"]["error"].startswith("UNAVAILABLE"), st["replication"]
     with BrokerClient(master.address) as c:
         assert [r["node_id"] for r in c.status()["replicas"]] == [good_id]
+    assert "snapshot_installed" in Path(good.log_path).read_text()  # the bundle came over mutual TLS too
+    assert all("bootstrap_failed" in Path(r.log_path).read_text() for r in (rogue, no_cert))
 
 
 def test_replication_carries_the_token(spawn: Spawn, tmp_path: Path) -> None:
@@ -182,6 +186,7 @@ def test_replication_carries_the_token(spawn: Spawn, tmp_path: Path) -> None:
     bad = spawn("bad", config=slave_cfg)
     with BrokerClient(good.address) as g:
         assert _wait(lambda: g.status()["confirm_offset"] == end)
+    assert "snapshot_installed" in Path(good.log_path).read_text()  # Snapshot carried the token as well
     with BrokerClient(bad.address) as b:
         st = b.status()
     assert st["max_offset"] == 0 and st["replication"]["error"].startswith("UNAUTHENTICATED"), st["replication"]
@@ -273,6 +278,7 @@ def test_require_for_reads(spawn: Spawn, tmp_path: Path) -> None:
     with BrokerClient(d.address, token=TOKEN) as c:
         c.create_topic("t")
         assert len(c.pull("t", 0, 0)) == 0 and "t" in c.list_topics()
+        assert c.status()["security"]["token_for_reads"] is True
 
 
 def test_bad_security_settings_exit_2(tmp_path: Path, pki: PKI) -> None:
