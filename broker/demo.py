@@ -76,6 +76,9 @@ def run_demo() -> int:
             n = _count(c, "orders", 4)
             verdict = "none lost" if n == MESSAGES + 2 else f"EXPECTED {MESSAGES + 2}"
             _say(f"8. promoted the slave: epoch {epoch}; it takes writes; {n} messages ({verdict})")
+        # as the runbook says (docs/operations.md): make the runtime role change permanent in each
+        # node's configuration; a restart that contradicts it is refused
+        slave.config = {}
         master.config = {"node.role": "slave", "node.master": slave.address}
         master.start()
         with BrokerClient(master.address) as a, BrokerClient(slave.address) as b:
@@ -93,7 +96,8 @@ def run_demo() -> int:
         with BrokerClient(slave.address) as c:
             rec = c.status()["recovery"]
         _say(f"11. after a clean stop (SIGTERM) the restart replayed {rec['replayed_bytes']} bytes (clean={rec['clean']})")
-        _say("Not shown yet (not implemented): timer messages, tiered storage, TLS and systemd units.")
+        _say("Not shown here: TLS, tokens and systemd units (docs/operations.md). Not implemented yet: timer "
+             "messages, tiered storage.")
         return 0
     finally:
         master.kill9()
