@@ -28,8 +28,12 @@ def _pair(spawn: Callable[..., DaemonProcess], master_cfg: dict[str, object] | N
 def _wait(cond: Callable[[], bool], timeout_s: float = 15, what: str = "") -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if cond():
-            return
+        try:
+            if cond():
+                return
+        except BrokerError as exc:  # a node re-executing itself to bootstrap is briefly unreachable
+            if exc.code != grpc.StatusCode.UNAVAILABLE:
+                raise
         time.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
 
