@@ -56,6 +56,14 @@ KEYS: dict[str, Key] = {
     "limits.pull_bytes_max": Key(16 * MiB, int, minimum=1024, maximum=1 * GiB, reloadable=True),
     "limits.send_timeout_ms": Key(10_000, int, minimum=1, maximum=600_000, reloadable=True),
     "limits.grpc_workers": Key(16, int, minimum=1, maximum=256),
+    "timer.precision_ms": Key(100, int, minimum=1, maximum=60_000),
+    "timer.max_delay_ms": Key(30 * 24 * 3600 * 1000, int, minimum=1, maximum=10 * 365 * 24 * 3600 * 1000),
+    "timer.wheel_slots": Key(1 << 18, int, minimum=64, maximum=1 << 24),
+    "timer.snapshot_enabled": Key(True, bool),
+    "timer.snapshot_interval_ms": Key(10_000, int, minimum=10, maximum=3_600_000),
+    "timer.snapshot_keep": Key(2, int, minimum=1, maximum=100),
+    "timer.log_segment_bytes": Key(64 * MiB, int, minimum=64 * 1024, maximum=1 << 40),
+    "timer.fire_batch_max": Key(10_000, int, minimum=1, maximum=1_000_000),
     "log.level": Key("info", str, choices=("debug", "info", "warning", "error"), reloadable=True),
     "log.format": Key("console", str, choices=("console", "json")),
 }
@@ -68,6 +76,12 @@ class ConfigError(Exception):
 
 
 def _coerce(name: str, key: Key, value: Any) -> Any:
+    if key.kind is bool:
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0"):
+            return value.lower() in ("true", "1")
+        if not isinstance(value, bool):
+            raise ConfigError(f"{name}: expected true or false, got {value!r}")
+        return value
     if key.kind is int:
         if isinstance(value, bool):
             raise ConfigError(f"{name}: expected an integer, got {value!r}")

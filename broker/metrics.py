@@ -26,3 +26,10 @@ GROUP_LAG = Gauge(
     "tidemark_consumer_group_lag_messages", "Queue end minus the group's committed offset",
     ["group", "topic", "queue"], registry=REGISTRY,
 )
+TIMER_PENDING = Gauge("tidemark_timer_pending", "Pending timer messages per target topic", ["topic"], registry=REGISTRY)
+TIMER_FIRED = Counter("tidemark_timer_fired", "Timer messages delivered to their topics", registry=REGISTRY)
+TIMER_LATENESS = Histogram(
+    "tidemark_timer_fire_lateness_seconds", "Append time of a timer delivery minus its deliver_at_ms", registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 30.0),
+)
+TIMER_SNAPSHOT_SECONDS = Gauge("tidemark_timer_snapshot_seconds", "Duration of the last wheel snapshot", registry=REGISTRY)
