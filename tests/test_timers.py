@@ -118,7 +118,7 @@ def _pending_by_walk(s: object) -> list[int]:
     v = s.timer_view  # type: ignore[attr-defined]
     found: list[int] = []
     for ring in np.flatnonzero(v.wheel.count > 0).tolist():
-        recs = v.wheel.walk(ring, v.read_record, floor=v.log.min_offset)
+        recs = v.wheel.walk(ring, v.read_block, floor=v.log.min_offset)
         offs = recs["off"]
         idx = v.index.find(offs)
         found += offs[(idx >= 0) & (v.index.state[np.maximum(idx, 0)] == PENDING)].tolist()
@@ -228,3 +228,24 @@ def test_view_counts_match_the_metadata_counts(tmp_path: Path) -> None:
     fired = sum(len(v) for v in clock.fired_at.values())
     assert fired == len(deliveries(s, "t", 3))  # type: ignore[arg-type]
     s.stop()  # type: ignore[attr-defined]
+
+
+def test_bulk_lateness_histogram_equals_one_observe_per_value() -> None:
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    from broker import metrics
+
+    bounds = metrics.TIMER_LATENESS_BOUNDS
+    one, bulk = CollectorRegistry(), CollectorRegistry()
+    h1 = Histogram("lateness", "x", registry=one, buckets=bounds)
+    h2 = Histogram("lateness", "x", registry=bulk, buckets=bounds)
+    values = [0.0, 0.005, 0.0051, 0.2, 0.25, 31.0, 1.0, *[random.random() for _ in range(500)]]
+    for v in values:
+        h1.observe(v)
+    metrics.observe_many(h2, values, bounds)
+
+    def lines(reg: CollectorRegistry) -> list[bytes]:
+        return [x for x in generate_latest(reg).splitlines() if b"_created" not in x and b"_sum" not in x]
+
+    assert lines(one) == lines(bulk)
+    assert abs(h1._sum.get() - h2._sum.get()) < 1e-6  # type: ignore[attr-defined]

@@ -213,7 +213,7 @@ class TimerService:
         ring = state.slot % wheel.slots
         last = int(wheel.last[ring])
         if last not in (state.walked_to, tl.NONE):
-            recs = wheel.walk(ring, self.view.read_record, stop_at=state.walked_to, floor=self.view.log.min_offset)
+            recs = wheel.walk(ring, self.view.read_block, stop_at=state.walked_to, floor=self.view.log.min_offset)
             state.walked_to = last
             state.offs = np.concatenate([state.offs, recs["off"]])
             state.ats = np.concatenate([state.ats, recs["at"]])
@@ -249,16 +249,20 @@ class TimerService:
         records = self._read_scheduled(offs)
         by_queue: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = defaultdict(list)
         events: list[tuple[bytes, bytes, bytes]] = []
-        fired: list[int] = []
+        targets: dict[tuple[str, int], tuple[bool, bytes]] = {}  # (exists, its event suffix) per target
+        fired = 0
         for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
             key, props, body = records[off]
             _, topic, queue = tr.scheduled_target(props)
-            if self.store.queue_exists(topic, queue):
-                by_queue[(topic, queue)].append((body, bytes(key), tr.delivery_props(off, props)))
-                events.append((b"", b"", tr.event_props(tr.FIRED, off, at, topic, queue)))
-                fired.append(off)
+            target = targets.get((topic, queue))
+            if target is None:
+                target = targets[(topic, queue)] = (self.store.queue_exists(topic, queue), tr.target_props(topic, queue))
+            if target[0]:
+                by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
+                events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
+                fired += 1
             else:
-                events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, topic, queue)))
+                events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
                 log.warning("timer_dropped", timer_offset=off, topic=topic, queue=queue, reason="no such topic/queue")
         batches: list[IncomingBatch] = []
         for (topic, queue), items in by_queue.items():
@@ -271,10 +275,9 @@ class TimerService:
         failpoint("timer_after_fire")
         self.inflight.update(offs.tolist())
         now = self.clock_ms()
-        for at in ats.tolist():
-            metrics.TIMER_LATENESS.observe(max(0, now - at) / 1000.0)
-        metrics.TIMER_FIRED.inc(len(fired))
-        self.fired_total += len(fired)
+        metrics.observe_many(metrics.TIMER_LATENESS, np.maximum(0, now - ats) / 1000.0, metrics.TIMER_LATENESS_BOUNDS)
+        metrics.TIMER_FIRED.inc(fired)
+        self.fired_total += fired
         self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
 
     def _append_events(self, offs: np.ndarray, ats: np.ndarray) -> None:
@@ -284,7 +287,7 @@ class TimerService:
         for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
             _, props, _ = self._read_scheduled(np.array([off], dtype=np.uint64))[off]
             _, topic, queue = tr.scheduled_target(props)
-            events.append((b"", b"", tr.event_props(tr.FIRED, off, at, topic, queue)))
+            events.append((b"", b"", tr.event_props(tr.FIRED, off, at, tr.target_props(topic, queue))))
         raw, _ = bf.encode_records(events)
         _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], internal=True)
         self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
@@ -338,7 +341,7 @@ class TimerService:
                 raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is already {STATE_NAMES[state]}")
             _, props, _ = self._read_scheduled(np.array([timer_offset], dtype=np.uint64))[timer_offset]
             at, topic, queue = tr.scheduled_target(props)
-            raw, _ = bf.encode_records([(b"", b"", tr.event_props(tr.CANCELLED, timer_offset, at, topic, queue))])
+            raw, _ = bf.encode_records([(b"", b"", tr.event_props(tr.CANCELLED, timer_offset, at, tr.target_props(topic, queue)))])
             self.cancelling.add(timer_offset)
             try:
                 _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, 1, crc32c.crc32c(raw))], internal=True)

@@ -36,6 +36,8 @@ _U16 = struct.Struct("<H")
 _DELIVER_AT_NAME = _U16.pack(len(DELIVER_AT)) + DELIVER_AT.encode()
 _EVENT_NAME = _U16.pack(len(EVENT)) + EVENT.encode()
 _OFFSET_NAME = _U16.pack(len(TIMER_OFFSET)) + TIMER_OFFSET.encode()
+_TOPIC_NAME = _U16.pack(len(TARGET_TOPIC)) + TARGET_TOPIC.encode()
+_QUEUE_NAME = _U16.pack(len(TARGET_QUEUE)) + TARGET_QUEUE.encode()
 _DIGITS_MAX = 19
 
 
@@ -128,9 +130,26 @@ def is_event_batch(batch: memoryview, header: bf.BatchHeader) -> bool:
     return bytes(first[2][: len(_EVENT_NAME)]) == _EVENT_NAME
 
 
-def event_props(event: str, timer_offset: int, deliver_at_ms: int, topic: str, queue_id: int) -> bytes:
-    return bf.encode_props({EVENT: event, TIMER_OFFSET: str(timer_offset), DELIVER_AT: str(deliver_at_ms),
-                            TARGET_TOPIC: topic, TARGET_QUEUE: str(queue_id)})
+def _prop(name: str, value: str) -> bytes:
+    n = name.encode()
+    v = value.encode()
+    return _U16.pack(len(n)) + n + _U16.pack(len(v)) + v
+
+
+_EVENT_PREFIX = {kind: _prop(EVENT, kind) for kind in (FIRED, CANCELLED, DROPPED)}
+
+
+def target_props(topic: str, queue_id: int) -> bytes:
+    """The ``__topic``, ``__queue`` properties that end every event of one target."""
+    return _prop(TARGET_TOPIC, topic) + _prop(TARGET_QUEUE, str(queue_id))
+
+
+def event_props(event: str, timer_offset: int, deliver_at_ms: int, target: bytes) -> bytes:
+    """An event's properties: ``__event``, ``__timer_offset``, ``__deliver_at_ms``, then ``target``
+    (``target_props``); the bytes ``encode_props`` would make, built without a dict."""
+    o = b"%d" % timer_offset
+    a = b"%d" % deliver_at_ms
+    return b"".join((_EVENT_PREFIX[event], _OFFSET_NAME, _U16.pack(len(o)), o, _DELIVER_AT_NAME, _U16.pack(len(a)), a, target))
 
 
 def iter_events(batch: memoryview, header: bf.BatchHeader) -> Iterator[dict[str, str]]:
@@ -138,9 +157,25 @@ def iter_events(batch: memoryview, header: bf.BatchHeader) -> Iterator[dict[str,
         yield bf.decode_props(props)
 
 
+def event_refs(batch: memoryview, header: bf.BatchHeader) -> list[tuple[str, int, str]]:
+    """(event, timer_offset, target topic) of every record of an event batch, parsed in order
+    without decoding whole property maps (events are written only by the master, in this order)."""
+    out: list[tuple[str, int, str]] = []
+    for _, _, props, _ in bf.iter_records(batch, header):
+        kind, at = _leading_value(props, 0, _EVENT_NAME) or (b"", 0)
+        off, at = _leading_value(props, at, _OFFSET_NAME) or (b"", 0)
+        _, at = _leading_value(props, at, _DELIVER_AT_NAME) or (b"", 0)
+        topic, _ = _leading_value(props, at, _TOPIC_NAME) or (b"", 0)
+        if not kind or not off:
+            raise ValueError(f"malformed timer event in the batch at {header.base_offset}")
+        out.append((kind.decode(), int(off), topic.decode()))
+    return out
+
+
 def delivery_props(timer_offset: int, scheduled: bytes | memoryview) -> bytes:
     """A delivery's properties: ``__timer_offset`` first, then the scheduled record's, unchanged."""
-    return bf.encode_props({TIMER_OFFSET: str(timer_offset)}) + bytes(scheduled)
+    o = b"%d" % timer_offset
+    return b"".join((_OFFSET_NAME, _U16.pack(len(o)), o, scheduled))
 
 
 def delivered_offsets(batch: memoryview, header: bf.BatchHeader) -> list[int]:
@@ -155,6 +190,10 @@ def delivered_offsets(batch: memoryview, header: bf.BatchHeader) -> list[int]:
 
 
 def scheduled_target(props: bytes | memoryview) -> tuple[int, str, int]:
-    """(deliver_at_ms, topic, queue) from a scheduled record's properties."""
-    p = bf.decode_props(props)
-    return int(p[DELIVER_AT]), p[TARGET_TOPIC], int(p[TARGET_QUEUE])
+    """(deliver_at_ms, topic, queue) from a scheduled record's properties (its first three)."""
+    at, nxt = _leading_value(props, 0, _DELIVER_AT_NAME) or (b"", 0)
+    topic, nxt = _leading_value(props, nxt, _TOPIC_NAME) or (b"", 0)
+    queue, _ = _leading_value(props, nxt, _QUEUE_NAME) or (b"", 0)
+    if not at or not queue:
+        raise ValueError("not a scheduled record's properties")
+    return int(at), topic.decode(), int(queue)

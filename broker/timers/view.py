@@ -142,9 +142,12 @@ class TimerView:
 
     def _apply_events(self, header: bf.BatchHeader, batch: memoryview) -> None:
         kinds = {tr.FIRED: (tl.FIRED_EVENT, DELIVERED), tr.CANCELLED: (tl.CANCELLED, PENDING), tr.DROPPED: (tl.DROPPED, PENDING)}
-        for event in tr.iter_events(batch, header):
-            rtype, required = kinds[event[tr.EVENT]]
-            self._finish(np.array([int(event[tr.TIMER_OFFSET])], dtype=np.uint64), rtype, required)
+        by_kind: dict[str, list[int]] = {}
+        for kind, off, _ in tr.event_refs(batch, header):
+            by_kind.setdefault(kind, []).append(off)
+        for kind, offs in by_kind.items():  # one kind per batch in practice: vectorised per kind
+            rtype, required = kinds[kind]
+            self._finish(np.array(offs, dtype=np.uint64), rtype, required)
 
     def _finish(self, offs: np.ndarray, rtype: int, required_state: int) -> None:
         """Record ``rtype`` for timers now in ``required_state``; others are ignored (a repeat)."""
@@ -197,8 +200,12 @@ class TimerView:
         self._emit(recs)
         self._write_group(self.applied_offset)
 
-    def read_record(self, pos: int) -> bytes:
-        return self.log.read(pos, tl.RECORD_BYTES)
+    def read_block(self, pos: int, block_bytes: int = 64 << 10) -> tuple[int, bytes]:
+        """(start, bytes) of the timer log up to and including the record at ``pos`` (chains
+        point backwards, so the block ends there)."""
+        start = max(self.log.min_offset, pos + tl.RECORD_BYTES - block_bytes)
+        start -= (start - self.log.min_offset) % tl.RECORD_BYTES
+        return start, self.log.read(start, pos + tl.RECORD_BYTES - start)
 
     # -- checkpoint -------------------------------------------------------------------------------
     def checkpoint(self) -> None:

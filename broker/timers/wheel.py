@@ -108,15 +108,28 @@ class Wheel:
         np.add.at(self.count, r_sorted[sched], 1)
 
     # -- reading a chain ----------------------------------------------------------------------
-    def walk(self, ring: int, read: Callable[[int], bytes], *, stop_at: int = tl.NONE, floor: int = 0) -> np.ndarray:
+    def walk(self, ring: int, read_block: Callable[[int], tuple[int, bytes]], *, stop_at: int = tl.NONE,
+             floor: int = 0) -> np.ndarray:
         """The linked records of a ring slot, newest first, down to its chain start, ``stop_at``
-        (exclusive: a position already walked) or a position below ``floor`` (deleted)."""
+        (exclusive: a position already walked) or a position below ``floor`` (deleted).
+
+        ``read_block(pos)`` returns (start, bytes) of a stretch of the timer log holding the
+        record at ``pos``: links of one slot usually sit close together, so one read serves many.
+        """
         out: list[bytes] = []
         pos = int(self.last[ring])
-        while pos not in (tl.NONE, stop_at) and pos >= floor:
-            raw = read(pos)
+        start, block = 0, b""
+        unpack = tl.RECORD.unpack_from
+        while pos != tl.NONE and pos != stop_at and pos >= floor:  # noqa: PLR1714
+            at = pos - start
+            if at < 0 or at + tl.RECORD_BYTES > len(block):
+                start, block = read_block(pos)
+                at = pos - start
+            raw = block[at : at + tl.RECORD_BYTES]
+            if len(raw) != tl.RECORD_BYTES:
+                raise ValueError(f"timer-log record at {pos} is not readable")
             out.append(raw)
-            pos = tl.RECORD.unpack_from(raw, 0)[2]
+            pos = unpack(raw, 0)[2]
         if not out:
             return np.empty(0, dtype=tl.DTYPE)
         return np.frombuffer(b"".join(out), dtype=tl.DTYPE)

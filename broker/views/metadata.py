@@ -123,9 +123,9 @@ class MetadataView:
             _, topic, _ = timer_records.scheduled_target(props)
             self._count_timers(topic, header.record_count)
             return
-        for event in timer_records.iter_events(batch, header):
-            if event[timer_records.EVENT] in (timer_records.CANCELLED, timer_records.DROPPED):
-                self._count_timers(event[timer_records.TARGET_TOPIC], -1)
+        for kind, _, topic in timer_records.event_refs(batch, header):
+            if kind in (timer_records.CANCELLED, timer_records.DROPPED):
+                self._count_timers(topic, -1)
 
     def _count_timers(self, topic: str, delta: int) -> None:
         if self._txn is None:
