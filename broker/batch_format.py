@@ -8,7 +8,7 @@ Batch header (64 bytes), then the topic name, then the records::
     4  u32 header_crc         CRC32C of bytes [8, 64 + topic_len)
     8  u16 magic              0x4D54 ("TM")
     10 u8  version            1
-    11 u8  flags              reserved, 0
+    11 u8  flags              bit 0: a timer delivery (records carry ``__timer_offset``)
     12 u32 record_count
     16 u64 base_offset        commit offset (byte position) of this batch
     24 u64 base_queue_offset  queue offset of the first record
@@ -52,6 +52,7 @@ TOPIC_BYTES_MAX = 255
 KEY_BYTES_MAX = 0xFFFF
 PROPS_BYTES_MAX = 0xFFFF
 NO_SEQUENCE = -1
+FLAG_TIMER_DELIVERY = 0x01  # written by the timer firing service; the timer view reads these batches
 
 assert HEADER_BYTES == 64
 
@@ -71,6 +72,7 @@ class BatchHeader:
     queue_id: int
     topic: str
     body_crc: int
+    flags: int = 0
 
     @property
     def records_at(self) -> int:
@@ -163,11 +165,12 @@ def build_header(
     queue_id: int,
     topic_raw: bytes,
     body_crc: int,
+    flags: int = 0,
 ) -> bytes:
     """Header + topic bytes, with the header CRC filled in."""
     head = bytearray(HEADER_BYTES + len(topic_raw))
     HEADER.pack_into(
-        head, 0, batch_bytes, 0, MAGIC, VERSION, 0, record_count, base_offset, base_queue_offset,
+        head, 0, batch_bytes, 0, MAGIC, VERSION, flags, record_count, base_offset, base_queue_offset,
         store_time_ms, producer_id, base_sequence, epoch, queue_id, len(topic_raw), 0, body_crc,
     )
     head[HEADER_BYTES:] = topic_raw
@@ -185,7 +188,7 @@ def decode_header(buf: bytes | memoryview, pos: int = 0, *, path: str = "", chec
     if len(buf) - pos < HEADER_BYTES:
         raise CorruptionError("batch header truncated", path=path, offset=pos)
     (
-        batch_bytes, header_crc, magic, version, _flags, record_count, base_offset, base_queue_offset,
+        batch_bytes, header_crc, magic, version, flags, record_count, base_offset, base_queue_offset,
         store_time_ms, producer_id, base_sequence, epoch, queue_id, topic_len, _r, body_crc,
     ) = HEADER.unpack_from(buf, pos)
     if magic != MAGIC or version != VERSION:
@@ -198,7 +201,7 @@ def decode_header(buf: bytes | memoryview, pos: int = 0, *, path: str = "", chec
     topic = bytes(buf[pos + HEADER_BYTES : topic_end]).decode()
     return BatchHeader(
         batch_bytes, record_count, base_offset, base_queue_offset, store_time_ms, producer_id,
-        base_sequence, epoch, queue_id, topic, body_crc,
+        base_sequence, epoch, queue_id, topic, body_crc, flags,
     )
 
 

@@ -64,9 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send", parents=[conn], help="send one message per stdin line; print one JSON receipt per line")
     se.add_argument("topic")
     se.add_argument("--key")
-    se.add_argument("--delay-ms", type=int)
+    se.add_argument("--delay-ms", type=int, help="deliver each message this long after it is sent (a timer message)")
     se.add_argument("--ack", choices=("leader", "flush", "replica"), default="replica")
     se.add_argument("--batch", type=int, default=1000, help="lines per request")
+
+    ca = sub.add_parser("cancel", parents=[conn], help="cancel a scheduled (timer) message before it fires")
+    ca.add_argument("--timer-offset", type=int, required=True)
 
     co = sub.add_parser("consume", parents=[conn], help="print one JSON object per message")
     co.add_argument("topic")
@@ -135,6 +138,10 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _send(args)
         if cmd == "consume":
             return _consume(args)
+        if cmd == "cancel":
+            with _client(args) as c:
+                print(json.dumps({"cancelled": c.cancel_timer(args.timer_offset)}))
+            return 0
         if cmd == "status":
             return _status(args)
         if cmd == "promote":
@@ -207,25 +214,34 @@ def _topic(args: argparse.Namespace) -> int:
 def _send(args: argparse.Namespace) -> int:
     from broker.client import Message
 
-    if args.delay_ms is not None:
-        return _fail("--delay-ms: timer messages are not supported yet", EXIT_USAGE)
+    if args.delay_ms is not None and args.delay_ms < 0:
+        return _fail("--delay-ms: must not be negative", EXIT_USAGE)
     with _client(args) as c:
         pending: list[Message] = []
 
         def flush() -> None:
             for r in c.send(args.topic, pending, ack=args.ack):
-                print(json.dumps({"topic": r.topic, "queue_id": r.queue_id, "queue_offset": r.queue_offset,
-                                  "commit_offset": r.commit_offset}))
+                out = {"topic": r.topic, "queue_id": r.queue_id, "queue_offset": r.queue_offset,
+                       "commit_offset": r.commit_offset}
+                if r.timer_offset is not None:
+                    out.update(timer_offset=r.timer_offset, deliver_at_ms=r.deliver_at_ms)
+                print(json.dumps(out))
             pending.clear()
 
         for line in sys.stdin.buffer:
-            pending.append(Message(body=line.rstrip(b"\n"), key=args.key))
+            at = int(time.time() * 1000) + args.delay_ms if args.delay_ms else None
+            pending.append(Message(body=line.rstrip(b"\n"), key=args.key, deliver_at_ms=at))
             if len(pending) >= args.batch:
                 flush()
         if pending:
             flush()
         sys.stdout.flush()
     return 0
+
+
+def _timer_json(m: Any) -> dict[str, int]:
+    at = m.deliver_at_ms
+    return {} if at is None else {"deliver_at_ms": at, "timer_offset": m.timer_offset}
 
 
 def _body_json(body: bytes) -> dict[str, str]:
@@ -264,7 +280,7 @@ def _consume(args: argparse.Namespace) -> int:
                 for m in res:
                     print(json.dumps({"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
                                       "commit_offset": m.commit_offset, "key": m.key, "properties": m.properties,
-                                      "store_time_ms": m.store_time_ms, **_body_json(m.body)}))
+                                      "store_time_ms": m.store_time_ms, **_timer_json(m), **_body_json(m.body)}))
                 got += len(res)
                 printed += len(res)
                 if len(res) and args.group:

@@ -21,6 +21,7 @@ import grpc
 
 from broker import alloc
 from broker import batch_format as bf
+from broker.timers.records import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TIMER_TOPIC, scheduled_props
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -81,15 +82,29 @@ class PulledMessage:
         _, kl, _ = _RECORD_HEAD.unpack_from(self._batch, self._pos)
         return bytes(self._batch[self._pos + 8 : self._pos + 8 + kl]).decode() if kl else None
 
-    @property
-    def properties(self) -> dict[str, str]:
+    def _all_properties(self) -> dict[str, str]:
         _, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
         start = self._pos + 8 + kl
         return bf.decode_props(self._batch[start : start + pl]) if pl else {}
 
     @property
+    def properties(self) -> dict[str, str]:
+        """The sender's properties (a timer delivery's own fields are read through their attributes)."""
+        props = self._all_properties()
+        for name in TIMER_PROPERTIES:
+            props.pop(name, None)
+        return props
+
+    @property
     def deliver_at_ms(self) -> int | None:
-        value = self.properties.get("__deliver_at_ms")
+        """When a timer message was due (None for an ordinary message)."""
+        value = self._all_properties().get(DELIVER_AT)
+        return int(value) if value is not None else None
+
+    @property
+    def timer_offset(self) -> int | None:
+        """A delivered timer message's origin: the commit offset of its scheduled record."""
+        value = self._all_properties().get(TIMER_OFFSET)
         return int(value) if value is not None else None
 
     def __repr__(self) -> str:
@@ -207,10 +222,13 @@ class _Producer:
 class _Group:
     """The messages of one send that went to one queue (one batch)."""
 
-    __slots__ = ("base_queue_offset", "base_sequence", "duplicate", "idxs", "positions", "queue_id", "records_at")
+    __slots__ = ("base_queue_offset", "base_sequence", "deliver", "duplicate", "idxs", "positions", "queue_id",
+                 "records_at")
 
-    def __init__(self, queue_id: int, idxs: list[int], positions: list[int], base_sequence: int) -> None:
+    def __init__(self, queue_id: int, idxs: list[int], positions: list[int], base_sequence: int,
+                 deliver: list[int] | None = None) -> None:
         self.queue_id = queue_id
+        self.deliver = deliver  # delayed messages: their deliver times (the batch went to __timer)
         self.idxs = idxs
         self.positions = positions
         self.base_sequence = base_sequence
@@ -240,6 +258,9 @@ class Receipts(Sequence[Receipt]):
             g, j = self._single, i
         else:
             g, j = self._where[i]
+        if g.deliver is not None:  # stored in __timer until it fires: no queue offset in its topic yet
+            offset = g.records_at + g.positions[j]
+            return Receipt(self._topic, g.queue_id, -1, offset, g.duplicate, offset, g.deliver[j])
         return Receipt(self._topic, g.queue_id, g.base_queue_offset + j, g.records_at + g.positions[j], g.duplicate)
 
     @overload
@@ -272,8 +293,10 @@ def _redirect(exc: grpc.RpcError) -> str:
     return ""
 
 
-def _encode(messages: Sequence[Message], idxs: list[int]) -> tuple[bytes, list[int]]:
-    """Records of ``messages[i] for i in idxs`` (format in broker.batch_format) and their positions."""
+def _encode(messages: Sequence[Message], idxs: list[int],
+            timer_target: tuple[str, int] | None = None) -> tuple[bytes, list[int]]:
+    """Records of ``messages[i] for i in idxs`` (format in broker.batch_format) and their positions.
+    With ``timer_target`` they are scheduled records (broker.timers.records) for that queue."""
     parts: list[bytes] = []
     positions: list[int] = []
     add = parts.append
@@ -283,7 +306,10 @@ def _encode(messages: Sequence[Message], idxs: list[int]) -> tuple[bytes, list[i
         m = messages[i]
         body = m.body
         key = m.key.encode() if m.key else b""
-        props = bf.encode_props(m.properties) if m.properties else b""
+        if timer_target is not None:
+            props = scheduled_props(m.deliver_at_ms or 0, timer_target[0], timer_target[1], m.properties)
+        else:
+            props = bf.encode_props(m.properties) if m.properties else b""
         size = len(key) + len(props) + len(body)
         add(pack(4 + size, len(key), len(props)))
         if key:
@@ -442,14 +468,15 @@ class BrokerClient:
         queues = self._queue_count(topic)
         sticky = next(self._round_robin) % queues
         by_queue: dict[int, list[int]] = {}
+        delayed: dict[int, list[int]] = {}  # timer messages not yet due, by target queue
         crc = crc32c.crc32c
+        now_ms = int(time.time() * 1000)
         for i, m in enumerate(messages):
-            if m.deliver_at_ms is not None:
-                raise ValueError("timer messages (deliver_at_ms) are not supported yet")
             q = sticky if m.key is None else crc(m.key.encode()) % queues
-            group = by_queue.get(q)
+            target = by_queue if m.deliver_at_ms is None or m.deliver_at_ms <= now_ms else delayed
+            group = target.get(q)
             if group is None:
-                by_queue[q] = [i]
+                target[q] = [i]
             else:
                 group.append(i)
         topic_bytes = len(topic.encode())
@@ -466,14 +493,26 @@ class BrokerClient:
                                     base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
                                     records=records)
                 groups.append(_Group(queue_id, idxs, positions, seq))
+            timer_seq = self._producer.sequences.get((TIMER_TOPIC, 0), 0)
+            for queue_id, idxs in delayed.items():  # one sequence for __timer: batches follow each other
+                records, positions = _encode(messages, idxs, timer_target=(topic, queue_id))
+                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                    base_sequence=timer_seq, record_count=len(idxs), records_crc=crc(records),
+                                    records=records, delayed=True)
+                groups.append(_Group(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
+                timer_seq += len(idxs)
             try:
                 resp = self._call("Send", request, retryable=SEND_RETRYABLE)
             except BrokerError:
                 self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
                 raise
             for g, r in zip(groups, resp.receipts, strict=True):
-                self._producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
-                g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
+                if g.deliver is not None:
+                    self._producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)
+                    g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
+                else:
+                    self._producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
+                    g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
                 g.base_queue_offset = r.base_queue_offset
                 g.duplicate = r.duplicate
         return Receipts(topic, len(messages), groups)
@@ -524,6 +563,17 @@ class BrokerClient:
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         resp = self._call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
         return int(resp.offset) if resp.found else None
+
+    # -- timers --------------------------------------------------------------------------------
+    def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
+        """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.
+        A fired, cancelled or firing timer: FAILED_PRECONDITION; an unknown one: NOT_FOUND."""
+        offset = receipt if isinstance(receipt, int) else receipt.timer_offset
+        if offset is None:
+            raise ValueError("this receipt is not a timer message's (it has no timer_offset)")
+        resp = self._call("CancelTimer", pb.CancelTimerRequest(timer_offset=offset), retry=False)
+        return {"timer_offset": offset, "deliver_at_ms": resp.deliver_at_ms, "topic": resp.topic,
+                "queue_id": resp.queue_id}
 
     # -- admin ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:

@@ -190,6 +190,8 @@ def _reset_view(store: Store, name: str) -> None:
         store.consume_queues._reset(0)
     elif name == "producer_state":
         store.producer_view.reset()
+    elif name == "timer":
+        store.timer_view.reset()
 
 
 def _scan(store: Store, start: int) -> int:

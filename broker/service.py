@@ -55,6 +55,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         if ack == "replica":
             self.store.check_replica_ack_possible()
         batches = [
+            IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
+                          b.base_sequence, timer_target=(b.topic, b.queue_id))
+            if b.delayed else
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
         ]
@@ -101,7 +104,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 self._check_group(o.group)
                 if o.topic.startswith(system_records.SYSTEM_PREFIX):
                     raise invalid(f"consumer offsets are not stored for system topic {o.topic!r}")
-                _, high = self.store.queue_bounds(o.topic, o.queue_id)
+                self.store.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
+                high = self.store.appended_queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
                 if o.offset > high:
                     raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
                 entries.append((o.group, o.topic, o.queue_id, o.offset))
@@ -188,6 +192,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         if self.store.role_controller is None:
             raise BrokerError("UNIMPLEMENTED", "replication is not available in this daemon")
         return self.store.role_controller
+
+    def CancelTimer(self, request: pb.CancelTimerRequest, context: grpc.ServicerContext) -> pb.CancelTimerResponse:
+        def run() -> pb.CancelTimerResponse:
+            at, topic, queue = self.store.timers.cancel(request.timer_offset)
+            log.info("timer_cancelled", timer_offset=request.timer_offset, topic=topic, queue=queue, deliver_at_ms=at)
+            return pb.CancelTimerResponse(deliver_at_ms=at, topic=topic, queue_id=queue)
+        return _handle(context, run)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
         return _handle(context, lambda: pb.StatusResponse(json=json.dumps(self.store.status())))

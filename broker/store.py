@@ -38,6 +38,9 @@ from broker.failpoints import failpoint
 from broker.invariant import invariant
 from broker.offset_buffer import OffsetBuffer
 from broker.segment import FsyncFailed
+from broker.timers import records as timer_records
+from broker.timers.firing import TimerService
+from broker.timers.view import TimerView
 from broker.views import ConsumeQueueView, MetadataView, ProducerStateView, View
 from broker.views.consume_queue import Entry
 from broker.views.producer_state import ProducerTable
@@ -47,6 +50,7 @@ log = structlog.get_logger("store")
 READ_CHUNK_BYTES = 4 << 20
 PULL_ENTRIES_PER_READ = 256
 ACKS = ("leader", "flush", "replica")
+TIMER_BODIES_HOLD = -1  # retention_holds key: the oldest pending timer's scheduled record
 
 
 @dataclass(slots=True)
@@ -60,6 +64,8 @@ class IncomingBatch:
     body_crc: int
     producer_id: int = 0
     base_sequence: int = bf.NO_SEQUENCE
+    flags: int = 0
+    timer_target: tuple[str, int] | None = None  # a delayed batch for __timer: the (topic, queue) it fires into
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +101,8 @@ class Store:
         self.consume_queues = ConsumeQueueView(os.path.join(data_dir, "cq"), os.path.join(ckpt, "consume_queue.ckpt"))
         self.metadata = MetadataView(os.path.join(data_dir, "metadata"))
         self.producer_view = ProducerStateView(os.path.join(ckpt, "producer_state.ckpt"))
-        self.views: list[View] = [self.metadata, self.consume_queues, self.producer_view]
+        self.timer_view = TimerView(os.path.join(data_dir, "timer"), config)
+        self.views: list[View] = [self.metadata, self.consume_queues, self.producer_view, self.timer_view]
         self.epochs = EpochHistory(data_dir)
         self.role = config["node.role"]
         self.master_address = config["node.master"]  # where a slave sends writers (redirects)
@@ -133,6 +140,8 @@ class Store:
         self.recovery_report: dict[str, object] = {}
         self._free_checked_at = 0.0
         self._free_bytes = 1 << 62
+        self.timers = TimerService(self, self.timer_view)
+        self.role_listeners.append(self.timers.on_role)
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
@@ -146,11 +155,14 @@ class Store:
             t.start()
             self._threads.append(t)
         self.offsets.start()
+        if self.role == "master":
+            self.timers.start()
 
     def stop(self) -> None:
         """Graceful stop: flush offsets, fsync, apply and checkpoint every view, mark clean."""
         from broker import recovery
 
+        self.timers.stop()
         with contextlib.suppress(BrokerError):
             self.offsets.flush()
         self.offsets.stop()
@@ -171,6 +183,7 @@ class Store:
 
     def crash_close(self) -> None:
         """Close files without a clean marker (tests of recovery inside one process)."""
+        self.timers.stop()
         self._stop.set()
         with self._cond:
             self._cond.notify_all()
@@ -334,6 +347,9 @@ class Store:
         return self._free_bytes
 
     def validate(self, batch: IncomingBatch, *, internal: bool = False) -> None:
+        if batch.timer_target is not None:
+            self._validate_delayed(batch)
+            return
         if batch.topic.startswith(system_records.SYSTEM_PREFIX):
             if not internal:
                 raise invalid(f"topic {batch.topic!r} is a reserved system topic")
@@ -356,6 +372,20 @@ class Store:
         if batch.base_sequence < bf.NO_SEQUENCE or batch.base_sequence > 0x7FFFFFFF:
             raise invalid(f"base_sequence {batch.base_sequence} out of range")
 
+    def _validate_delayed(self, batch: IncomingBatch) -> None:
+        """A delayed batch: valid for its target queue, then every record a scheduled record."""
+        topic, queue_id = batch.timer_target or ("", 0)
+        if batch.topic != system_records.TIMER_TOPIC or batch.queue_id != 0:
+            raise invalid("a delayed batch is stored in __timer queue 0")
+        self.validate(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
+                                    batch.producer_id, batch.base_sequence))
+        positions = bf.record_positions(batch.records, batch.record_count)
+        try:
+            timer_records.check_scheduled(batch.records, positions, topic, queue_id, int(time.time() * 1000),
+                                          self.config["timer.max_delay_ms"])
+        except timer_records.TimerRecordError as exc:
+            raise invalid(f"delayed batch for {topic}/{queue_id}: {exc}") from None
+
     def append(
         self, batches: list[IncomingBatch], *, internal: bool = False,
         topic_changes: list[tuple[str, dict[str, Any]]] | None = None,
@@ -372,8 +402,9 @@ class Store:
         with self._append_lock:
             self.check_writable()
             for b in batches:  # the append side's own view of topics: deletes may not be applied yet
-                if not b.topic.startswith(system_records.SYSTEM_PREFIX) and b.topic not in self._tail_topics:
-                    raise not_found(f"unknown topic {b.topic!r}")
+                name = b.timer_target[0] if b.timer_target else b.topic
+                if not name.startswith(system_records.SYSTEM_PREFIX) and name not in self._tail_topics:
+                    raise not_found(f"unknown topic {name!r}")
             self._check_topic_changes(topic_changes or [])
             offset = self.log.max_offset
             now = max(int(time.time() * 1000), self._last_store_time_ms)
@@ -399,7 +430,7 @@ class Store:
                 head = bf.build_header(
                     batch_bytes=size, record_count=b.record_count, base_offset=offset, base_queue_offset=qoff,
                     store_time_ms=now, producer_id=b.producer_id, base_sequence=b.base_sequence, epoch=self.epoch,
-                    queue_id=b.queue_id, topic_raw=topic_raw, body_crc=b.body_crc,
+                    queue_id=b.queue_id, topic_raw=topic_raw, body_crc=b.body_crc, flags=b.flags,
                 )
                 chunks.append([head, b.records])
                 producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
@@ -577,6 +608,11 @@ class Store:
                     self.checkpoint_views()
                 except (OSError, lmdb.Error) as exc:  # the previous checkpoint stays valid: retry later
                     log.warning("checkpoint_failed", error=str(exc))
+            elif self.timer_view.snapshot_due():  # the wheel snapshot is on its own clock, idle log or not
+                try:
+                    self.timer_view.checkpoint()
+                except OSError as exc:
+                    log.warning("timer_snapshot_failed", error=str(exc))
             self._last_ckpt = now
         if now - self._last_retention >= self.config["retention.check_interval_ms"] / 1000.0:
             try:
@@ -592,6 +628,11 @@ class Store:
             v.checkpoint()
             self._checkpointed_prev[v.name] = self._checkpointed.get(v.name, 0)
             self._checkpointed[v.name] = v.applied_offset
+        hold = self.timer_view.body_hold()  # the bodies of pending timers stay (locally, or in tiered storage)
+        if hold is None:
+            self.retention_holds.pop(TIMER_BODIES_HOLD, None)
+        else:
+            self.retention_holds[TIMER_BODIES_HOLD] = hold
         failpoint("views_after_checkpoint")
 
     # -- retention --------------------------------------------------------------------------------
@@ -599,7 +640,8 @@ class Store:
         """Lowest offset some view may still replay from (or a snapshot is streaming): nothing at or above it may go."""
         if len(self._checkpointed_prev) < len(self.views):
             return 0
-        return min([*self._checkpointed_prev.values(), *self.retention_holds.values()])
+        floors = [*self._checkpointed_prev.values(), *self.retention_holds.values(), self.timer_view.recovery_floor()]
+        return min(floors)
 
     def enforce_retention(self) -> list[str]:
         local_bytes = self.config["retention.local_bytes"]
@@ -716,6 +758,35 @@ class Store:
         low, _ = self.queue_bounds(topic, queue_id)
         return max(low, qf.entry(i).base_queue_offset)
 
+    def wait_view_applied(self, view: View, offset: int, timeout_s: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: view.applied_offset >= offset or self._stop.is_set(), timeout_s)
+
+    def appended_queue_end(self, topic: str, queue_id: int) -> int:
+        """Next queue offset the append side will assign (counts appended, unconfirmed batches)."""
+        with self._append_lock:
+            return self._tail_queue_next.get((topic, queue_id), 0)
+
+    def queue_exists(self, topic: str, queue_id: int) -> bool:
+        """Whether a queue takes appends now (the append side's view of topics)."""
+        info = self.metadata.topic(topic)
+        return topic in self._tail_topics and info is not None and 0 <= queue_id < info["queues"]
+
+    def is_scheduled_record(self, offset: int) -> bool:
+        """Whether ``offset`` is the start of a scheduled record in ``__timer`` (still stored)."""
+        qf = self.consume_queues.queue(system_records.TIMER_TOPIC, 0)
+        if qf is None or offset < self.log.min_offset:
+            return False
+        i = qf.first_at_commit(offset + 1) - 1
+        if i < 0 or i >= qf.entries:
+            return False
+        e = qf.entry(i)
+        data = self.log.read(e.commit_offset, e.batch_bytes)
+        header = bf.decode_header(data, 0)
+        if timer_records.is_event_batch(memoryview(data), header):
+            return False
+        return any(e.commit_offset + pos == offset for pos, _, _, _ in bf.iter_records(memoryview(data), header))
+
     def wait_applied(self, offset: int, timeout_s: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: self.metadata.applied_offset >= offset or self._stop.is_set(), timeout_s)
@@ -738,7 +809,10 @@ class Store:
             "applied_offset": self.applied_offset,
             "replicas": [],
             "tiered_uploaded_offset": 0,
-            "timer_pending": 0,
+            "timer_pending": sum(self.metadata.timer_pending().values()),
+            "timer_pending_by_topic": self.metadata.timer_pending(),
+            "timer_wheel": {"pending": self.timer_view.wheel.pending, "loaded_from": self.timer_view.loaded_from,
+                            "index_bytes": self.timer_view.index.memory_bytes()},
             "segments": len(segs),
             "log_bytes": sum(s.size_bytes for s in segs),
             "free_disk_bytes": self.free_bytes(),

@@ -17,7 +17,8 @@ from typing import Any
 
 METADATA_TOPIC = "__metadata"
 SYSTEM_PREFIX = "__"
-SYSTEM_TOPICS = (METADATA_TOPIC,)
+TIMER_TOPIC = "__timer"  # records: broker/timers/records.py
+SYSTEM_TOPICS = (METADATA_TOPIC, TIMER_TOPIC)
 TOPIC_CREATE = "topic.create"
 TOPIC_DELETE = "topic.delete"
 OFFSETS_COMMIT = "offsets.commit"

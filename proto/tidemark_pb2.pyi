@@ -17,7 +17,7 @@ ACK_LEADER: Ack
 ACK_FLUSH: Ack
 
 class ProduceBatch(_message.Message):
-    __slots__ = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "records")
+    __slots__ = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "records", "delayed")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
@@ -25,6 +25,7 @@ class ProduceBatch(_message.Message):
     RECORD_COUNT_FIELD_NUMBER: _ClassVar[int]
     RECORDS_CRC_FIELD_NUMBER: _ClassVar[int]
     RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DELAYED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     producer_id: int
@@ -32,7 +33,8 @@ class ProduceBatch(_message.Message):
     record_count: int
     records_crc: int
     records: bytes
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., base_sequence: _Optional[int] = ..., record_count: _Optional[int] = ..., records_crc: _Optional[int] = ..., records: _Optional[bytes] = ...) -> None: ...
+    delayed: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., base_sequence: _Optional[int] = ..., record_count: _Optional[int] = ..., records_crc: _Optional[int] = ..., records: _Optional[bytes] = ..., delayed: _Optional[bool] = ...) -> None: ...
 
 class SendRequest(_message.Message):
     __slots__ = ("batches", "ack", "timeout_ms")
@@ -217,6 +219,22 @@ class DemoteRequest(_message.Message):
 class DemoteResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class CancelTimerRequest(_message.Message):
+    __slots__ = ("timer_offset",)
+    TIMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    timer_offset: int
+    def __init__(self, timer_offset: _Optional[int] = ...) -> None: ...
+
+class CancelTimerResponse(_message.Message):
+    __slots__ = ("deliver_at_ms", "topic", "queue_id")
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    deliver_at_ms: int
+    topic: str
+    queue_id: int
+    def __init__(self, deliver_at_ms: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

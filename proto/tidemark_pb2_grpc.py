@@ -89,6 +89,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.DemoteRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.DemoteResponse.FromString,
                 _registered_method=True)
+        self.CancelTimer = channel.unary_unary(
+                '/tidemark.v1.Broker/CancelTimer',
+                request_serializer=proto_dot_tidemark__pb2.CancelTimerRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.CancelTimerResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -160,6 +165,12 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CancelTimer(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -217,6 +228,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Demote,
                     request_deserializer=proto_dot_tidemark__pb2.DemoteRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.DemoteResponse.SerializeToString,
+            ),
+            'CancelTimer': grpc.unary_unary_rpc_method_handler(
+                    servicer.CancelTimer,
+                    request_deserializer=proto_dot_tidemark__pb2.CancelTimerRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.CancelTimerResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -516,6 +532,33 @@ class Broker:
             '/tidemark.v1.Broker/Demote',
             proto_dot_tidemark__pb2.DemoteRequest.SerializeToString,
             proto_dot_tidemark__pb2.DemoteResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CancelTimer(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/CancelTimer',
+            proto_dot_tidemark__pb2.CancelTimerRequest.SerializeToString,
+            proto_dot_tidemark__pb2.CancelTimerResponse.FromString,
             options,
             channel_credentials,
             insecure,

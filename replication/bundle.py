@@ -65,6 +65,8 @@ def make_bundle(store: Store, staging: str) -> tuple[dict[str, Any], int]:
         for qf in list(store.consume_queues._files.values()):
             rel = os.path.relpath(qf.path, store.data_dir)
             _copy_prefix(qf.path, os.path.join(staging, rel), qf.entries * 32)
+        for src, rel, length in store.timer_view.bundle_files():
+            _copy_prefix(src, os.path.join(staging, rel), length)
         os.makedirs(os.path.join(staging, "metadata"))
         store.metadata.env.copy(os.path.join(staging, "metadata"))
         epoch_entries = store.epochs.snapshot()
@@ -170,6 +172,12 @@ def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float =
         raise BundleError("the bundle stream ended without a manifest")
     for entry in manifest["files"]:
         rel = os.path.normpath(entry["path"])
+        if rel.startswith("..") or os.path.isabs(rel):
+            raise BundleError(f"bad path in manifest: {entry['path']!r}")
+        if entry["bytes"] == 0 and rel not in crcs:  # an empty file travels as no chunk at all
+            os.makedirs(os.path.dirname(os.path.join(staging, rel)), exist_ok=True)
+            open(os.path.join(staging, rel), "wb").close()
+            crcs[rel] = 0
         if crcs.get(rel) != entry["crc32c"] or os.path.getsize(os.path.join(staging, rel)) != entry["bytes"]:
             raise BundleError(f"{rel}: length or checksum differs from the manifest")
     log_dir = os.path.join(staging, "log")

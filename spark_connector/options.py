@@ -24,7 +24,6 @@ KAFKA_ONLY = {
     "assign": "use 'subscribe' (all queues of each topic are read)",
     "subscribepattern": "use 'subscribe' with explicit topic names",
 }
-TIMER_TOPIC = "__timer"
 METADATA_TOPIC = "__metadata"
 _ADDRESS_RE = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):([0-9]{1,5})$")
 _TOPIC_RE = re.compile(r"^(__)?[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
@@ -149,9 +148,6 @@ def _topics(value: str) -> tuple[str, ...]:
         topic = part.strip()
         if not topic:
             raise OptionError("subscribe", f"empty topic name in {value!r}")
-        if topic == TIMER_TOPIC:
-            raise OptionError("subscribe", "'__timer' (the timer event log) does not exist yet: timer messages are "
-                                           "not implemented in this Tidemark version (issue 3)")
         if not _TOPIC_RE.match(topic):
             raise OptionError("subscribe", f"{topic!r} is not a valid topic name")
         if topic not in out:

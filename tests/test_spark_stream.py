@@ -103,7 +103,7 @@ def test_batch_read_equals_the_clients_pull(spark: Any, spawn: Callable[..., Dae
 
 
 def test_option_errors_surface_through_spark(spark: Any, spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
-    """Bad options, unknown topics and __timer fail at load/plan time with a message naming the option."""
+    """Bad options and unknown topics fail at load/plan time with a message naming the option."""
     d = spawn()
 
     def base() -> Any:  # DataFrameReader.option() mutates the reader: a fresh one per case
@@ -111,8 +111,6 @@ def test_option_errors_surface_through_spark(spark: Any, spawn: Callable[..., Da
 
     with pytest.raises(Exception, match="tidemark option 'colour'"):
         base().option("subscribe", "x").option("colour", "red").load()
-    with pytest.raises(Exception, match=r"tidemark option 'subscribe'.*__timer"):
-        base().option("subscribe", "__timer").load()
     with pytest.raises(Exception, match="tidemark option 'subscribe': unknown topic"):
         base().option("subscribe", "nope").load().collect()
     with pytest.raises(Exception, match="tidemark option 'endingOffsets'"):  # streamReader() runs at start
@@ -248,3 +246,26 @@ def test_reading_the_slave_gives_the_masters_rows(spark: Any, spawn: Callable[..
     out = tmp_path / "out"
     start_stream(spark, s.address, "replicated,__metadata", str(out), str(tmp_path / "ck")).awaitTermination(120)
     assert_exactly_once(spark, out, expected)
+
+
+def test_timer_event_log_reads_as_rows(spark: Any, spawn: Callable[..., DaemonProcess]) -> None:
+    """``__timer`` through Spark: one row per scheduled message, per fired and per cancelled event."""
+    d = spawn(config={"timer.precision_ms": 50})
+    with BrokerClient(d.address) as c:
+        c.create_topic("later", queues=2)
+        due = int(time.time() * 1000) + 600
+        receipts = c.send("later", [Message(body=b"t%d" % i, key=f"k{i}", deliver_at_ms=due + i) for i in range(30)])
+        c.cancel_timer(receipts[0])
+        deadline = time.monotonic() + 30
+        while c.status()["timer_pending"] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert c.status()["timer_pending"] == 0
+    rows = (spark.read.format("tidemark").option("broker", d.address).option("subscribe", "__timer")
+            .option("includeHeaders", "true").load().collect())
+    kinds: Counter[str] = Counter()
+    for row in rows:
+        headers = {h["key"]: bytes(h["value"]).decode() for h in row["headers"]}
+        kinds[headers.get("__event", "scheduled")] += 1
+        if "__event" not in headers:
+            assert headers["__topic"] == "later" and bytes(row["value"]).startswith(b"t")
+    assert kinds == {"scheduled": 30, "fired": 29, "cancelled": 1}

@@ -61,6 +61,7 @@ def test_options_are_case_insensitive_and_lists_are_split() -> None:
                        "maxoffsetspertrigger": "7", "failondataloss": "false"})
     assert o.brokers == ("a:1", "b:2") and o.topics == ("x", "__metadata")
     assert o.include_headers and not o.fail_on_data_loss and o.max_offsets_per_trigger == 7
+    assert parse_options({"broker": "a:1", "subscribe": "__timer"}).topics == ("__timer",)  # the timer event log
 
 
 @pytest.mark.parametrize(("options", "option", "fragment"), [
@@ -73,7 +74,6 @@ def test_options_are_case_insensitive_and_lists_are_split() -> None:
     (opts(broker="h:99999"), "broker", "host:port"),
     (opts(broker="h:1,,h:2"), "broker", "empty address"),
     (opts(subscribe="a b"), "subscribe", "not a valid topic name"),
-    (opts(subscribe="__timer"), "subscribe", "not implemented"),
     (opts(failOnDataLoss="yes"), "failOnDataLoss", "true or false"),
     (opts(includeHeaders="1"), "includeHeaders", "true or false"),
     (opts(maxOffsetsPerTrigger="0"), "maxOffsetsPerTrigger", "positive integer"),

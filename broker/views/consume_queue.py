@@ -148,6 +148,10 @@ class TopicInfo:
     queues: int
 
 
+def _system_topics() -> dict[str, TopicInfo]:
+    return {name: TopicInfo(0, 1) for name in system_records.SYSTEM_TOPICS}
+
+
 class ConsumeQueueView:
     """All queues' entry files plus the topics this view has seen created."""
 
@@ -158,7 +162,7 @@ class ConsumeQueueView:
         self.checkpoint_path = checkpoint_path
         os.makedirs(directory, exist_ok=True)
         self.applied_offset = 0
-        self.topics: dict[str, TopicInfo] = {system_records.METADATA_TOPIC: TopicInfo(0, 1)}
+        self.topics: dict[str, TopicInfo] = _system_topics()
         self._files: dict[tuple[str, int], QueueFile] = {}
         self._round: set[QueueFile] = set()
         self._doomed: list[str] = []  # dirs of deleted topics, removed once a checkpoint forgets them
@@ -174,6 +178,8 @@ class ConsumeQueueView:
         state = json.loads(loaded.payload)
         self.applied_offset = int(state["applied_offset"])
         self.topics = {name: TopicInfo(int(t["id"]), int(t["queues"])) for name, t in state["topics"].items()}
+        for name, info in _system_topics().items():  # a system topic newer than the checkpoint's format
+            self.topics.setdefault(name, info)
         lengths: dict[str, int] = state["files"]
         expected = {self._topic_dir(n) for n in self.topics}
         for entry in os.listdir(self.directory):  # topic dirs the checkpoint does not know: newer than it
@@ -206,8 +212,9 @@ class ConsumeQueueView:
         shutil.rmtree(self.directory, ignore_errors=True)
         os.makedirs(self.directory, exist_ok=True)
         self.applied_offset = applied_offset
-        self.topics = {system_records.METADATA_TOPIC: TopicInfo(0, 1)}
-        self._create_files(system_records.METADATA_TOPIC)
+        self.topics = _system_topics()
+        for name in self.topics:
+            self._create_files(name)
 
     def _topic_dir(self, name: str) -> str:
         return f"{name}.{self.topics[name].topic_id}"  # topic names are file-name safe

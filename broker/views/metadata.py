@@ -5,6 +5,7 @@ Databases (keys UTF-8, values JSON or u64 LE); spec docs/formats/metadata-lmdb.m
 - ``topics``  name → ``{"id": create offset, "queues": n}``
 - ``groups``  group → ``{"created_offset": n}`` (created by a group's first offset commit)
 - ``offsets`` ``group\\0topic\\0queue`` → u64 next offset to consume
+- ``timers``  topic → u64 pending timer messages targeting it (absent at 0)
 - ``meta``    ``applied_offset`` → u64
 
 One write transaction carries both a round's changes and the view's applied offset, so the
@@ -21,9 +22,10 @@ from typing import Any
 
 import lmdb
 
-from broker import system_records
-from broker.batch_format import BatchHeader, iter_records
+from broker import metrics, system_records
+from broker.batch_format import FLAG_TIMER_DELIVERY, BatchHeader, iter_records
 from broker.failpoints import failpoint
+from broker.timers import records as timer_records
 
 _U64 = struct.Struct("<Q")
 MAP_SIZE_BYTES = 64 << 30  # address space, not disk
@@ -43,6 +45,9 @@ class MetadataView:
         self._groups_db = self.env.open_db(b"groups")
         self._offsets_db = self.env.open_db(b"offsets")
         self._meta_db = self.env.open_db(b"meta")
+        self._timers_db = self.env.open_db(b"timers")
+        self._timer_pending: dict[str, int] = {}
+        self._timer_round: dict[str, int] = {}  # counts changed by the round being applied
         self._lock = threading.Lock()
         self.topics: dict[str, dict[str, int]] = {}
         self.applied_offset = 0
@@ -55,7 +60,11 @@ class MetadataView:
         with self.env.begin() as txn:
             raw = txn.get(b"applied_offset", db=self._meta_db)
             topics = {bytes(k).decode(): json.loads(bytes(v)) for k, v in txn.cursor(db=self._topics_db)}
+            timers = {bytes(k).decode(): _U64.unpack(bytes(v))[0] for k, v in txn.cursor(db=self._timers_db)}
         self.topics = topics
+        self._timer_pending = timers
+        for topic, value in timers.items():
+            metrics.TIMER_PENDING.labels(topic).set(value)
         if raw is None:
             return False
         self.applied_offset = self._stored_offset = _U64.unpack(raw)[0]
@@ -63,6 +72,12 @@ class MetadataView:
 
     # -- apply --------------------------------------------------------------------------------
     def apply(self, header: BatchHeader, batch: memoryview) -> None:
+        if header.topic == timer_records.TIMER_TOPIC:
+            self._apply_timer_batch(header, batch)
+            return
+        if header.flags & FLAG_TIMER_DELIVERY:
+            self._count_timers(header.topic, -header.record_count)
+            return
         if header.topic != system_records.METADATA_TOPIC:
             return
         if self._txn is None:
@@ -100,9 +115,49 @@ class MetadataView:
                     txn.put(gkey, json.dumps({"created_offset": offset}).encode(), db=self._groups_db)
                 txn.put(_offset_key(group, topic, int(queue)), _U64.pack(int(value)), db=self._offsets_db)
 
+    def _apply_timer_batch(self, header: BatchHeader, batch: memoryview) -> None:
+        """Pending timers per target topic: +n for scheduled records, -1 per cancel or drop
+        (deliveries are counted where they land, by their batch flag)."""
+        if not timer_records.is_event_batch(batch, header):
+            _, _, props, _ = next(iter_records(batch, header))  # one target per scheduled batch
+            _, topic, _ = timer_records.scheduled_target(props)
+            self._count_timers(topic, header.record_count)
+            return
+        for kind, _, topic in timer_records.event_refs(batch, header):
+            if kind in (timer_records.CANCELLED, timer_records.DROPPED):
+                self._count_timers(topic, -1)
+
+    def _count_timers(self, topic: str, delta: int) -> None:
+        if self._txn is None:
+            self._txn = self.env.begin(write=True)
+        self._timer_round[topic] = self._timer_round.get(topic, self._timer_pending.get(topic, 0)) + delta
+        value = max(0, self._timer_round[topic])
+        if value:
+            self._txn.put(topic.encode(), _U64.pack(value), db=self._timers_db)
+        else:
+            self._txn.delete(topic.encode(), db=self._timers_db)
+
+    def _publish_timer_counts(self) -> None:
+        """After the round's commit: readers see the counts together with the rest of the round."""
+        with self._lock:
+            for topic, value in self._timer_round.items():
+                metrics.TIMER_PENDING.labels(topic).set(max(0, value))
+                if value > 0:
+                    self._timer_pending[topic] = value
+                else:
+                    self._timer_pending.pop(topic, None)
+        self._timer_round.clear()
+
+    def timer_pending(self) -> dict[str, int]:
+        """Pending timer messages per target topic."""
+        with self._lock:
+            return dict(self._timer_pending)
+
     def end_round(self, offset: int) -> None:
         if self._txn is not None:
             self._commit(offset)  # durable first; readers wait on applied_offset
+        if self._timer_round:
+            self._publish_timer_counts()
         self.applied_offset = offset
 
     def _commit(self, offset: int) -> None:
@@ -147,6 +202,7 @@ class MetadataView:
                 "topics": {bytes(k).decode(): json.loads(bytes(v)) for k, v in txn.cursor(db=self._topics_db)},
                 "groups": sorted(bytes(k).decode() for k, _ in txn.cursor(db=self._groups_db)),
                 "offsets": self.group_offsets(),
+                "timer_pending": {bytes(k).decode(): _U64.unpack(bytes(v))[0] for k, v in txn.cursor(db=self._timers_db)},
             }
 
     def close(self) -> None:

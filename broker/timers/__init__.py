@@ -1,0 +1,1 @@
+"""Timer (delayed) messages: records, timer log, rolling wheel, snapshots, firing (DESIGN §5)."""

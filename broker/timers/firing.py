@@ -1,0 +1,358 @@
+"""The firing service and cancellation (DESIGN §5). Fires on the master only.
+
+A round: walk the wheel's due slots (the current slot incrementally, each passed slot a last
+time, then compact it: its later-turn timers are relinked into a fresh chain), read the due
+timers' scheduled records from the commit log, and append in ONE request a delivery batch per
+target queue (``FLAG_TIMER_DELIVERY``, each record naming its origin ``__timer_offset``: the
+authoritative fire marker) followed by one ``__timer`` batch of ``fired`` events. A timer never
+fires before its ``deliver_at_ms``: only records whose exact time has come are taken.
+
+Exactly once: a timer is fired only while the view shows it PENDING and it is in no earlier
+round still in flight; cancels and rounds exclude each other under one lock. On start (and on
+promotion) the service first waits for the view to apply the whole log, re-announces every
+delivered timer whose ``fired`` event a crash separated from it, then fires everything overdue
+(from the index), and only then starts walking the wheel from the current slot.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+import crc32c
+import numpy as np
+import structlog
+
+from broker import batch_format as bf
+from broker import metrics
+from broker.errors import BrokerError, not_found
+from broker.failpoints import failpoint
+from broker.timers import records as tr
+from broker.timers import timerlog as tl
+from broker.timers.index import PENDING, STATE_NAMES
+
+if TYPE_CHECKING:
+    from broker.store import IncomingBatch, Store
+    from broker.timers.view import TimerView
+
+log = structlog.get_logger("timer.firing")
+READ_GAP_BYTES = 256 << 10  # scheduled records closer than this are read with one pread
+SWEEP_INTERVAL_MS = 1000  # how often the index is searched for overdue timers the wheel missed
+
+
+class _SlotState:
+    """What the service knows of the slot it is walking: where its walk stopped and the
+    timers seen but not yet due (the slot's later part, or later turns of the ring)."""
+
+    def __init__(self, slot: int) -> None:
+        self.slot = slot
+        self.walked_to = tl.NONE  # newest chain position already read
+        self.offs = np.empty(0, dtype=np.uint64)
+        self.ats = np.empty(0, dtype=np.int64)
+        self.dirty = False  # something left this slot's chain: compact it when passed
+
+
+class TimerService:
+    def __init__(self, store: Store, view: TimerView) -> None:
+        self.store = store
+        self.view = view
+        cfg = store.config
+        self.precision_ms = cfg["timer.precision_ms"]
+        self.fire_batch_max = cfg["timer.fire_batch_max"]
+        self.tick_s = max(0.005, self.precision_ms / 4000.0)
+        self.lock = threading.Lock()  # one round or one cancel at a time
+        self.inflight: set[int] = set()  # fired, not yet applied by the view
+        self.cancelling: set[int] = set()
+        self._slot: _SlotState | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.clock_ms = lambda: int(time.time() * 1000)
+        self.fired_total = 0
+        self._last_sweep_ms = 0
+
+    # -- life cycle (the store calls on_role) ------------------------------------------------------
+    def on_role(self, role: str) -> None:
+        if role == "master":
+            self.start()
+        else:
+            self.stop()
+
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="timer-firing", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+        self._thread = None
+        self.view.fire_floor_ms = None
+        self._slot = None
+        self.inflight.clear()
+
+    def _run(self) -> None:
+        failures = 0
+        while not self._stop.is_set() and self.store.role == "master":
+            try:
+                if self._slot is None:
+                    self._catch_up()
+                elif self._stop.wait(self.tick_s):
+                    break
+                else:
+                    self.round()
+                failures = 0
+            except BrokerError as exc:  # e.g. a full disk or a lost role: retry, quietly after the first
+                failures += 1
+                if failures == 1 or failures % 100 == 0:
+                    log.warning("timer_round_failed", error=exc.message, failures=failures)
+                self._stop.wait(min(1.0, 0.05 * failures))
+            except Exception as exc:  # a bug must not take the daemon down; keep trying
+                failures += 1
+                log.exception("timer_round_failed", error=str(exc), failures=failures)
+                self._stop.wait(1.0)
+
+    def _catch_up(self) -> None:
+        """Before the first round: the view has applied the whole log; repair; fire overdue."""
+        target = self.store.log.max_offset
+        while not self._stop.is_set() and not self.store.wait_view_applied(self.view, target, 1.0):
+            if self.store.role != "master":
+                return
+        with self.store.views_lock:
+            offs, ats = self.view.index.undelivered_events()
+        if len(offs):
+            log.warning("timer_fired_events_repaired", count=len(offs), note="a crash separated deliveries from their fired events")
+            self._append_events(offs, ats)
+        now = self.clock_ms()
+        with self.store.views_lock:
+            due_offs, due_ats = self.view.index.due(now)
+            self.view.fire_floor_ms = (now // self.precision_ms) * self.precision_ms
+            self._slot = _SlotState(now // self.precision_ms)
+        with self.lock:
+            self._fire_all(due_offs, due_ats)
+        if len(due_offs):
+            log.info("timer_overdue_fired", count=len(due_offs))
+
+    # -- one round --------------------------------------------------------------------------------
+    def round(self) -> int:
+        """Fire what is due now; return how many timers were fired."""
+        now = self.clock_ms()
+        with self.lock:
+            self._settle_inflight()
+            offs, ats = self._collect(now)
+            self._fire_all(offs, ats)
+        return len(offs)
+
+    def _fire_all(self, offs: np.ndarray, ats: np.ndarray) -> None:
+        for i in range(0, len(offs), self.fire_batch_max):
+            self._fire(offs[i : i + self.fire_batch_max], ats[i : i + self.fire_batch_max])
+
+    def _settle_inflight(self) -> None:
+        if not self.inflight:
+            return
+        with self.store.views_lock:
+            done = [o for o in self.inflight if self.view.index.state_of(o) != PENDING]
+        self.inflight.difference_update(done)
+
+    def _collect(self, now: int) -> tuple[np.ndarray, np.ndarray]:
+        offs_out: list[np.ndarray] = []
+        ats_out: list[np.ndarray] = []
+        current = now // self.precision_ms
+        with self.store.views_lock:
+            state = self._slot
+            if state is None:
+                state = self._slot = _SlotState(current)
+            sweep = current - state.slot > self.view.wheel.slots or now - self._last_sweep_ms >= SWEEP_INTERVAL_MS
+            if current - state.slot > self.view.wheel.slots:  # stalled for a whole turn: restart here
+                state = self._slot = _SlotState(current)
+            if sweep:  # the safety net: anything the wheel did not hand over in time
+                o, a = self.view.index.due(now - 2 * self.precision_ms)
+                offs_out.append(o)
+                ats_out.append(a)
+                self._last_sweep_ms = now
+            while True:
+                o, a = self._take_due(state, now)
+                offs_out.append(o)
+                ats_out.append(a)
+                if state.slot >= current:
+                    break
+                self._compact(state)
+                state = self._slot = _SlotState(state.slot + 1)
+            self.view.fire_floor_ms = state.slot * self.precision_ms
+            with self.view.lock:
+                late, self.view.late = self.view.late, []
+            if late:
+                offs_out.append(np.array([x for x, _ in late], dtype=np.uint64))
+                ats_out.append(np.array([y for _, y in late], dtype=np.int64))
+            offs = np.concatenate(offs_out)
+            ats = np.concatenate(ats_out)
+            if len(offs):
+                keep = (ats <= now) & self._eligible(offs)
+                offs, ats = offs[keep], ats[keep]
+                offs, first = np.unique(offs, return_index=True)
+                ats = ats[first]
+        return offs, ats
+
+    def _eligible(self, offs: np.ndarray) -> np.ndarray:
+        """Pending in the view, and neither in flight nor being cancelled."""
+        idx = self.view.index.find(offs)
+        ok = idx >= 0
+        ok[ok] = self.view.index.state[idx[ok]] == PENDING
+        busy = self.inflight | self.cancelling
+        if busy:
+            ok &= ~np.isin(offs, np.fromiter(busy, dtype=np.uint64, count=len(busy)))
+        return ok
+
+    def _take_due(self, state: _SlotState, now: int) -> tuple[np.ndarray, np.ndarray]:
+        """Walk what is new in the slot's chain; return its timers due at ``now``."""
+        wheel = self.view.wheel
+        ring = state.slot % wheel.slots
+        last = int(wheel.last[ring])
+        if last not in (state.walked_to, tl.NONE):
+            recs = wheel.walk(ring, self.view.read_block, stop_at=state.walked_to, floor=self.view.log.min_offset)
+            state.walked_to = last
+            state.offs = np.concatenate([state.offs, recs["off"]])
+            state.ats = np.concatenate([state.ats, recs["at"]])
+        if not len(state.offs):
+            return state.offs, state.ats
+        eligible = self._eligible(state.offs)
+        busy = self.inflight | self.cancelling
+        held = np.isin(state.offs, np.fromiter(busy, np.uint64, len(busy))) if busy else np.zeros(len(eligible), bool)
+        due = eligible & (state.ats <= now)
+        if due.any() or not (eligible | held).all():
+            state.dirty = True  # timers leave this chain: compact it once the slot has passed
+        out = state.offs[due], state.ats[due]
+        keep = (eligible & ~due) | held
+        state.offs, state.ats = state.offs[keep], state.ats[keep]
+        return out
+
+    def _compact(self, state: _SlotState) -> None:
+        """The slot has passed: its chain keeps only later-turn timers, in a fresh chain."""
+        ring = state.slot % self.view.wheel.slots
+        if not state.dirty:
+            return
+        later = self._eligible(state.offs)
+        if self.view.wheel.count[ring] > 0 and later.any():
+            self.view.relink(ring, state.offs[later], state.ats[later])
+
+    # -- firing -----------------------------------------------------------------------------------
+    def _fire(self, offs: np.ndarray, ats: np.ndarray) -> None:
+        """Deliver these timers (lock held): one append of deliveries + fired events."""
+        from broker.store import IncomingBatch
+
+        if not len(offs):
+            return
+        records = self._read_scheduled(offs)
+        by_queue: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = defaultdict(list)
+        events: list[tuple[bytes, bytes, bytes]] = []
+        targets: dict[tuple[str, int], tuple[bool, bytes]] = {}  # (exists, its event suffix) per target
+        fired = 0
+        for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
+            key, props, body = records[off]
+            _, topic, queue = tr.scheduled_target(props)
+            target = targets.get((topic, queue))
+            if target is None:
+                target = targets[(topic, queue)] = (self.store.queue_exists(topic, queue), tr.target_props(topic, queue))
+            if target[0]:
+                by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
+                events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
+                fired += 1
+            else:
+                events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
+                log.warning("timer_dropped", timer_offset=off, topic=topic, queue=queue, reason="no such topic/queue")
+        batches: list[IncomingBatch] = []
+        for (topic, queue), items in by_queue.items():
+            raw, _ = bf.encode_records(items)
+            batches.append(IncomingBatch(topic, queue, raw, len(items), crc32c.crc32c(raw), flags=bf.FLAG_TIMER_DELIVERY))
+        raw, _ = bf.encode_records(events)
+        batches.append(IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw)))
+        failpoint("timer_before_fire")
+        _, end = self.store.append(batches, internal=True)
+        failpoint("timer_after_fire")
+        self.inflight.update(offs.tolist())
+        now = self.clock_ms()
+        metrics.observe_many(metrics.TIMER_LATENESS, np.maximum(0, now - ats) / 1000.0, metrics.TIMER_LATENESS_BOUNDS)
+        metrics.TIMER_FIRED.inc(fired)
+        self.fired_total += fired
+        self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
+
+    def _append_events(self, offs: np.ndarray, ats: np.ndarray) -> None:
+        from broker.store import IncomingBatch
+
+        events = []
+        for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
+            _, props, _ = self._read_scheduled(np.array([off], dtype=np.uint64))[off]
+            _, topic, queue = tr.scheduled_target(props)
+            events.append((b"", b"", tr.event_props(tr.FIRED, off, at, tr.target_props(topic, queue))))
+        raw, _ = bf.encode_records(events)
+        _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], internal=True)
+        self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
+
+    def _read_scheduled(self, offs: np.ndarray) -> dict[int, tuple[bytes, bytes, bytes]]:
+        """(key, props, body) of the scheduled record at each timer offset, in few preads."""
+        out: dict[int, tuple[bytes, bytes, bytes]] = {}
+        order = np.sort(offs).tolist()
+        i = 0
+        head = bf.RECORD_HEAD
+        while i < len(order):
+            j = i + 1
+            while j < len(order) and order[j] - order[j - 1] < READ_GAP_BYTES:
+                j += 1
+            start = order[i]
+            data = self.store.log.read(start, order[j - 1] - start + bf.RECORD_HEAD_BYTES)
+            size_last = head.unpack_from(data, order[j - 1] - start)[0]
+            need = order[j - 1] - start + 4 + size_last
+            if len(data) < need:
+                data = self.store.log.read(start, need)
+            if len(data) < need:
+                raise BrokerError("DATA_LOSS", f"scheduled timer record at {order[j - 1]} is not in the local log")
+            mv = memoryview(data)
+            for off in order[i:j]:
+                p = off - start
+                size, kl, pl = head.unpack_from(mv, p)
+                k0 = p + bf.RECORD_HEAD_BYTES
+                out[off] = (bytes(mv[k0 : k0 + kl]), bytes(mv[k0 + kl : k0 + kl + pl]), bytes(mv[k0 + kl + pl : p + 4 + size]))
+            i = j
+        return out
+
+    # -- cancel -----------------------------------------------------------------------------------
+    def cancel(self, timer_offset: int) -> tuple[int, str, int]:
+        """Cancel a pending timer; return (deliver_at_ms, topic, queue). Refuses a fired,
+        cancelled, firing or unknown timer with a clear status."""
+        from broker.store import IncomingBatch
+
+        self.store.check_writable()
+        self.store.check_replica_ack_possible()
+        with self.lock:
+            self._settle_inflight()
+            with self.store.views_lock:
+                state = self.view.index.state_of(timer_offset)
+            if state is None:
+                if self.store.is_scheduled_record(timer_offset):
+                    raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} has already fired or was cancelled")
+                raise not_found(f"no timer at offset {timer_offset}")
+            if timer_offset in self.inflight:
+                raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is firing now")
+            if state != PENDING:
+                raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is already {STATE_NAMES[state]}")
+            _, props, _ = self._read_scheduled(np.array([timer_offset], dtype=np.uint64))[timer_offset]
+            at, topic, queue = tr.scheduled_target(props)
+            raw, _ = bf.encode_records([(b"", b"", tr.event_props(tr.CANCELLED, timer_offset, at, tr.target_props(topic, queue)))])
+            self.cancelling.add(timer_offset)
+            try:
+                _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, 1, crc32c.crc32c(raw))], internal=True)
+            except BrokerError:
+                self.cancelling.discard(timer_offset)
+                raise
+        try:
+            timeout_ms = self.store.config["limits.send_timeout_ms"]
+            self.store.wait_ack(end, "replica", timeout_ms)
+            if not self.store.wait_view_applied(self.view, end, timeout_ms / 1000.0):
+                raise BrokerError("DEADLINE_EXCEEDED", f"cancel of timer {timer_offset} written but not applied in time")
+        finally:
+            self.cancelling.discard(timer_offset)
+        return at, topic, queue

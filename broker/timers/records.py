@@ -1,0 +1,199 @@
+"""Records of the ``__timer`` system topic and timer deliveries (docs/formats/timer-records.md).
+
+Every timer fact is a record in the commit log, told apart by the *first* property's name:
+
+- scheduled (sent by a client): ``__deliver_at_ms``, ``__topic``, ``__queue``, then the user's
+  properties; key and body are the user's. A batch of them holds one target (topic, queue).
+- event (written by the master): ``__event`` = ``fired`` | ``cancelled`` | ``dropped``, then
+  ``__timer_offset``, ``__deliver_at_ms``, ``__topic``, ``__queue``; no key, no body.
+- delivery (in the real topic; its batch header has ``FLAG_TIMER_DELIVERY``): ``__timer_offset``
+  first, then the scheduled record's properties, key and body unchanged. It is the authoritative
+  fire marker.
+
+``timer_offset`` is the commit offset of the scheduled record itself (batch offset + record
+position), so it names one timer uniquely and is known to the client from its receipt.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator, Mapping
+
+from broker import batch_format as bf
+
+TIMER_TOPIC = "__timer"
+DELIVER_AT = "__deliver_at_ms"
+TARGET_TOPIC = "__topic"
+TARGET_QUEUE = "__queue"
+EVENT = "__event"
+TIMER_OFFSET = "__timer_offset"
+FIRED = "fired"
+CANCELLED = "cancelled"
+DROPPED = "dropped"  # its topic was deleted before it fired: nothing was delivered
+TIMER_PROPERTIES = (DELIVER_AT, TARGET_TOPIC, TARGET_QUEUE, TIMER_OFFSET)  # reserved in a timer message
+
+_U16 = struct.Struct("<H")
+_DELIVER_AT_NAME = _U16.pack(len(DELIVER_AT)) + DELIVER_AT.encode()
+_EVENT_NAME = _U16.pack(len(EVENT)) + EVENT.encode()
+_OFFSET_NAME = _U16.pack(len(TIMER_OFFSET)) + TIMER_OFFSET.encode()
+_TOPIC_NAME = _U16.pack(len(TARGET_TOPIC)) + TARGET_TOPIC.encode()
+_QUEUE_NAME = _U16.pack(len(TARGET_QUEUE)) + TARGET_QUEUE.encode()
+_DIGITS_MAX = 19
+
+
+class TimerRecordError(ValueError):
+    """A record of a delayed batch is not a valid scheduled record; the message says which."""
+
+
+def scheduled_props(deliver_at_ms: int, topic: str, queue_id: int, user: Mapping[str, str] | None) -> bytes:
+    """Properties of a scheduled record: the timer fields first, then the user's."""
+    head = {DELIVER_AT: str(deliver_at_ms), TARGET_TOPIC: topic, TARGET_QUEUE: str(queue_id)}
+    if user:
+        for name in user:
+            if name in head or name in (EVENT, TIMER_OFFSET):
+                raise TimerRecordError(f"property {name!r} is reserved for timer messages")
+        head.update(user)
+    return bf.encode_props(head)
+
+
+def _leading_value(buf: bytes | memoryview, at: int, name: bytes) -> tuple[bytes, int] | None:
+    """The value of the property at ``at`` if it is named ``name``, and where the next one starts."""
+    if bytes(buf[at : at + len(name)]) != name:
+        return None
+    vat = at + len(name)
+    (vlen,) = _U16.unpack_from(buf, vat)
+    return bytes(buf[vat + 2 : vat + 2 + vlen]), vat + 2 + vlen
+
+
+def check_scheduled(records: bytes | memoryview, positions: list[int], topic: str, queue_id: int,
+                    now_ms: int, max_delay_ms: int) -> list[int]:
+    """Deliver times of a delayed batch's records; every record must name the batch's target.
+
+    Raises TimerRecordError naming the record at fault. Times already due are allowed (they fire
+    at once: the client sends what it knows to be due straight to the topic).
+    """
+    buf = bytes(records)
+    unpack = bf.RECORD_HEAD.unpack_from
+    target = bf.encode_props({TARGET_TOPIC: topic, TARGET_QUEUE: str(queue_id)})  # must follow __deliver_at_ms
+    name = _DELIVER_AT_NAME
+    name_len = len(name)
+    latest = now_ms + max_delay_ms
+    out: list[int] = []
+    for i, pos in enumerate(positions):
+        _, key_len, props_len = unpack(buf, pos)
+        p0 = pos + bf.RECORD_HEAD_BYTES + key_len
+        end = p0 + props_len
+        if props_len < name_len + 2 or buf[p0 : p0 + name_len] != name:
+            raise TimerRecordError(f"record {i}: the first property must be {DELIVER_AT}")
+        vat = p0 + name_len
+        (vlen,) = _U16.unpack_from(buf, vat)
+        raw = buf[vat + 2 : vat + 2 + vlen]
+        if not raw.isdigit() or len(raw) > _DIGITS_MAX or vat + 2 + vlen > end:
+            raise TimerRecordError(f"record {i}: {DELIVER_AT} {raw!r} is not a non-negative integer")
+        tat = vat + 2 + vlen
+        if buf[tat : tat + len(target)] != target or tat + len(target) > end:
+            raise TimerRecordError(f"record {i}: {TARGET_TOPIC}/{TARGET_QUEUE} must follow {DELIVER_AT} and name "
+                                   f"the batch's target {topic}/{queue_id}")
+        at = int(raw)
+        if at > latest:
+            raise TimerRecordError(f"record {i}: deliver_at_ms {at} is more than timer.max_delay_ms "
+                                   f"({max_delay_ms}) ahead of the broker's clock ({now_ms})")
+        out.append(at)
+    return out
+
+
+def deliver_times(batch: memoryview, header: bf.BatchHeader) -> tuple[list[int], list[int]]:
+    """(record positions relative to the batch, deliver times) of a batch of scheduled records."""
+    buf = bytes(batch)
+    unpack = bf.RECORD_HEAD.unpack_from
+    name = _DELIVER_AT_NAME
+    name_len = len(name)
+    positions: list[int] = []
+    times: list[int] = []
+    pos = header.records_at
+    end = header.batch_bytes
+    while pos < end:
+        size, key_len, _ = unpack(buf, pos)
+        p0 = pos + bf.RECORD_HEAD_BYTES + key_len
+        if buf[p0 : p0 + name_len] != name:
+            raise ValueError(f"__timer record at {header.base_offset + pos} is neither scheduled nor an event")
+        (vlen,) = _U16.unpack_from(buf, p0 + name_len)
+        positions.append(pos)
+        times.append(int(buf[p0 + name_len + 2 : p0 + name_len + 2 + vlen]))
+        pos += 4 + size
+    return positions, times
+
+
+def is_event_batch(batch: memoryview, header: bf.BatchHeader) -> bool:
+    """Whether a ``__timer`` batch holds events (the master's) rather than scheduled records."""
+    first = next(bf.iter_records(batch, header))
+    return bytes(first[2][: len(_EVENT_NAME)]) == _EVENT_NAME
+
+
+def _prop(name: str, value: str) -> bytes:
+    n = name.encode()
+    v = value.encode()
+    return _U16.pack(len(n)) + n + _U16.pack(len(v)) + v
+
+
+_EVENT_PREFIX = {kind: _prop(EVENT, kind) for kind in (FIRED, CANCELLED, DROPPED)}
+
+
+def target_props(topic: str, queue_id: int) -> bytes:
+    """The ``__topic``, ``__queue`` properties that end every event of one target."""
+    return _prop(TARGET_TOPIC, topic) + _prop(TARGET_QUEUE, str(queue_id))
+
+
+def event_props(event: str, timer_offset: int, deliver_at_ms: int, target: bytes) -> bytes:
+    """An event's properties: ``__event``, ``__timer_offset``, ``__deliver_at_ms``, then ``target``
+    (``target_props``); the bytes ``encode_props`` would make, built without a dict."""
+    o = b"%d" % timer_offset
+    a = b"%d" % deliver_at_ms
+    return b"".join((_EVENT_PREFIX[event], _OFFSET_NAME, _U16.pack(len(o)), o, _DELIVER_AT_NAME, _U16.pack(len(a)), a, target))
+
+
+def iter_events(batch: memoryview, header: bf.BatchHeader) -> Iterator[dict[str, str]]:
+    for _, _, props, _ in bf.iter_records(batch, header):
+        yield bf.decode_props(props)
+
+
+def event_refs(batch: memoryview, header: bf.BatchHeader) -> list[tuple[str, int, str]]:
+    """(event, timer_offset, target topic) of every record of an event batch, parsed in order
+    without decoding whole property maps (events are written only by the master, in this order)."""
+    out: list[tuple[str, int, str]] = []
+    for _, _, props, _ in bf.iter_records(batch, header):
+        kind, at = _leading_value(props, 0, _EVENT_NAME) or (b"", 0)
+        off, at = _leading_value(props, at, _OFFSET_NAME) or (b"", 0)
+        _, at = _leading_value(props, at, _DELIVER_AT_NAME) or (b"", 0)
+        topic, _ = _leading_value(props, at, _TOPIC_NAME) or (b"", 0)
+        if not kind or not off:
+            raise ValueError(f"malformed timer event in the batch at {header.base_offset}")
+        out.append((kind.decode(), int(off), topic.decode()))
+    return out
+
+
+def delivery_props(timer_offset: int, scheduled: bytes | memoryview) -> bytes:
+    """A delivery's properties: ``__timer_offset`` first, then the scheduled record's, unchanged."""
+    o = b"%d" % timer_offset
+    return b"".join((_OFFSET_NAME, _U16.pack(len(o)), o, scheduled))
+
+
+def delivered_offsets(batch: memoryview, header: bf.BatchHeader) -> list[int]:
+    """The origin ``timer_offset`` of each record of a delivery batch."""
+    out: list[int] = []
+    for _, _, props, _ in bf.iter_records(batch, header):
+        first = _leading_value(props, 0, _OFFSET_NAME)
+        if first is None:
+            raise ValueError(f"delivery batch at {header.base_offset} has a record without {TIMER_OFFSET}")
+        out.append(int(first[0]))
+    return out
+
+
+def scheduled_target(props: bytes | memoryview) -> tuple[int, str, int]:
+    """(deliver_at_ms, topic, queue) from a scheduled record's properties (its first three)."""
+    at, nxt = _leading_value(props, 0, _DELIVER_AT_NAME) or (b"", 0)
+    topic, nxt = _leading_value(props, nxt, _TOPIC_NAME) or (b"", 0)
+    queue, _ = _leading_value(props, nxt, _QUEUE_NAME) or (b"", 0)
+    if not at or not queue:
+        raise ValueError("not a scheduled record's properties")
+    return int(at), topic.decode(), int(queue)
