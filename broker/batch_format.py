@@ -8,7 +8,8 @@ Batch header (64 bytes), then the topic name, then the records::
     4  u32 header_crc         CRC32C of bytes [8, 64 + topic_len)
     8  u16 magic              0x4D54 ("TM")
     10 u8  version            1
-    11 u8  flags              bit 0: a timer delivery (records carry ``__timer_offset``)
+    11 u8  flags              bit 0: a timer delivery (records carry ``__timer_offset``);
+                              bit 1: a ``__timer`` batch of ``fired`` events only
     12 u32 record_count
     16 u64 base_offset        commit offset (byte position) of this batch
     24 u64 base_queue_offset  queue offset of the first record
@@ -53,6 +54,7 @@ KEY_BYTES_MAX = 0xFFFF
 PROPS_BYTES_MAX = 0xFFFF
 NO_SEQUENCE = -1
 FLAG_TIMER_DELIVERY = 0x01  # written by the timer firing service; the timer view reads these batches
+FLAG_TIMER_FIRED = 0x02  # a __timer batch of `fired` events only (no pending count changes)
 
 assert HEADER_BYTES == 64
 

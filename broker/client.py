@@ -21,7 +21,7 @@ import grpc
 
 from broker import alloc
 from broker import batch_format as bf
-from broker.timers.records import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TIMER_TOPIC, scheduled_props
+from broker.timers.records import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TIMER_TOPIC, scheduled_props, target_props
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -302,12 +302,13 @@ def _encode(messages: Sequence[Message], idxs: list[int],
     add = parts.append
     pack = _RECORD_HEAD.pack
     pos = 0
+    target = target_props(*timer_target) if timer_target is not None else b""
     for i in idxs:
         m = messages[i]
         body = m.body
         key = m.key.encode() if m.key else b""
         if timer_target is not None:
-            props = scheduled_props(m.deliver_at_ms or 0, timer_target[0], timer_target[1], m.properties)
+            props = scheduled_props(m.deliver_at_ms or 0, timer_target[0], timer_target[1], m.properties, target)
         else:
             props = bf.encode_props(m.properties) if m.properties else b""
         size = len(key) + len(props) + len(body)

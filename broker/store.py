@@ -346,10 +346,10 @@ class Store:
             metrics.FREE_DISK.set(self._free_bytes)
         return self._free_bytes
 
-    def validate(self, batch: IncomingBatch, *, internal: bool = False) -> None:
+    def validate(self, batch: IncomingBatch, *, internal: bool = False) -> list[int]:
+        """Check a batch before the append lock; return its record positions."""
         if batch.timer_target is not None:
-            self._validate_delayed(batch)
-            return
+            return self._validate_delayed(batch)
         if batch.topic.startswith(system_records.SYSTEM_PREFIX):
             if not internal:
                 raise invalid(f"topic {batch.topic!r} is a reserved system topic")
@@ -366,25 +366,26 @@ class Store:
         if crc32c.crc32c(batch.records) != batch.body_crc:
             raise invalid(f"batch for {batch.topic}/{batch.queue_id}: records checksum mismatch")
         try:
-            bf.record_positions(batch.records, batch.record_count)
+            positions = bf.record_positions(batch.records, batch.record_count)
         except ValueError as exc:
             raise invalid(f"batch for {batch.topic}/{batch.queue_id}: {exc}") from None
         if batch.base_sequence < bf.NO_SEQUENCE or batch.base_sequence > 0x7FFFFFFF:
             raise invalid(f"base_sequence {batch.base_sequence} out of range")
+        return positions
 
-    def _validate_delayed(self, batch: IncomingBatch) -> None:
+    def _validate_delayed(self, batch: IncomingBatch) -> list[int]:
         """A delayed batch: valid for its target queue, then every record a scheduled record."""
         topic, queue_id = batch.timer_target or ("", 0)
         if batch.topic != system_records.TIMER_TOPIC or batch.queue_id != 0:
             raise invalid("a delayed batch is stored in __timer queue 0")
-        self.validate(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
-                                    batch.producer_id, batch.base_sequence))
-        positions = bf.record_positions(batch.records, batch.record_count)
+        positions = self.validate(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
+                                                batch.producer_id, batch.base_sequence))
         try:
             timer_records.check_scheduled(batch.records, positions, topic, queue_id, int(time.time() * 1000),
                                           self.config["timer.max_delay_ms"])
         except timer_records.TimerRecordError as exc:
             raise invalid(f"delayed batch for {topic}/{queue_id}: {exc}") from None
+        return positions
 
     def append(
         self, batches: list[IncomingBatch], *, internal: bool = False,

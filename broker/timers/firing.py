@@ -152,11 +152,14 @@ class TimerService:
             self._fire(offs[i : i + self.fire_batch_max], ats[i : i + self.fire_batch_max])
 
     def _settle_inflight(self) -> None:
+        """Forget fired timers the view has applied (one vectorised lookup for all of them)."""
         if not self.inflight:
             return
+        offs = np.fromiter(self.inflight, dtype=np.uint64, count=len(self.inflight))
         with self.store.views_lock:
-            done = [o for o in self.inflight if self.view.index.state_of(o) != PENDING]
-        self.inflight.difference_update(done)
+            idx = self.view.index.find(offs)
+            done = (idx < 0) | (self.view.index.state[np.maximum(idx, 0)] != PENDING)
+        self.inflight.difference_update(offs[done].tolist())
 
     def _collect(self, now: int) -> tuple[np.ndarray, np.ndarray]:
         offs_out: list[np.ndarray] = []
@@ -248,28 +251,30 @@ class TimerService:
             return
         records = self._read_scheduled(offs)
         by_queue: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = defaultdict(list)
-        events: list[tuple[bytes, bytes, bytes]] = []
+        fired_events: list[tuple[bytes, bytes, bytes]] = []
+        dropped_events: list[tuple[bytes, bytes, bytes]] = []
         targets: dict[tuple[str, int], tuple[bool, bytes]] = {}  # (exists, its event suffix) per target
         fired = 0
         for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
-            key, props, body = records[off]
-            _, topic, queue = tr.scheduled_target(props)
+            key, props, body, topic, queue = records[off]
             target = targets.get((topic, queue))
             if target is None:
                 target = targets[(topic, queue)] = (self.store.queue_exists(topic, queue), tr.target_props(topic, queue))
             if target[0]:
                 by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
-                events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
+                fired_events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
                 fired += 1
             else:
-                events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
+                dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
                 log.warning("timer_dropped", timer_offset=off, topic=topic, queue=queue, reason="no such topic/queue")
         batches: list[IncomingBatch] = []
         for (topic, queue), items in by_queue.items():
             raw, _ = bf.encode_records(items)
             batches.append(IncomingBatch(topic, queue, raw, len(items), crc32c.crc32c(raw), flags=bf.FLAG_TIMER_DELIVERY))
-        raw, _ = bf.encode_records(events)
-        batches.append(IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw)))
+        for events, flags in ((fired_events, bf.FLAG_TIMER_FIRED), (dropped_events, 0)):
+            if events:
+                raw, _ = bf.encode_records(events)
+                batches.append(IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw), flags=flags))
         failpoint("timer_before_fire")
         _, end = self.store.append(batches, internal=True)
         failpoint("timer_after_fire")
@@ -285,19 +290,20 @@ class TimerService:
 
         events = []
         for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
-            _, props, _ = self._read_scheduled(np.array([off], dtype=np.uint64))[off]
-            _, topic, queue = tr.scheduled_target(props)
+            _, _, _, topic, queue = self._read_scheduled(np.array([off], dtype=np.uint64))[off]
             events.append((b"", b"", tr.event_props(tr.FIRED, off, at, tr.target_props(topic, queue))))
         raw, _ = bf.encode_records(events)
         _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], internal=True)
         self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
 
-    def _read_scheduled(self, offs: np.ndarray) -> dict[int, tuple[bytes, bytes, bytes]]:
-        """(key, props, body) of the scheduled record at each timer offset, in few preads."""
-        out: dict[int, tuple[bytes, bytes, bytes]] = {}
+    def _read_scheduled(self, offs: np.ndarray) -> dict[int, tuple[bytes, bytes, bytes, str, int]]:
+        """(key, props, body, target topic, target queue) of the scheduled record at each timer
+        offset, in few preads."""
+        out: dict[int, tuple[bytes, bytes, bytes, str, int]] = {}
         order = np.sort(offs).tolist()
-        i = 0
         head = bf.RECORD_HEAD
+        targets: dict[bytes, tuple[str, int]] = {}
+        i = 0
         while i < len(order):
             j = i + 1
             while j < len(order) and order[j] - order[j - 1] < READ_GAP_BYTES:
@@ -310,12 +316,16 @@ class TimerService:
                 data = self.store.log.read(start, need)
             if len(data) < need:
                 raise BrokerError("DATA_LOSS", f"scheduled timer record at {order[j - 1]} is not in the local log")
-            mv = memoryview(data)
             for off in order[i:j]:
                 p = off - start
-                size, kl, pl = head.unpack_from(mv, p)
+                size, kl, pl = head.unpack_from(data, p)
                 k0 = p + bf.RECORD_HEAD_BYTES
-                out[off] = (bytes(mv[k0 : k0 + kl]), bytes(mv[k0 + kl : k0 + kl + pl]), bytes(mv[k0 + kl + pl : p + 4 + size]))
+                props = data[k0 + kl : k0 + kl + pl]
+                tail = tr.target_of_scheduled(props)  # the target's bytes: one decode per target
+                target = targets.get(tail)
+                if target is None:
+                    target = targets[tail] = tr.scheduled_target(props)[1:]
+                out[off] = (data[k0 : k0 + kl], props, data[k0 + kl + pl : p + 4 + size], target[0], target[1])
             i = j
         return out
 
@@ -339,8 +349,8 @@ class TimerService:
                 raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is firing now")
             if state != PENDING:
                 raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is already {STATE_NAMES[state]}")
-            _, props, _ = self._read_scheduled(np.array([timer_offset], dtype=np.uint64))[timer_offset]
-            at, topic, queue = tr.scheduled_target(props)
+            _, props, _, topic, queue = self._read_scheduled(np.array([timer_offset], dtype=np.uint64))[timer_offset]
+            at = tr.scheduled_target(props)[0]
             raw, _ = bf.encode_records([(b"", b"", tr.event_props(tr.CANCELLED, timer_offset, at, tr.target_props(topic, queue)))])
             self.cancelling.add(timer_offset)
             try:

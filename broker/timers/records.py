@@ -45,15 +45,18 @@ class TimerRecordError(ValueError):
     """A record of a delayed batch is not a valid scheduled record; the message says which."""
 
 
-def scheduled_props(deliver_at_ms: int, topic: str, queue_id: int, user: Mapping[str, str] | None) -> bytes:
-    """Properties of a scheduled record: the timer fields first, then the user's."""
-    head = {DELIVER_AT: str(deliver_at_ms), TARGET_TOPIC: topic, TARGET_QUEUE: str(queue_id)}
+def scheduled_props(deliver_at_ms: int, topic: str, queue_id: int, user: Mapping[str, str] | None,
+                    target: bytes | None = None) -> bytes:
+    """Properties of a scheduled record: the timer fields first, then the user's (the bytes
+    ``encode_props`` would make). ``target``: ``target_props(topic, queue_id)``, if the caller
+    encodes many records for one queue."""
     if user:
         for name in user:
-            if name in head or name in (EVENT, TIMER_OFFSET):
+            if name in TIMER_PROPERTIES or name == EVENT:
                 raise TimerRecordError(f"property {name!r} is reserved for timer messages")
-        head.update(user)
-    return bf.encode_props(head)
+    a = b"%d" % deliver_at_ms
+    tail = bf.encode_props(user) if user else b""
+    return b"".join((_DELIVER_AT_NAME, _U16.pack(len(a)), a, target or target_props(topic, queue_id), tail))
 
 
 def _leading_value(buf: bytes | memoryview, at: int, name: bytes) -> tuple[bytes, int] | None:
@@ -157,6 +160,32 @@ def iter_events(batch: memoryview, header: bf.BatchHeader) -> Iterator[dict[str,
         yield bf.decode_props(props)
 
 
+def leading_offsets(batch: memoryview, header: bf.BatchHeader, skip_first: bool) -> list[int]:
+    """The ``__timer_offset`` of every record of a delivery batch (its first property) or, with
+    ``skip_first``, of a ``fired`` event batch (its second), parsed inline: these run for every
+    fired timer, twice."""
+    buf = bytes(batch)
+    unpack = bf.RECORD_HEAD.unpack_from
+    u16 = _U16.unpack_from
+    name = _OFFSET_NAME
+    n = len(name)
+    out: list[int] = []
+    pos = header.records_at
+    end = header.batch_bytes
+    while pos < end:
+        size, key_len, _ = unpack(buf, pos)
+        p = pos + bf.RECORD_HEAD_BYTES + key_len
+        if skip_first:
+            p += 2 + u16(buf, p)[0]
+            p += 2 + u16(buf, p)[0]
+        if buf[p : p + n] != name:
+            raise ValueError(f"timer record at {header.base_offset + pos} lacks {TIMER_OFFSET}")
+        (vlen,) = u16(buf, p + n)
+        out.append(int(buf[p + n + 2 : p + n + 2 + vlen]))
+        pos += 4 + size
+    return out
+
+
 def event_refs(batch: memoryview, header: bf.BatchHeader) -> list[tuple[str, int, str]]:
     """(event, timer_offset, target topic) of every record of an event batch, parsed in order
     without decoding whole property maps (events are written only by the master, in this order)."""
@@ -180,13 +209,15 @@ def delivery_props(timer_offset: int, scheduled: bytes | memoryview) -> bytes:
 
 def delivered_offsets(batch: memoryview, header: bf.BatchHeader) -> list[int]:
     """The origin ``timer_offset`` of each record of a delivery batch."""
-    out: list[int] = []
-    for _, _, props, _ in bf.iter_records(batch, header):
-        first = _leading_value(props, 0, _OFFSET_NAME)
-        if first is None:
-            raise ValueError(f"delivery batch at {header.base_offset} has a record without {TIMER_OFFSET}")
-        out.append(int(first[0]))
-    return out
+    return leading_offsets(batch, header, skip_first=False)
+
+
+def target_of_scheduled(props: bytes) -> bytes:
+    """The bytes after a scheduled record's ``__deliver_at_ms`` (its target, then the user's
+    properties): a cheap cache key for the target."""
+    n = len(_DELIVER_AT_NAME)
+    (vlen,) = _U16.unpack_from(props, n)
+    return props[n + 2 + vlen :]
 
 
 def scheduled_target(props: bytes | memoryview) -> tuple[int, str, int]:

@@ -141,6 +141,10 @@ class TimerView:
                     self.late.extend(zip(offs[behind].tolist(), recs["at"][behind].tolist(), strict=True))
 
     def _apply_events(self, header: bf.BatchHeader, batch: memoryview) -> None:
+        if header.flags & bf.FLAG_TIMER_FIRED:  # the common case: a round's fired events, offsets only
+            fired = np.array(tr.leading_offsets(batch, header, skip_first=True), dtype=np.uint64)
+            self._finish(fired, tl.FIRED_EVENT, DELIVERED)
+            return
         kinds = {tr.FIRED: (tl.FIRED_EVENT, DELIVERED), tr.CANCELLED: (tl.CANCELLED, PENDING), tr.DROPPED: (tl.DROPPED, PENDING)}
         by_kind: dict[str, list[int]] = {}
         for kind, off, _ in tr.event_refs(batch, header):

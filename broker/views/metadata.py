@@ -23,7 +23,7 @@ from typing import Any
 import lmdb
 
 from broker import metrics, system_records
-from broker.batch_format import FLAG_TIMER_DELIVERY, BatchHeader, iter_records
+from broker.batch_format import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
 from broker.failpoints import failpoint
 from broker.timers import records as timer_records
 
@@ -118,6 +118,8 @@ class MetadataView:
     def _apply_timer_batch(self, header: BatchHeader, batch: memoryview) -> None:
         """Pending timers per target topic: +n for scheduled records, -1 per cancel or drop
         (deliveries are counted where they land, by their batch flag)."""
+        if header.flags & FLAG_TIMER_FIRED:
+            return  # fired events change no count (their deliveries did)
         if not timer_records.is_event_batch(batch, header):
             _, _, props, _ = next(iter_records(batch, header))  # one target per scheduled batch
             _, topic, _ = timer_records.scheduled_target(props)
