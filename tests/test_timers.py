@@ -249,3 +249,23 @@ def test_bulk_lateness_histogram_equals_one_observe_per_value() -> None:
 
     assert lines(one) == lines(bulk)
     assert abs(h1._sum.get() - h2._sum.get()) < 1e-6  # type: ignore[attr-defined]
+
+
+def test_with_snapshots_disabled_restart_rebuilds_from_the_timer_log(tmp_path: Path) -> None:
+    settings = {"timer.snapshot_enabled": False, "timer.precision_ms": 100, "timer.wheel_slots": 1024}
+    s = timer_store(str(tmp_path / "d"), **settings)
+    create_topic(s, "t")
+    base = future_base_ms()
+    offs = schedule(s, "t", 0, [base + 100 * i for i in range(200)])
+    clock = SimClock(s, base)
+    clock.advance_to(base + 5_000, 100, "t", 1)
+    s.checkpoint_views()
+    before = _wheel_state(s)
+    s.crash_close()
+    assert not os.path.exists(tmp_path / "d" / "timer" / "snapshots")
+    s2 = _reopen_same_wheel(tmp_path / "d", before, "timer log rebuild")
+    clock2 = SimClock(s2, base + 5_000)  # type: ignore[arg-type]
+    clock2._read = dict(clock._read)  # deliveries before the restart were counted by the first clock
+    clock2.advance_to(base + 21_000, 100, "t", 1)
+    assert sorted([*clock.fired_at, *clock2.fired_at]) == offs and not set(clock.fired_at) & set(clock2.fired_at)
+    s2.stop()  # type: ignore[attr-defined]
