@@ -269,3 +269,49 @@ def test_with_snapshots_disabled_restart_rebuilds_from_the_timer_log(tmp_path: P
     clock2.advance_to(base + 21_000, 100, "t", 1)
     assert sorted([*clock.fired_at, *clock2.fired_at]) == offs and not set(clock.fired_at) & set(clock2.fired_at)
     s2.stop()  # type: ignore[attr-defined]
+
+
+def test_a_cancel_that_times_out_still_keeps_its_timer_from_firing(tmp_path: Path) -> None:
+    """The cancel is in the log but not confirmed in time: the caller gets an error, and the timer
+    must not fire in the meantime (once the cancel is applied it never fires)."""
+    s = timer_store(str(tmp_path / "d"), **{"limits.send_timeout_ms": 300})
+    create_topic(s, "t")
+    base = future_base_ms()
+    off = schedule(s, "t", 0, [base + 100])[0]
+    clock = SimClock(s, base)
+    frozen = s.confirm_offset
+    s.confirm_source = lambda flushed: frozen  # a stalled in-sync replica
+    with pytest.raises(BrokerError) as slow:
+        s.timers.cancel(off)
+    assert slow.value.code == "DEADLINE_EXCEEDED"
+    clock.advance_to(base + 400, 50, "t", 1)
+    assert not clock.fired_at, "a timer whose cancel is in the log fired"
+    s.confirm_source = lambda flushed: flushed
+    s.advance_confirm()
+    settle(s)
+    clock.advance_to(base + 1000, 50, "t", 1)
+    assert not clock.fired_at
+    assert [e["__event"] for e in timer_events(s)] == ["cancelled"]
+    with pytest.raises(BrokerError, match="already cancelled"):
+        s.timers.cancel(off)
+    s.stop()
+
+
+def test_a_new_wheel_shape_relinks_every_pending_timer(tmp_path: Path) -> None:
+    """Restart with another ring size: old snapshots are skipped and every pending timer is
+    reachable from its new slot (and fires on time)."""
+    s = timer_store(str(tmp_path / "d"), **{"timer.wheel_slots": 64})
+    create_topic(s, "t")
+    base = future_base_ms()
+    ats = [base + 50 + 37 * i for i in range(300)]
+    offs = schedule(s, "t", 0, ats)
+    with s.views_lock:
+        s.timer_view.write_snapshot()
+    s.crash_close()
+    s2 = timer_store(str(tmp_path / "d"), **{"timer.wheel_slots": 100})
+    assert s2.timer_view.loaded_from.startswith("timer log rebuild")
+    assert _pending_by_walk(s2) == sorted(offs)
+    clock = SimClock(s2, base)
+    clock.advance_to(base + 37 * 300 + 200, 20, "t", 1)
+    _check_fired_once_never_early(clock, offs, ats, 20)
+    s2.stop()

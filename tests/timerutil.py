@@ -97,6 +97,7 @@ class SimClock:
         self.s = s
         self.now = start_ms
         s.timers.clock_ms = lambda: self.now
+        s.timers._stop.clear()  # stopped only so that its thread is gone: the test drives it
         s.timers._catch_up()
         settle(s)
         self.fired_at: dict[int, list[int]] = {}  # timer offset -> simulated times it was delivered

@@ -31,7 +31,7 @@ from broker.errors import BrokerError, not_found
 from broker.failpoints import failpoint
 from broker.timers import records as tr
 from broker.timers import timerlog as tl
-from broker.timers.index import PENDING, STATE_NAMES
+from broker.timers.index import CANCELLED, PENDING, STATE_NAMES
 
 if TYPE_CHECKING:
     from broker.store import IncomingBatch, Store
@@ -81,6 +81,8 @@ class TimerService:
 
     def start(self) -> None:
         if self._thread is not None and self._thread.is_alive():
+            if self._stop.is_set():
+                log.warning("timer_firing_not_restarted", note="the previous firing thread has not ended yet")
             return
         self._stop.clear()
         self._thread = threading.Thread(target=self._run, name="timer-firing", daemon=True)
@@ -90,10 +92,12 @@ class TimerService:
         self._stop.set()
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
-        self._thread = None
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread = None  # one still alive (stuck in an append) is kept: start() must not add a second
         self.view.fire_floor_ms = None
         self._slot = None
         self.inflight.clear()
+        self.cancelling.clear()
 
     def _run(self) -> None:
         failures = 0
@@ -122,17 +126,22 @@ class TimerService:
         while not self._stop.is_set() and not self.store.wait_view_applied(self.view, target, 1.0):
             if self.store.role != "master":
                 return
+        if self._stop.is_set():
+            return
         with self.store.views_lock:
             offs, ats = self.view.index.undelivered_events()
         if len(offs):
             log.warning("timer_fired_events_repaired", count=len(offs), note="a crash separated deliveries from their fired events")
             self._append_events(offs, ats)
         now = self.clock_ms()
-        with self.store.views_lock:
-            due_offs, due_ats = self.view.index.due(now)
-            self.view.fire_floor_ms = (now // self.precision_ms) * self.precision_ms
-            self._slot = _SlotState(now // self.precision_ms)
-        with self.lock:
+        with self.lock:  # cancels wait for this (they are refused until _slot is set)
+            self._settle_inflight()
+            with self.store.views_lock:
+                due_offs, due_ats = self.view.index.due(now)
+                keep = self._eligible(due_offs)
+                due_offs, due_ats = due_offs[keep], due_ats[keep]
+                self.view.fire_floor_ms = (now // self.precision_ms) * self.precision_ms
+                self._slot = _SlotState(now // self.precision_ms)
             self._fire_all(due_offs, due_ats)
         if len(due_offs):
             log.info("timer_overdue_fired", count=len(due_offs))
@@ -152,14 +161,15 @@ class TimerService:
             self._fire(offs[i : i + self.fire_batch_max], ats[i : i + self.fire_batch_max])
 
     def _settle_inflight(self) -> None:
-        """Forget fired timers the view has applied (one vectorised lookup for all of them)."""
-        if not self.inflight:
-            return
-        offs = np.fromiter(self.inflight, dtype=np.uint64, count=len(self.inflight))
-        with self.store.views_lock:
-            idx = self.view.index.find(offs)
-            done = (idx < 0) | (self.view.index.state[np.maximum(idx, 0)] != PENDING)
-        self.inflight.difference_update(offs[done].tolist())
+        """Forget fired or cancelled timers the view has applied (one vectorised lookup each)."""
+        for busy in (self.inflight, self.cancelling):
+            if not busy:
+                continue
+            offs = np.fromiter(busy, dtype=np.uint64, count=len(busy))
+            with self.store.views_lock:
+                idx = self.view.index.find(offs)
+                done = (idx < 0) | (self.view.index.state[np.maximum(idx, 0)] != PENDING)
+            busy.difference_update(offs[done].tolist())
 
     def _collect(self, now: int) -> tuple[np.ndarray, np.ndarray]:
         offs_out: list[np.ndarray] = []
@@ -337,32 +347,45 @@ class TimerService:
 
         self.store.check_writable()
         self.store.check_replica_ack_possible()
+        timeout_ms = self.store.config["limits.send_timeout_ms"]
         with self.lock:
+            if self._slot is None:  # not caught up with its log yet (starting, or just promoted)
+                raise BrokerError("UNAVAILABLE", "the timer service is starting on this master; retry shortly")
             self._settle_inflight()
-            with self.store.views_lock:
-                state = self.view.index.state_of(timer_offset)
+            state = self._state_of(timer_offset, timeout_ms)
             if state is None:
                 if self.store.is_scheduled_record(timer_offset):
                     raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} has already fired or was cancelled")
                 raise not_found(f"no timer at offset {timer_offset}")
             if timer_offset in self.inflight:
                 raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is firing now")
+            if timer_offset in self.cancelling:
+                raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is being cancelled")
             if state != PENDING:
                 raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} is already {STATE_NAMES[state]}")
             _, props, _, topic, queue = self._read_scheduled(np.array([timer_offset], dtype=np.uint64))[timer_offset]
             at = tr.scheduled_target(props)[0]
             raw, _ = bf.encode_records([(b"", b"", tr.event_props(tr.CANCELLED, timer_offset, at, tr.target_props(topic, queue)))])
+            _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, 1, crc32c.crc32c(raw))], internal=True)
+            # from here the cancel is in the log: rounds skip the timer until the view applied it
+            # (``_settle_inflight``), even if this call times out below
             self.cancelling.add(timer_offset)
-            try:
-                _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, 1, crc32c.crc32c(raw))], internal=True)
-            except BrokerError:
-                self.cancelling.discard(timer_offset)
-                raise
-        try:
-            timeout_ms = self.store.config["limits.send_timeout_ms"]
-            self.store.wait_ack(end, "replica", timeout_ms)
-            if not self.store.wait_view_applied(self.view, end, timeout_ms / 1000.0):
-                raise BrokerError("DEADLINE_EXCEEDED", f"cancel of timer {timer_offset} written but not applied in time")
-        finally:
-            self.cancelling.discard(timer_offset)
+        self.store.wait_ack(end, "replica", timeout_ms)
+        if not self.store.wait_view_applied(self.view, end, timeout_ms / 1000.0):
+            raise BrokerError("DEADLINE_EXCEEDED", f"cancel of timer {timer_offset} written but not applied in time")
+        with self.store.views_lock:
+            final = self.view.index.state_of(timer_offset)
+        if final != CANCELLED:  # a delivery the view had not applied yet came first in the log
+            raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} has already fired")
         return at, topic, queue
+
+    def _state_of(self, timer_offset: int, timeout_ms: int) -> int | None:
+        """The view's state of a timer; an offset the view has not reached yet (a send that was
+        just acknowledged) is waited for, up to the log end as it is now."""
+        with self.store.views_lock:
+            state = self.view.index.state_of(timer_offset)
+        if state is None and timer_offset >= self.view.applied_offset:
+            self.store.wait_view_applied(self.view, self.store.log.max_offset, timeout_ms / 1000.0)
+            with self.store.views_lock:
+                state = self.view.index.state_of(timer_offset)
+        return state

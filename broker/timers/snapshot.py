@@ -93,8 +93,10 @@ def load_newest(directory: str, timer_log_end: int, precision_ms: int, wheel_slo
     for position in positions(directory):
         path = path_for(directory, position)
         if position > timer_log_end:
-            atomic_file.quarantine(path, f"snapshot at timer-log position {position} is beyond the timer log's "
-                                         f"recovered end {timer_log_end}")
+            for copy in (path, path + ".bak"):
+                if os.path.exists(copy):
+                    atomic_file.quarantine(copy, f"snapshot at timer-log position {position} is beyond the timer "
+                                                 f"log's recovered end {timer_log_end}")
             continue
         loaded = atomic_file.load(path, MAGIC, VERSION)  # an invalid copy is quarantined here
         if loaded is None:
@@ -102,14 +104,14 @@ def load_newest(directory: str, timer_log_end: int, precision_ms: int, wheel_slo
         try:
             snap = Snapshot.decode(loaded.payload)
         except (ValueError, KeyError, struct.error) as exc:
-            atomic_file.quarantine(path, f"undecodable snapshot: {exc}")
+            atomic_file.quarantine(loaded.path, f"undecodable snapshot: {exc}")
             continue
         if (snap.precision_ms, snap.wheel_slots) != (precision_ms, wheel_slots):
             log.warning("timer_snapshot_other_shape", path=path, precision_ms=snap.precision_ms,
                         wheel_slots=snap.wheel_slots, note="the wheel is rebuilt from the timer log")
             continue
         if snap.timer_log_position != position:
-            atomic_file.quarantine(path, f"snapshot names position {snap.timer_log_position}, file says {position}")
+            atomic_file.quarantine(loaded.path, f"snapshot names position {snap.timer_log_position}, file says {position}")
             continue
         return snap
     return None

@@ -85,15 +85,29 @@ class TimerView:
                 return False
             records = tl.read_records(self.log, start, scan.valid_end)
             self._rebuild_index(start, scan.valid_end, records)
-            pending_at = self.index.at[self.index.low : self.index.size][
-                self.index.state[self.index.low : self.index.size] == PENDING]
-            self.wheel.rebuild(records, start, pending_at)
             self.applied_offset = scan.applied_offset
+            self._relink_all()
             self.loaded_from = f"timer log rebuild ({scan.valid_end - start}B)"
         self._marked_offset = self.applied_offset
         log.info("timer_view_loaded", source=self.loaded_from, applied_offset=self.applied_offset,
                  pending=self.index.pending, timer_log_end=self.log.max_offset)
         return True
+
+    def _relink_all(self) -> None:
+        """Without a snapshot: fresh chains for every pending timer, in one RELINK group. The
+        stored links cannot be trusted here: the wheel's shape (slots, precision) may differ from
+        the one that wrote them, and links into deleted segments are gone."""
+        live = slice(self.index.low, self.index.size)
+        pending = self.index.state[live] == PENDING
+        offs, ats = self.index.off[live][pending], self.index.at[live][pending]
+        self.wheel.restore(np.zeros(0, dtype=snaps.SLOT_DTYPE))
+        recs = tl.new_records(len(offs))
+        recs["off"] = offs
+        recs["at"] = ats
+        recs["type"] = tl.RELINK
+        self._emit(recs)
+        self._write_group(self.applied_offset)
+        np.add.at(self.wheel.count, self.wheel.ring_of(ats), 1)
 
     def _cut(self, valid_end: int) -> None:
         if valid_end < self.log.max_offset:
@@ -199,10 +213,17 @@ class TimerView:
         recs["off"] = offs
         recs["at"] = ats
         recs["type"] = tl.RELINK
+        saved = int(self.wheel.first[ring]), int(self.wheel.last[ring])
         self.wheel.last[ring] = tl.NONE  # the first RELINK starts the new chain
         self.wheel.first[ring] = tl.NONE
         self._emit(recs)
-        self._write_group(self.applied_offset)
+        try:
+            self._write_group(self.applied_offset)
+        except OSError:  # nothing was written (a failed append is undone): keep the old chain
+            self.wheel.first[ring], self.wheel.last[ring] = saved
+            self._pending.clear()
+            self._pending_count = 0
+            raise
 
     def read_block(self, pos: int, block_bytes: int = 64 << 10) -> tuple[int, bytes]:
         """(start, bytes) of the timer log up to and including the record at ``pos`` (chains

@@ -156,19 +156,6 @@ class Wheel:
         self.last[rings] = slots["last"]
         self.count[rings] = slots["count"]
 
-    def rebuild(self, records: np.ndarray, base_pos: int, pending_at: np.ndarray) -> None:
-        """From timer-log records alone (no snapshot): chains from their links, counts from the
-        pending timers' deliver times (records below ``base_pos`` may be gone)."""
-        self.restore(np.zeros(0, dtype=SLOT_DTYPE))
-        linked = np.flatnonzero((records["type"] == tl.SCHEDULED) | (records["type"] == tl.RELINK))
-        if len(linked):
-            self._link_chain(records, linked, base_pos, set_prev=False)
-        self.count[:] = 0
-        np.add.at(self.count, self.ring_of(pending_at), 1)
-        empty = self.count == 0
-        self.first[empty] = _NONE
-        self.last[empty] = _NONE
-
     @property
     def pending(self) -> int:
         return int(self.count.sum())
