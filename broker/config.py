@@ -50,6 +50,20 @@ KEYS: dict[str, Key] = {
     "replication.chunk_bytes": Key(1 * MiB, int, minimum=64 * 1024, maximum=64 * MiB),
     "replication.window_bytes": Key(16 * MiB, int, minimum=64 * 1024, maximum=1 * GiB),
     "replication.reconnect_backoff_ms_max": Key(2000, int, minimum=10, maximum=60_000),
+    # tiered storage (issue 5): off until a posix root or an s3 bucket is configured
+    "tieredstore.backend": Key("posix", str, choices=("posix", "s3", "none")),
+    "tieredstore.root": Key("", str),
+    "tieredstore.s3_endpoint": Key("", str),
+    "tieredstore.s3_bucket": Key("", str),
+    "tieredstore.s3_prefix": Key("tidemark/", str),
+    "tieredstore.s3_region": Key("", str),
+    "tieredstore.s3_access_key_id": Key("", str),
+    "tieredstore.s3_secret_access_key": Key("", str),
+    "tieredstore.s3_retries_max": Key(5, int, minimum=0, maximum=20),
+    "tieredstore.object_bytes": Key(64 * MiB, int, minimum=4096, maximum=1 * GiB),
+    "tieredstore.upload_interval_ms": Key(1000, int, minimum=10, maximum=3_600_000),
+    "tieredstore.retention_ms": Key(0, int, minimum=0),
+    "tieredstore.read_cache_bytes": Key(128 * MiB, int, minimum=0, maximum=64 * GiB),
     "limits.request_bytes_max": Key(64 * MiB, int, minimum=64 * 1024, maximum=1 * GiB),
     "limits.pull_wait_ms_max": Key(30_000, int, minimum=0, maximum=600_000, reloadable=True),
     "limits.pull_messages_max": Key(100_000, int, minimum=1, maximum=10_000_000, reloadable=True),
@@ -184,6 +198,8 @@ class Config:
         if values["node.role"] == "slave" and not values["node.master"]:
             raise ConfigError("node.master: required when node.role is slave")
         _check_security(values)
+        if values["tieredstore.backend"] == "s3" and not values["tieredstore.s3_bucket"]:
+            raise ConfigError("tieredstore.s3_bucket: required when tieredstore.backend is s3")
         return cls(values)
 
     @classmethod
@@ -198,6 +214,12 @@ class Config:
             except tomllib.TOMLDecodeError as exc:
                 raise ConfigError(f"{path}: not valid TOML: {exc}") from None
         return cls.build(file_values, overrides)
+
+
+def tiering_enabled(config: Config) -> bool:
+    """Tiered storage is on with backend s3, or backend posix and a root directory."""
+    backend = config["tieredstore.backend"]
+    return backend == "s3" or (backend == "posix" and bool(config["tieredstore.root"]))
 
 
 def _check_address(name: str, value: str) -> None:

@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import crc32c
 import lmdb
@@ -51,6 +51,18 @@ READ_CHUNK_BYTES = 4 << 20
 PULL_ENTRIES_PER_READ = 256
 ACKS = ("leader", "flush", "replica")
 TIMER_BODIES_HOLD = -1  # retention_holds key: the oldest pending timer's scheduled record
+
+
+class ColdReader(Protocol):
+    """Reads of log ranges below the local log start (tiered storage plugs one in)."""
+
+    def min_offset(self) -> int:
+        """Lowest offset readable contiguously up to the local log start (the log start when none)."""
+        ...
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Log bytes [offset, offset + length) (whole batches); shorter when they are not stored."""
+        ...
 
 
 @dataclass(slots=True)
@@ -129,6 +141,10 @@ class Store:
         self._last_store_time_ms = 0
         self._checkpointed: dict[str, int] = {}
         self.retention_holds: dict[int, int] = {}  # id -> offset retention must keep (snapshot streams)
+        # tiered storage plugs in (broker never imports tieredstore): reads below the local log
+        # start, and retention floors (only uploaded ranges may be deleted locally)
+        self.cold_reader: ColdReader | None = None
+        self.retention_floors: list[Callable[[], int]] = []
         self.views_lock = threading.Lock()  # held by the dispatcher while it touches views; a snapshot takes it
         self._last_ckpt = self._last_retention = 0.0
         self._checkpointed_prev: dict[str, int] = {}  # the .bak copy recovery may fall back to
@@ -641,7 +657,8 @@ class Store:
         """Lowest offset some view may still replay from (or a snapshot is streaming): nothing at or above it may go."""
         if len(self._checkpointed_prev) < len(self.views):
             return 0
-        floors = [*self._checkpointed_prev.values(), *self.retention_holds.values(), self.timer_view.recovery_floor()]
+        floors = [*self._checkpointed_prev.values(), *self.retention_holds.values(), self.timer_view.recovery_floor(),
+                  *(floor() for floor in self.retention_floors)]
         return min(floors)
 
     def enforce_retention(self) -> list[str]:
@@ -681,7 +698,7 @@ class Store:
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min readable queue offset, next queue offset) below the confirm offset."""
         qf = self._queue_file(topic, queue_id)
-        log_min = self.log.min_offset
+        log_min = self.readable_min_offset()
         i = qf.first_at_commit(log_min) if log_min else 0
         low = qf.entry(i).base_queue_offset if i < qf.entries else qf.next_queue_offset
         return low, qf.next_queue_offset
@@ -744,12 +761,34 @@ class Store:
             while j < len(entries) and entries[j].commit_offset == end:
                 end += entries[j].batch_bytes
                 j += 1
-            data = self.log.read(start, end - start)
+            data = self._read_log(start, end - start)
             if len(data) != end - start:
                 raise BrokerError("OUT_OF_RANGE", f"log range {start}..{end} is no longer stored locally")
             out.append(data)
             i = j
         return out
+
+    def readable_min_offset(self) -> int:
+        """Lowest commit offset a read can reach: the local log start, or lower through tiered storage."""
+        local = self.log.min_offset
+        if self.cold_reader is None or local == 0:
+            return local
+        return min(local, self.cold_reader.min_offset())
+
+    def _read_log(self, start: int, length: int) -> bytes:
+        """Log bytes [start, start + length); the part below the local log start comes from the cold reader."""
+        for _ in range(2):  # retention may delete a segment between the check and the read: look again
+            local_min = self.log.min_offset
+            if start >= local_min or self.cold_reader is None:
+                data = self.log.read(start, length)
+            else:
+                cold_len = min(length, local_min - start)
+                data = self.cold_reader.read(start, cold_len)
+                if len(data) == cold_len < length:
+                    data += self.log.read(local_min, length - cold_len)
+            if len(data) == length or self.cold_reader is None:
+                return data
+        return data
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         qf = self._queue_file(topic, queue_id)

@@ -5,6 +5,8 @@ Each record's key is the change type; its body is a JSON object. Types:
 - ``topic.create``   ``{"topic": str, "queues": int}``
 - ``topic.delete``   ``{"topic": str}``
 - ``offsets.commit`` ``{"offsets": [[group, topic, queue, offset], ...]}`` (one batched record)
+- ``tiered.uploaded`` ``{"start": int, "end": int, "epoch": int, "crc32c": str, "key": str}``
+  (one per uploaded object; the tiered uploaded offset is the highest ``end``)
 
 Spec: docs/formats/metadata-records.md.
 """
@@ -22,6 +24,7 @@ SYSTEM_TOPICS = (METADATA_TOPIC, TIMER_TOPIC)
 TOPIC_CREATE = "topic.create"
 TOPIC_DELETE = "topic.delete"
 OFFSETS_COMMIT = "offsets.commit"
+TIERED_UPLOADED = "tiered.uploaded"
 
 TOPIC_CHANGE_KEYS = (TOPIC_CREATE.encode(), TOPIC_DELETE.encode())
 _TOPIC_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")

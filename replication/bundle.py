@@ -2,7 +2,8 @@
 
 Master: under the views lock, bring every view to the confirm offset S and checkpoint it, then
 copy the checkpoint files, the consume-queue files (to their checkpointed lengths) and an LMDB
-copy into a staging directory. The log bytes [L, S) (L = the local log start) are read straight
+copy into a staging directory. The log bytes [L, S) (L = the local log start, or with tiered
+storage min(S, tiered uploaded offset): see ``bundle_log_start``) are read straight
 from the segments while retention is held back. Everything is streamed as CRC32C-checked chunks;
 the last message is the manifest (S, L, epochs, cluster id, and each file's length and CRC32C).
 
@@ -50,13 +51,27 @@ def _copy_prefix(src: str, dst: str, length: int) -> None:
             remaining -= len(chunk)
 
 
+def bundle_log_start(store: Store, snapshot: int) -> int:
+    """L: where the new slave's local log starts (DESIGN §4).
+
+    With tiered storage, L = min(S, tiered uploaded offset as the log records it at S): everything
+    below is in object storage, so it is not copied. Never above that offset (a later promotion
+    would lack confirmed data held nowhere else), never below the master's own log start.
+    Without tiered storage, L = the master's local log start.
+    """
+    local = store.log.min_offset
+    if store.cold_reader is None:
+        return local
+    return max(local, min(snapshot, store.metadata.tiered_uploaded_offset))
+
+
 def make_bundle(store: Store, staging: str) -> tuple[dict[str, Any], int]:
     """Checkpoint every view at one offset and stage their files; return (manifest, retention hold id)."""
     with store.views_lock:
         store.apply_until(store.confirm_offset)
         store.checkpoint_views()
         snapshot = min(v.applied_offset for v in store.views)
-        log_start = store.log.min_offset
+        log_start = bundle_log_start(store, snapshot)
         hold = next(_hold_ids)
         store.retention_holds[hold] = log_start
         for name in ("consume_queue.ckpt", "producer_state.ckpt"):
@@ -106,11 +121,15 @@ def stream_bundle(store: Store, request: pb.SnapshotRequest, context: grpc.Servi
                 with open(path, "rb") as f:
                     yield from _chunks(path, rel, 0, os.path.getsize(path), files,
                                        lambda at, n, f=f: (f.seek(at), f.read(n))[1])
-        for seg in store.log.segments:  # the log bytes [L, S), segment by segment, as named on the master
+        log_start = manifest["log_start"]
+        for seg in store.log.segments:  # the log bytes [L, S), segment by segment (the first may start at L inside one)
             if seg.start_offset >= manifest["snapshot_offset"]:
                 break
-            length = min(seg.end_offset, manifest["snapshot_offset"]) - seg.start_offset
-            yield from _chunks(seg.path, f"log/{segment_name(seg.start_offset)}", 0, length, files, seg.read)
+            if seg.end_offset <= log_start:
+                continue
+            first = max(seg.start_offset, log_start)
+            length = min(seg.end_offset, manifest["snapshot_offset"]) - first
+            yield from _chunks(seg.path, f"log/{segment_name(first)}", first - seg.start_offset, length, files, seg.read)
         manifest["files"] = files
         store.retention_holds.pop(hold, None)  # before the last yield: the client may never read past it
         shutil.rmtree(staging, ignore_errors=True)

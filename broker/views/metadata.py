@@ -6,7 +6,7 @@ Databases (keys UTF-8, values JSON or u64 LE); spec docs/formats/metadata-lmdb.m
 - ``groups``  group → ``{"created_offset": n}`` (created by a group's first offset commit)
 - ``offsets`` ``group\\0topic\\0queue`` → u64 next offset to consume
 - ``timers``  topic → u64 pending timer messages targeting it (absent at 0)
-- ``meta``    ``applied_offset`` → u64
+- ``meta``    ``applied_offset`` → u64; ``tiered_uploaded_offset`` → u64 (highest ``tiered.uploaded`` end)
 
 One write transaction carries both a round's changes and the view's applied offset, so the
 state and the offset it reflects can never disagree. LMDB keeps its default durable sync.
@@ -54,6 +54,7 @@ class MetadataView:
         self._stored_offset = 0
         self._txn: lmdb.Transaction | None = None
         self.changes_applied = 0
+        self.tiered_uploaded_offset = 0  # tiered progress: what the log says is in object storage
 
     def load(self) -> bool:
         """Read state from LMDB; False when the environment holds no applied offset yet."""
@@ -61,7 +62,9 @@ class MetadataView:
             raw = txn.get(b"applied_offset", db=self._meta_db)
             topics = {bytes(k).decode(): json.loads(bytes(v)) for k, v in txn.cursor(db=self._topics_db)}
             timers = {bytes(k).decode(): _U64.unpack(bytes(v))[0] for k, v in txn.cursor(db=self._timers_db)}
+            tiered = txn.get(b"tiered_uploaded_offset", db=self._meta_db)
         self.topics = topics
+        self.tiered_uploaded_offset = _U64.unpack(tiered)[0] if tiered is not None else 0
         self._timer_pending = timers
         for topic, value in timers.items():
             metrics.TIMER_PENDING.labels(topic).set(value)
@@ -114,6 +117,11 @@ class MetadataView:
                 if txn.get(gkey, db=self._groups_db) is None:
                     txn.put(gkey, json.dumps({"created_offset": offset}).encode(), db=self._groups_db)
                 txn.put(_offset_key(group, topic, int(queue)), _U64.pack(int(value)), db=self._offsets_db)
+        elif change == system_records.TIERED_UPLOADED:
+            end = int(fields["end"])
+            if end > self.tiered_uploaded_offset:
+                txn.put(b"tiered_uploaded_offset", _U64.pack(end), db=self._meta_db)
+                self.tiered_uploaded_offset = end
 
     def _apply_timer_batch(self, header: BatchHeader, batch: memoryview) -> None:
         """Pending timers per target topic: +n for scheduled records, -1 per cancel or drop

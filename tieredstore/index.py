@@ -1,0 +1,68 @@
+"""The in-memory list of tiered log objects, refreshed from the backend's listing."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+
+from tieredstore.backend import Backend
+from tieredstore.objects import LOG_PREFIX, TieredObject, parse_key, runs
+
+
+class ObjectIndex:
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self._objects: list[TieredObject] = []
+        self._starts: list[int] = []
+        self._lock = threading.Lock()
+        self.refreshed_at = 0.0  # monotonic time of the last listing (0: never)
+
+    def refresh(self) -> list[TieredObject]:
+        """List the backend; return every tiered log object, sorted by (start, end)."""
+        listed = self.backend.list(LOG_PREFIX)
+        objs = sorted((o for o in (parse_key(i.key, i.modified_s) for i in listed) if o is not None),
+                      key=lambda o: (o.start, o.end))
+        with self._lock:
+            self._objects = objs
+            self._starts = [o.start for o in objs]
+            self.refreshed_at = time.monotonic()
+        return list(objs)
+
+    def objects(self) -> list[TieredObject]:
+        with self._lock:
+            return list(self._objects)
+
+    def add(self, obj: TieredObject) -> None:
+        with self._lock:
+            i = bisect.bisect_right(self._starts, obj.start)
+            self._objects.insert(i, obj)
+            self._starts.insert(i, obj.start)
+
+    def remove(self, obj: TieredObject) -> None:
+        with self._lock:
+            if obj in self._objects:
+                i = self._objects.index(obj)
+                del self._objects[i]
+                del self._starts[i]
+
+    def find(self, offset: int) -> TieredObject | None:
+        """The object holding ``offset`` (the last one starting at or below it)."""
+        with self._lock:
+            i = bisect.bisect_right(self._starts, offset) - 1
+            if i >= 0 and offset < self._objects[i].end:
+                return self._objects[i]
+        return None
+
+    def contiguous_from(self, upto: int) -> int:
+        """Lowest offset from which objects cover every byte up to ``upto`` (``upto`` when none do)."""
+        with self._lock:
+            for run in runs(self._objects):
+                if run[0].start <= upto <= run[-1].end:
+                    return run[0].start
+        return upto
+
+    def end(self) -> int:
+        """End of the newest object (0 when there is none)."""
+        with self._lock:
+            return max((o.end for o in self._objects), default=0)

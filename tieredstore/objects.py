@@ -1,0 +1,122 @@
+"""Tiered objects: names, metadata and checks. Spec: docs/formats/tiered-objects.md.
+
+An object holds whole commit-log batches ``[start, end)``, byte for byte as in the log. Its key
+says everything needed to place it, so a listing alone gives the uploaded ranges in offset order::
+
+    log/<start, 20 digits>-<end, 20 digits>-e<epoch, 10 digits>-c<crc32c, 8 hex>
+
+``epoch`` is the leader epoch of the object's last batch (from its header), ``crc32c`` the CRC32C
+of the whole object: both are functions of the bytes, so two uploads of the same range are the
+same key. The same fields (plus batch count and store times) are repeated in the metadata.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import crc32c
+
+from broker import batch_format as bf
+from broker.invariant import CorruptionError
+
+LOG_PREFIX = "log/"
+QUARANTINE_PREFIX = "quarantine/"
+FORMAT_VERSION = "1"
+_KEY_RE = re.compile(r"^log/(\d{20})-(\d{20})-e(\d{10})-c([0-9a-f]{8})$")
+
+
+@dataclass(frozen=True, slots=True)
+class TieredObject:
+    start: int
+    end: int
+    epoch: int
+    crc: int
+    modified_s: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return object_key(self.start, self.end, self.epoch, self.crc)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.end - self.start
+
+
+def object_key(start: int, end: int, epoch: int, crc: int) -> str:
+    return f"{LOG_PREFIX}{start:020d}-{end:020d}-e{epoch:010d}-c{crc:08x}"
+
+
+def parse_key(key: str, modified_s: float = 0.0) -> TieredObject | None:
+    """The object a key names; None for keys that are not tiered log objects."""
+    m = _KEY_RE.match(key)
+    if m is None:
+        return None
+    start, end = int(m.group(1)), int(m.group(2))
+    if end <= start:
+        return None
+    return TieredObject(start, end, int(m.group(3)), int(m.group(4), 16), modified_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Described:
+    """An object about to be uploaded: its place, checksum and metadata."""
+
+    obj: TieredObject
+    batches: int
+    first_store_time_ms: int
+    last_store_time_ms: int
+
+    def metadata(self, node_id: str) -> dict[str, str]:
+        o = self.obj
+        return {"tm-format": FORMAT_VERSION, "tm-start": str(o.start), "tm-end": str(o.end), "tm-epoch": str(o.epoch),
+                "tm-crc32c": f"{o.crc:08x}", "tm-batches": str(self.batches),
+                "tm-first-store-time-ms": str(self.first_store_time_ms),
+                "tm-last-store-time-ms": str(self.last_store_time_ms), "tm-node": node_id}
+
+
+def describe(data: bytes | memoryview, start: int) -> Described:
+    """Verify every batch of ``data`` (whole batches from commit offset ``start``) and describe it.
+
+    Raises CorruptionError on a bad CRC, a wrong offset or a cut batch: nothing corrupt is uploaded.
+    """
+    mv = memoryview(data)
+    pos = 0
+    batches = 0
+    epoch = first_ms = last_ms = 0
+    while pos < len(mv):
+        header = bf.verify_batch(mv, pos, path="tiered upload")
+        if header.base_offset != start + pos:
+            raise CorruptionError(f"batch claims offset {header.base_offset}, expected {start + pos}", path="tiered upload")
+        if batches == 0:
+            first_ms = header.store_time_ms
+        epoch, last_ms = header.epoch, header.store_time_ms
+        batches += 1
+        pos += header.batch_bytes
+    if pos != len(mv) or batches == 0:
+        raise CorruptionError(f"object [{start}, {start + len(mv)}) does not end on a batch boundary", path="tiered upload")
+    obj = TieredObject(start, start + len(mv), epoch, crc32c.crc32c(mv))
+    return Described(obj, batches, first_ms, last_ms)
+
+
+def whole_batches(data: bytes, limit: int) -> int:
+    """Length of the longest prefix of ``data`` made of whole batches and at most ``limit`` bytes
+    (or exactly the first batch when it alone is longer)."""
+    pos = 0
+    while pos + bf.HEADER_BYTES <= len(data):
+        size = bf.peek_batch_bytes(data, pos)
+        if size < bf.HEADER_BYTES or pos + size > len(data) or (pos and pos + size > limit):
+            break
+        pos += size
+    return pos
+
+
+def runs(objects: list[TieredObject]) -> list[list[TieredObject]]:
+    """Split objects (sorted by start) into contiguous runs; an overlap also starts a new run."""
+    out: list[list[TieredObject]] = []
+    for o in objects:
+        if out and out[-1][-1].end == o.start:
+            out[-1].append(o)
+        else:
+            out.append([o])
+    return out

@@ -1,0 +1,278 @@
+"""The uploader: runs on the master only and uploads confirmed log ranges as objects (DESIGN §6).
+
+Loop: find the break point from the object store (``resume``) → whenever at least
+``object_bytes`` are confirmed past it, or ``upload_interval_ms`` passed, read whole batches
+[B, E) from the local log with E <= confirm offset, verify them, check the invariant
+``E <= confirm offset`` once more right before the put, put one object (conditional create),
+then append a ``tiered.uploaded`` record so the slave learns the progress. B = E.
+
+Resume: list the objects; walk back from the newest while an object disagrees with our log
+(bytes beyond our log end, a CRC that differs from our bytes, or an epoch our history does not
+have at its end): such an object was written by a master whose history lost (an unclean
+failover); it is moved to ``quarantine/`` (copied, then deleted), never silently overwritten.
+The break point is the end of the newest object that agrees. An object uploaded but not yet
+recorded (the master died in between) is recorded now.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Any
+
+import crc32c
+import structlog
+
+from broker import system_records
+from broker.config import Config
+from broker.errors import BrokerError
+from broker.failpoints import failpoint
+from broker.invariant import CorruptionError, invariant
+from broker.store import Store
+from tieredstore import metrics
+from tieredstore.backend import Backend, BackendError, ObjectExists
+from tieredstore.index import ObjectIndex
+from tieredstore.objects import QUARANTINE_PREFIX, TieredObject, describe, runs, whole_batches
+from tieredstore.retention import plan_deletions
+
+log = structlog.get_logger("tieredstore.uploader")
+IDLE_WAIT_S = 0.05
+ERROR_BACKOFF_S_MAX = 5.0
+
+
+class Uploader:
+    def __init__(self, store: Store, backend: Backend, index: ObjectIndex, config: Config) -> None:
+        self.store = store
+        self.backend = backend
+        self.index = index
+        self.object_bytes = config["tieredstore.object_bytes"]
+        self.interval_s = config["tieredstore.upload_interval_ms"] / 1000.0
+        self.retention_ms = config["tieredstore.retention_ms"]
+        self.retention_every_s = config["retention.check_interval_ms"] / 1000.0
+        self.uploaded_offset = 0  # every byte below it is in the object store (as this node knows)
+        self.break_point: int | None = None  # None: resume from the object store first
+        self.last_error = ""
+        self.gaps: list[tuple[int, int]] = []
+        self._last_upload_s = time.monotonic()
+        self._last_retention_s = 0.0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle ---------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is not None and self._thread.is_alive():
+            return
+        self._stop = threading.Event()
+        self.break_point = None
+        self._thread = threading.Thread(target=self._run, name="tiered-uploader", daemon=True)
+        self._thread.start()
+        log.info("uploader_started")
+
+    def stop(self) -> None:
+        self._stop.set()
+        t = self._thread
+        if t is not None and t is not threading.current_thread():
+            t.join(60)
+        self._thread = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _active(self) -> bool:
+        return not self._stop.is_set() and self.store.role == "master" and not self.store.fenced_reason
+
+    def _run(self) -> None:
+        backoff_s = 0.1
+        while self._active():
+            try:
+                if self.break_point is None:
+                    self.break_point = self.resume()
+                uploaded = self.upload_once()
+                self._maybe_retention()
+                backoff_s = 0.1
+                self.last_error = ""
+                if not uploaded:
+                    self._stop.wait(IDLE_WAIT_S)
+            except (BackendError, CorruptionError, BrokerError, OSError) as exc:
+                op = exc.op if isinstance(exc, BackendError) else type(exc).__name__
+                metrics.BACKEND_ERRORS.labels(op).inc()
+                self.last_error = str(exc)
+                log.warning("tiered_upload_failed", error=str(exc), retry_in_s=backoff_s)
+                self.break_point = None  # look at the object store again before the next put
+                self._stop.wait(backoff_s)
+                backoff_s = min(ERROR_BACKOFF_S_MAX, backoff_s * 2)
+        log.info("uploader_stopped", uploaded_offset=self.uploaded_offset)
+
+    # -- the break point ------------------------------------------------------------------------
+    def resume(self) -> int:
+        """Find the break point from the object store itself; record progress the log lacks."""
+        store = self.store
+        clean_tmp = getattr(self.backend, "clean_tmp", None)
+        if clean_tmp is not None:
+            clean_tmp()
+        ensure_bucket = getattr(self.backend, "ensure_bucket", None)
+        if ensure_bucket is not None:
+            ensure_bucket()
+        objs = self.index.refresh()
+        while objs:
+            why = self._disagrees(objs[-1])
+            if not why:
+                break
+            self._quarantine(objs.pop(), why)
+        if objs:
+            last = objs[-1]
+            point = last.end
+            self.gaps = [(a[-1].end, b[0].start) for a, b in zip(runs(objs), runs(objs)[1:], strict=False)]
+            if self.gaps:
+                log.warning("tiered_gaps", gaps=self.gaps[:10])
+        else:
+            last = None
+            point = max(store.log.min_offset, store.metadata.tiered_uploaded_offset)
+        self.uploaded_offset = point
+        metrics.UPLOADED_OFFSET.set(point)
+        if last is not None and point > store.metadata.tiered_uploaded_offset:
+            self._record(last, resumed=True)
+        log.info("uploader_resumed", break_point=point, objects=len(objs), recorded=store.metadata.tiered_uploaded_offset)
+        return point
+
+    def _disagrees(self, obj: TieredObject) -> str:
+        """Why ``obj`` is not part of our history ("" when it is, as far as we can tell)."""
+        store = self.store
+        if obj.end > store.log.max_offset:
+            return f"it ends at {obj.end}, beyond our log end {store.log.max_offset}"
+        if obj.start >= store.log.min_offset:
+            data = store.log.read(obj.start, obj.size_bytes)
+            if len(data) == obj.size_bytes and crc32c.crc32c(data) == obj.crc:
+                return ""
+            return "its bytes differ from our log"
+        ours = _epoch_at(store.epochs.snapshot(), obj.end - 1)
+        if ours is not None and ours != obj.epoch:
+            return f"its last batch has epoch {obj.epoch}, our history has epoch {ours} there"
+        return ""
+
+    def _quarantine(self, obj: TieredObject, why: str) -> None:
+        data = self.backend.get(obj.key)
+        head = self.backend.head(obj.key)
+        with contextlib.suppress(ObjectExists):
+            self.backend.put(QUARANTINE_PREFIX + obj.key, data, head.metadata if head else {})
+        self.backend.delete(obj.key)
+        self.index.remove(obj)
+        log.warning("tiered_object_quarantined", key=obj.key, reason=why, moved_to=QUARANTINE_PREFIX + obj.key)
+
+    # -- uploads --------------------------------------------------------------------------------
+    def upload_once(self) -> bool:
+        """Upload the next object when one is due; True when one was uploaded."""
+        store = self.store
+        point = self.break_point
+        assert point is not None
+        confirm = store.confirm_offset
+        metrics.UPLOAD_LAG.set(max(0, confirm - self.uploaded_offset))
+        pending = confirm - point
+        if pending <= 0:
+            return False
+        if pending < self.object_bytes and time.monotonic() - self._last_upload_s < self.interval_s:
+            return False
+        if point < store.log.min_offset:
+            raise BrokerError("DATA_LOSS", f"the break point {point} is below the local log start {store.log.min_offset}: "
+                              "that range is neither uploaded nor stored here")
+        data = store.log.read(point, min(pending, self.object_bytes))
+        n = whole_batches(data, self.object_bytes)
+        if n == 0:
+            return False
+        body = memoryview(data)[:n]
+        if n < self.object_bytes and _only_tiered_records(body):
+            return False  # never upload just our own progress records: that would feed itself forever
+        described = describe(body, point)  # CRCs and offsets of every batch: nothing corrupt goes out
+        obj = described.obj
+        # the invariant, checked right before the put: only confirmed bytes, only as the master
+        invariant(obj.end <= store.confirm_offset,
+                  f"tiered upload [{obj.start}, {obj.end}) passes the confirm offset {store.confirm_offset}")
+        invariant(store.role == "master" and not store.fenced_reason, "a tiered upload on a node that is not the master")
+        self._check_no_newer(obj)
+        failpoint("tiered_before_put")
+        t0 = time.perf_counter()
+        try:
+            self.backend.put(obj.key, body, described.metadata(store.identity.node_id))
+        except ObjectExists:
+            self._same_object(obj)  # our own earlier put (a lost answer) or another master's identical one
+        metrics.PUT_SECONDS.observe(time.perf_counter() - t0)
+        failpoint("tiered_after_put")
+        self.index.add(obj)
+        self.break_point = self.uploaded_offset = obj.end
+        self._last_upload_s = time.monotonic()
+        metrics.UPLOADED_BYTES.inc(obj.size_bytes)
+        metrics.UPLOADED_OBJECTS.inc()
+        metrics.UPLOADED_OFFSET.set(obj.end)
+        metrics.UPLOAD_LAG.set(max(0, store.confirm_offset - obj.end))
+        self._record(obj)
+        failpoint("tiered_after_record")
+        return True
+
+    def _check_no_newer(self, obj: TieredObject) -> None:
+        """Another master may have uploaded past our break point (a partition): never overlap it."""
+        newer = [i for i in self.backend.list("log/", start_after=f"log/{obj.start:020d}") if i.key != obj.key]
+        if newer:
+            raise BackendError("list", f"objects at or after our break point {obj.start} exist already "
+                               f"({newer[0].key}): resuming from the object store")
+
+    def _same_object(self, obj: TieredObject) -> None:
+        head = self.backend.head(obj.key)
+        if head is None or head.size_bytes != obj.size_bytes or head.metadata.get("tm-crc32c") != f"{obj.crc:08x}":
+            raise BackendError("put", f"{obj.key} exists with other contents")
+        log.info("tiered_object_already_there", key=obj.key)
+
+    def _record(self, obj: TieredObject, *, resumed: bool = False) -> None:
+        fields: dict[str, Any] = {"start": obj.start, "end": obj.end, "epoch": obj.epoch, "crc32c": f"{obj.crc:08x}",
+                                  "key": obj.key}
+        if resumed:
+            fields["resumed"] = True
+        try:
+            self.store.append_system([(system_records.TIERED_UPLOADED, fields)])
+        except BrokerError as exc:  # fenced, closing, disk full: the object store still holds the truth
+            log.warning("tiered_record_failed", error=exc.message, end=obj.end)
+
+    # -- retention ----------------------------------------------------------------------------------
+    def _maybe_retention(self) -> None:
+        now = time.monotonic()
+        if not self.retention_ms or now - self._last_retention_s < self.retention_every_s:
+            return
+        self._last_retention_s = now
+        self.enforce_retention()
+
+    def enforce_retention(self) -> list[TieredObject]:
+        holds = list(self.store.retention_holds.values())
+        doomed = plan_deletions(self.index.refresh(), time.time(), self.retention_ms, min(holds) if holds else None)
+        for obj in doomed:
+            self.backend.delete(obj.key)
+            self.index.remove(obj)
+            metrics.DELETED_OBJECTS.inc()
+            log.info("tiered_object_deleted", key=obj.key, reason="tieredstore.retention_ms")
+        return doomed
+
+
+def _epoch_at(entries: list[tuple[int, int]], offset: int) -> int | None:
+    """The epoch whose master wrote ``offset`` according to an epoch history."""
+    found = None
+    for epoch, start in entries:
+        if start <= offset:
+            found = epoch
+    return found
+
+
+def _only_tiered_records(data: memoryview) -> bool:
+    """True when ``data`` holds nothing but ``tiered.uploaded`` records."""
+    from broker import batch_format as bf
+
+    key = system_records.TIERED_UPLOADED.encode()
+    pos = 0
+    while pos < len(data):
+        header = bf.decode_header(data, pos, check_crc=False)
+        if header.topic != system_records.METADATA_TOPIC:
+            return False
+        batch = data[pos : pos + header.batch_bytes]
+        if any(bytes(k) != key for _, k, _, _ in bf.iter_records(batch, header)):
+            return False
+        pos += header.batch_bytes
+    return True
