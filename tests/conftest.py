@@ -33,3 +33,26 @@ def spawn(tmp_path: Any) -> Iterator[Callable[..., DaemonProcess]]:
 @pytest.fixture
 def daemon(spawn: Callable[..., DaemonProcess]) -> DaemonProcess:
     return spawn("node")
+
+
+@pytest.fixture(scope="session")
+def moto_s3() -> Iterator[Any]:
+    """moto's S3 server on a free loopback port, shared by the session."""
+    from tests.s3server import MotoS3
+
+    server = MotoS3().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def radosgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real S3 server: Ceph radosgw on a one-node cluster (installed with apt-get if missing)."""
+    from tests.s3server import RadosGateway
+
+    gw = RadosGateway(str(tmp_path_factory.mktemp("ceph")))
+    try:
+        gw.start()
+        yield gw
+    finally:
+        gw.stop()
