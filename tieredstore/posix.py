@@ -67,9 +67,7 @@ class PosixBackend:
             raise BackendError("put", f"{key}: {exc}") from exc
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        with contextlib.suppress(OSError):
-            fsync_dir(os.path.join(self.root, TMP_DIR))
+                os.unlink(tmp)  # not fsynced: a temporary name that survives a crash is removed by clean_tmp
 
     def _open(self, op: str, key: str) -> tuple[int, int, dict[str, str]]:
         """(fd, data start, metadata) of an object file."""

@@ -24,6 +24,7 @@ from typing import Any
 import crc32c
 import structlog
 
+from broker import batch_format as bf
 from broker import system_records
 from broker.config import Config
 from broker.errors import BrokerError
@@ -182,8 +183,8 @@ class Uploader:
         if n == 0:
             return False
         body = memoryview(data)[:n]
-        if n < self.object_bytes and _only_tiered_records(body):
-            return False  # never upload just our own progress records: that would feed itself forever
+        if n < self.object_bytes and _single_progress_record(body):
+            return False  # never upload just the record of our last upload: that would feed itself forever
         described = describe(body, point)  # CRCs and offsets of every batch: nothing corrupt goes out
         obj = described.obj
         # the invariant, checked right before the put: only confirmed bytes, only as the master
@@ -261,18 +262,15 @@ def _epoch_at(entries: list[tuple[int, int]], offset: int) -> int | None:
     return found
 
 
-def _only_tiered_records(data: memoryview) -> bool:
-    """True when ``data`` holds nothing but ``tiered.uploaded`` records."""
-    from broker import batch_format as bf
+def _single_progress_record(data: memoryview) -> bool:
+    """True when ``data`` is one batch holding only ``tiered.uploaded`` records.
 
+    Each upload appends one such batch. Uploading it alone would append the next one, forever;
+    so a lone record waits for other data (or a full object). Several of them (a catch-up upload
+    ran ahead of its records) are uploaded: that leaves one, and the loop stops there.
+    """
+    header = bf.decode_header(data, 0, check_crc=False)
+    if header.batch_bytes != len(data) or header.topic != system_records.METADATA_TOPIC:
+        return False
     key = system_records.TIERED_UPLOADED.encode()
-    pos = 0
-    while pos < len(data):
-        header = bf.decode_header(data, pos, check_crc=False)
-        if header.topic != system_records.METADATA_TOPIC:
-            return False
-        batch = data[pos : pos + header.batch_bytes]
-        if any(bytes(k) != key for _, k, _, _ in bf.iter_records(batch, header)):
-            return False
-        pos += header.batch_bytes
-    return True
+    return all(bytes(k) == key for _, k, _, _ in bf.iter_records(data, header))
