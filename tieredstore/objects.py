@@ -13,7 +13,7 @@ same key. The same fields (plus batch count and store times) are repeated in the
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import crc32c
 
@@ -32,7 +32,7 @@ class TieredObject:
     end: int
     epoch: int
     crc: int
-    modified_s: float = 0.0
+    modified_s: float = field(default=0.0, compare=False)  # as listed; not part of the identity
 
     @property
     def key(self) -> str:

@@ -1,0 +1,155 @@
+"""Read-through below the local log start, tiered retention, and an empty slave bootstrapped past the uploaded range."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import grpc
+import pytest
+
+from broker.client import BrokerClient, BrokerError, Message
+from broker.procs import DaemonProcess
+from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
+from tieredstore.posix import PosixBackend
+
+QUEUES = 2
+TRIM = {"commitlog.segment_bytes": 256 * 1024, "retention.local_bytes": 512 * 1024, "retention.check_interval_ms": 100}
+
+
+def _send(address: str, count: int, start: int = 0) -> list[bytes]:
+    bodies = [b"m-%08d-" % i + b"r" * 1000 for i in range(start, start + count)]
+    with BrokerClient(address) as c:
+        for i in range(0, count, 50):
+            c.send("t", [Message(body=b, key=str(j)) for j, b in enumerate(bodies[i : i + 50])], ack="replica")
+    return bodies
+
+
+def test_every_message_reads_back_after_local_retention(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """Local retention deletes only uploaded segments; pulls below the local start come from the backend."""
+    root = str(tmp_path / "tiered")
+    d = spawn("n", config=tiered_config(root, **TRIM))
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=QUEUES)
+    sent: list[bytes] = []
+    for round_ in range(8):
+        sent += _send(d.address, 1000, round_ * 1000)
+        st = status(d)
+        assert int(st["min_offset"]) <= int(st["tiered_uploaded_offset"]), "a segment went before it was uploaded"
+    wait_for(lambda: caught_up(d), what="upload")
+    wait_for(lambda: int(status(d)["min_offset"]) > 4 << 20, what="local retention")
+    st = status(d)
+    assert st["tiered"]["readable_min_offset"] == 0 and int(st["log_bytes"]) < 2 << 20
+    got = read_all(d.address, "t", QUEUES)
+    assert sorted(got) == sorted(sent) and len(got) == len(sent)
+    with BrokerClient(d.address) as c:  # a pull far below the local start, in the middle of an object
+        r = c.pull("t", 1, 777, max_messages=3)
+        assert r.min_offset == 0 and [m.queue_offset for m in r] == [777, 778, 779]
+    d.stop()
+    d.start()  # the object list is rebuilt from the backend, the cache starts empty
+    assert sorted(read_all(d.address, "t", QUEUES)) == sorted(sent)
+    _, stored = check_chain(PosixBackend(root))
+    assert len(stored) >= int(status(d)["min_offset"])
+
+
+def test_tiered_retention_deletes_whole_old_objects(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """Old objects go whole (never the newest); reads below what is left fail OUT_OF_RANGE with the new earliest."""
+    root = str(tmp_path / "tiered")
+    d = spawn("n", config=tiered_config(root, **TRIM, **{"tieredstore.retention_ms": 1500}))
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=1)
+    _send(d.address, 3000)
+    wait_for(lambda: caught_up(d) and int(status(d)["min_offset"]) > 1 << 20, what="upload and local retention")
+    backend = PosixBackend(root)
+    before = objects(backend)
+    wait_for(lambda: objects(backend)[0].start > 0, what="tiered retention")
+    after = objects(backend)
+    assert after[-1] == before[-1]  # the newest stays
+    assert {o.key for o in after} < {o.key for o in before}  # whole objects went, nothing was rewritten
+    low = int(status(d)["tiered"]["readable_min_offset"])
+    assert low == after[0].start or low == int(status(d)["min_offset"])
+    with BrokerClient(d.address) as c, pytest.raises(BrokerError) as info:
+        c.pull("t", 0, 0, max_messages=10)
+    assert info.value.code == grpc.StatusCode.OUT_OF_RANGE
+    with BrokerClient(d.address) as c:
+        earliest = c.pull("t", 0, 2999, max_messages=1).min_offset
+        assert 0 < earliest < 3000
+        assert len(c.pull("t", 0, earliest, max_messages=10)) == 10
+
+
+def test_empty_slave_starts_its_log_at_the_uploaded_offset(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """L = min(S, uploaded): the slave copies only the log above it, reads older data from the backend,
+    and after a failover uploads on from the exact break point."""
+    root = str(tmp_path / "tiered")
+    cfg = tiered_config(root, **{"replication.min_insync_replicas": 2, "replication.max_lag_ms": 10_000})
+    m = spawn("m", config={**cfg, "replication.min_insync_replicas": 1})
+    with BrokerClient(m.address) as c:
+        c.create_topic("t", queues=QUEUES)
+    sent = _send(m.address, 6000)
+    wait_for(lambda: caught_up(m) and status(m)["tiered"]["recorded_offset"] >= int(status(m)["tiered_uploaded_offset"]),
+             what="upload recorded")
+    recorded = int(status(m)["tiered"]["recorded_offset"])
+    assert status(m)["min_offset"] == 0  # the master keeps its whole log: L is not its log start
+    s = spawn("s", config={**cfg, "node.role": "slave", "node.master": m.address})
+    wait_for(lambda: status(s)["confirm_offset"] == status(m)["confirm_offset"], what="slave caught up")
+    low = int(status(s)["min_offset"])
+    assert 0 < low <= recorded and low >= recorded - 4096
+    assert sum(p.stat().st_size for p in (Path(s.data_dir) / "log").glob("*.log")) < int(status(m)["max_offset"]) // 10
+    assert sorted(read_all(s.address, "t", QUEUES)) == sorted(sent)  # everything below L comes from the backend
+    # second switch: the bootstrapped slave becomes master and uploads on
+    sender = Sender([m.address, s.address], "t", "replica", pause_s=0.01)
+    sender.start()
+    wait_for(lambda: bool(status(m)["replicas"]) and status(m)["replicas"][0]["in_sync"], what="in sync")
+    time.sleep(1.0)
+    m.kill9()
+    with BrokerClient(s.address) as c:
+        c.promote()
+    time.sleep(1.5)
+    sender.stop.set()
+    sender.join(30)
+    wait_for(lambda: caught_up(s), what="upload on the new master")
+    objs, stored = check_chain(PosixBackend(root))
+    assert objs[0].start == 0
+    m_start, m_log = log_bytes(m)
+    s_start, s_log = log_bytes(s)
+    assert m_start == 0 and s_start == low
+    assert stored[:low] == m_log[:low]  # below L: the old master's bytes
+    assert stored[low:] == s_log[: len(stored) - low]  # above: the new master's log
+    assert len(stored) >= low + len(s_log) - 512
+    assert set(sent + sender.acked) <= set(read_all(s.address, "t", QUEUES))
+
+
+def test_tiered_retention_never_passes_a_retention_hold(tmp_path: Path) -> None:
+    """An object holding an offset at or above min(store.retention_holds) stays (a pending timer's body)."""
+    from types import SimpleNamespace
+
+    from tests.storeutil import create_topic, open_store, send
+    from tieredstore.plugin import Tiering, attach
+
+    store = open_store(str(tmp_path / "d"), **tiered_config(str(tmp_path / "tiered"), **{"tieredstore.retention_ms": 1}))
+    daemon = SimpleNamespace(store=store, config=store.config, on_start=[], on_stop=[])
+    attach(daemon)
+    for hook in daemon.on_start:
+        hook()
+    try:
+        create_topic(store, "t")
+        for i in range(40):
+            send(store, "t", [b"%04d" % i + b"h" * 4000] * 4)
+        tiering = next(p.__self__ for p in store.status_providers if isinstance(getattr(p, "__self__", None), Tiering))
+        wait_for(lambda: store.confirm_offset - tiering.uploaded_offset() < 512, what="upload")
+        tiering.uploader.stop()
+        objs = objects(tiering.backend)
+        hold = objs[len(objs) // 2].start + 1  # inside the middle object
+        store.retention_holds[99] = hold
+        store.retention_holds[98] = hold + 10**9  # only the lowest hold counts
+        time.sleep(0.01)
+        deleted = tiering.uploader.enforce_retention()
+        left = objects(tiering.backend)
+        assert deleted == objs[: len(objs) // 2] and left == objs[len(objs) // 2 :]
+        del store.retention_holds[99]
+        assert tiering.uploader.enforce_retention() == left[:-1]  # without the hold: all but the newest
+    finally:
+        for hook in daemon.on_stop:
+            hook()
+        store.stop()
