@@ -11,8 +11,11 @@ import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
 from broker.procs import DaemonProcess
+from tests.s3server import ACCESS_KEY, SECRET_KEY, s3_config
 from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
+from tieredstore.backend import Backend
 from tieredstore.posix import PosixBackend
+from tieredstore.s3 import S3Backend
 
 QUEUES = 2
 TRIM = {"commitlog.segment_bytes": 256 * 1024, "retention.local_bytes": 512 * 1024, "retention.check_interval_ms": 100}
@@ -26,10 +29,20 @@ def _send(address: str, count: int, start: int = 0) -> list[bytes]:
     return bodies
 
 
-def test_every_message_reads_back_after_local_retention(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["posix", "moto", "radosgw"])
+def test_every_message_reads_back_after_local_retention(spawn: Callable[..., DaemonProcess], tmp_path: Path,
+                                                        request: pytest.FixtureRequest, kind: str) -> None:
     """Local retention deletes only uploaded segments; pulls below the local start come from the backend."""
     root = str(tmp_path / "tiered")
-    d = spawn("n", config=tiered_config(root, **TRIM))
+    cfg = tiered_config(root, **TRIM)
+    backend: Backend = PosixBackend(root)
+    if kind != "posix":
+        server = request.getfixturevalue("moto_s3" if kind == "moto" else "radosgw")
+        bucket = f"reads-{tmp_path.name.lower().replace('_', '-')[-40:]}"
+        cfg.update(s3_config(server.endpoint, bucket))
+        backend = S3Backend(bucket=bucket, prefix="tidemark/", endpoint=server.endpoint, region="us-east-1",
+                            access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
+    d = spawn("n", config=cfg)
     with BrokerClient(d.address) as c:
         c.create_topic("t", queues=QUEUES)
     sent: list[bytes] = []
@@ -49,8 +62,9 @@ def test_every_message_reads_back_after_local_retention(spawn: Callable[..., Dae
     d.stop()
     d.start()  # the object list is rebuilt from the backend, the cache starts empty
     assert sorted(read_all(d.address, "t", QUEUES)) == sorted(sent)
-    _, stored = check_chain(PosixBackend(root))
+    _, stored = check_chain(backend)
     assert len(stored) >= int(status(d)["min_offset"])
+    assert status(d)["tiered"]["backend"] == ("posix" if kind == "posix" else "s3")
 
 
 def test_tiered_retention_deletes_whole_old_objects(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:

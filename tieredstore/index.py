@@ -16,14 +16,31 @@ class ObjectIndex:
         self._objects: list[TieredObject] = []
         self._starts: list[int] = []
         self._lock = threading.Lock()
+        self._added: list[TieredObject] = []
+        self._listing = 0  # refreshes in progress
         self.refreshed_at = 0.0  # monotonic time of the last listing (0: never)
 
     def refresh(self) -> list[TieredObject]:
-        """List the backend; return every tiered log object, sorted by (start, end)."""
-        listed = self.backend.list(LOG_PREFIX)
-        objs = sorted((o for o in (parse_key(i.key, i.modified_s) for i in listed) if o is not None),
-                      key=lambda o: (o.start, o.end))
+        """List the backend; return every tiered log object, sorted by (start, end).
+
+        Objects added while the listing runs are kept (the listing may predate them).
+        """
         with self._lock:
+            if not self._listing:
+                self._added = []
+            self._listing += 1
+        try:
+            listed = self.backend.list(LOG_PREFIX)
+        except BaseException:
+            with self._lock:
+                self._listing -= 1
+            raise
+        found = {o.key: o for o in (parse_key(i.key, i.modified_s) for i in listed) if o is not None}
+        with self._lock:
+            self._listing -= 1
+            for o in self._added:
+                found.setdefault(o.key, o)
+            objs = sorted(found.values(), key=lambda o: (o.start, o.end))
             self._objects = objs
             self._starts = [o.start for o in objs]
             self.refreshed_at = time.monotonic()
@@ -35,6 +52,8 @@ class ObjectIndex:
 
     def add(self, obj: TieredObject) -> None:
         with self._lock:
+            if self._listing:
+                self._added.append(obj)
             i = bisect.bisect_right(self._starts, obj.start)
             self._objects.insert(i, obj)
             self._starts.insert(i, obj.start)
