@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
+from broker.procs import DaemonProcess, free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY, s3_config
 from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
 from tieredstore.backend import Backend
@@ -39,10 +40,11 @@ def test_every_message_reads_back_after_local_retention(spawn: Callable[..., Dae
     if kind != "posix":
         server = request.getfixturevalue("moto_s3" if kind == "moto" else "radosgw")
         bucket = f"reads-{tmp_path.name.lower().replace('_', '-')[-40:]}"
-        cfg.update(s3_config(server.endpoint, bucket))
+        cfg.update(s3_config(server.endpoint, bucket), **{"tieredstore.object_bytes": 512 * 1024})  # fewer requests
         backend = S3Backend(bucket=bucket, prefix="tidemark/", endpoint=server.endpoint, region="us-east-1",
                             access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY)
-    d = spawn("n", config=cfg)
+    metrics_port = free_port()
+    d = spawn("n", config={**cfg, "node.metrics_listen": f"127.0.0.1:{metrics_port}"})
     with BrokerClient(d.address) as c:
         c.create_topic("t", queues=QUEUES)
     sent: list[bytes] = []
@@ -59,12 +61,23 @@ def test_every_message_reads_back_after_local_retention(spawn: Callable[..., Dae
     with BrokerClient(d.address) as c:  # a pull far below the local start, in the middle of an object
         r = c.pull("t", 1, 777, max_messages=3)
         assert r.min_offset == 0 and [m.queue_offset for m in r] == [777, 778, 779]
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as resp:
+        scraped = _metrics(resp.read().decode())
+    assert scraped["tidemark_tiered_uploaded_bytes_total"] >= int(st["min_offset"])
+    assert scraped["tidemark_tiered_read_bytes_total"] >= int(st["min_offset"])  # every old byte came from the backend
+    assert scraped["tidemark_tiered_uploaded_offset_bytes"] == int(status(d)["tiered_uploaded_offset"])
+    assert "tidemark_tiered_upload_lag_bytes" in scraped
     d.stop()
     d.start()  # the object list is rebuilt from the backend, the cache starts empty
     assert sorted(read_all(d.address, "t", QUEUES)) == sorted(sent)
     _, stored = check_chain(backend)
     assert len(stored) >= int(status(d)["min_offset"])
     assert status(d)["tiered"]["backend"] == ("posix" if kind == "posix" else "s3")
+
+
+def _metrics(text: str) -> dict[str, float]:
+    return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+            if line and not line.startswith("#") and "{" not in line}
 
 
 def test_tiered_retention_deletes_whole_old_objects(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
