@@ -16,7 +16,7 @@ import time
 
 import common
 
-BENCHES = ("send_throughput", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers")
+BENCHES = ("send_throughput", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers", "tiered")
 
 
 def main() -> int:

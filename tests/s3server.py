@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -37,6 +38,16 @@ class MotoS3:
     def start(self) -> MotoS3:
         self._server.start()
         return self
+
+    def _wait_osd_up(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out = subprocess.run(["ceph", "--conf", self.conf, "--connect-timeout", "10", "osd", "dump", "--format", "json"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            if out.returncode == 0 and any(o.get("up") for o in json.loads(out.stdout).get("osds", [])):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"the OSD did not come up in {timeout_s}s; logs in {self.dir}/log")
 
     def stop(self) -> None:
         self._server.stop()
@@ -125,6 +136,7 @@ class RadosGateway:
         self._run("ceph", *c, "--connect-timeout", "30", "osd", "new", osd_uuid, "0")
         self._run("ceph-osd", "-i", "0", "--mkfs", "--osd-uuid", osd_uuid, *c, timeout_s=120)
         self._spawn("osd", "ceph-osd", "-i", "0", "-f", *c)
+        self._wait_osd_up(timeout_s)
         self._run("radosgw-admin", *c, "user", "create", "--uid", "tidemark", "--display-name", "tidemark",
                   "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, timeout_s=120)
         self._spawn("rgw", "radosgw", "-f", *c, "-n", "client.rgw.a")
