@@ -99,7 +99,7 @@ def describe(data: bytes | memoryview, start: int) -> Described:
     return Described(obj, batches, first_ms, last_ms)
 
 
-def whole_batches(data: bytes, limit: int) -> int:
+def whole_batches(data: bytes | memoryview, limit: int) -> int:
     """Length of the longest prefix of ``data`` made of whole batches and at most ``limit`` bytes
     (or exactly the first batch when it alone is longer)."""
     pos = 0

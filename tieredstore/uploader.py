@@ -17,6 +17,7 @@ recorded (the master died in between) is recorded now.
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from typing import Any
@@ -59,6 +60,7 @@ class Uploader:
         self._last_retention_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._buf = bytearray(0)  # reused read buffer (uploader thread only)
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -178,11 +180,11 @@ class Uploader:
         if point < store.log.min_offset:
             raise BrokerError("DATA_LOSS", f"the break point {point} is below the local log start {store.log.min_offset}: "
                               "that range is neither uploaded nor stored here")
-        data = store.log.read(point, min(pending, self.object_bytes))
+        data = self._read(point, min(pending, self.object_bytes))
         n = whole_batches(data, self.object_bytes)
         if n == 0:
             return False
-        body = memoryview(data)[:n]
+        body = data[:n]
         if n < self.object_bytes and _single_progress_record(body):
             return False  # never upload just the record of our last upload: that would feed itself forever
         described = describe(body, point)  # CRCs and offsets of every batch: nothing corrupt goes out
@@ -210,6 +212,26 @@ class Uploader:
         self._record(obj)
         failpoint("tiered_after_record")
         return True
+
+    def _read(self, start: int, length: int) -> memoryview:
+        """Log bytes [start, start + length) into one reused buffer (a fresh 64 MiB bytes object per
+        object costs more in page faults than the copy itself)."""
+        if len(self._buf) < length:
+            self._buf = bytearray(length)
+        buf = memoryview(self._buf)
+        pos = 0
+        for seg in self.store.log.segments:
+            at = start + pos
+            if seg.end_offset <= at:
+                continue
+            if seg.start_offset > at or pos >= length:
+                break
+            want = min(length - pos, seg.end_offset - at)
+            got = os.preadv(seg.fd, [buf[pos : pos + want]], at - seg.start_offset)
+            pos += got
+            if got < want:
+                break
+        return buf[:pos]
 
     def _check_no_newer(self, obj: TieredObject) -> None:
         """Another master may have uploaded past our break point (a partition): never overlap it."""
