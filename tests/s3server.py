@@ -39,16 +39,6 @@ class MotoS3:
         self._server.start()
         return self
 
-    def _wait_osd_up(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            out = subprocess.run(["ceph", "--conf", self.conf, "--connect-timeout", "10", "osd", "dump", "--format", "json"],
-                                 capture_output=True, text=True, timeout=60, check=False)
-            if out.returncode == 0 and any(o.get("up") for o in json.loads(out.stdout).get("osds", [])):
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"the OSD did not come up in {timeout_s}s; logs in {self.dir}/log")
-
     def stop(self) -> None:
         self._server.stop()
 
@@ -151,6 +141,16 @@ class RadosGateway:
             except OSError:
                 time.sleep(0.2)
         raise TimeoutError(f"radosgw on {self.endpoint} not ready after {timeout_s}s")
+
+    def _wait_osd_up(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            out = subprocess.run(["ceph", "--conf", self.conf, "--connect-timeout", "10", "osd", "dump", "--format", "json"],
+                                 capture_output=True, text=True, timeout=60, check=False)
+            if out.returncode == 0 and any(o.get("up") for o in json.loads(out.stdout).get("osds", [])):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"the OSD did not come up in {timeout_s}s; logs in {self.dir}/log")
 
     def stop(self) -> None:
         for p in reversed(self.procs):

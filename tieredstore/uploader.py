@@ -30,7 +30,7 @@ from broker import system_records
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.failpoints import failpoint
-from broker.invariant import CorruptionError, invariant
+from broker.invariant import CorruptionError, InvariantError, invariant
 from broker.store import Store
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectExists
@@ -41,6 +41,7 @@ from tieredstore.retention import plan_deletions
 log = structlog.get_logger("tieredstore.uploader")
 IDLE_WAIT_S = 0.05
 ERROR_BACKOFF_S_MAX = 5.0
+RESUME_APPLY_WAIT_S = 5.0
 
 
 class Uploader:
@@ -98,6 +99,10 @@ class Uploader:
                 self.last_error = ""
                 if not uploaded:
                     self._stop.wait(IDLE_WAIT_S)
+            except InvariantError as exc:  # a bug: never upload past it; say so loudly and stop
+                self.last_error = f"stopped: {exc}"
+                log.critical("tiered_uploader_invariant", error=str(exc))
+                return
             except (BackendError, CorruptionError, BrokerError, OSError) as exc:
                 op = exc.op if isinstance(exc, BackendError) else type(exc).__name__
                 metrics.BACKEND_ERRORS.labels(op).inc()
@@ -112,6 +117,9 @@ class Uploader:
     def resume(self) -> int:
         """Find the break point from the object store itself; record progress the log lacks."""
         store = self.store
+        # progress records already in our log must be applied before we compare with them (a new
+        # master confirms its whole log at once; this waits for its views, boundedly)
+        store.wait_applied(store.log.max_offset, RESUME_APPLY_WAIT_S)
         clean_tmp = getattr(self.backend, "clean_tmp", None)
         if clean_tmp is not None:
             clean_tmp()
