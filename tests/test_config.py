@@ -32,6 +32,8 @@ def test_defaults_and_layers() -> None:
         ({"log": {"format": "xml"}}, "log.format: 'xml' is not one of"),
         ({"node": {"listen": "nowhere"}}, "node.listen: 'nowhere' is not HOST:PORT"),
         ({"node": {"role": "slave"}}, "node.master: required"),
+        ({"tieredstore": {"backend": "s3"}}, "tieredstore.s3_bucket: required"),
+        ({"tieredstore": {"backend": "gcs"}}, "tieredstore.backend: 'gcs' is not one of"),
     ],
 )
 def test_errors_name_the_key(values: dict[str, object], message: str) -> None:

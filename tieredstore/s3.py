@@ -8,6 +8,7 @@ leaves a live partial object and no multipart upload is ever left behind.
 
 from __future__ import annotations
 
+import io
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -75,10 +76,12 @@ class S3Backend:
 
     # -- operations ----------------------------------------------------------------------------
     def put(self, key: str, data: bytes | memoryview, metadata: dict[str, str]) -> None:
-        body = bytes(data) if isinstance(data, memoryview) else data
+        def attempt() -> object:  # a fresh reader per attempt: a retry sends the body from its start
+            return self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=_ViewReader(memoryview(data)),
+                                          ContentLength=len(data), Metadata=metadata, IfNoneMatch="*")
+
         try:
-            self._call("put", lambda: self.client.put_object(Bucket=self.bucket, Key=self.prefix + key, Body=body,
-                                                             Metadata=metadata, IfNoneMatch="*"))
+            self._call("put", attempt)
         except _PreconditionFailed:
             raise ObjectExists(key) from None
 
@@ -131,6 +134,41 @@ class S3Backend:
 
     def close(self) -> None:
         self.client.close()
+
+
+class _ViewReader(io.RawIOBase):
+    """A seekable file over a memoryview, so a 64 MiB object is sent without a 64 MiB copy."""
+
+    def __init__(self, view: memoryview) -> None:
+        super().__init__()
+        self._view = view.cast("B") if view.format != "B" else view
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self._pos
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = max(0, min(len(self._view), base + offset))
+        return self._pos
+
+    def readinto(self, buffer: Any) -> int:
+        n = min(len(buffer), len(self._view) - self._pos)
+        buffer[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def read(self, size: int | None = -1) -> bytes:
+        end = len(self._view) if size is None or size < 0 else min(len(self._view), self._pos + size)
+        out = self._view[self._pos : end].tobytes()
+        self._pos = end
+        return out
 
 
 class _PreconditionFailed(BackendError):
