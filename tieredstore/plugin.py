@@ -65,7 +65,7 @@ class Tiering:
             self.uploader.start()
 
     def stop(self) -> None:
-        self.uploader.stop()
+        self.uploader.close()
         self.backend.close()
 
     def status(self, st: dict[str, object]) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import os
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import crc32c
@@ -35,7 +36,7 @@ from broker.store import Store
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectExists
 from tieredstore.index import ObjectIndex
-from tieredstore.objects import QUARANTINE_PREFIX, TieredObject, describe, runs, whole_batches
+from tieredstore.objects import QUARANTINE_PREFIX, Described, TieredObject, describe, runs, whole_batches
 from tieredstore.retention import plan_deletions
 
 log = structlog.get_logger("tieredstore.uploader")
@@ -61,7 +62,9 @@ class Uploader:
         self._last_retention_s = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._buf = bytearray(0)  # reused read buffer (uploader thread only)
+        self._bufs = [bytearray(0), bytearray(0)]  # read buffers: one being put, one being prefetched
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiered-prefetch")
+        self._next: tuple[int, Future[tuple[memoryview, Described] | None]] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
     def start(self) -> None:
@@ -79,6 +82,10 @@ class Uploader:
         if t is not None and t is not threading.current_thread():
             t.join(60)
         self._thread = None
+
+    def close(self) -> None:
+        self.stop()
+        self._pool.shutdown(wait=True)
 
     @property
     def running(self) -> bool:
@@ -188,20 +195,22 @@ class Uploader:
         if point < store.log.min_offset:
             raise BrokerError("DATA_LOSS", f"the break point {point} is below the local log start {store.log.min_offset}: "
                               "that range is neither uploaded nor stored here")
-        data = self._read(point, min(pending, self.object_bytes))
-        n = whole_batches(data, self.object_bytes)
-        if n == 0:
-            return False
-        body = data[:n]
-        if n < self.object_bytes and _single_progress_record(body):
-            return False  # never upload just the record of our last upload: that would feed itself forever
-        described = describe(body, point)  # CRCs and offsets of every batch: nothing corrupt goes out
+        prepared = self._take_prefetched(point)
+        if prepared is None:
+            prepared = self._prepare(point, min(pending, self.object_bytes), 0)
+            if prepared is None:
+                return False
+            body, described = prepared
+            if body.nbytes < self.object_bytes and _single_progress_record(body):
+                return False  # never upload just the record of our last upload: that would feed itself forever
+        body, described = prepared
         obj = described.obj
         # the invariant, checked right before the put: only confirmed bytes, only as the master
         invariant(obj.end <= store.confirm_offset,
                   f"tiered upload [{obj.start}, {obj.end}) passes the confirm offset {store.confirm_offset}")
         invariant(store.role == "master" and not store.fenced_reason, "a tiered upload on a node that is not the master")
         self._check_no_newer(obj)
+        self._prefetch(obj.end, 1 if body.obj is self._bufs[0] else 0)  # read the next object during the put
         failpoint("tiered_before_put")
         t0 = time.perf_counter()
         try:
@@ -221,12 +230,40 @@ class Uploader:
         failpoint("tiered_after_record")
         return True
 
-    def _read(self, start: int, length: int) -> memoryview:
-        """Log bytes [start, start + length) into one reused buffer (a fresh 64 MiB bytes object per
-        object costs more in page faults than the copy itself)."""
-        if len(self._buf) < length:
-            self._buf = bytearray(length)
-        buf = memoryview(self._buf)
+    def _prepare(self, start: int, length: int, which: int) -> tuple[memoryview, Described] | None:
+        """Read whole batches [start, <= start + length) into buffer ``which`` and verify them."""
+        data = self._read(start, length, which)
+        n = whole_batches(data, self.object_bytes)
+        if n == 0:
+            return None
+        body = data[:n]
+        return body, describe(body, start)  # CRCs and offsets of every batch: nothing corrupt goes out
+
+    def _prefetch(self, start: int, which: int) -> None:
+        """While a put runs, read and verify the next object when a whole one is already confirmed."""
+        if self.store.confirm_offset - start < self.object_bytes:
+            return
+        self._next = (start, self._pool.submit(self._prepare, start, self.object_bytes, which))
+
+    def _take_prefetched(self, point: int) -> tuple[memoryview, Described] | None:
+        """The prefetched object starting at ``point``; a stale one is waited for (it writes a buffer) and dropped."""
+        if self._next is None:
+            return None
+        start, future = self._next
+        self._next = None
+        try:
+            prepared = future.result()
+        except (CorruptionError, OSError):
+            return None  # prepared again, in this thread, where the error is handled
+        return prepared if start == point else None
+
+    def _read(self, start: int, length: int, which: int) -> memoryview:
+        """Log bytes [start, start + length) into reused buffer ``which`` (of two: one is being put
+        while the other is filled; a fresh 64 MiB bytes object per object costs more in page faults
+        than the copy itself)."""
+        if len(self._bufs[which]) < length:
+            self._bufs[which] = bytearray(length)
+        buf = memoryview(self._bufs[which])
         pos = 0
         for seg in self.store.log.segments:
             at = start + pos
