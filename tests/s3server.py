@@ -95,12 +95,17 @@ rgw data = {dir}/rgw
 
 class RadosGateway:
     def __init__(self, parent: str | None = None) -> None:
-        self.dir = tempfile.mkdtemp(prefix="radosgw-", dir=parent)
+        self.parent = parent
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self._fresh()
+
+    def _fresh(self) -> None:
+        """A new directory and new ports (each start attempt gets its own)."""
+        self.dir = tempfile.mkdtemp(prefix="radosgw-", dir=self.parent)
         self.mon_port = free_port()
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.conf = os.path.join(self.dir, "ceph.conf")
-        self.procs: list[subprocess.Popen[bytes]] = []
 
     def _run(self, *args: str, timeout_s: float = 60) -> None:
         subprocess.run(list(args), check=True, timeout=timeout_s, capture_output=True)
@@ -110,7 +115,26 @@ class RadosGateway:
         self.procs.append(subprocess.Popen(list(args), stdout=out, stderr=subprocess.STDOUT, start_new_session=True))
         out.close()
 
-    def start(self, timeout_s: float = 120) -> RadosGateway:
+    def start(self, timeout_s: float = 60, attempts: int = 3) -> RadosGateway:
+        """Start the cluster; a start that fails is retried in a fresh directory on fresh ports.
+
+        About one start in ten here has its OSD refused by the monitor at boot ("wrong fsid" in
+        ``mon_cmd_maybe_osd_create``) and never come up; a fresh cluster then starts normally.
+        The logs of a failed attempt are kept in ``/tmp/radosgw-failed-*``.
+        """
+        for attempt in range(attempts):
+            try:
+                return self._start(timeout_s)
+            except (RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
+                kept = tempfile.mkdtemp(prefix="radosgw-failed-")
+                shutil.copytree(os.path.join(self.dir, "log"), os.path.join(kept, "log"), dirs_exist_ok=True)
+                self.stop()
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"radosgw did not start in {attempts} attempts: {exc} (logs in {kept})") from exc
+                self._fresh()
+        raise AssertionError("unreachable")
+
+    def _start(self, timeout_s: float) -> RadosGateway:
         ensure_radosgw()
         fsid = str(uuid.uuid4())
         for sub in ("mon", "osd", "run", "log", "rgw"):
@@ -134,7 +158,7 @@ class RadosGateway:
         while time.monotonic() < deadline:
             for p in self.procs:
                 if p.poll() is not None:
-                    raise RuntimeError(f"{p.args[0]} exited with {p.returncode}; logs in {self.dir}/log")
+                    raise RuntimeError(f"a ceph process exited with {p.returncode}; logs in {self.dir}/log")
             try:
                 with urllib.request.urlopen(self.endpoint, timeout=1):
                     return self
@@ -150,7 +174,7 @@ class RadosGateway:
             if out.returncode == 0 and any(o.get("up") for o in json.loads(out.stdout).get("osds", [])):
                 return
             time.sleep(0.5)
-        raise TimeoutError(f"the OSD did not come up in {timeout_s}s; logs in {self.dir}/log")
+        raise TimeoutError(f"the OSD did not come up in {timeout_s}s")
 
     def stop(self) -> None:
         for p in reversed(self.procs):
@@ -162,6 +186,7 @@ class RadosGateway:
             except subprocess.TimeoutExpired:
                 os.killpg(p.pid, signal.SIGKILL)
                 p.wait()
+        self.procs = []
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
