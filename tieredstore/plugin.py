@@ -20,7 +20,6 @@ from tieredstore.cache import BlockCache
 from tieredstore.index import ObjectIndex
 from tieredstore.posix import PosixBackend
 from tieredstore.reader import ColdReader
-from tieredstore.s3 import S3Backend
 from tieredstore.uploader import Uploader
 
 log = structlog.get_logger("tieredstore")
@@ -29,6 +28,8 @@ log = structlog.get_logger("tieredstore")
 def make_backend(config: Config, node_id: str = "") -> Backend:
     """The backend the configuration names (tiering must be enabled)."""
     if config["tieredstore.backend"] == "s3":
+        from tieredstore.s3 import S3Backend  # boto3 takes ~0.35 s to import: only when it is used
+
         return S3Backend(
             bucket=config["tieredstore.s3_bucket"], prefix=config["tieredstore.s3_prefix"],
             endpoint=config["tieredstore.s3_endpoint"], region=config["tieredstore.s3_region"],
