@@ -178,8 +178,8 @@ def test_link_cut_and_healed_moves_the_in_sync_set(spawn: Callable[..., DaemonPr
     s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
     try:
         with BrokerClient(m.address) as c:
+            _wait(lambda: _in_sync(m), what="in sync")  # min_insync_replicas = 2: topics need the slave too
             c.create_topic("t")
-            _wait(lambda: _in_sync(m), what="in sync")
             c.send("t", [Message(body=b"a")], ack="replica")
             proxy.cut()
             _wait(lambda: not _in_sync(m), what="out of sync after the cut")

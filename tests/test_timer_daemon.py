@@ -280,11 +280,11 @@ def test_promoted_slave_fires_exactly_what_had_not_fired(spawn: Callable[..., Da
     m = spawn("m", config=pair, env={"TIDEMARK_FAILPOINTS": "timer_after_fire=exit@4"})
     s = spawn("s", config={**pair, "node.role": "slave", "node.master": m.address})
     with BrokerClient(m.address) as c:
-        c.create_topic("t", queues=QUEUES)
         deadline = time.monotonic() + 15
         while not all(r["in_sync"] for r in c.status()["replicas"] or [{"in_sync": False}]):
             assert time.monotonic() < deadline, "the slave never got in sync"
             time.sleep(0.1)
+        c.create_topic("t", queues=QUEUES)  # min_insync_replicas = 2: only once the slave is in sync
     timers = _schedule(m.address, 2000, 2000)
     assert m.proc is not None and m.proc.wait(60) == -9
     with BrokerClient(s.address) as c:
