@@ -69,7 +69,6 @@ class TimerService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.clock_ms = lambda: int(time.time() * 1000)
-        self.fired_total = 0
         self._last_sweep_ms = 0
 
     # -- life cycle (the store calls on_role) ------------------------------------------------------
@@ -292,7 +291,6 @@ class TimerService:
         now = self.clock_ms()
         metrics.observe_many(metrics.TIMER_LATENESS, np.maximum(0, now - ats) / 1000.0, metrics.TIMER_LATENESS_BOUNDS)
         metrics.TIMER_FIRED.inc(fired)
-        self.fired_total += fired
         self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
 
     def _append_events(self, offs: np.ndarray, ats: np.ndarray) -> None:

@@ -107,24 +107,33 @@ def check_scheduled(records: bytes | memoryview, positions: list[int], topic: st
 
 def deliver_times(batch: memoryview, header: bf.BatchHeader) -> tuple[list[int], list[int]]:
     """(record positions relative to the batch, deliver times) of a batch of scheduled records."""
+    return _leading_ints(batch, header, _DELIVER_AT_NAME, skip=0)
+
+
+def _leading_ints(batch: memoryview, header: bf.BatchHeader, name: bytes, skip: int) -> tuple[list[int], list[int]]:
+    """(record positions, integer value) of property ``name`` found after ``skip`` properties in
+    every record of a batch, parsed inline: this runs for every timer scheduled and fired."""
     buf = bytes(batch)
     unpack = bf.RECORD_HEAD.unpack_from
-    name = _DELIVER_AT_NAME
-    name_len = len(name)
+    u16 = _U16.unpack_from
+    n = len(name)
     positions: list[int] = []
-    times: list[int] = []
+    values: list[int] = []
     pos = header.records_at
     end = header.batch_bytes
     while pos < end:
         size, key_len, _ = unpack(buf, pos)
-        p0 = pos + bf.RECORD_HEAD_BYTES + key_len
-        if buf[p0 : p0 + name_len] != name:
-            raise ValueError(f"__timer record at {header.base_offset + pos} is neither scheduled nor an event")
-        (vlen,) = _U16.unpack_from(buf, p0 + name_len)
+        p = pos + bf.RECORD_HEAD_BYTES + key_len
+        for _ in range(skip):  # a property: u16 name length, name, u16 value length, value
+            p += 2 + u16(buf, p)[0]
+            p += 2 + u16(buf, p)[0]
+        if buf[p : p + n] != name:
+            raise ValueError(f"timer record at {header.base_offset + pos} lacks {name[2:].decode()} where expected")
+        (vlen,) = u16(buf, p + n)
         positions.append(pos)
-        times.append(int(buf[p0 + name_len + 2 : p0 + name_len + 2 + vlen]))
+        values.append(int(buf[p + n + 2 : p + n + 2 + vlen]))
         pos += 4 + size
-    return positions, times
+    return positions, values
 
 
 def is_event_batch(batch: memoryview, header: bf.BatchHeader) -> bool:
@@ -162,28 +171,8 @@ def iter_events(batch: memoryview, header: bf.BatchHeader) -> Iterator[dict[str,
 
 def leading_offsets(batch: memoryview, header: bf.BatchHeader, skip_first: bool) -> list[int]:
     """The ``__timer_offset`` of every record of a delivery batch (its first property) or, with
-    ``skip_first``, of a ``fired`` event batch (its second), parsed inline: these run for every
-    fired timer, twice."""
-    buf = bytes(batch)
-    unpack = bf.RECORD_HEAD.unpack_from
-    u16 = _U16.unpack_from
-    name = _OFFSET_NAME
-    n = len(name)
-    out: list[int] = []
-    pos = header.records_at
-    end = header.batch_bytes
-    while pos < end:
-        size, key_len, _ = unpack(buf, pos)
-        p = pos + bf.RECORD_HEAD_BYTES + key_len
-        if skip_first:
-            p += 2 + u16(buf, p)[0]
-            p += 2 + u16(buf, p)[0]
-        if buf[p : p + n] != name:
-            raise ValueError(f"timer record at {header.base_offset + pos} lacks {TIMER_OFFSET}")
-        (vlen,) = u16(buf, p + n)
-        out.append(int(buf[p + n + 2 : p + n + 2 + vlen]))
-        pos += 4 + size
-    return out
+    ``skip_first``, of a ``fired`` event batch (its second)."""
+    return _leading_ints(batch, header, _OFFSET_NAME, skip=1 if skip_first else 0)[1]
 
 
 def event_refs(batch: memoryview, header: bf.BatchHeader) -> list[tuple[str, int, str]]:
@@ -205,11 +194,6 @@ def delivery_props(timer_offset: int, scheduled: bytes | memoryview) -> bytes:
     """A delivery's properties: ``__timer_offset`` first, then the scheduled record's, unchanged."""
     o = b"%d" % timer_offset
     return b"".join((_OFFSET_NAME, _U16.pack(len(o)), o, scheduled))
-
-
-def delivered_offsets(batch: memoryview, header: bf.BatchHeader) -> list[int]:
-    """The origin ``timer_offset`` of each record of a delivery batch."""
-    return leading_offsets(batch, header, skip_first=False)
 
 
 def target_of_scheduled(props: bytes) -> bytes:

@@ -135,7 +135,7 @@ class TimerView:
             else:
                 self._apply_scheduled(header, batch)
         elif header.flags & bf.FLAG_TIMER_DELIVERY:
-            offs = np.array(tr.delivered_offsets(batch, header), dtype=np.uint64)
+            offs = np.array(tr.leading_offsets(batch, header, skip_first=False), dtype=np.uint64)
             self._finish(offs, tl.DELIVERED, PENDING)
 
     def _apply_scheduled(self, header: bf.BatchHeader, batch: memoryview) -> None:
