@@ -32,7 +32,7 @@ GiB = 1 << 30
 if REPO_DIR not in sys.path:  # the venv installs the package editable; this covers a bare checkout
     sys.path.insert(0, REPO_DIR)
 
-from broker.procs import DaemonProcess, free_port  # noqa: E402
+from tests.procs import DaemonProcess, free_port  # noqa: E402
 
 
 def log(text: str) -> None:

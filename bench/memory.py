@@ -21,7 +21,7 @@ from typing import Any
 import common
 from common import MiB, Results, log
 
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 TOPIC = "bench-memory"
 TARGET_BYTES = 300 * 1000 * 1000

@@ -62,7 +62,7 @@ import common
 from common import GiB, KiB, MiB, Results, log
 
 from broker.client import BrokerClient, Message
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 TOPIC = "bench-repl"
 QUEUES = 4

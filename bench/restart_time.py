@@ -31,7 +31,7 @@ from typing import Any
 import common
 from common import GiB, KiB, MiB, Results, log
 
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 TOPIC = "bench-restart"
 QUEUES = 4

@@ -34,7 +34,7 @@ from typing import Any
 import common
 from common import GiB, KiB, MiB, Results, log
 
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 TOPIC = "bench-tiered"
 TARGET_POSIX_MBPS = 300.0

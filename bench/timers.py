@@ -29,7 +29,7 @@ from typing import Any
 import common
 from common import Results, log
 
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 TOPIC = "bench-timers"
 QUEUES = 4

@@ -7,19 +7,13 @@ replication append).
 
 from __future__ import annotations
 
+from broker.logformat.errors import CorruptionError
+
+__all__ = ["CorruptionError", "InvariantError", "StartupRefused", "invariant"]
+
 
 class InvariantError(AssertionError):
     """A condition the code relies on does not hold: a bug, never bad user input."""
-
-
-class CorruptionError(Exception):
-    """Stored bytes fail validation somewhere other than a repairable torn tail."""
-
-    def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
-        where = f" ({path} at offset {offset})" if path and offset >= 0 else f" ({path})" if path else ""
-        super().__init__(message + where)
-        self.path = path
-        self.offset = offset
 
 
 class StartupRefused(Exception):

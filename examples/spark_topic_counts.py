@@ -82,7 +82,7 @@ def totals(spark: Any, out: str) -> dict[str, int]:
 def demo() -> int:
     """Start a daemon, send to two topics, run the pipeline twice (availableNow), print totals."""
     from broker.client import BrokerClient, Message
-    from broker.procs import DaemonProcess
+    from tests.procs import DaemonProcess
 
     with tempfile.TemporaryDirectory(prefix="tm-example-") as tmp:
         daemon = DaemonProcess(os.path.join(tmp, "node")).start()

@@ -16,7 +16,7 @@ import grpc
 import structlog
 
 from broker.config import Config
-from broker.recovery import is_new_data_dir
+from broker.store.recovery import is_new_data_dir
 from replication import role_record
 from replication.bundle import BundleError, install
 from replication.channel import call_metadata, open_channel

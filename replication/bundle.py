@@ -27,9 +27,9 @@ import crc32c
 import grpc
 import structlog
 
-from broker import atomic_file, epochs, identity
-from broker.failpoints import fsync_dir
-from broker.segment import segment_name
+from broker.storage import atomic_file, epochs, identity
+from broker.storage.failpoints import fsync_dir
+from broker.storage.segment import segment_name
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc

@@ -7,8 +7,8 @@ from typing import Any
 
 import grpc
 
-from broker import auth, tls
 from broker.config import Config
+from broker.security import auth, tls
 
 
 def open_channel(config: Config, address: str, options: list[tuple[str, Any]]) -> grpc.Channel:

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import grpc
 import structlog
 
-from broker import identity as identity_mod
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.invariant import CorruptionError
+from broker.storage import identity as identity_mod
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc

@@ -21,7 +21,7 @@ import structlog
 
 from broker import metrics
 from broker.config import Config
-from broker.epochs import divergence_point
+from broker.storage.epochs import divergence_point
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc

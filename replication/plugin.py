@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from broker import tls
+from broker.security import tls
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.master import MasterSide
 from replication.roles import RoleController

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker import batch_format as bf
+from broker.logformat import batch as bf
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 

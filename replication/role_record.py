@@ -14,8 +14,8 @@ import json
 import os
 import time
 
-from broker import atomic_file
 from broker.config import Config, ConfigError
+from broker.storage import atomic_file
 
 MAGIC = b"TMRC"
 VERSION = 1

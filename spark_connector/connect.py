@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from broker.auth import read_token
 from broker.client import BrokerClient
 from broker.config import ConfigError
+from broker.security.auth import read_token
 from spark_connector.options import OptionError
 
 

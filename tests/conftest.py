@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -20,7 +20,7 @@ import urllib.request
 import uuid
 from typing import Any
 
-from broker.procs import free_port
+from tests.procs import free_port
 
 ACCESS_KEY = "tidemark-test"
 SECRET_KEY = "tidemark-test-secret"

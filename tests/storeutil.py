@@ -6,9 +6,9 @@ import time
 
 import crc32c
 
-from broker import batch_format as bf
-from broker import system_records
 from broker.config import Config
+from broker.logformat import batch as bf
+from broker.logformat import system_records
 from broker.store import IncomingBatch, Store
 
 

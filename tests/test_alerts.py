@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerClient, Message
-from broker.procs import DaemonProcess, free_port
 from tests.aptutil import require_tool
+from tests.procs import DaemonProcess, free_port
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "tidemark-alerts.yml"
 EXPORT_INTERVAL_S = 5.0  # broker.server: node-state gauges are refreshed this often

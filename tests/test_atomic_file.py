@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from broker import atomic_file
+from broker.storage import atomic_file
 
 MAGIC = b"TEST"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import crc32c
 import pytest
 
-from broker import batch_format as bf
 from broker.invariant import CorruptionError
+from broker.logformat import batch as bf
 
 
 def _batch(n: int = 3, topic: str = "orders") -> bytes:

@@ -6,7 +6,7 @@ import json
 import subprocess
 import sys
 
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 
 def _run(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from broker.client import BrokerClient
-from broker.procs import DaemonProcess
 from tests.crashutil import Producer, check_history, drop_unsynced_bytes, read_everything
+from tests.procs import DaemonProcess
 
 FAILPOINTS = [
     "commitlog_before_write=exit@150",

@@ -13,7 +13,7 @@ import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 MiB = 1 << 20
 

@@ -221,8 +221,8 @@ def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:
     """A validly framed but unusable producer checkpoint is rebuilt from the log, keeping dedup."""
     import crc32c
 
-    from broker import atomic_file
-    from broker import batch_format as bf
+    from broker.logformat import batch as bf
+    from broker.storage import atomic_file
     from broker.store import IncomingBatch
     from broker.views import producer_state
 

@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
 from tests.crashutil import Producer, check_history, read_everything
+from tests.procs import DaemonProcess
 from tests.tcpproxy import TcpProxy
 
 QUEUES = 3
@@ -93,7 +93,7 @@ def test_writes_to_a_slave_are_redirected(spawn: Callable[..., DaemonProcess]) -
     _wait(lambda: _converged(m, s), what="topic on the slave")
     import crc32c
 
-    from broker import batch_format as bf
+    from broker.logformat import batch as bf
     from proto import tidemark_pb2 as pb
     from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -333,7 +333,7 @@ def test_empty_slave_joins_a_master_with_1gib_of_log(spawn: Callable[..., Daemon
 
 def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
     """With replication.listen set, slaves follow through that port."""
-    from broker.procs import free_port
+    from tests.procs import free_port
 
     rport = free_port()
     m = spawn("m", config={**FAST, "replication.listen": f"127.0.0.1:{rport}"})

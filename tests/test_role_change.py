@@ -7,8 +7,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerClient, Message
-from broker.procs import DaemonProcess, free_port
 from replication.role_record import FILE_NAME
+from tests.procs import DaemonProcess, free_port
 
 Spawn = Callable[..., DaemonProcess]
 

@@ -13,10 +13,10 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import BrokerClient, Message
-from broker.liveness import FlushProgress
-from broker.procs import DaemonProcess
-from broker.sdnotify import Notifier
+from broker.daemon.liveness import FlushProgress
+from broker.daemon.sdnotify import Notifier
 from tests.notifyutil import NotifySocket
+from tests.procs import DaemonProcess
 
 Spawn = Callable[..., DaemonProcess]
 WATCHDOG_USEC = 600_000  # pings expected every 0.3 s

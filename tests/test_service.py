@@ -13,11 +13,11 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from broker import batch_format as bf
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess, free_port
+from broker.logformat import batch as bf
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from tests.procs import DaemonProcess, free_port
 
 
 def _stub(d: DaemonProcess) -> pb_grpc.BrokerStub:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 
 Spawn = Callable[..., DaemonProcess]
 PRODUCERS = 3

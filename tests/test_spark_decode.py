@@ -14,13 +14,13 @@ import crc32c
 import pyarrow as pa
 import pytest
 
-from broker import batch_format as bf
 from broker.client import BrokerClient, Message, PullResult
-from broker.procs import DaemonProcess
+from broker.logformat import batch as bf
 from spark_connector import decode as dc
 from spark_connector import schema as sc
 from spark_connector.batches import pull_batch, raw_batch
 from spark_connector.partition import QueueRange, read_partition
+from tests.procs import DaemonProcess
 
 Item = tuple[bytes, bytes, bytes]  # (body, key, encoded props)
 

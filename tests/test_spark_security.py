@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess, free_port
 from spark_connector import OptionError, QueueRange, TidemarkDataSource, parse_options, read_partition
 from spark_connector.schema import spark_schema
 from tests.certs import CA
+from tests.procs import DaemonProcess, free_port
 
 TOKEN = "spark-token-0123456789abcdef"
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from broker.client import BrokerClient, Message
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 from tests.sparkutil import ROOT, build_session, spark_env, start_stream
 
 

@@ -19,7 +19,6 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
 from spark_connector import (
     DataLossError,
     OptionError,
@@ -34,6 +33,7 @@ from spark_connector import schema as sc
 from spark_connector.batches import repeated_string
 from spark_connector.partition import PULL_MESSAGES_MAX
 from spark_connector.source import plan
+from tests.procs import DaemonProcess
 
 BASE = {"broker": "127.0.0.1:7600", "subscribe": "orders"}
 

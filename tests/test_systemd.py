@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from broker.cli import _parser
-from broker.procs import DaemonProcess, free_port
 from tests.aptutil import require_tool
+from tests.procs import DaemonProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT_DIR = ROOT / "deploy" / "systemd"

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from broker.client import BrokerClient
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
 from tieredstore.posix import PosixBackend
 

@@ -11,7 +11,7 @@ import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess, free_port
+from tests.procs import DaemonProcess, free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY, s3_config
 from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
 from tieredstore.backend import Backend

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from broker import batch_format as bf
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
+from broker.logformat import batch as bf
 from broker.timers import snapshot as snaps
 from tests.crashutil import drop_unsynced_bytes
+from tests.procs import DaemonProcess
 
 CONFIG = {"checkpoint.interval_ms": 50, "timer.snapshot_interval_ms": 200, "timer.precision_ms": 100,
           "commitlog.segment_bytes": 256 * 1024, "timer.log_segment_bytes": 64 * 1024}
@@ -154,7 +154,7 @@ def test_corrupt_newest_snapshot_falls_back_to_the_older_one(spawn: Callable[...
 
 
 def _newest_snapshot_pending(snap_dir: str) -> int:
-    from broker import atomic_file
+    from broker.storage import atomic_file
 
     positions = snaps.positions(snap_dir)
     if not positions:

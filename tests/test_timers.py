@@ -90,7 +90,7 @@ def test_cancel_before_fire_and_clear_refusals(tmp_path: Path) -> None:
 
 
 def test_deleted_topic_drops_its_timers(tmp_path: Path) -> None:
-    from broker import system_records
+    from broker.logformat import system_records
 
     s = timer_store(str(tmp_path / "d"))
     create_topic(s, "gone")

@@ -15,11 +15,11 @@ from typing import Any
 import grpc
 import pytest
 
-from broker.auth import ALWAYS_OPEN, READ_ONLY
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess, free_port
+from broker.security.auth import ALWAYS_OPEN, READ_ONLY
 from proto import tidemark_pb2 as pb
 from tests.certs import CA, Leaf
+from tests.procs import DaemonProcess, free_port
 
 Spawn = Callable[..., DaemonProcess]
 TOKEN = "t0ken-" + "a1b2c3d4e5f6a7b8c9d0"

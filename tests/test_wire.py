@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from broker.wire import pull_response_bytes
+from broker.daemon.wire import pull_response_bytes
 from proto import tidemark_pb2 as pb
 
 

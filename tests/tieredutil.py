@@ -11,7 +11,7 @@ from typing import Any
 import crc32c
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.procs import DaemonProcess
+from tests.procs import DaemonProcess
 from tieredstore.backend import Backend
 from tieredstore.objects import LOG_PREFIX, TieredObject, parse_key, runs
 

@@ -8,9 +8,9 @@ import time
 import crc32c
 import numpy as np
 
-from broker import batch_format as bf
+from broker.logformat import batch as bf
+from broker.logformat import timer_props as tr
 from broker.store import IncomingBatch, Store
-from broker.timers import records as tr
 from broker.timers import timerlog as tl
 from tests.storeutil import open_store
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from broker import batch_format as bf
 from broker.invariant import CorruptionError
+from broker.logformat import batch as bf
 
 LOG_PREFIX = "log/"
 QUARANTINE_PREFIX = "quarantine/"

@@ -17,7 +17,7 @@ import os
 import struct
 import uuid
 
-from broker.failpoints import failpoint, fsync_dir
+from broker.storage.failpoints import failpoint, fsync_dir
 from tieredstore.backend import BackendError, ObjectExists, ObjectInfo, ObjectMissing
 
 MAGIC = b"TMTO"

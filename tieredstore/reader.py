@@ -12,9 +12,9 @@ import time
 
 import structlog
 
-from broker import batch_format as bf
 from broker.errors import BrokerError
 from broker.invariant import CorruptionError
+from broker.logformat import batch as bf
 from broker.store import Store
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectMissing

@@ -26,12 +26,12 @@ from typing import Any
 import crc32c
 import structlog
 
-from broker import batch_format as bf
-from broker import system_records
 from broker.config import Config
 from broker.errors import BrokerError
-from broker.failpoints import failpoint
 from broker.invariant import CorruptionError, InvariantError, invariant
+from broker.logformat import batch as bf
+from broker.logformat import system_records
+from broker.storage.failpoints import failpoint
 from broker.store import Store
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectExists

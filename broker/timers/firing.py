@@ -25,11 +25,11 @@ import crc32c
 import numpy as np
 import structlog
 
-from broker import batch_format as bf
 from broker import metrics
 from broker.errors import BrokerError, not_found
-from broker.failpoints import failpoint
-from broker.timers import records as tr
+from broker.logformat import batch as bf
+from broker.logformat import timer_props as tr
+from broker.storage.failpoints import failpoint
 from broker.timers import timerlog as tl
 from broker.timers.index import CANCELLED, PENDING, STATE_NAMES
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import structlog
 
-from broker import atomic_file
+from broker.storage import atomic_file
 from broker.timers.wheel import SLOT_DTYPE
 
 log = structlog.get_logger("timer.snapshot")

@@ -25,7 +25,7 @@ import struct
 import crc32c
 import numpy as np
 
-from broker.commitlog import CommitLog
+from broker.storage.commitlog import CommitLog
 
 RECORD_BYTES = 32
 NONE = (1 << 64) - 1

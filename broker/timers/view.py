@@ -23,12 +23,12 @@ import time
 import numpy as np
 import structlog
 
-from broker import batch_format as bf
 from broker import metrics
-from broker.commitlog import CommitLog
 from broker.config import Config
-from broker.failpoints import failpoint
-from broker.timers import records as tr
+from broker.logformat import batch as bf
+from broker.logformat import timer_props as tr
+from broker.storage.commitlog import CommitLog
+from broker.storage.failpoints import failpoint
 from broker.timers import snapshot as snaps
 from broker.timers import timerlog as tl
 from broker.timers.index import DELIVERED, PENDING, TimerIndex

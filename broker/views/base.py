@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from broker.batch_format import BatchHeader
+from broker.logformat.batch import BatchHeader
 
 
 class View(Protocol):

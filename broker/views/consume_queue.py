@@ -23,11 +23,12 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from broker import atomic_file, system_records
-from broker.batch_format import BatchHeader, iter_records
-from broker.deferred_close import DEFERRED
-from broker.failpoints import durable_sync, failpoint, fsync_dir, note_created, note_truncated
 from broker.invariant import CorruptionError, invariant
+from broker.logformat import system_records
+from broker.logformat.batch import BatchHeader, iter_records
+from broker.storage import atomic_file
+from broker.storage.deferred_close import DEFERRED
+from broker.storage.failpoints import durable_sync, failpoint, fsync_dir, note_created, note_truncated
 
 ENTRY = struct.Struct("<QQIIQ")
 ENTRY_BYTES = ENTRY.size

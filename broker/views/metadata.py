@@ -22,10 +22,11 @@ from typing import Any
 
 import lmdb
 
-from broker import metrics, system_records
-from broker.batch_format import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
-from broker.failpoints import failpoint
-from broker.timers import records as timer_records
+from broker import metrics
+from broker.logformat import system_records
+from broker.logformat import timer_props as timer_records
+from broker.logformat.batch import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
+from broker.storage.failpoints import failpoint
 
 _U64 = struct.Struct("<Q")
 MAP_SIZE_BYTES = 64 << 30  # address space, not disk

@@ -15,8 +15,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from broker import atomic_file
-from broker.batch_format import NO_SEQUENCE, BatchHeader
+from broker.logformat.batch import NO_SEQUENCE, BatchHeader
+from broker.storage import atomic_file
 
 CHECKPOINT_MAGIC = b"TMPS"
 CHECKPOINT_VERSION = 1

@@ -12,7 +12,7 @@ import json
 import os
 import threading
 
-from broker import atomic_file
+from broker.storage import atomic_file
 
 MAGIC = b"TMEP"
 VERSION = 1

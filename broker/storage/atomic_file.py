@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import crc32c
 import structlog
 
-from broker.failpoints import durable_sync, failpoint, fsync_dir, note_created
+from broker.storage.failpoints import durable_sync, failpoint, fsync_dir, note_created
 
 log = structlog.get_logger("atomic_file")
 

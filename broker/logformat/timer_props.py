@@ -19,7 +19,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Mapping
 
-from broker import batch_format as bf
+from broker.logformat import batch as bf
 
 TIMER_TOPIC = "__timer"
 DELIVER_AT = "__deliver_at_ms"

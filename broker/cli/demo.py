@@ -10,8 +10,8 @@ import shutil
 import tempfile
 import time
 
+from broker.cli.node_process import NodeProcess
 from broker.client import BrokerClient, Message, Receipt
-from broker.procs import DaemonProcess
 
 MESSAGES = 20_000
 TIMERS = 1000
@@ -45,8 +45,8 @@ def run_demo() -> int:
     work = tempfile.mkdtemp(prefix="tidemark-demo-")
     tiered = {"tieredstore.root": f"{work}/objects", "tieredstore.object_bytes": 4 << 20,
               "tieredstore.upload_interval_ms": 200}  # both nodes share one object store (a directory here)
-    master = DaemonProcess(f"{work}/node-a", config=tiered)
-    slave = DaemonProcess(f"{work}/node-b", config={**tiered, "node.role": "slave", "node.master": master.address})
+    master = NodeProcess(f"{work}/node-a", config=tiered)
+    slave = NodeProcess(f"{work}/node-b", config={**tiered, "node.role": "slave", "node.master": master.address})
     try:
         master.start()
         slave.start()

@@ -29,11 +29,11 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from broker import atomic_file, identity
-from broker import batch_format as bf
-from broker.failpoints import failpoint, fsync_dir
 from broker.invariant import CorruptionError, StartupRefused
-from broker.segment import Segment
+from broker.logformat import batch as bf
+from broker.storage import atomic_file, identity
+from broker.storage.failpoints import failpoint, fsync_dir
+from broker.storage.segment import Segment
 
 if TYPE_CHECKING:
     from broker.store import Store

@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import os
 
-from broker import atomic_file, epochs, identity, recovery
-from broker import batch_format as bf
 from broker.invariant import CorruptionError
-from broker.segment import parse_segment_name
+from broker.logformat import batch as bf
+from broker.storage import atomic_file, epochs, identity
+from broker.storage.segment import parse_segment_name
+from broker.store import recovery
 from broker.views import consume_queue, producer_state
 
 SMALL_FILES = (
@@ -104,7 +105,7 @@ def verify_data_dir(data_dir: str) -> int:
 
 def _verify_timer_state(data_dir: str, problems: list[str]) -> int:
     """Timer-log groups (MARK positions and CRCs) and every wheel snapshot; returns the groups."""
-    from broker.commitlog import CommitLog
+    from broker.storage.commitlog import CommitLog
     from broker.timers import snapshot as snaps
     from broker.timers import timerlog
 

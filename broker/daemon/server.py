@@ -24,14 +24,16 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
-from broker import alloc, auth, logsetup, metrics, tls
+from broker import alloc, metrics
 from broker.config import KEYS, Config, ConfigError
+from broker.daemon import logsetup
+from broker.daemon.liveness import FlushProgress
+from broker.daemon.sdnotify import Notifier
+from broker.daemon.service import BrokerService
+from broker.daemon.wire import add_broker_service
 from broker.invariant import StartupRefused
-from broker.liveness import FlushProgress
-from broker.sdnotify import Notifier
-from broker.service import BrokerService
+from broker.security import auth, tls
 from broker.store import Store
-from broker.wire import add_broker_service
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("server")

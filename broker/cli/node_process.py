@@ -1,4 +1,4 @@
-"""Run ``tidemark serve`` as a real child process (demo, tests, benchmarks)."""
+"""A ``tidemark serve`` child process, for ``tidemark demo`` (the tests extend it in tests/procs.py)."""
 
 from __future__ import annotations
 
@@ -20,46 +20,40 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-class DaemonProcess:
-    """One daemon: ``start()`` returns once it serves gRPC health checks."""
+class NodeProcess:
+    """One daemon on 127.0.0.1: ``start()`` returns once it serves gRPC health checks.
 
-    def __init__(
-        self,
-        data_dir: str,
-        *,
-        port: int | None = None,
-        config: Mapping[str, object] | None = None,
-        env: Mapping[str, str] | None = None,
-        log_path: str | None = None,
-        config_file: str | None = None,
-        credentials: grpc.ChannelCredentials | None = None,
-    ) -> None:
-        """``config`` goes in as ``TIDEMARK_*`` environment; ``config_file`` as ``--config``;
-        ``credentials`` (TLS on the client port) are what the readiness check connects with."""
+    ``config`` goes in as ``TIDEMARK_*`` environment; the log goes to ``log_path`` (default:
+    ``<data_dir>.log`` beside the directory)."""
+
+    def __init__(self, data_dir: str, *, port: int | None = None, config: Mapping[str, object] | None = None,
+                 log_path: str | None = None) -> None:
         self.data_dir = data_dir
         self.port = port or free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.config = dict(config or {})
-        self.env = dict(env or {})
         self.log_path = log_path or os.path.join(os.path.dirname(os.path.abspath(data_dir)),
                                                  f"{os.path.basename(data_dir)}.log")
-        self.config_file = config_file
-        self.credentials = credentials
         self.proc: subprocess.Popen[bytes] | None = None
         self.ready_seconds = 0.0
 
     def command(self) -> list[str]:
-        config = ["--config", self.config_file] if self.config_file else []
-        return [sys.executable, "-m", "broker.cli", "serve", *config, "--data-dir", self.data_dir, "--listen", self.address]
+        return [sys.executable, "-m", "broker.cli", "serve", "--data-dir", self.data_dir, "--listen", self.address]
 
-    def start(self, timeout_s: float = 30.0, *, wait: bool = True) -> DaemonProcess:
+    def environment(self) -> dict[str, str]:
         env = dict(os.environ)
         for key, value in self.config.items():
             env["TIDEMARK_" + key.upper().replace(".", "__")] = str(value)
-        env.update(self.env)
+        return env
+
+    def channel(self, options: list[tuple[str, int]]) -> grpc.Channel:
+        """The channel the readiness check uses (plaintext here)."""
+        return grpc.insecure_channel(self.address, options=options)
+
+    def start(self, timeout_s: float = 30.0, *, wait: bool = True) -> NodeProcess:
         t0 = time.monotonic()
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment())
         log.close()
         if wait:
             self.wait_ready(timeout_s)
@@ -71,20 +65,19 @@ class DaemonProcess:
         # short reconnect backoff: gRPC's default (1 s, x1.6) would report starts up to a second late
         options = [("grpc.initial_reconnect_backoff_ms", 20), ("grpc.min_reconnect_backoff_ms", 20),
                    ("grpc.max_reconnect_backoff_ms", 100)]
-        with (grpc.secure_channel(self.address, self.credentials, options=options) if self.credentials
-              else grpc.insecure_channel(self.address, options=options)) as ch:
+        with self.channel(options) as ch:
             stub = health_pb2_grpc.HealthStub(ch)
             while time.monotonic() < deadline:
-                assert self.proc is not None
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"daemon exited with {self.proc.returncode}: {self.tail_log()}")
+                if self.proc is None or self.proc.poll() is not None:
+                    code = self.proc.returncode if self.proc is not None else None
+                    raise RuntimeError(f"daemon exited with {code}: {self.tail_log()}")
                 try:
                     resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
                     if resp.status == health_pb2.HealthCheckResponse.SERVING:
                         return
                 except grpc.RpcError:
                     pass
-                time.sleep(0.02)
+                time.sleep(0.02)  # between health probes of a starting process
         raise TimeoutError(f"daemon on {self.address} not ready after {timeout_s}s: {self.tail_log()}")
 
     def tail_log(self, lines: int = 20) -> str:
@@ -110,15 +103,3 @@ class DaemonProcess:
                 self.proc.kill()
                 self.proc.wait()
         return int(self.proc.returncode)
-
-    def wait_exit(self, timeout_s: float = 30.0) -> int:
-        assert self.proc is not None
-        return int(self.proc.wait(timeout_s))
-
-    def rss_anon_bytes(self) -> int:
-        assert self.proc is not None
-        with open(f"/proc/{self.proc.pid}/status") as f:
-            for line in f:
-                if line.startswith("RssAnon:"):
-                    return int(line.split()[1]) * 1024
-        return 0

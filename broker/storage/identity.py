@@ -7,8 +7,8 @@ import os
 import uuid
 from dataclasses import dataclass
 
-from broker import atomic_file
 from broker.invariant import StartupRefused
+from broker.storage import atomic_file
 
 MAGIC = b"TMID"
 VERSION = 1

@@ -20,8 +20,8 @@ import crc32c
 import grpc
 
 from broker import alloc
-from broker import batch_format as bf
-from broker.timers.records import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TIMER_TOPIC, scheduled_props, target_props
+from broker.logformat import batch as bf
+from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TIMER_TOPIC, scheduled_props, target_props
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 

@@ -11,8 +11,8 @@ import bisect
 import os
 import threading
 
-from broker.failpoints import failpoint, fsync_dir
-from broker.segment import FsyncFailed, Segment, parse_segment_name
+from broker.storage.failpoints import failpoint, fsync_dir
+from broker.storage.segment import FsyncFailed, Segment, parse_segment_name
 
 
 class CommitLog:

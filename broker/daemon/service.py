@@ -10,10 +10,11 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from broker import metrics, system_records
+from broker import metrics
+from broker.daemon.wire import pull_response_bytes
 from broker.errors import BrokerError, invalid, not_found
+from broker.logformat import system_records
 from broker.store import IncomingBatch, Store
-from broker.wire import pull_response_bytes
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
-from broker.deferred_close import DEFERRED
-from broker.failpoints import durable_sync, note_created, note_truncated
+from broker.storage.deferred_close import DEFERRED
+from broker.storage.failpoints import durable_sync, note_created, note_truncated
 
 SUFFIX = ".log"
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # writev takes at most this many buffers

@@ -27,18 +27,19 @@ import crc32c
 import lmdb
 import structlog
 
-from broker import batch_format as bf
-from broker import metrics, system_records
-from broker.commitlog import CommitLog
+from broker import metrics
 from broker.config import Config
-from broker.deferred_close import DEFERRED
-from broker.epochs import EpochHistory
 from broker.errors import BrokerError, invalid, not_found
-from broker.failpoints import failpoint
 from broker.invariant import invariant
-from broker.offset_buffer import OffsetBuffer
-from broker.segment import FsyncFailed
-from broker.timers import records as timer_records
+from broker.logformat import batch as bf
+from broker.logformat import system_records
+from broker.logformat import timer_props as timer_records
+from broker.storage.commitlog import CommitLog
+from broker.storage.deferred_close import DEFERRED
+from broker.storage.epochs import EpochHistory
+from broker.storage.failpoints import failpoint
+from broker.storage.segment import FsyncFailed
+from broker.store.offset_buffer import OffsetBuffer
 from broker.timers.firing import TimerService
 from broker.timers.view import TimerView
 from broker.views import ConsumeQueueView, MetadataView, ProducerStateView, View
@@ -100,7 +101,7 @@ class PullResult:
 
 class Store:
     def __init__(self, config: Config, data_dir: str) -> None:
-        from broker.recovery import is_new_data_dir, load_identity
+        from broker.store.recovery import is_new_data_dir, load_identity
 
         self.config = config
         self.data_dir = data_dir
@@ -161,7 +162,7 @@ class Store:
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        from broker import recovery  # recovery drives this store's internals
+        from broker.store import recovery  # recovery drives this store's internals
 
         t0 = time.monotonic()
         self.recovery_report = recovery.run(self)
@@ -176,7 +177,7 @@ class Store:
 
     def stop(self) -> None:
         """Graceful stop: flush offsets, fsync, apply and checkpoint every view, mark clean."""
-        from broker import recovery
+        from broker.store import recovery
 
         self.timers.stop()
         with contextlib.suppress(BrokerError):

@@ -116,11 +116,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         if cmd == "serve":
             return _serve(args)
         if cmd == "demo":
-            from broker.demo import run_demo
+            from broker.cli.demo import run_demo
 
             return run_demo()
         if cmd == "config":
-            from broker import auth, tls
+            from broker.security import auth, tls
 
             cfg = Config.load(args.file)
             tls.check_files(cfg)  # certificate, key and token files must exist and parse
@@ -129,7 +129,7 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{args.file}: ok ({len(cfg.as_dict())} settings)")
             return 0
         if cmd == "log":
-            from broker.verify import verify_data_dir
+            from broker.cli.verify import verify_data_dir
 
             return verify_data_dir(args.data_dir)
         if cmd == "topic":
@@ -160,9 +160,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from broker import logsetup
+    from broker.daemon import logsetup
+    from broker.daemon.server import serve
     from broker.invariant import StartupRefused
-    from broker.server import serve
 
     overrides = {
         "node.data_dir": args.data_dir, "node.listen": args.listen, "node.role": args.role,
@@ -182,8 +182,8 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 def _client(args: argparse.Namespace) -> Any:
-    from broker.auth import read_token
     from broker.client import BrokerClient
+    from broker.security.auth import read_token
 
     token = os.environ.get(TOKEN_ENV) or None
     if args.token_file:
@@ -308,6 +308,3 @@ def _status(args: argparse.Namespace) -> int:
             print(f"{k:24} {json.dumps(v) if isinstance(v, (dict, list)) else v}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import crc32c
 
-from broker.invariant import CorruptionError
+from broker.logformat.errors import CorruptionError
 
 MAGIC = 0x4D54
 VERSION = 1
