@@ -25,6 +25,7 @@ demo: venv
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy broker replication tieredstore spark_connector
+	$(BIN)/lint-imports
 
 test: venv lint
 	$(BIN)/python -m pytest -q tests

@@ -14,7 +14,6 @@ place: a bundle is only ever installed where no data directory exists (or an emp
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
 import shutil
@@ -36,19 +35,6 @@ from proto import tidemark_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("replication.bundle")
 CHUNK_BYTES = 1 << 20
-_hold_ids = itertools.count(1)
-
-
-def _copy_prefix(src: str, dst: str, length: int) -> None:
-    os.makedirs(os.path.dirname(dst), exist_ok=True)
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
-        remaining = length
-        while remaining > 0:
-            chunk = fi.read(min(CHUNK_BYTES, remaining))
-            if not chunk:
-                raise OSError(f"{src} is shorter than {length} bytes")
-            fo.write(chunk)
-            remaining -= len(chunk)
 
 
 def bundle_log_start(store: Store, snapshot: int) -> int:
@@ -60,30 +46,22 @@ def bundle_log_start(store: Store, snapshot: int) -> int:
     Without tiered storage, L = the master's local log start.
     """
     local = store.log.min_offset
-    if store.cold_reader is None:
+    if store.reads.cold_reader is None:
         return local
-    return max(local, min(snapshot, store.metadata.tiered_uploaded_offset))
+    return max(local, min(snapshot, store.views.metadata.tiered_uploaded_offset))
 
 
 def make_bundle(store: Store, staging: str) -> tuple[dict[str, Any], int]:
     """Checkpoint every view at one offset and stage their files; return (manifest, retention hold id)."""
-    with store.views_lock:
-        store.apply_until(store.confirm_offset)
-        store.checkpoint_views()
-        snapshot = min(v.applied_offset for v in store.views)
+    dispatcher = store.dispatcher
+    with dispatcher.lock:
+        dispatcher.apply_until(store.watermarks.confirm_offset)
+        dispatcher.checkpoint_views()
+        snapshot = store.views.applied_min()
         log_start = bundle_log_start(store, snapshot)
-        hold = next(_hold_ids)
-        store.retention_holds[hold] = log_start
-        for name in ("consume_queue.ckpt", "producer_state.ckpt"):
-            src = os.path.join(store.data_dir, "checkpoints", name)
-            _copy_prefix(src, os.path.join(staging, "checkpoints", name), os.path.getsize(src))
-        for qf in list(store.consume_queues._files.values()):
-            rel = os.path.relpath(qf.path, store.data_dir)
-            _copy_prefix(qf.path, os.path.join(staging, rel), qf.entries * 32)
-        for src, rel, length in store.timer_view.bundle_files():
-            _copy_prefix(src, os.path.join(staging, rel), length)
-        os.makedirs(os.path.join(staging, "metadata"))
-        store.metadata.env.copy(os.path.join(staging, "metadata"))
+        hold = store.retention.hold(log_start)
+        for view in store.views.all:
+            view.stage(store.data_dir, staging)
         epoch_entries = store.epochs.snapshot()
     manifest = {"snapshot_offset": snapshot, "log_start": log_start, "cluster_id": store.identity.cluster_id,
                 "epochs": epoch_entries, "files": []}
@@ -131,13 +109,13 @@ def stream_bundle(store: Store, request: pb.SnapshotRequest, context: grpc.Servi
             length = min(seg.end_offset, manifest["snapshot_offset"]) - first
             yield from _chunks(seg.path, f"log/{segment_name(first)}", first - seg.start_offset, length, files, seg.read)
         manifest["files"] = files
-        store.retention_holds.pop(hold, None)  # before the last yield: the client may never read past it
+        store.retention.release(hold)  # before the last yield: the client may never read past it
         shutil.rmtree(staging, ignore_errors=True)
         log.info("snapshot_streamed", snapshot_offset=manifest["snapshot_offset"], log_start=manifest["log_start"],
                  files=len(files), bytes=sum(f["bytes"] for f in files))
         yield pb.SnapshotChunk(manifest_json=json.dumps(manifest))
     finally:
-        store.retention_holds.pop(hold, None)
+        store.retention.release(hold)
         shutil.rmtree(staging, ignore_errors=True)
 
 

@@ -20,12 +20,14 @@ import structlog
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.invariant import CorruptionError
+from broker.ports import Truncation
 from broker.storage import identity as identity_mod
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.bootstrap import restart_for_bootstrap
 from replication.channel import call_metadata, open_channel
+from replication.confirm import InSyncSet
 from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
 
 log = structlog.get_logger("replication.follower")
@@ -33,12 +35,12 @@ _STOP = object()
 
 
 class Follower:
-    def __init__(self, store: Store, config: Config, master: str, own_address: str) -> None:
+    def __init__(self, store: Store, config: Config, master: str, own_address: str, insync: InSyncSet) -> None:
         self.store = store
         self.config = config
         self.master = master
         self.own_address = own_address
-        self.master_confirm = 0
+        self.insync = insync
         self.master_end = 0
         self.last_heard = 0.0
         self.in_sync_when_heard = False
@@ -47,11 +49,10 @@ class Follower:
         self._stop = threading.Event()
         self._channel: grpc.Channel | None = None
         self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
-        self.master_confirm = max(v.applied_offset for v in store.views)  # what we know was confirmed
 
     # -- life cycle ---------------------------------------------------------------------------------
     def start(self) -> None:
-        self.store.confirm_source = self.confirm
+        self.insync.follow(self.store.views.applied_max())  # what we know was confirmed
         self._thread.start()
 
     def stop(self) -> None:
@@ -60,9 +61,6 @@ class Follower:
             self._channel.close()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(10)
-
-    def confirm(self, flushed: int) -> int:
-        return min(flushed, self.master_confirm)
 
     def known_in_sync(self) -> bool:
         """Safe to promote: in sync when we last heard from the master, and that knowledge still holds.
@@ -81,7 +79,7 @@ class Follower:
         if self.store.role != "slave":
             return
         st["replication"] = {
-            "master": self.master, "connected": self.connected, "master_confirm_offset": self.master_confirm,
+            "master": self.master, "connected": self.connected, "master_confirm_offset": self.insync.master_confirm,
             "master_end": self.master_end, "lag_bytes": max(0, self.master_end - self.store.log.max_offset),
             "in_sync": self.known_in_sync(), "error": self.error,
         }
@@ -106,8 +104,10 @@ class Follower:
             except BrokerError as exc:
                 self.error = str(exc)
                 log.error("follow_failed", master=self.master, error=self.error)
-                if "re-bootstrap" in exc.message:  # diverged below what our views applied (unclean)
-                    restart_for_bootstrap(self.store.data_dir, self.error)
+            except Diverged as exc:  # below what our views applied: an unclean node re-bootstraps
+                self.error = str(exc)
+                log.error("follow_failed", master=self.master, error=self.error)
+                restart_for_bootstrap(self.store.data_dir, self.error)
             except (CorruptionError, FollowError) as exc:
                 self.error = str(exc)
                 log.error("follow_failed", master=self.master, error=self.error)
@@ -164,8 +164,9 @@ class Follower:
         theirs = epochs_from_pb(list(w.epochs))
         if theirs and theirs[-1][0] < store.epoch:
             raise FollowError(f"master {self.master} is at epoch {theirs[-1][0]}, behind ours {store.epoch}: not following a stale master")
-        if w.truncate_to < store.log.max_offset:
-            store.truncate_to(w.truncate_to)  # BrokerError when below what our views applied: re-bootstrap
+        if w.truncate_to < store.log.max_offset and store.appender.truncate_to(w.truncate_to) is Truncation.BELOW_APPLIED:
+            raise Diverged(f"divergence at {w.truncate_to} is below offset {store.views.applied_max()} that the views "
+                           "applied: this node must re-bootstrap (unclean)")
         store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
         log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
 
@@ -176,19 +177,22 @@ class Follower:
         if d.batches:
             if d.start_offset != store.log.max_offset:
                 raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
-            end = store.append_replicated(d.batches)
-            store.wait_ack(end, "flush", 30_000)
-            acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.flushed_offset)))
+            end = store.appender.append_replicated(d.batches)
+            store.watermarks.wait_ack(end, "flush", 30_000)
+            acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset)))
         if d.epoch > store.epoch:
             store.epochs.start(d.epoch, store.log.max_offset)
-        if d.confirm_offset > self.master_confirm:
-            self.master_confirm = d.confirm_offset
-            store.advance_confirm()
+        if self.insync.master_confirmed(d.confirm_offset):
+            store.watermarks.advance_confirm()
         log_end = store.log.max_offset
         self.in_sync_when_heard = (
-            log_end >= self.master_confirm and d.master_end - log_end <= self.config["replication.max_lag_bytes"]
+            log_end >= self.insync.master_confirm and d.master_end - log_end <= self.config["replication.max_lag_bytes"]
         )
 
 
 class FollowError(Exception):
     """Following this master cannot go on as things are; the message says why."""
+
+
+class Diverged(Exception):
+    """Our log diverged from the master's below what our views applied: re-bootstrap."""

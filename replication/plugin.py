@@ -13,13 +13,16 @@ import grpc
 
 from broker.security import tls
 from proto import tidemark_pb2_grpc as pb_grpc
+from replication.confirm import InSyncSet
 from replication.master import MasterSide
 from replication.roles import RoleController
 
 
 def attach(daemon: Any) -> None:
     store, config = daemon.store, daemon.config
-    master_side = MasterSide(store, config)
+    insync = InSyncSet(config, lambda: store.role, lambda: store.log.max_offset)
+    store.register_confirm_rule(insync)
+    master_side = MasterSide(store, config, insync)
     listen = config["replication.listen"]
     if listen:
         # the same token check as the client port: a slave's calls carry auth.token_file's token
@@ -34,7 +37,7 @@ def attach(daemon: Any) -> None:
         daemon.on_stop.append(lambda: server.stop(1).wait())
     else:
         pb_grpc.add_ReplicationServicer_to_server(master_side, daemon.grpc_server)
-    controller = RoleController(store, config, master_side, config["node.listen"])
-    store.role_controller = controller
+    controller = RoleController(store, config, insync, config["node.listen"])
+    store.register_role_controller(controller)
     daemon.on_start.append(controller.start)
     daemon.on_stop.insert(0, controller.stop)

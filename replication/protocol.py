@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from broker.logformat import batch as bf
+from broker.logformat.scan import batch_boundary
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 
@@ -25,13 +25,5 @@ def read_whole_batches(store: Store, offset: int, max_bytes: int) -> bytes:
     if offset >= end:
         return b""
     data = store.log.read(offset, min(max_bytes, end - offset))
-    pos = 0
-    while pos + bf.HEADER_BYTES <= len(data):
-        size = bf.peek_batch_bytes(data, pos)
-        if pos + size > len(data):
-            break
-        pos += size
-    if pos == 0:
-        first = bf.peek_batch_bytes(data, 0) if len(data) >= 4 else 0
-        return store.log.read(offset, first) if first else b""
-    return data[:pos]
+    n = batch_boundary(data, offset, len(data))
+    return store.log.read(offset, n) if n > len(data) else data[:n]

@@ -16,21 +16,21 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.store import Store
 from replication import role_record
+from replication.confirm import InSyncSet
 from replication.follower import Follower
-from replication.master import MasterSide
 
 log = structlog.get_logger("replication.roles")
 
 
 class RoleController:
-    def __init__(self, store: Store, config: Config, master_side: MasterSide, own_address: str) -> None:
+    def __init__(self, store: Store, config: Config, insync: InSyncSet, own_address: str) -> None:
         self.store = store
         self.config = config
-        self.master_side = master_side
+        self.insync = insync
         self.own_address = own_address
         self.follower: Follower | None = None
         self._lock = threading.Lock()
-        store.status_providers.append(self._status)
+        store.register_status_provider(self._status)
 
     def _status(self, st: dict[str, object]) -> None:
         if self.follower is not None:
@@ -39,11 +39,9 @@ class RoleController:
     def start(self) -> None:
         if self.store.role == "slave":
             self._follow(self.store.master_address)
-        else:
-            self.store.confirm_source = self.master_side.confirm
 
     def _follow(self, master: str) -> None:
-        self.follower = Follower(self.store, self.config, master, self.own_address)
+        self.follower = Follower(self.store, self.config, master, self.own_address, self.insync)
         self.follower.start()
 
     def promote(self, unclean: bool) -> int:
@@ -63,11 +61,9 @@ class RoleController:
                 self.follower = None
             epoch = max(store.epoch, *(e for e, _ in store.epochs.snapshot()), 0) + 1
             store.epochs.start(epoch, store.log.max_offset)
-            store.confirm_source = self.master_side.confirm
-            store.fenced_reason = ""
-            store.set_role("master", "")
+            store.set_role("master", "")  # lifts a fence: this is a new epoch
             role_record.record(store.data_dir, "master", "", epoch)
-            store.advance_confirm()
+            store.watermarks.advance_confirm()
             log.info("promoted", epoch=epoch, log_end=store.log.max_offset, unclean=unclean)
             return epoch
 

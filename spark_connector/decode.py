@@ -1,8 +1,7 @@
 """Pulled log batches → Arrow columns, with no Python object per record.
 
-Input: ``PullResult.raw_batches()``. Format: docs/formats/commitlog.md. The constants below
-mirror ``broker/batch_format.py`` (a unit test checks that they agree); the connector keeps its
-own copy because it uses only the client API of ``broker``.
+Input: ``PullResult.raw_batches()``. Format: docs/formats/commitlog.md; batches are walked and
+checked by ``broker.logformat.scan`` (the one walker of the format), records by the numpy pass below.
 
 How: one Python pass per batch reads each record's 8-byte head (``u32 record_bytes, u16
 key_len, u16 props_len``) to find where the records are. Numpy then turns those positions into
@@ -22,21 +21,17 @@ import struct
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-import crc32c
 import numpy as np
 import pyarrow as pa
 
+from broker.logformat.batch import RECORD_HEAD_BYTES
+from broker.logformat.errors import CorruptionError
+from broker.logformat.scan import Mode, scan_bytes
 from spark_connector.invariant import invariant
 
-HEADER = struct.Struct("<IIHBBIQQQQiIHBBI")
-HEADER_BYTES = 64
-RECORD_HEAD = struct.Struct("<IHH")
-RECORD_HEAD_BYTES = 8
 _U32 = struct.Struct("<I")
 _HEAD_DTYPE = np.dtype([("size", "<u4"), ("key_len", "<u2"), ("props_len", "<u2")])
 _HEAD_SPAN = np.arange(RECORD_HEAD_BYTES, dtype=np.int64)
-MAGIC = 0x4D54
-VERSION = 1
 BLOB_BYTES_MAX = (1 << 31) - 1  # int32 offsets of Arrow's binary type
 
 
@@ -60,7 +55,6 @@ def decode_chunks(blobs: Sequence[bytes], skip_first: int, count: int, *, topic:
     """The ``count`` records after the first ``skip_first`` records of ``blobs`` (runs of whole
     batches), which must start at queue offset ``first_offset`` of ``topic``/``queue_id``: one
     ``Columns`` per blob (no copy to join blobs). Every blob is checked before the first yield."""
-    topic_raw = topic.encode()
     plan: list[tuple[bytes, np.ndarray, np.ndarray]] = []  # (blob, record positions, store times)
     skip = skip_first
     remaining = count
@@ -73,22 +67,31 @@ def decode_chunks(blobs: Sequence[bytes], skip_first: int, count: int, *, topic:
         batch_times: list[int] = []
         batch_counts: list[int] = []
         pos = 0
-        while pos < len(blob) and remaining > 0:
-            batch_bytes, record_count, base_queue_offset, store_time_ms, records_at = _header(blob, pos, topic_raw, queue_id)
-            if base_queue_offset != next_offset:
-                raise BatchFormatError(f"{topic}/{queue_id}: batch at queue offset {base_queue_offset}, "
-                                       f"expected {next_offset}")
-            if skip >= record_count:
-                raise BatchFormatError(f"{topic}/{queue_id}: cannot skip {skip} of a batch of {record_count} records")
-            end = pos + batch_bytes
-            taken = _scan(blob, records_at, end, record_count, skip, remaining)
-            starts.append(taken)
-            batch_times.append(store_time_ms)
-            batch_counts.append(len(taken))
-            remaining -= len(taken)
-            skip = 0
-            next_offset += record_count
-            pos = end
+        batches = scan_bytes(blob, mode=Mode.STRICT, verify_body=True, check_offsets=False,
+                             path=f"pull of {topic}/{queue_id}")
+        try:
+            for header, _ in batches:
+                if remaining <= 0:
+                    break
+                if header.topic != topic or header.queue_id != queue_id:
+                    raise BatchFormatError(f"batch of {header.topic!r}/{header.queue_id} in a pull of {topic!r}/{queue_id}")
+                if header.base_queue_offset != next_offset:
+                    raise BatchFormatError(f"{topic}/{queue_id}: batch at queue offset {header.base_queue_offset}, "
+                                           f"expected {next_offset}")
+                if skip >= header.record_count:
+                    raise BatchFormatError(f"{topic}/{queue_id}: cannot skip {skip} of a batch of "
+                                           f"{header.record_count} records")
+                end = pos + header.batch_bytes
+                taken = _scan(blob, pos + header.records_at, end, header.record_count, skip, remaining)
+                starts.append(taken)
+                batch_times.append(header.store_time_ms)
+                batch_counts.append(len(taken))
+                remaining -= len(taken)
+                skip = 0
+                next_offset += header.record_count
+                pos = end
+        except CorruptionError as exc:
+            raise BatchFormatError(str(exc)) from None
         if sum(batch_counts):
             plan.append((blob, starts[0] if len(starts) == 1 else np.concatenate(starts),
                          np.repeat(np.asarray(batch_times, dtype=np.int64), batch_counts)))
@@ -111,29 +114,6 @@ def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, q
         times_ms=np.concatenate([c.times_ms for c in chunks]) if chunks else np.zeros(0, np.int64),
         count=count,
     )
-
-
-def _header(blob: bytes, pos: int, topic_raw: bytes, queue_id: int) -> tuple[int, int, int, int, int]:
-    """Check the batch at ``pos``; (batch_bytes, record_count, base_queue_offset, store_time_ms, records_at)."""
-    if len(blob) - pos < HEADER_BYTES:
-        raise BatchFormatError(f"batch header truncated at {pos}")
-    (batch_bytes, header_crc, magic, version, _flags, record_count, _base_offset, base_queue_offset, store_time_ms,
-     _producer_id, _base_sequence, _epoch, batch_queue, topic_len, _reserved, body_crc) = HEADER.unpack_from(blob, pos)
-    records_at = pos + HEADER_BYTES + topic_len
-    end = pos + batch_bytes
-    if magic != MAGIC or version != VERSION:
-        raise BatchFormatError(f"bad batch magic/version {magic:#x}/{version} at {pos}")
-    if batch_bytes < HEADER_BYTES + topic_len or end > len(blob):
-        raise BatchFormatError(f"bad batch length {batch_bytes} at {pos}")
-    view = memoryview(blob)
-    if crc32c.crc32c(view[pos + 8 : records_at]) != header_crc:
-        raise BatchFormatError(f"batch header checksum mismatch at {pos}")
-    if crc32c.crc32c(view[records_at:end]) != body_crc:
-        raise BatchFormatError(f"batch body checksum mismatch at {pos}")
-    if blob[pos + HEADER_BYTES : records_at] != topic_raw or batch_queue != queue_id:
-        raise BatchFormatError(f"batch of {blob[pos + HEADER_BYTES:records_at]!r}/{batch_queue} in a pull of "
-                               f"{topic_raw!r}/{queue_id}")
-    return batch_bytes, record_count, base_queue_offset, store_time_ms, records_at
 
 
 def _scan(blob: bytes, pos: int, end: int, record_count: int, skip: int, limit: int) -> np.ndarray:

@@ -14,33 +14,33 @@ from broker.store import IncomingBatch, Store
 
 def open_store(path: str, **overrides: object) -> Store:
     cfg = Config.build({}, {"checkpoint.interval_ms": 60_000, **overrides}, environ={})
-    s = Store(cfg, path)
+    s = Store.open(cfg, path)
     s.start()
     return s
 
 
 def create_topic(s: Store, name: str, queues: int = 1) -> None:
-    end = s.append_system([(system_records.TOPIC_CREATE, {"topic": name, "queues": queues})])
-    s.wait_ack(end, "flush", 5000)
-    assert s.wait_applied(end, 5)
+    end = s.appender.append_system([(system_records.TOPIC_CREATE, {"topic": name, "queues": queues})])
+    s.watermarks.wait_ack(end, "flush", 5000)
+    assert s.wait_metadata_applied(end, 5)
 
 
 def send(s: Store, topic: str, bodies: list[bytes], queue: int = 0) -> int:
     records, _ = bf.encode_records([(b, b"", b"") for b in bodies])
-    _, end = s.append([IncomingBatch(topic, queue, records, len(bodies), crc32c.crc32c(records))])
-    s.wait_ack(end, "flush", 5000)
+    _, end = s.appender.append([IncomingBatch(topic, queue, records, len(bodies), crc32c.crc32c(records))])
+    s.watermarks.wait_ack(end, "flush", 5000)
     return end
 
 
 def read_all(s: Store, topic: str, queue: int = 0) -> list[bytes]:
     """Everything readable once the views caught up with the confirm offset."""
     deadline = time.monotonic() + 5
-    while s.applied_offset < s.confirm_offset and time.monotonic() < deadline:
+    while s.watermarks.applied_offset < s.watermarks.confirm_offset and time.monotonic() < deadline:
         time.sleep(0.002)
     out: list[bytes] = []
-    offset = s.queue_bounds(topic, queue)[0]
+    offset = s.reads.queue_bounds(topic, queue)[0]
     while True:
-        r = s.pull(topic, queue, offset, 100_000, 1 << 30, 0)
+        r = s.reads.pull(topic, queue, offset, 100_000, 1 << 30, 0)
         if not r.count:
             return out
         remaining = r.count

@@ -18,7 +18,7 @@ def _segment(path: Path) -> Path:
 
 def _wait_applied(s, offset: int) -> None:  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + 5
-    while s.applied_offset < offset and time.monotonic() < deadline:
+    while s.watermarks.applied_offset < offset and time.monotonic() < deadline:
         time.sleep(0.005)
 
 
@@ -115,9 +115,9 @@ def test_lost_checkpoint_after_retention_refuses(tmp_path: Path) -> None:
     for _ in range(20):
         end = send(s, "t", [b"y" * 1000] * 20)
     _wait_applied(s, end)
-    s.checkpoint_views()
-    s.checkpoint_views()
-    assert s.enforce_retention()
+    s.dispatcher.checkpoint_views()
+    s.dispatcher.checkpoint_views()
+    assert s.retention.enforce()
     assert s.log.min_offset > 0
     s.stop()
     for p in (tmp_path / "checkpoints").glob("consume_queue.ckpt*"):
@@ -133,8 +133,8 @@ def test_replay_starts_at_each_views_checkpoint(tmp_path: Path) -> None:
     for _ in range(10):
         end = send(s, "t", [b"z" * 1000] * 50)
     _wait_applied(s, end)
-    s.checkpoint_views()
-    checkpointed = s.applied_offset
+    s.dispatcher.checkpoint_views()
+    checkpointed = s.watermarks.applied_offset
     tail_end = send(s, "t", [b"tail"] * 5)
     _wait_applied(s, tail_end)
     s.crash_close()
@@ -153,13 +153,13 @@ def test_retention_never_deletes_what_views_need(tmp_path: Path) -> None:
     for _ in range(20):
         end = send(s, "t", [b"y" * 1000] * 20)
     _wait_applied(s, end)
-    assert s.enforce_retention() == []  # nothing checkpointed yet: the views need everything
-    s.checkpoint_views()
-    assert s.enforce_retention() == []  # recovery may still fall back to the previous (.bak) checkpoint
-    s.checkpoint_views()
-    removed = s.enforce_retention()
-    assert removed and s.log.min_offset <= s.retention_floor()
-    low, high = s.queue_bounds("t", 0)
+    assert s.retention.enforce() == []  # nothing checkpointed yet: the views need everything
+    s.dispatcher.checkpoint_views()
+    assert s.retention.enforce() == []  # recovery may still fall back to the previous (.bak) checkpoint
+    s.dispatcher.checkpoint_views()
+    removed = s.retention.enforce()
+    assert removed and s.log.min_offset <= s.retention.local_floor()
+    low, high = s.reads.queue_bounds("t", 0)
     assert low > 0 and high == 400
     assert len(read_all(s, "t")) == high - low
     s.stop()
@@ -204,7 +204,7 @@ def test_damage_below_applied_views_is_never_truncated(tmp_path: Path) -> None:
     for _ in range(3):
         end = send(s, "t", [b"w" * 100] * 5)
     _wait_applied(s, end)
-    s.checkpoint_views()
+    s.dispatcher.checkpoint_views()
     s.crash_close()
     for p in (tmp_path / "checkpoints").glob("producer_state.ckpt*"):
         p.unlink()  # one view rebuilds from 0, so the scan covers the damaged batch
@@ -230,8 +230,8 @@ def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:
     create_topic(s, "t")
     records, _ = bf.encode_records([(b"once", b"", b"")])
     batch = IncomingBatch("t", 0, records, 1, crc32c.crc32c(records), producer_id=5, base_sequence=0)
-    first, end = s.append([batch])
-    s.wait_ack(end, "flush", 5000)
+    first, end = s.appender.append([batch])
+    s.watermarks.wait_ack(end, "flush", 5000)
     s.stop()
     ckpt = str(tmp_path / "checkpoints" / "producer_state.ckpt")
     for suffix in ("", ".bak"):
@@ -240,7 +240,7 @@ def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:
     atomic_file.persist(ckpt, producer_state.CHECKPOINT_MAGIC, producer_state.CHECKPOINT_VERSION,
                         b'{"applied_offset": 350}')
     s = open_store(str(tmp_path))
-    again, _ = s.append([batch])
+    again, _ = s.appender.append([batch])
     assert again[0].duplicate and again[0].commit_offset == first[0].commit_offset
     assert read_all(s, "t") == [b"once"]
     s.stop()

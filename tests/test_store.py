@@ -22,8 +22,8 @@ def test_sequences_within_one_request(tmp_path: Path) -> None:
     """Consecutive batches of one producer in one request are accepted; a repeated one is a duplicate."""
     s = open_store(str(tmp_path))
     create_topic(s, "t")
-    receipts, end = s.append([_batch(0, [b"a", b"b"]), _batch(2, [b"c"]), _batch(0, [b"a", b"b"])])
-    s.wait_ack(end, "flush", 5000)
+    receipts, end = s.appender.append([_batch(0, [b"a", b"b"]), _batch(2, [b"c"]), _batch(0, [b"a", b"b"])])
+    s.watermarks.wait_ack(end, "flush", 5000)
     assert [r.duplicate for r in receipts] == [False, False, True]
     assert receipts[2].commit_offset == receipts[0].commit_offset
     assert read_all(s, "t") == [b"a", b"b", b"c"]
@@ -35,9 +35,9 @@ def test_rejected_request_leaves_no_sequence_behind(tmp_path: Path) -> None:
     s = open_store(str(tmp_path))
     create_topic(s, "t")
     with pytest.raises(BrokerError, match="out-of-order"):
-        s.append([_batch(0, [b"x"]), _batch(5, [b"y"])])
-    receipts, end = s.append([_batch(0, [b"x"])])
-    s.wait_ack(end, "flush", 5000)
+        s.appender.append([_batch(0, [b"x"]), _batch(5, [b"y"])])
+    receipts, end = s.appender.append([_batch(0, [b"x"])])
+    s.watermarks.wait_ack(end, "flush", 5000)
     assert not receipts[0].duplicate
     assert read_all(s, "t") == [b"x"]
     s.stop()
@@ -51,8 +51,8 @@ def test_request_with_more_batches_than_iov_max(tmp_path: Path) -> None:
     for i in range(1500):
         records, _ = bf.encode_records([(b"%d" % i, b"", b"")])
         batches.append(IncomingBatch("wide", i % 1024, records, 1, crc32c.crc32c(records)))
-    receipts, end = s.append(batches)
-    s.wait_ack(end, "flush", 5000)
+    receipts, end = s.appender.append(batches)
+    s.watermarks.wait_ack(end, "flush", 5000)
     assert len(receipts) == 1500 and s.log.max_offset == end
     assert read_all(s, "wide", 5) == [b"5", b"1029"]
     s.stop()
@@ -64,12 +64,12 @@ def test_pull_respects_its_byte_budget(tmp_path: Path) -> None:
     create_topic(s, "t")
     for _ in range(5):
         records, _ = bf.encode_records([(b"b" * 10_000, b"", b"")])
-        _, end = s.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
-    s.wait_ack(end, "flush", 5000)
+        _, end = s.appender.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
+    s.watermarks.wait_ack(end, "flush", 5000)
     read_all(s, "t")
-    r = s.pull("t", 0, 0, 100, 25_000, 0)  # adjacent batches come back as one run
+    r = s.reads.pull("t", 0, 0, 100, 25_000, 0)  # adjacent batches come back as one run
     assert sum(len(b) for b in r.batches) <= 25_000 and r.count == 2
-    r = s.pull("t", 0, 0, 100, 100, 0)
+    r = s.reads.pull("t", 0, 0, 100, 100, 0)
     assert sum(len(b) for b in r.batches) > 100 and r.count == 1
     s.stop()
 
@@ -80,12 +80,12 @@ def test_send_after_unapplied_delete_is_refused(tmp_path: Path) -> None:
 
     s = open_store(str(tmp_path))
     create_topic(s, "t")
-    s.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
+    s.appender.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
     records, _ = bf.encode_records([(b"late", b"", b"")])
     with pytest.raises(BrokerError) as info:
-        s.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
+        s.appender.append([IncomingBatch("t", 0, records, 1, crc32c.crc32c(records))])
     assert info.value.code == "NOT_FOUND"
     with pytest.raises(BrokerError) as again:
-        s.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
+        s.appender.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
     assert again.value.code == "NOT_FOUND"
     s.stop()

@@ -142,9 +142,9 @@ def test_whole_batches_cuts_at_a_boundary() -> None:
     """An object is cut at the last batch boundary within the limit (or holds one big batch)."""
     data = _batches(0, 4)
     one = bf.peek_batch_bytes(data, 0)
-    assert whole_batches(data, one * 2 + 1) == one * 2
-    assert whole_batches(data, 1) == one
-    assert whole_batches(data[:-3], 10**9) == one * 3
+    assert whole_batches(data, 0, one * 2 + 1) == one * 2
+    assert whole_batches(data, 0, 1) == one
+    assert whole_batches(data[:-3], 0, 10**9) == one * 3
 
 
 def test_retention_plan_keeps_newest_unexpired_and_held() -> None:

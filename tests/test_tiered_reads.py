@@ -173,7 +173,7 @@ def test_empty_slave_starts_its_log_at_the_uploaded_offset(spawn: Callable[..., 
 
 
 def test_tiered_retention_never_passes_a_retention_hold(tmp_path: Path) -> None:
-    """An object holding an offset at or above min(store.retention_holds) stays (a pending timer's body)."""
+    """An object holding an offset at or above the retention read floor stays (a pending timer's body)."""
     from types import SimpleNamespace
 
     from tests.storeutil import create_topic, open_store, send
@@ -188,18 +188,18 @@ def test_tiered_retention_never_passes_a_retention_hold(tmp_path: Path) -> None:
         create_topic(store, "t")
         for i in range(40):
             send(store, "t", [b"%04d" % i + b"h" * 4000] * 4)
-        tiering = next(p.__self__ for p in store.status_providers if isinstance(getattr(p, "__self__", None), Tiering))
-        wait_for(lambda: store.confirm_offset - tiering.uploaded_offset() < 512, what="upload")
+        tiering = next(p.__self__ for p in store._status_providers if isinstance(getattr(p, "__self__", None), Tiering))
+        wait_for(lambda: store.watermarks.confirm_offset - tiering.uploaded_offset() < 512, what="upload")
         tiering.uploader.stop()
         objs = objects(tiering.backend)
         hold = objs[len(objs) // 2].start + 1  # inside the middle object
-        store.retention_holds[99] = hold
-        store.retention_holds[98] = hold + 10**9  # only the lowest hold counts
+        low_hold = store.retention.hold(hold)
+        store.retention.hold(hold + 10**9)  # only the lowest hold counts
         time.sleep(0.01)
         deleted = tiering.uploader.enforce_retention()
         left = objects(tiering.backend)
         assert deleted == objs[: len(objs) // 2] and left == objs[len(objs) // 2 :]
-        del store.retention_holds[99]
+        store.retention.release(low_hold)
         assert tiering.uploader.enforce_retention() == left[:-1]  # without the hold: all but the newest
     finally:
         for hook in daemon.on_stop:

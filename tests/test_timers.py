@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from broker.errors import BrokerError
+from broker.store.watermarks import AloneRule
 from broker.timers import snapshot as snaps
 from broker.timers import timerlog as tl
 from broker.timers.index import PENDING
@@ -96,8 +97,8 @@ def test_deleted_topic_drops_its_timers(tmp_path: Path) -> None:
     create_topic(s, "gone")
     base = future_base_ms()
     offs = schedule(s, "gone", 0, [base + 100, base + 200])
-    end = s.append_system([(system_records.TOPIC_DELETE, {"topic": "gone"})])
-    s.wait_ack(end, "flush", 5000)
+    end = s.appender.append_system([(system_records.TOPIC_DELETE, {"topic": "gone"})])
+    s.watermarks.wait_ack(end, "flush", 5000)
     clock = SimClock(s, base)
     clock.advance_to(base + 400, 50, "orders-none", 0)
     events = timer_events(s)
@@ -107,7 +108,7 @@ def test_deleted_topic_drops_its_timers(tmp_path: Path) -> None:
 
 
 def _wheel_state(s: object) -> tuple[np.ndarray, np.ndarray, list[int]]:
-    v = s.timer_view  # type: ignore[attr-defined]
+    v = s.views.timers  # type: ignore[attr-defined]
     idx = v.index
     pending = idx.off[idx.low : idx.size][idx.state[idx.low : idx.size] == PENDING]
     return v.wheel.count.copy(), v.wheel.last.copy(), sorted(pending.tolist())
@@ -115,7 +116,7 @@ def _wheel_state(s: object) -> tuple[np.ndarray, np.ndarray, list[int]]:
 
 def _pending_by_walk(s: object) -> list[int]:
     """Every pending timer reachable by walking the chains (what firing would find)."""
-    v = s.timer_view  # type: ignore[attr-defined]
+    v = s.views.timers  # type: ignore[attr-defined]
     found: list[int] = []
     for ring in np.flatnonzero(v.wheel.count > 0).tolist():
         recs = v.wheel.walk(ring, v.read_block, floor=v.log.min_offset)
@@ -135,12 +136,12 @@ def _busy_store(path: str) -> tuple[object, SimClock]:
         schedule(s, "t", q, [base + rng.randrange(0, 400_000) for _ in range(700)])
     clock = SimClock(s, base)
     clock.advance_to(base + 30_000, 500, "t", 3)
-    with s.views_lock:
-        s.timer_view.write_snapshot()
+    with s.dispatcher.lock:
+        s.views.timers.write_snapshot()
     schedule(s, "t", 1, [base + rng.randrange(30_000, 60_000) for _ in range(300)])
     clock.advance_to(base + 45_000, 500, "t", 3)
-    with s.views_lock:
-        s.timer_view.write_snapshot()
+    with s.dispatcher.lock:
+        s.views.timers.write_snapshot()
     schedule(s, "t", 2, [base + rng.randrange(30_000, 60_000) for _ in range(300)])  # the tail after it
     clock.advance_to(base + 50_000, 500, "t", 3)
     settle(s)
@@ -151,7 +152,7 @@ def _reopen_same_wheel(path: Path, before: tuple[np.ndarray, np.ndarray, list[in
     """Recover the store at ``path``: the wheel's counts and pending timers are what they were,
     and walking the chains finds exactly the pending timers."""
     s2 = timer_store(str(path), **{"timer.precision_ms": 100, "timer.wheel_slots": 1024})
-    assert s2.timer_view.loaded_from.startswith(loaded_from), s2.timer_view.loaded_from
+    assert s2.views.timers.loaded_from.startswith(loaded_from), s2.views.timers.loaded_from
     after = _wheel_state(s2)
     assert np.array_equal(before[0], after[0]) and before[2] == after[2]
     assert _pending_by_walk(s2) == before[2]
@@ -198,25 +199,25 @@ def test_without_any_snapshot_the_wheel_is_rebuilt_from_the_timer_log(tmp_path: 
 def test_a_torn_timer_log_tail_is_cut_and_replayed_from_the_commit_log(tmp_path: Path) -> None:
     s, _ = _busy_store(str(tmp_path / "d"))
     before = _wheel_state(s)
-    seg = s.timer_view.log.segments[-1]  # type: ignore[attr-defined]
+    seg = s.views.timers.log.segments[-1]  # type: ignore[attr-defined]
     s.crash_close()  # type: ignore[attr-defined]
     with open(seg.path, "r+b") as f:  # garbage over the last group: its CRC no longer matches
         f.seek(seg.size_bytes - 3 * tl.RECORD_BYTES)
         f.write(b"\x55" * tl.RECORD_BYTES)
     s2 = _reopen_same_wheel(tmp_path / "d", before, "snapshot@")
-    assert s2.timer_view.cut_bytes > 0  # type: ignore[attr-defined]
+    assert s2.views.timers.cut_bytes > 0  # type: ignore[attr-defined]
     s2.stop()  # type: ignore[attr-defined]
 
 
 def test_snapshots_keep_only_the_newest_and_hold_retention(tmp_path: Path) -> None:
     s, _ = _busy_store(str(tmp_path / "d"))
     snap_dir = str(tmp_path / "d" / "timer" / "snapshots")
-    with s.views_lock:  # type: ignore[attr-defined]
-        s.timer_view.write_snapshot()  # type: ignore[attr-defined]
+    with s.dispatcher.lock:  # type: ignore[attr-defined]
+        s.views.timers.write_snapshot()  # type: ignore[attr-defined]
     assert len(snaps.positions(snap_dir)) == 2
-    oldest_pending = s.timer_view.body_hold()  # type: ignore[attr-defined]
-    s.checkpoint_views()  # type: ignore[attr-defined]
-    assert s.retention_floor() <= oldest_pending  # type: ignore[attr-defined]
+    oldest_pending = s.views.timers.body_hold()  # type: ignore[attr-defined]
+    s.dispatcher.checkpoint_views()  # type: ignore[attr-defined]
+    assert s.retention.local_floor() <= oldest_pending  # type: ignore[attr-defined]
     s.stop()  # type: ignore[attr-defined]
 
 
@@ -259,7 +260,7 @@ def test_with_snapshots_disabled_restart_rebuilds_from_the_timer_log(tmp_path: P
     offs = schedule(s, "t", 0, [base + 100 * i for i in range(200)])
     clock = SimClock(s, base)
     clock.advance_to(base + 5_000, 100, "t", 1)
-    s.checkpoint_views()
+    s.dispatcher.checkpoint_views()
     before = _wheel_state(s)
     s.crash_close()
     assert not os.path.exists(tmp_path / "d" / "timer" / "snapshots")
@@ -271,6 +272,17 @@ def test_with_snapshots_disabled_restart_rebuilds_from_the_timer_log(tmp_path: P
     s2.stop()  # type: ignore[attr-defined]
 
 
+class FixedConfirm(AloneRule):
+    """A confirm rule stuck at one offset (a stalled in-sync replica)."""
+
+    def __init__(self, offset: int) -> None:
+        super().__init__(lambda: "master")
+        self.offset = offset
+
+    def confirm(self, flushed_offset: int) -> int:
+        return self.offset
+
+
 def test_a_cancel_that_times_out_still_keeps_its_timer_from_firing(tmp_path: Path) -> None:
     """The cancel is in the log but not confirmed in time: the caller gets an error, and the timer
     must not fire in the meantime (once the cancel is applied it never fires)."""
@@ -279,15 +291,15 @@ def test_a_cancel_that_times_out_still_keeps_its_timer_from_firing(tmp_path: Pat
     base = future_base_ms()
     off = schedule(s, "t", 0, [base + 100])[0]
     clock = SimClock(s, base)
-    frozen = s.confirm_offset
-    s.confirm_source = lambda flushed: frozen  # a stalled in-sync replica
+    frozen = s.watermarks.confirm_offset
+    s.register_confirm_rule(FixedConfirm(frozen))  # a stalled in-sync replica
     with pytest.raises(BrokerError) as slow:
         s.timers.cancel(off)
     assert slow.value.code == "DEADLINE_EXCEEDED"
     clock.advance_to(base + 400, 50, "t", 1)
     assert not clock.fired_at, "a timer whose cancel is in the log fired"
-    s.confirm_source = lambda flushed: flushed
-    s.advance_confirm()
+    s.register_confirm_rule(AloneRule(lambda: "master"))
+    s.watermarks.advance_confirm()
     settle(s)
     clock.advance_to(base + 1000, 50, "t", 1)
     assert not clock.fired_at
@@ -305,11 +317,11 @@ def test_a_new_wheel_shape_relinks_every_pending_timer(tmp_path: Path) -> None:
     base = future_base_ms()
     ats = [base + 50 + 37 * i for i in range(300)]
     offs = schedule(s, "t", 0, ats)
-    with s.views_lock:
-        s.timer_view.write_snapshot()
+    with s.dispatcher.lock:
+        s.views.timers.write_snapshot()
     s.crash_close()
     s2 = timer_store(str(tmp_path / "d"), **{"timer.wheel_slots": 100})
-    assert s2.timer_view.loaded_from.startswith("timer log rebuild")
+    assert s2.views.timers.loaded_from.startswith("timer log rebuild")
     assert _pending_by_walk(s2) == sorted(offs)
     clock = SimClock(s2, base)
     clock.advance_to(base + 37 * 300 + 200, 20, "t", 1)

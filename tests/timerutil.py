@@ -34,16 +34,16 @@ def schedule(s: Store, topic: str, queue: int, ats: list[int]) -> list[int]:
     items = [(b"body-%d" % at, b"k", tr.scheduled_props(at, topic, queue, {"n": str(i)})) for i, at in enumerate(ats)]
     records, positions = bf.encode_records(items)
     batch = IncomingBatch(tr.TIMER_TOPIC, 0, records, len(items), crc32c.crc32c(records), timer_target=(topic, queue))
-    receipts, end = s.append([batch])
-    s.wait_ack(end, "flush", 5000)
+    receipts, end = s.appender.append([batch])
+    s.watermarks.wait_ack(end, "flush", 5000)
     settle(s)
     base = receipts[0].commit_offset + bf.HEADER_BYTES + len(tr.TIMER_TOPIC)
     return [base + p for p in positions]
 
 
 def settle(s: Store) -> None:
-    assert s.wait_view_applied(s.timer_view, s.log.max_offset, 10), "timer view did not catch up"
-    assert s.wait_applied(s.log.max_offset, 10)
+    assert s.dispatcher.wait_applied(s.views.timers, s.log.max_offset, 10), "timer view did not catch up"
+    assert s.wait_metadata_applied(s.log.max_offset, 10)
 
 
 def deliveries(s: Store, topic: str, queues: int, start: dict[int, int] | None = None) -> list[tuple[int, int, int]]:
@@ -55,7 +55,7 @@ def deliveries(s: Store, topic: str, queues: int, start: dict[int, int] | None =
     for q in range(queues):
         offset = start.get(q, 0)
         while True:
-            r = s.pull(topic, q, offset, 100_000, 1 << 30, 0)
+            r = s.reads.pull(topic, q, offset, 100_000, 1 << 30, 0)
             if not r.count:
                 break
             for raw in r.batches:
@@ -77,7 +77,7 @@ def timer_events(s: Store) -> list[dict[str, str]]:
     """Every event record in ``__timer`` (fired, cancelled, dropped)."""
     settle(s)
     out: list[dict[str, str]] = []
-    r = s.pull(tr.TIMER_TOPIC, 0, 0, 1_000_000, 1 << 30, 0)
+    r = s.reads.pull(tr.TIMER_TOPIC, 0, 0, 1_000_000, 1 << 30, 0)
     for raw in r.batches:
         pos = 0
         while pos < len(raw):
@@ -115,5 +115,5 @@ class SimClock:
 
 
 def timer_log_types(s: Store) -> np.ndarray:
-    recs = tl.read_records(s.timer_view.log, s.timer_view.log.min_offset, s.timer_view.log.max_offset)
+    recs = tl.read_records(s.views.timers.log, s.views.timers.log.min_offset, s.views.timers.log.max_offset)
     return recs["type"]

@@ -4,6 +4,6 @@
 - ``objects``: object names, metadata, checks (docs/formats/tiered-objects.md).
 - ``uploader``: master-only upload below the confirm offset, break point from the object store.
 - ``reader``/``cache``/``index``: read-through of ranges below the local log start.
-- ``retention``: whole-object retention that honours ``store.retention_holds``.
+- ``retention``: whole-object retention that honours ``store.retention.read_floor()``.
 - ``plugin``: the ``tidemark.plugins`` entry point that wires it into a daemon.
 """

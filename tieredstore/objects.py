@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import crc32c
 
 from broker.invariant import CorruptionError
-from broker.logformat import batch as bf
+from broker.logformat.scan import Mode, batch_boundary, scan_bytes
 
 LOG_PREFIX = "log/"
 QUARANTINE_PREFIX = "quarantine/"
@@ -81,34 +81,25 @@ def describe(data: bytes | memoryview, start: int) -> Described:
     Raises CorruptionError on a bad CRC, a wrong offset or a cut batch: nothing corrupt is uploaded.
     """
     mv = memoryview(data)
-    pos = 0
     batches = 0
     epoch = first_ms = last_ms = 0
-    while pos < len(mv):
-        header = bf.verify_batch(mv, pos, path="tiered upload")
-        if header.base_offset != start + pos:
-            raise CorruptionError(f"batch claims offset {header.base_offset}, expected {start + pos}", path="tiered upload")
+    for header, _ in scan_bytes(mv, start, mode=Mode.STRICT, verify_body=True, path="tiered upload"):
         if batches == 0:
             first_ms = header.store_time_ms
         epoch, last_ms = header.epoch, header.store_time_ms
         batches += 1
-        pos += header.batch_bytes
-    if pos != len(mv) or batches == 0:
-        raise CorruptionError(f"object [{start}, {start + len(mv)}) does not end on a batch boundary", path="tiered upload")
+    if batches == 0:
+        raise CorruptionError(f"object [{start}, {start + len(mv)}) holds no batch", path="tiered upload")
     obj = TieredObject(start, start + len(mv), epoch, crc32c.crc32c(mv))
     return Described(obj, batches, first_ms, last_ms)
 
 
-def whole_batches(data: bytes | memoryview, limit: int) -> int:
-    """Length of the longest prefix of ``data`` made of whole batches and at most ``limit`` bytes
-    (or exactly the first batch when it alone is longer)."""
-    pos = 0
-    while pos + bf.HEADER_BYTES <= len(data):
-        size = bf.peek_batch_bytes(data, pos)
-        if size < bf.HEADER_BYTES or pos + size > len(data) or (pos and pos + size > limit):
-            break
-        pos += size
-    return pos
+def whole_batches(data: bytes | memoryview, start: int, limit: int) -> int:
+    """Length of the longest prefix of ``data`` (from commit offset ``start``) made of whole batches
+    and at most ``limit`` bytes, or exactly the first batch when it alone is longer (0 when even
+    that is not wholly in ``data``)."""
+    n = batch_boundary(data, start, limit)
+    return n if n <= len(data) else 0
 
 
 def runs(objects: list[TieredObject]) -> list[list[TieredObject]]:

@@ -1,8 +1,8 @@
 """Entry point ``tidemark.plugins: tieredstore``: wires tiered storage into a daemon.
 
-On both nodes: the read-through reader (``store.cold_reader``), the local retention floor (only
+On both nodes: the read-through reader (a ``ColdReader``), the local retention floor (only
 uploaded ranges may be deleted) and the status fields. On the master only: the uploader, started
-on promotion and stopped on demotion (``store.role_listeners``). ``broker`` never imports this
+on promotion and stopped on demotion (a role listener). See broker/ports.py. ``broker`` never imports this
 package (DESIGN §9).
 """
 
@@ -28,7 +28,7 @@ log = structlog.get_logger("tieredstore")
 def make_backend(config: Config, node_id: str = "") -> Backend:
     """The backend the configuration names (tiering must be enabled)."""
     if config["tieredstore.backend"] == "s3":
-        from tieredstore.s3 import S3Backend  # boto3 takes ~0.35 s to import: only when it is used
+        from tieredstore.s3 import S3Backend  # noqa: PLC0415 - boto3 takes ~0.35 s to import: only when used
 
         return S3Backend(
             bucket=config["tieredstore.s3_bucket"], prefix=config["tieredstore.s3_prefix"],
@@ -53,7 +53,7 @@ class Tiering:
 
     def uploaded_offset(self) -> int:
         """Every log byte below this is in the object store (recorded in the log, or uploaded by us)."""
-        return max(self.store.metadata.tiered_uploaded_offset, self.uploader.uploaded_offset)
+        return max(self.store.views.metadata.tiered_uploaded_offset, self.uploader.uploaded_offset)
 
     def on_role(self, role: str) -> None:
         if role == "master":
@@ -75,10 +75,10 @@ class Tiering:
         st["tiered_uploaded_offset"] = uploaded
         st["tiered"] = {
             "backend": self.backend.name,
-            "recorded_offset": self.store.metadata.tiered_uploaded_offset,
+            "recorded_offset": self.store.views.metadata.tiered_uploaded_offset,
             "uploading": self.uploader.running,
             "objects": len(self.index.objects()),
-            "readable_min_offset": self.store.readable_min_offset(),
+            "readable_min_offset": self.store.reads.readable_min_offset(),
             "read_cache_bytes": self.reader.cache.used_bytes,
             "gaps": self.uploader.gaps[:10],
             "error": self.uploader.last_error,
@@ -91,10 +91,10 @@ def attach(daemon: Any) -> None:
     if not tiering_enabled(config):
         return
     tiering = Tiering(store, config)
-    store.cold_reader = tiering.reader
-    store.retention_floors.append(tiering.uploaded_offset)
-    store.status_providers.append(tiering.status)
-    store.role_listeners.append(tiering.on_role)
+    store.register_cold_reader(tiering.reader)
+    store.register_retention_floor(tiering.uploaded_offset)
+    store.register_status_provider(tiering.status)
+    store.register_role_listener(tiering.on_role)
     daemon.on_start.append(tiering.start)
     daemon.on_stop.insert(0, tiering.stop)
     log.info("tiered_storage_attached", backend=tiering.backend.name)

@@ -1,4 +1,4 @@
-"""Read-through: log bytes below the local log start, fetched from the backend (``store.cold_reader``).
+"""Read-through: log bytes below the local log start, fetched from the backend (a ``ColdReader``, broker/ports.py).
 
 Objects are read in blocks of ``BLOCK_BYTES`` (ranged gets) kept in a bounded LRU cache, so a
 consumer reading sequentially fetches each block once. Every batch handed back is verified
@@ -14,7 +14,7 @@ import structlog
 
 from broker.errors import BrokerError
 from broker.invariant import CorruptionError
-from broker.logformat import batch as bf
+from broker.logformat.scan import Mode, scan_bytes
 from broker.store import Store
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectMissing
@@ -99,15 +99,7 @@ class ColdReader:
 
 
 def _verify(data: bytes, offset: int) -> None:
-    """Whole batches from ``offset``, each with valid CRCs (the paired check after a read)."""
-    mv = memoryview(data)
-    pos = 0
-    while pos + bf.HEADER_BYTES <= len(mv):
-        size = bf.peek_batch_bytes(mv, pos)
-        if pos + size > len(mv):
-            break  # a short read: the caller sees the length and reports the range as missing
-        header = bf.verify_batch(mv, pos, path="tiered storage")
-        if header.base_offset != offset + pos:
-            raise CorruptionError(f"tiered batch claims offset {header.base_offset}, expected {offset + pos}",
-                                  path="tiered storage")
-        pos += size
+    """Whole batches from ``offset``, each with valid CRCs (the paired check after a read); a short
+    read ends quietly: the caller sees the length and reports the range as missing."""
+    for _ in scan_bytes(data, offset, mode=Mode.PREFIX, verify_body=True, path="tiered storage"):
+        pass

@@ -2,7 +2,7 @@
 
 Never deleted: the newest object (it marks the upload break point), an object not yet expired
 or anything after it (what stays is contiguous), and any object holding an offset at or above
-``min(store.retention_holds.values())`` (a pending timer message's body, a snapshot stream).
+``store.retention.read_floor()`` (a pending timer message's body, a snapshot stream).
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ class Uploader:
         store = self.store
         # progress records already in our log must be applied before we compare with them (a new
         # master confirms its whole log at once; this waits for its views, boundedly)
-        store.wait_applied(store.log.max_offset, RESUME_APPLY_WAIT_S)
+        store.wait_metadata_applied(store.log.max_offset, RESUME_APPLY_WAIT_S)
         clean_tmp = getattr(self.backend, "clean_tmp", None)
         if clean_tmp is not None:
             clean_tmp()
@@ -147,12 +147,12 @@ class Uploader:
                 log.warning("tiered_gaps", gaps=self.gaps[:10])
         else:
             last = None
-            point = max(store.log.min_offset, store.metadata.tiered_uploaded_offset)
+            point = max(store.log.min_offset, store.views.metadata.tiered_uploaded_offset)
         self.uploaded_offset = point
         metrics.UPLOADED_OFFSET.set(point)
-        if last is not None and point > store.metadata.tiered_uploaded_offset:
+        if last is not None and point > store.views.metadata.tiered_uploaded_offset:
             self._record(last, resumed=True)
-        log.info("uploader_resumed", break_point=point, objects=len(objs), recorded=store.metadata.tiered_uploaded_offset)
+        log.info("uploader_resumed", break_point=point, objects=len(objs), recorded=store.views.metadata.tiered_uploaded_offset)
         return point
 
     def _disagrees(self, obj: TieredObject) -> str:
@@ -185,7 +185,7 @@ class Uploader:
         store = self.store
         point = self.break_point
         assert point is not None
-        confirm = store.confirm_offset
+        confirm = store.watermarks.confirm_offset
         metrics.UPLOAD_LAG.set(max(0, confirm - self.uploaded_offset))
         pending = confirm - point
         if pending <= 0:
@@ -206,8 +206,8 @@ class Uploader:
         body, described = prepared
         obj = described.obj
         # the invariant, checked right before the put: only confirmed bytes, only as the master
-        invariant(obj.end <= store.confirm_offset,
-                  f"tiered upload [{obj.start}, {obj.end}) passes the confirm offset {store.confirm_offset}")
+        invariant(obj.end <= store.watermarks.confirm_offset,
+                  f"tiered upload [{obj.start}, {obj.end}) passes the confirm offset {store.watermarks.confirm_offset}")
         invariant(store.role == "master" and not store.fenced_reason, "a tiered upload on a node that is not the master")
         self._check_no_newer(obj)
         self._prefetch(obj.end, 1 if body.obj is self._bufs[0] else 0)  # read the next object during the put
@@ -225,7 +225,7 @@ class Uploader:
         metrics.UPLOADED_BYTES.inc(obj.size_bytes)
         metrics.UPLOADED_OBJECTS.inc()
         metrics.UPLOADED_OFFSET.set(obj.end)
-        metrics.UPLOAD_LAG.set(max(0, store.confirm_offset - obj.end))
+        metrics.UPLOAD_LAG.set(max(0, store.watermarks.confirm_offset - obj.end))
         self._record(obj)
         failpoint("tiered_after_record")
         return True
@@ -233,7 +233,7 @@ class Uploader:
     def _prepare(self, start: int, length: int, which: int) -> tuple[memoryview, Described] | None:
         """Read whole batches [start, <= start + length) into buffer ``which`` and verify them."""
         data = self._read(start, length, which)
-        n = whole_batches(data, self.object_bytes)
+        n = whole_batches(data, start, self.object_bytes)
         if n == 0:
             return None
         body = data[:n]
@@ -241,7 +241,7 @@ class Uploader:
 
     def _prefetch(self, start: int, which: int) -> None:
         """While a put runs, read and verify the next object when a whole one is already confirmed."""
-        if self.store.confirm_offset - start < self.object_bytes:
+        if self.store.watermarks.confirm_offset - start < self.object_bytes:
             return
         self._next = (start, self._pool.submit(self._prepare, start, self.object_bytes, which))
 
@@ -297,7 +297,7 @@ class Uploader:
         if resumed:
             fields["resumed"] = True
         try:
-            self.store.append_system([(system_records.TIERED_UPLOADED, fields)])
+            self.store.appender.append_system([(system_records.TIERED_UPLOADED, fields)])
         except BrokerError as exc:  # fenced, closing, disk full: the object store still holds the truth
             log.warning("tiered_record_failed", error=exc.message, end=obj.end)
 
@@ -310,8 +310,7 @@ class Uploader:
         self.enforce_retention()
 
     def enforce_retention(self) -> list[TieredObject]:
-        holds = list(self.store.retention_holds.values())
-        doomed = plan_deletions(self.index.refresh(), time.time(), self.retention_ms, min(holds) if holds else None)
+        doomed = plan_deletions(self.index.refresh(), time.time(), self.retention_ms, self.store.retention.read_floor())
         for obj in doomed:
             self.backend.delete(obj.key)
             self.index.remove(obj)

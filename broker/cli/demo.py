@@ -6,6 +6,7 @@ prints a short readable summary.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import time
@@ -36,7 +37,6 @@ def _count(c: BrokerClient, topic: str, queues: int) -> int:
 
 
 def _objects(work: str) -> int:
-    import os
 
     return sum(len(files) for _, _, files in os.walk(f"{work}/objects"))
 

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 
-from broker.invariant import CorruptionError
 from broker.logformat import batch as bf
+from broker.logformat.scan import Mode, Problem, scan
 from broker.storage import atomic_file, epochs, identity
+from broker.storage.commitlog import CommitLog
 from broker.storage.segment import parse_segment_name
 from broker.store import recovery
+from broker.timers import snapshot as snaps
+from broker.timers import timerlog
 from broker.views import consume_queue, producer_state
 
 SMALL_FILES = (
@@ -25,38 +28,31 @@ CHUNK_BYTES = 8 << 20
 
 
 def _verify_segment(path: str, start: int, problems: list[str]) -> tuple[int, int]:
+    """Check every batch of one segment; return (batches, bytes valid from its start)."""
     size = os.path.getsize(path)
+    end = start + size
     batches = 0
-    pos = 0
     with open(path, "rb") as f:
-        while pos < size:
-            f.seek(pos)
-            data = f.read(min(CHUNK_BYTES, size - pos))
-            i = 0
-            while i + 4 <= len(data):
-                n = bf.peek_batch_bytes(data, i)
-                if n < bf.HEADER_BYTES or pos + i + n > size:
-                    problems.append(f"{path}: offset {start + pos + i}: torn or corrupt batch (length {n}); "
-                                    f"{size - pos - i} bytes to the end of the segment")
-                    return batches, pos + i
-                if i + n > len(data):
-                    if i == 0:
-                        f.seek(pos)
-                        data = f.read(n)
-                        continue
-                    break
-                try:
-                    h = bf.verify_batch(data, i, path=path)
-                    if h.base_offset != start + pos + i:
-                        raise CorruptionError(f"batch claims offset {h.base_offset}", path=path, offset=start + pos + i)
-                except CorruptionError as exc:
-                    problems.append(f"{path}: offset {start + pos + i}: {exc}")
-                i += n
+
+        def read(offset: int, length: int) -> bytes:
+            f.seek(offset - start)
+            return f.read(length)
+
+        at = start
+        while at < end:  # after a damaged batch, go on at the next one its length field names
+            walk = scan(read, at, end, mode=Mode.TORN_TAIL, verify_body=True, chunk_bytes=CHUNK_BYTES, path=path)
+            for _ in walk:
                 batches += 1
-            if i == 0:
-                problems.append(f"{path}: offset {start + pos}: unreadable tail")
-                return batches, pos
-            pos += i
+            stop = walk.stop
+            if stop is None:
+                break
+            if stop.problem is Problem.INCOMPLETE or stop.declared_bytes < bf.HEADER_BYTES:
+                problems.append(f"{path}: offset {stop.offset}: torn or corrupt batch (length {stop.declared_bytes}); "
+                                f"{end - stop.offset} bytes to the end of the segment")
+                return batches, stop.offset - start
+            problems.append(f"{path}: offset {stop.offset}: {stop.error}")
+            batches += 1
+            at = stop.offset + stop.declared_bytes
     return batches, size
 
 
@@ -105,9 +101,6 @@ def verify_data_dir(data_dir: str) -> int:
 
 def _verify_timer_state(data_dir: str, problems: list[str]) -> int:
     """Timer-log groups (MARK positions and CRCs) and every wheel snapshot; returns the groups."""
-    from broker.storage.commitlog import CommitLog
-    from broker.timers import snapshot as snaps
-    from broker.timers import timerlog
 
     log_dir = os.path.join(data_dir, "timer", "log")
     if not os.path.isdir(log_dir):

@@ -21,6 +21,7 @@ import grpc
 
 from broker import alloc
 from broker.logformat import batch as bf
+from broker.logformat.scan import Mode, scan_bytes
 from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TIMER_TOPIC, scheduled_props, target_props
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -130,8 +131,7 @@ class PullResult(Sequence[PulledMessage]):
         """(blob, batch start, header) for every batch, header CRC checked (paired with the write)."""
         for raw in self._response.batches:
             pos = 0
-            while pos < len(raw):
-                header = bf.decode_header(raw, pos)
+            for header, _ in scan_bytes(raw, mode=Mode.STRICT, check_offsets=False, path="pulled batches"):
                 yield raw, pos, header
                 pos += header.batch_bytes
 

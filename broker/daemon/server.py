@@ -43,12 +43,13 @@ UMASK = 0o077  # files and directories the daemon creates are private to its use
 
 
 class Daemon:
+    store: Store  # recovered by start(), before plugins attach
+
     def __init__(self, config: Config, notifier: Notifier | None = None) -> None:
         self.config = config
         self.notifier = notifier or Notifier({})
         self.interceptors, self.tokens = auth.interceptors(config)
         _warn_if_open(config["node.data_dir"])
-        self.store = Store(config, config["node.data_dir"])
         self.grpc_server: grpc.Server | None = None
         self.health = health.HealthServicer()
         self.stopping = threading.Event()
@@ -59,6 +60,7 @@ class Daemon:
         log.info("starting", data_dir=self.config["node.data_dir"], listen=self.config["node.listen"],
                  tls=bool(self.config["tls.cert_file"]), token_required=self.tokens is not None)
         self.notifier.status(f"recovering {self.config['node.data_dir']}")
+        self.store = Store.open(self.config)
         self.store.start()
         self.notifier.status("recovered; starting the gRPC server")
         limit = self.config["limits.request_bytes_max"]
@@ -96,8 +98,8 @@ class Daemon:
         threading.Thread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
         log.info("serving", listen=self.config["node.listen"], role=self.store.role,
                  recovery=self.store.recovery_report)
-        self.store.role_listeners.append(self._on_role_change)
-        self.store.status_providers.append(self._security_status)
+        self.store.register_role_listener(self._on_role_change)
+        self.store.register_status_provider(self._security_status)
         self.notifier.ready(self.serving_status())
 
     def _security_status(self, st: dict[str, object]) -> None:
@@ -147,8 +149,8 @@ class Daemon:
     def _lag_metrics_loop(self) -> None:
         while not self.stopping.wait(5.0):
             try:
-                for group, topic, queue, offset in self.store.metadata.group_offsets():
-                    qf = self.store.consume_queues.queue(topic, queue)
+                for group, topic, queue, offset in self.store.views.metadata.group_offsets():
+                    qf = self.store.views.queues.queue(topic, queue)
                     if qf is not None:
                         metrics.GROUP_LAG.labels(group, topic, str(queue)).set(qf.next_queue_offset - offset)
                 metrics.SEGMENTS.set(len(self.store.log.segments))
@@ -246,7 +248,7 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
             if load_config is not None:
                 daemon.reload(load_config)
         if notifier.watchdog_usec:
-            reason = progress.check(daemon.store.log.max_offset, daemon.store.flushed_offset, time.monotonic())
+            reason = progress.check(daemon.store.log.max_offset, daemon.store.watermarks.flushed_offset, time.monotonic())
             if reason is None:
                 if unhealthy:
                     log.info("watchdog_resumed")

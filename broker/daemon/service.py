@@ -14,7 +14,8 @@ from broker import metrics
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import BrokerError, invalid, not_found
 from broker.logformat import system_records
-from broker.store import IncomingBatch, Store
+from broker.ports import IncomingBatch, RoleController
+from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -54,7 +55,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise invalid("a send request needs at least one batch")
         ack = ACK_NAMES[request.ack]
         if ack == "replica":
-            self.store.check_replica_ack_possible()
+            self.store.watermarks.check_replica_ack_possible()
         batches = [
             IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
                           b.base_sequence, timer_target=(b.topic, b.queue_id))
@@ -63,12 +64,12 @@ class BrokerService(pb_grpc.BrokerServicer):
             for b in request.batches
         ]
         try:
-            receipts, wait_offset = self.store.append(batches)
+            receipts, wait_offset = self.store.appender.append(batches)
         except BrokerError:
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
         timeout_ms = request.timeout_ms or self.config["limits.send_timeout_ms"]
-        self.store.wait_ack(wait_offset, ack, min(timeout_ms, self.config["limits.send_timeout_ms"]))
+        self.store.watermarks.wait_ack(wait_offset, ack, min(timeout_ms, self.config["limits.send_timeout_ms"]))
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(sum(len(b.records) for b in batches))
@@ -87,14 +88,14 @@ class BrokerService(pb_grpc.BrokerServicer):
             max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
             max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
             wait_ms = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"])
-            r = self.store.pull(request.topic, request.queue_id, request.offset, max_messages, max_bytes, wait_ms)
+            r = self.store.reads.pull(request.topic, request.queue_id, request.offset, max_messages, max_bytes, wait_ms)
             return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
                                        min_offset=r.min_offset, max_offset=r.max_offset)
         return _handle(context, run)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         return _handle(context, lambda: pb.OffsetForTimeResponse(
-            offset=self.store.offset_for_time(request.topic, request.queue_id, request.timestamp_ms)))
+            offset=self.store.reads.offset_for_time(request.topic, request.queue_id, request.timestamp_ms)))
 
     # -- consumer offsets ----------------------------------------------------------------------
     def CommitOffset(self, request: pb.CommitOffsetRequest, context: grpc.ServicerContext) -> pb.CommitOffsetResponse:
@@ -105,8 +106,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 self._check_group(o.group)
                 if o.topic.startswith(system_records.SYSTEM_PREFIX):
                     raise invalid(f"consumer offsets are not stored for system topic {o.topic!r}")
-                self.store.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
-                high = self.store.appended_queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
+                self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
+                high = self.store.appender.queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
                 if o.offset > high:
                     raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
                 entries.append((o.group, o.topic, o.queue_id, o.offset))
@@ -117,10 +118,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     def GetOffset(self, request: pb.GetOffsetRequest, context: grpc.ServicerContext) -> pb.GetOffsetResponse:
         def run() -> pb.GetOffsetResponse:
             self._check_group(request.group)
-            self.store.queue_bounds(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
+            self.store.reads.queue_bounds(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
             value = self.store.offsets.get(request.group, request.topic, request.queue_id)
             if value is None:
-                value = self.store.metadata.committed_offset(request.group, request.topic, request.queue_id)
+                value = self.store.views.metadata.committed_offset(request.group, request.topic, request.queue_id)
             return pb.GetOffsetResponse(found=value is not None, offset=value or 0)
         return _handle(context, run)
 
@@ -133,7 +134,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     def _topic_info(self, name: str, queues: int) -> pb.TopicInfo:
         highs = []
         for q in range(queues):
-            qf = self.store.consume_queues.queue(name, q)
+            qf = self.store.views.queues.queue(name, q)
             highs.append(qf.next_queue_offset if qf else 0)
         return pb.TopicInfo(name=name, queues=queues, queue_max_offsets=highs)
 
@@ -146,7 +147,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             if not 1 <= queues <= system_records.QUEUES_MAX:
                 raise invalid(f"queues must be 1..{system_records.QUEUES_MAX}, got {queues}")
             with self._admin_lock:
-                if self.store.metadata.topic(request.name) is not None:
+                if self.store.views.metadata.topic(request.name) is not None:
                     raise BrokerError("ALREADY_EXISTS", f"topic {request.name!r} already exists")
                 self._write_metadata(system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues})
             return pb.CreateTopicResponse(topic=self._topic_info(request.name, queues))
@@ -157,24 +158,24 @@ class BrokerService(pb_grpc.BrokerServicer):
             if request.name.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"system topic {request.name!r} cannot be deleted")
             with self._admin_lock:
-                if self.store.metadata.topic(request.name) is None:
+                if self.store.views.metadata.topic(request.name) is None:
                     raise not_found(f"unknown topic {request.name!r}")
                 self._write_metadata(system_records.TOPIC_DELETE, {"topic": request.name})
             return pb.DeleteTopicResponse()
         return _handle(context, run)
 
     def _write_metadata(self, change: str, fields: dict[str, Any]) -> None:
-        self.store.check_replica_ack_possible()
-        end = self.store.append_system([(change, fields)])
+        self.store.watermarks.check_replica_ack_possible()
+        end = self.store.appender.append_system([(change, fields)])
         timeout_ms = self.config["limits.send_timeout_ms"]
-        self.store.wait_ack(end, "replica", timeout_ms)
-        if not self.store.wait_applied(end, timeout_ms / 1000.0):
+        self.store.watermarks.wait_ack(end, "replica", timeout_ms)
+        if not self.store.wait_metadata_applied(end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", f"{change} written but not yet applied within {timeout_ms} ms")
         log.info("metadata_changed", change=change, **fields)
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:
-            topics = [self._topic_info(n, t["queues"]) for n, t in sorted(self.store.metadata.list_topics().items())]
+            topics = [self._topic_info(n, t["queues"]) for n, t in sorted(self.store.views.metadata.list_topics().items())]
             if request.include_system:
                 topics += [self._topic_info(n, 1) for n in system_records.SYSTEM_TOPICS]
             return pb.ListTopicsResponse(topics=topics)
@@ -189,7 +190,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             return pb.DemoteResponse()
         return _handle(context, run)
 
-    def _roles(self) -> Any:
+    def _roles(self) -> RoleController:
         if self.store.role_controller is None:
             raise BrokerError("UNIMPLEMENTED", "replication is not available in this daemon")
         return self.store.role_controller

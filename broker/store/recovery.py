@@ -1,22 +1,23 @@
-"""Start-up recovery, as numbered passes. The same path serves a clean start, a crash and
-(later) a slave bootstrap: load each view's newest valid checkpoint, then replay the log from
-there up to the confirm offset.
+"""Start-up recovery, as numbered passes, run before the store is built (Kafka's ``LogLoader``
+shape). The same path serves a clean start, a crash and a slave bootstrap (DESIGN §1): load each
+view's newest valid checkpoint, then replay the log from there up to the confirm offset.
 
-1. Identity: load ``identity`` or create it in a new directory; refuse a non-new directory
-   without a valid one.
+1. Identity (``load_identity``, run first of all by ``Store.open``): load ``identity`` or create
+   it in a new directory; refuse a non-new directory without a valid one.
 2. Segment chain: every segment must start where the previous one ends.
-3. View checkpoints: load each view's newest valid checkpoint. A view without one is rebuilt
-   from offset 0 when the log still starts at 0; otherwise start-up is refused.
+3. View checkpoints: load each view's newest valid checkpoint (``View.load``); an unusable one is
+   forgotten (``View.reset``). A view without one is rebuilt from offset 0 when the log still
+   starts at 0; otherwise start-up is refused. A missing epoch history is rebuilt from the log.
 4. Log tail: after a clean shutdown (a valid ``clean_shutdown`` marker matching the log end) no
-   scan is needed. Otherwise every batch from the lowest view checkpoint to the end is verified;
-   a torn tail is saved to ``quarantine/`` and truncated; any other damage refuses start-up,
-   naming segment and offset. Checkpoints above the log end (lost unsynced log bytes) refuse too.
-5. Durability point: fsync the log; flushed = log end. A master confirms from its confirm
-   source (alone: everything flushed); a slave keeps what its views already applied, since only
-   its master knows what else is confirmed (an old master rejoining as a slave must not apply
-   its unreplicated tail).
+   scan is needed. Otherwise every batch from the lowest view checkpoint to the end is verified
+   (``broker.logformat.scan``, torn-tail mode); a torn tail is saved to ``quarantine/`` and
+   truncated; any other damage refuses start-up, naming segment and offset. Checkpoints above the
+   log end (lost unsynced log bytes) refuse too.
+5. Durability point: fsync the log; flushed = log end. A master confirms everything flushed; a
+   slave keeps what its views already applied, since only its master knows what else is
+   confirmed (an old master rejoining as a slave must not apply its unreplicated tail).
 6. Replay: apply each view from its own applied offset up to the confirm offset.
-7. Tail state: queue offsets and producer sequences for the next append; remove the marker.
+7. Tail state: queue offsets and producer sequences for the next append; epochs; remove the marker.
 """
 
 from __future__ import annotations
@@ -25,18 +26,22 @@ import itertools
 import json
 import os
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import structlog
 
+from broker.config import Config
 from broker.invariant import CorruptionError, StartupRefused
-from broker.logformat import batch as bf
+from broker.logformat.scan import Mode, Problem, scan
 from broker.storage import atomic_file, identity
+from broker.storage.commitlog import CommitLog
+from broker.storage.epochs import EpochHistory
 from broker.storage.failpoints import failpoint, fsync_dir
 from broker.storage.segment import Segment
-
-if TYPE_CHECKING:
-    from broker.store import Store
+from broker.store.appender import TailState
+from broker.store.dispatcher import apply_views
+from broker.store.viewset import ViewSet
 
 log = structlog.get_logger("recovery")
 
@@ -44,6 +49,17 @@ CLEAN_MARKER = "clean_shutdown"
 CLEAN_MAGIC = b"TMCS"
 CLEAN_VERSION = 1
 SCAN_CHUNK_BYTES = 8 << 20
+
+
+@dataclass
+class Recovered:
+    """What recovery established: the store starts from here."""
+
+    flushed_offset: int
+    confirm_offset: int
+    applied_offset: int
+    tail: TailState
+    report: dict[str, object]
 
 
 def is_new_data_dir(data_dir: str) -> bool:
@@ -56,65 +72,58 @@ def is_new_data_dir(data_dir: str) -> bool:
     return not os.path.exists(os.path.join(data_dir, "metadata", "data.mdb"))
 
 
-def run(store: Store) -> dict[str, object]:
+def recover(data_dir: str, *, is_new: bool, role: str, log_: CommitLog, views: ViewSet,
+            epochs: EpochHistory) -> Recovered:
+    """Passes 2-7 (pass 1, the identity, ran before any other file was opened)."""
     t0 = time.monotonic()
-    data_dir = store.data_dir
-    is_new = store.is_new
-
-    # 1. identity: loaded by load_identity() when the store was built, before any other file
 
     # 2. segment chain
-    segs = store.log.segments
-    for prev, nxt in itertools.pairwise(segs):
+    for prev, nxt in itertools.pairwise(log_.segments):
         if prev.end_offset != nxt.start_offset:
             raise StartupRefused(
                 f"commit log gap or overlap: {prev.path} ends at {prev.end_offset} but {nxt.path} starts at "
                 f"{nxt.start_offset}; run 'tidemark log verify {data_dir}'"
             )
-    store.log.ensure_active(0)
-    log_min = store.log.min_offset
+    log_.ensure_active(0)
+    log_min = log_.min_offset
 
-    # 3. view checkpoints
-    loaded: dict[str, bool] = {}
-    for view in store.views:
+    # 3. view checkpoints, epoch history
+    for view in views.all:
         try:
-            loaded[view.name] = view.load()  # type: ignore[attr-defined]
+            ok = view.load()
         except (CorruptionError, ValueError, KeyError) as exc:
             log.warning("view_checkpoint_unusable", view=view.name, error=str(exc))
-            loaded[view.name] = False
-            _reset_view(store, view.name)
-    for name, ok in loaded.items():
+            ok = False
+            view.reset()
         if not ok and not is_new:
             if log_min > 0:
                 raise StartupRefused(
-                    f"view {name}: no valid checkpoint and the log starts at {log_min} (older records were "
+                    f"view {view.name}: no valid checkpoint and the log starts at {log_min} (older records were "
                     "removed by retention), so it cannot be rebuilt; restore the data directory from backup"
                 )
-            log.warning("view_rebuild_from_log", view=name)
-    for view in store.views:
+            log.warning("view_rebuild_from_log", view=view.name)
+    for view in views.all:
         if view.applied_offset < log_min:
             raise StartupRefused(f"view {view.name} needs the log from {view.applied_offset} but it starts at {log_min}")
-
-    # 3b. epoch history: a master without one starts epoch 1 at its log end
-    if not store.epochs.load() and not is_new and store.log.max_offset > 0:
+    if not epochs.load() and not is_new and log_.max_offset > 0:  # a master without one starts epoch 1 (pass 7)
         log.warning("epoch_history_missing", note="rebuilt from the log's batch headers")
-        _rebuild_epochs(store)
+        _rebuild_epochs(log_, epochs)
+
     # 4. log tail
-    log_end = store.log.max_offset
+    log_end = log_.max_offset
     marker = atomic_file.load(os.path.join(data_dir, CLEAN_MARKER), CLEAN_MAGIC, CLEAN_VERSION)
     clean = marker is not None and json.loads(marker.payload).get("log_end") == log_end
-    scan_from = min(v.applied_offset for v in store.views)
-    scanned = 0
-    truncated_bytes = 0
+    scan_from = views.applied_min()
+    scanned = truncated_bytes = 0
     if not clean:
         if scan_from > log_end:
             raise StartupRefused(
                 f"view checkpoints reach offset {scan_from} but the commit log ends at {log_end}: "
                 "log bytes that were checkpointed are missing"
             )
-        valid_end = _scan(store, scan_from)
+        valid_end = _scan(log_, scan_from)
         scanned = log_end - scan_from
-        needed = max(v.applied_offset for v in store.views)
+        needed = views.applied_max()
         if valid_end < needed:
             raise StartupRefused(
                 f"commit log damaged at offset {valid_end}, below offset {needed} that views have already "
@@ -122,34 +131,30 @@ def run(store: Store) -> dict[str, object]:
             )
         if valid_end < log_end:
             truncated_bytes = log_end - valid_end
-            _save_torn_tail(store, valid_end, log_end)
+            _save_torn_tail(data_dir, log_, valid_end, log_end)
             failpoint("recovery_before_truncate")
-            store.log.truncate(valid_end)
+            log_.truncate(valid_end)
             log.warning("torn_tail_truncated", offset=valid_end, bytes=truncated_bytes)
             log_end = valid_end
-    if max(v.applied_offset for v in store.views) > log_end:
+    if views.applied_max() > log_end:
         raise StartupRefused(f"a view checkpoint is above the commit log end {log_end}: log bytes are missing")
 
     # 5. durability point
-    store.log.sync()
-    store.flushed_offset = log_end
-    if store.role == "slave":  # only the master knows what is confirmed: keep what the views applied
-        store.confirm_offset = min(log_end, max(v.applied_offset for v in store.views))
-    else:
-        store.confirm_offset = min(store.confirm_source(log_end), log_end)
+    log_.sync()
+    flushed = log_end
+    confirm = min(log_end, views.applied_max()) if role == "slave" else log_end
 
     # 6. replay
-    replay_from = min(v.applied_offset for v in store.views)
+    replay_from = views.applied_min()
     t_replay = time.monotonic()
-    store.apply_until(store.confirm_offset)
+    apply_views(log_, views.all, confirm)
     replay_s = time.monotonic() - t_replay
-    store.applied_offset = min(v.applied_offset for v in store.views)
 
     # 7. tail state, epochs, marker
-    store.rebuild_tail()
-    store.epochs.truncate(store.log.max_offset)
-    if store.role == "master" and not store.epochs.entries:
-        store.epochs.start(1, store.log.max_offset)
+    tail = TailState.rebuild(log_, views.queues, views.producers)
+    epochs.truncate(log_.max_offset)
+    if role == "master" and not epochs.entries:
+        epochs.start(1, log_.max_offset)
     marker_path = os.path.join(data_dir, CLEAN_MARKER)
     for suffix in ("", ".bak"):
         if os.path.exists(marker_path + suffix):
@@ -160,78 +165,56 @@ def run(store: Store) -> dict[str, object]:
         "new": is_new,
         "scanned_bytes": scanned,
         "truncated_bytes": truncated_bytes,
-        "replayed_bytes": store.confirm_offset - replay_from,
+        "replayed_bytes": confirm - replay_from,
         "replay_seconds": round(replay_s, 4),
         "seconds": round(time.monotonic() - t0, 4),
     }
     log.info("recovery_done", **report)
-    return report
+    return Recovered(flushed, confirm, views.applied_min(), tail, report)
 
 
-def load_identity(store: Store) -> identity.Identity:
+def load_identity(config: Config, data_dir: str, *, is_new: bool) -> identity.Identity:
     """Pass 1, run first of all: an interrupted first start leaves a directory that is still new."""
-    return identity.load_or_create(
-        store.data_dir, is_new=store.is_new, cluster_id=store.config["node.cluster_id"],
-        node_id=store.config["node.node_id"],
-    )
+    return identity.load_or_create(data_dir, is_new=is_new, cluster_id=config["node.cluster_id"],
+                                   node_id=config["node.node_id"])
 
 
-def _rebuild_epochs(store: Store) -> None:
+def _rebuild_epochs(log_: CommitLog, epochs: EpochHistory) -> None:
     entries: list[tuple[int, int]] = []
-    for header, _ in store.iter_batches(store.log.min_offset, store.log.max_offset):
+    for header, _ in scan(log_.read, log_.min_offset, log_.max_offset, mode=Mode.STRICT, path=log_.directory):
         if not entries or header.epoch > entries[-1][0]:
             entries.append((header.epoch, header.base_offset))
-    store.epochs.replace(entries)
+    epochs.replace(entries)
 
 
-def _reset_view(store: Store, name: str) -> None:
-    """Forget a view whose checkpoint could not be used; it rebuilds from offset 0 (if allowed)."""
-    if name == "consume_queue":
-        store.consume_queues._reset(0)
-    elif name == "producer_state":
-        store.producer_view.reset()
-    elif name == "timer":
-        store.timer_view.reset()
-
-
-def _scan(store: Store, start: int) -> int:
+def _scan(log_: CommitLog, start: int) -> int:
     """Verify every batch from ``start``; return the end of the valid prefix (torn tail cut)."""
-    segs = store.log.segments
+    segs = log_.segments
     last = segs[-1]
     for seg in segs:
         if seg.end_offset <= start:
             continue
-        pos = max(start, seg.start_offset) - seg.start_offset
-        while pos < seg.size_bytes:
-            data = seg.read(pos, min(SCAN_CHUNK_BYTES, seg.size_bytes - pos))
-            mv = memoryview(data)
-            i = 0
-            while i < len(data):
-                offset = seg.start_offset + pos + i
-                remaining = seg.size_bytes - pos - i
-                size = bf.peek_batch_bytes(mv, i) if len(data) - i >= 4 else 0
-                if len(data) - i < bf.HEADER_BYTES or size > len(data) - i:
-                    if size > remaining or remaining < bf.HEADER_BYTES:
-                        return _torn_or_corrupt(seg, last, offset, "incomplete last batch")
-                    if i == 0:  # batch bigger than the chunk
-                        data = seg.read(pos, size)
-                        mv = memoryview(data)
-                        continue
-                    break
-                try:
-                    header = bf.verify_batch(mv, i, path=seg.path)
-                    if header.base_offset != offset:
-                        raise CorruptionError(f"batch claims offset {header.base_offset}", path=seg.path, offset=offset)
-                except CorruptionError as exc:
-                    if size == 0 or (i + size == len(data) and pos + i + size == seg.size_bytes):
-                        return _torn_or_corrupt(seg, last, offset, str(exc), zero_length=size == 0)
-                    raise StartupRefused(
-                        f"commit log corrupt in segment {seg.path} at offset {offset} "
-                        f"(byte {pos + i} of the segment): {exc}; run 'tidemark log verify'"
-                    ) from None
-                i += size
-            pos += i
+        walk = scan(_reader(seg), max(start, seg.start_offset), seg.end_offset, mode=Mode.TORN_TAIL, verify_body=True,
+                    chunk_bytes=SCAN_CHUNK_BYTES, path=seg.path)
+        for _ in walk:
+            pass
+        stop = walk.stop
+        if stop is None:
+            continue
+        if stop.problem is Problem.INCOMPLETE:
+            return _torn_or_corrupt(seg, last, stop.offset, f"incomplete last batch: {stop.error}")
+        if stop.declared_bytes == 0 or stop.at_range_end:  # a zeroed length, or the last batch of the segment
+            return _torn_or_corrupt(seg, last, stop.offset, stop.error, zero_length=stop.declared_bytes == 0)
+        raise StartupRefused(
+            f"commit log corrupt in segment {seg.path} at offset {stop.offset} "
+            f"(byte {stop.offset - seg.start_offset} of the segment): {stop.error}; run 'tidemark log verify'"
+        )
     return last.end_offset
+
+
+def _reader(seg: Segment) -> Callable[[int, int], bytes]:
+    """Reads of one segment by commit offset."""
+    return lambda offset, length: seg.read(offset - seg.start_offset, length)
 
 
 def _torn_or_corrupt(seg: Segment, last: Segment, offset: int, why: str, *, zero_length: bool = False) -> int:
@@ -252,15 +235,21 @@ def _torn_or_corrupt(seg: Segment, last: Segment, offset: int, why: str, *, zero
     return offset
 
 
-def _save_torn_tail(store: Store, start: int, end: int) -> None:
-    data = store.log.read(start, end - start)
-    path = os.path.join(store.quarantine_dir(), f"torn-{start:020d}-{end:020d}.broken")
+def quarantine_dir(data_dir: str) -> str:
+    path = os.path.join(data_dir, "quarantine")
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def _save_torn_tail(data_dir: str, log_: CommitLog, start: int, end: int) -> None:
+    data = log_.read(start, end - start)
+    path = os.path.join(quarantine_dir(data_dir), f"torn-{start:020d}-{end:020d}.broken")
     with open(path, "wb") as f:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
 
 
-def write_clean_marker(store: Store) -> None:
-    payload = json.dumps({"log_end": store.log.max_offset, "time_ms": int(time.time() * 1000)}).encode()
-    atomic_file.persist(os.path.join(store.data_dir, CLEAN_MARKER), CLEAN_MAGIC, CLEAN_VERSION, payload)
+def write_clean_marker(data_dir: str, log_end: int) -> None:
+    payload = json.dumps({"log_end": log_end, "time_ms": int(time.time() * 1000)}).encode()
+    atomic_file.persist(os.path.join(data_dir, CLEAN_MARKER), CLEAN_MAGIC, CLEAN_VERSION, payload)

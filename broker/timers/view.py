@@ -33,11 +33,12 @@ from broker.timers import snapshot as snaps
 from broker.timers import timerlog as tl
 from broker.timers.index import DELIVERED, PENDING, TimerIndex
 from broker.timers.wheel import Wheel
+from broker.views.base import View, copy_prefix
 
 log = structlog.get_logger("timer.view")
 
 
-class TimerView:
+class TimerView(View):
     name = "timer"
 
     def __init__(self, directory: str, config: Config) -> None:
@@ -61,6 +62,7 @@ class TimerView:
         self.loaded_from = ""
         self.cut_bytes = 0  # timer-log bytes recovery cut off (a torn or damaged tail)
         self.lock = threading.Lock()  # guards ``late`` against the firing thread
+        self._body_hold: int | None = None  # ``body_hold()`` as of the last checkpoint
 
     # -- recovery -------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -234,6 +236,7 @@ class TimerView:
 
     # -- checkpoint -------------------------------------------------------------------------------
     def checkpoint(self) -> None:
+        self._body_hold = self.body_hold()
         if self._marked_offset != self.applied_offset:
             self._write_group(self.applied_offset)  # a MARK: replay after a crash starts here
         due = time.monotonic() - self._last_snapshot >= self.snapshot_interval_s
@@ -244,6 +247,10 @@ class TimerView:
             self.write_snapshot()
         elif not self.snapshot_enabled:
             self.log.sync()
+
+    def checkpoint_due(self) -> bool:
+        """The wheel snapshot runs on its own clock, whether the log moves or not."""
+        return self.snapshot_due()
 
     def snapshot_due(self) -> bool:
         """A snapshot would say something the kept ones do not, and its interval has passed."""
@@ -278,17 +285,22 @@ class TimerView:
             log.info("timer_log_segment_deleted", path=path)
         metrics.TIMER_SNAPSHOT_SECONDS.set(time.perf_counter() - t0)
 
-    def bundle_files(self) -> list[tuple[str, str, int]]:
-        """(path, path relative to the data directory, length) of what a snapshot bundle carries:
-        a fresh wheel snapshot at the applied offset and the timer log up to its position."""
+    def stage(self, data_dir: str, staging: str) -> None:
+        """A fresh wheel snapshot at the applied offset and the timer log up to its position."""
         if self._marked_offset != self.applied_offset:
             self._write_group(self.applied_offset)
         self.write_snapshot()
-        root = os.path.dirname(self.directory)
         position = self.log.max_offset
-        out = [(snaps.path_for(self.snapshot_dir, position), "", 0)]
-        out += [(seg.path, "", min(seg.end_offset, position) - seg.start_offset) for seg in self.log.segments]
-        return [(path, os.path.relpath(path, root), length or os.path.getsize(path)) for path, _, length in out]
+        copy_prefix(snaps.path_for(self.snapshot_dir, position), data_dir, staging)
+        for seg in self.log.segments:
+            copy_prefix(seg.path, data_dir, staging, min(seg.end_offset, position) - seg.start_offset)
+
+    def replay_floor(self) -> int:
+        return self.recovery_floor()
+
+    def read_floor(self) -> int | None:
+        """Pending timers' bodies stay readable (locally, or in tiered storage)."""
+        return self._body_hold if self._body_hold is not None else self.body_hold()
 
     def recovery_floor(self) -> int:
         """The lowest commit offset a restart may replay from: the oldest kept snapshot's."""

@@ -29,6 +29,7 @@ from broker.logformat.batch import BatchHeader, iter_records
 from broker.storage import atomic_file
 from broker.storage.deferred_close import DEFERRED
 from broker.storage.failpoints import durable_sync, failpoint, fsync_dir, note_created, note_truncated
+from broker.views.base import View, copy_prefix
 
 ENTRY = struct.Struct("<QQIIQ")
 ENTRY_BYTES = ENTRY.size
@@ -153,7 +154,7 @@ def _system_topics() -> dict[str, TopicInfo]:
     return {name: TopicInfo(0, 1) for name in system_records.SYSTEM_TOPICS}
 
 
-class ConsumeQueueView:
+class ConsumeQueueView(View):
     """All queues' entry files plus the topics this view has seen created."""
 
     name = "consume_queue"
@@ -174,7 +175,7 @@ class ConsumeQueueView:
         """Load the newest valid checkpoint; False when none exists (fresh view at offset 0)."""
         loaded = atomic_file.load(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION)
         if loaded is None:
-            self._reset(0)
+            self.reset()
             return False
         state = json.loads(loaded.payload)
         self.applied_offset = int(state["applied_offset"])
@@ -206,13 +207,13 @@ class ConsumeQueueView:
                 self._files[(name, q)] = qf
         return True
 
-    def _reset(self, applied_offset: int) -> None:
+    def reset(self) -> None:
         for qf in self._files.values():
             qf.close()
         self._files.clear()
         shutil.rmtree(self.directory, ignore_errors=True)
         os.makedirs(self.directory, exist_ok=True)
-        self.applied_offset = applied_offset
+        self.applied_offset = 0
         self.topics = _system_topics()
         for name in self.topics:
             self._create_files(name)
@@ -287,6 +288,13 @@ class ConsumeQueueView:
         for path in doomed:
             shutil.rmtree(path, ignore_errors=True)
 
+    def stage(self, data_dir: str, staging: str) -> None:
+        """The checkpoint and every queue file up to its checkpointed length."""
+        copy_prefix(self.checkpoint_path, data_dir, staging)
+        with self._lock:
+            files = list(self._files.values())
+        for qf in files:
+            copy_prefix(qf.path, data_dir, staging, qf.entries * ENTRY_BYTES)
 
     # -- reads --------------------------------------------------------------------------------
     def queue(self, topic: str, queue_id: int) -> QueueFile | None:

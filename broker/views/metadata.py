@@ -27,6 +27,7 @@ from broker.logformat import system_records
 from broker.logformat import timer_props as timer_records
 from broker.logformat.batch import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
 from broker.storage.failpoints import failpoint
+from broker.views.base import View
 
 _U64 = struct.Struct("<Q")
 MAP_SIZE_BYTES = 64 << 30  # address space, not disk
@@ -36,7 +37,7 @@ def _offset_key(group: str, topic: str, queue: int) -> bytes:
     return f"{group}\0{topic}\0{queue}".encode()
 
 
-class MetadataView:
+class MetadataView(View):
     name = "metadata"
 
     def __init__(self, directory: str) -> None:
@@ -73,6 +74,23 @@ class MetadataView:
             return False
         self.applied_offset = self._stored_offset = _U64.unpack(raw)[0]
         return True
+
+    def reset(self) -> None:
+        """Empty every table: the view is rebuilt from offset 0."""
+        with self.env.begin(write=True) as txn:
+            for db in (self._topics_db, self._groups_db, self._offsets_db, self._meta_db, self._timers_db):
+                txn.drop(db, delete=False)
+        with self._lock:
+            self.topics = {}
+            self._timer_pending = {}
+        self.tiered_uploaded_offset = 0
+        self.applied_offset = self._stored_offset = 0
+
+    def stage(self, data_dir: str, staging: str) -> None:
+        """A consistent copy of the LMDB environment (a read transaction of LMDB's own)."""
+        target = os.path.join(staging, os.path.relpath(self.env.path(), data_dir))
+        os.makedirs(target, exist_ok=True)
+        self.env.copy(target)
 
     # -- apply --------------------------------------------------------------------------------
     def apply(self, header: BatchHeader, batch: memoryview) -> None:

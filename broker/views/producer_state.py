@@ -17,6 +17,7 @@ from typing import Any
 
 from broker.logformat.batch import NO_SEQUENCE, BatchHeader
 from broker.storage import atomic_file
+from broker.views.base import View, copy_prefix
 
 CHECKPOINT_MAGIC = b"TMPS"
 CHECKPOINT_VERSION = 1
@@ -105,7 +106,7 @@ class ProducerTable:
         return t
 
 
-class ProducerStateView:
+class ProducerStateView(View):
     name = "producer_state"
 
     def __init__(self, checkpoint_path: str) -> None:
@@ -137,5 +138,5 @@ class ProducerStateView:
         payload = json.dumps({"applied_offset": self.applied_offset, "producers": self.producers.to_json()})
         atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, payload.encode())
 
-    def close(self) -> None:
-        pass
+    def stage(self, data_dir: str, staging: str) -> None:
+        copy_prefix(self.checkpoint_path, data_dir, staging)

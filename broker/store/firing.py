@@ -19,23 +19,27 @@ from __future__ import annotations
 import threading
 import time
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import crc32c
 import numpy as np
 import structlog
 
 from broker import metrics
+from broker.config import Config
 from broker.errors import BrokerError, not_found
 from broker.logformat import batch as bf
 from broker.logformat import timer_props as tr
+from broker.ports import IncomingBatch
+from broker.storage.commitlog import CommitLog
 from broker.storage.failpoints import failpoint
+from broker.store.appender import Appender
+from broker.store.dispatcher import Dispatcher
+from broker.store.reads import Reads
+from broker.store.watermarks import Watermarks
 from broker.timers import timerlog as tl
 from broker.timers.index import CANCELLED, PENDING, STATE_NAMES
-
-if TYPE_CHECKING:
-    from broker.store import IncomingBatch, Store
-    from broker.timers.view import TimerView
+from broker.timers.view import TimerView
 
 log = structlog.get_logger("timer.firing")
 READ_GAP_BYTES = 256 << 10  # scheduled records closer than this are read with one pread
@@ -55,10 +59,18 @@ class _SlotState:
 
 
 class TimerService:
-    def __init__(self, store: Store, view: TimerView) -> None:
-        self.store = store
+    def __init__(self, config: Config, view: TimerView, log_: CommitLog, appender: Appender, watermarks: Watermarks,
+                 dispatcher: Dispatcher, reads: Reads, role: Callable[[], str], check_writable: Callable[[], None]) -> None:
         self.view = view
-        cfg = store.config
+        self.log = log_
+        self.appender = appender
+        self.watermarks = watermarks
+        self.dispatcher = dispatcher
+        self.reads = reads
+        self.role = role
+        self.check_writable = check_writable
+        self.send_timeout_ms = config["limits.send_timeout_ms"]
+        cfg = config
         self.precision_ms = cfg["timer.precision_ms"]
         self.fire_batch_max = cfg["timer.fire_batch_max"]
         self.tick_s = max(0.005, self.precision_ms / 4000.0)
@@ -100,7 +112,7 @@ class TimerService:
 
     def _run(self) -> None:
         failures = 0
-        while not self._stop.is_set() and self.store.role == "master":
+        while not self._stop.is_set() and self.role() == "master":
             try:
                 if self._slot is None:
                     self._catch_up()
@@ -121,13 +133,13 @@ class TimerService:
 
     def _catch_up(self) -> None:
         """Before the first round: the view has applied the whole log; repair; fire overdue."""
-        target = self.store.log.max_offset
-        while not self._stop.is_set() and not self.store.wait_view_applied(self.view, target, 1.0):
-            if self.store.role != "master":
+        target = self.log.max_offset
+        while not self._stop.is_set() and not self.dispatcher.wait_applied(self.view, target, 1.0):
+            if self.role() != "master":
                 return
         if self._stop.is_set():
             return
-        with self.store.views_lock:
+        with self.dispatcher.lock:
             offs, ats = self.view.index.undelivered_events()
         if len(offs):
             log.warning("timer_fired_events_repaired", count=len(offs), note="a crash separated deliveries from their fired events")
@@ -135,7 +147,7 @@ class TimerService:
         now = self.clock_ms()
         with self.lock:  # cancels wait for this (they are refused until _slot is set)
             self._settle_inflight()
-            with self.store.views_lock:
+            with self.dispatcher.lock:
                 due_offs, due_ats = self.view.index.due(now)
                 keep = self._eligible(due_offs)
                 due_offs, due_ats = due_offs[keep], due_ats[keep]
@@ -165,7 +177,7 @@ class TimerService:
             if not busy:
                 continue
             offs = np.fromiter(busy, dtype=np.uint64, count=len(busy))
-            with self.store.views_lock:
+            with self.dispatcher.lock:
                 idx = self.view.index.find(offs)
                 done = (idx < 0) | (self.view.index.state[np.maximum(idx, 0)] != PENDING)
             busy.difference_update(offs[done].tolist())
@@ -174,7 +186,7 @@ class TimerService:
         offs_out: list[np.ndarray] = []
         ats_out: list[np.ndarray] = []
         current = now // self.precision_ms
-        with self.store.views_lock:
+        with self.dispatcher.lock:
             state = self._slot
             if state is None:
                 state = self._slot = _SlotState(current)
@@ -254,8 +266,6 @@ class TimerService:
     # -- firing -----------------------------------------------------------------------------------
     def _fire(self, offs: np.ndarray, ats: np.ndarray) -> None:
         """Deliver these timers (lock held): one append of deliveries + fired events."""
-        from broker.store import IncomingBatch
-
         if not len(offs):
             return
         records = self._read_scheduled(offs)
@@ -268,7 +278,7 @@ class TimerService:
             key, props, body, topic, queue = records[off]
             target = targets.get((topic, queue))
             if target is None:
-                target = targets[(topic, queue)] = (self.store.queue_exists(topic, queue), tr.target_props(topic, queue))
+                target = targets[(topic, queue)] = (self.appender.queue_exists(topic, queue), tr.target_props(topic, queue))
             if target[0]:
                 by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
                 fired_events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
@@ -285,24 +295,22 @@ class TimerService:
                 raw, _ = bf.encode_records(events)
                 batches.append(IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw), flags=flags))
         failpoint("timer_before_fire")
-        _, end = self.store.append(batches, internal=True)
+        _, end = self.appender.append(batches, internal=True)
         failpoint("timer_after_fire")
         self.inflight.update(offs.tolist())
         now = self.clock_ms()
         metrics.observe_many(metrics.TIMER_LATENESS, np.maximum(0, now - ats) / 1000.0, metrics.TIMER_LATENESS_BOUNDS)
         metrics.TIMER_FIRED.inc(fired)
-        self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
+        self.watermarks.wait_ack(end, "flush", self.send_timeout_ms)
 
     def _append_events(self, offs: np.ndarray, ats: np.ndarray) -> None:
-        from broker.store import IncomingBatch
-
         events = []
         for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
             _, _, _, topic, queue = self._read_scheduled(np.array([off], dtype=np.uint64))[off]
             events.append((b"", b"", tr.event_props(tr.FIRED, off, at, tr.target_props(topic, queue))))
         raw, _ = bf.encode_records(events)
-        _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], internal=True)
-        self.store.wait_ack(end, "flush", self.store.config["limits.send_timeout_ms"])
+        _, end = self.appender.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], internal=True)
+        self.watermarks.wait_ack(end, "flush", self.send_timeout_ms)
 
     def _read_scheduled(self, offs: np.ndarray) -> dict[int, tuple[bytes, bytes, bytes, str, int]]:
         """(key, props, body, target topic, target queue) of the scheduled record at each timer
@@ -317,11 +325,11 @@ class TimerService:
             while j < len(order) and order[j] - order[j - 1] < READ_GAP_BYTES:
                 j += 1
             start = order[i]
-            data = self.store.log.read(start, order[j - 1] - start + bf.RECORD_HEAD_BYTES)
+            data = self.log.read(start, order[j - 1] - start + bf.RECORD_HEAD_BYTES)
             size_last = head.unpack_from(data, order[j - 1] - start)[0]
             need = order[j - 1] - start + 4 + size_last
             if len(data) < need:
-                data = self.store.log.read(start, need)
+                data = self.log.read(start, need)
             if len(data) < need:
                 raise BrokerError("DATA_LOSS", f"scheduled timer record at {order[j - 1]} is not in the local log")
             for off in order[i:j]:
@@ -341,18 +349,16 @@ class TimerService:
     def cancel(self, timer_offset: int) -> tuple[int, str, int]:
         """Cancel a pending timer; return (deliver_at_ms, topic, queue). Refuses a fired,
         cancelled, firing or unknown timer with a clear status."""
-        from broker.store import IncomingBatch
-
-        self.store.check_writable()
-        self.store.check_replica_ack_possible()
-        timeout_ms = self.store.config["limits.send_timeout_ms"]
+        self.check_writable()
+        self.watermarks.check_replica_ack_possible()
+        timeout_ms = self.send_timeout_ms
         with self.lock:
             if self._slot is None:  # not caught up with its log yet (starting, or just promoted)
                 raise BrokerError("UNAVAILABLE", "the timer service is starting on this master; retry shortly")
             self._settle_inflight()
             state = self._state_of(timer_offset, timeout_ms)
             if state is None:
-                if self.store.is_scheduled_record(timer_offset):
+                if self.reads.is_scheduled_record(timer_offset):
                     raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} has already fired or was cancelled")
                 raise not_found(f"no timer at offset {timer_offset}")
             if timer_offset in self.inflight:
@@ -364,14 +370,14 @@ class TimerService:
             _, props, _, topic, queue = self._read_scheduled(np.array([timer_offset], dtype=np.uint64))[timer_offset]
             at = tr.scheduled_target(props)[0]
             raw, _ = bf.encode_records([(b"", b"", tr.event_props(tr.CANCELLED, timer_offset, at, tr.target_props(topic, queue)))])
-            _, end = self.store.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, 1, crc32c.crc32c(raw))], internal=True)
+            _, end = self.appender.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, 1, crc32c.crc32c(raw))], internal=True)
             # from here the cancel is in the log: rounds skip the timer until the view applied it
             # (``_settle_inflight``), even if this call times out below
             self.cancelling.add(timer_offset)
-        self.store.wait_ack(end, "replica", timeout_ms)
-        if not self.store.wait_view_applied(self.view, end, timeout_ms / 1000.0):
+        self.watermarks.wait_ack(end, "replica", timeout_ms)
+        if not self.dispatcher.wait_applied(self.view, end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", f"cancel of timer {timer_offset} written but not applied in time")
-        with self.store.views_lock:
+        with self.dispatcher.lock:
             final = self.view.index.state_of(timer_offset)
         if final != CANCELLED:  # a delivery the view had not applied yet came first in the log
             raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} has already fired")
@@ -380,10 +386,10 @@ class TimerService:
     def _state_of(self, timer_offset: int, timeout_ms: int) -> int | None:
         """The view's state of a timer; an offset the view has not reached yet (a send that was
         just acknowledged) is waited for, up to the log end as it is now."""
-        with self.store.views_lock:
+        with self.dispatcher.lock:
             state = self.view.index.state_of(timer_offset)
         if state is None and timer_offset >= self.view.applied_offset:
-            self.store.wait_view_applied(self.view, self.store.log.max_offset, timeout_ms / 1000.0)
-            with self.store.views_lock:
+            self.dispatcher.wait_applied(self.view, self.log.max_offset, timeout_ms / 1000.0)
+            with self.dispatcher.lock:
                 state = self.view.index.state_of(timer_offset)
         return state

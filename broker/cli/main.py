@@ -1,0 +1,307 @@
+"""The ``tidemark`` command line (DESIGN §8). Exit 0 ok, 1 runtime failure, 2 bad usage/config."""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+import time
+from importlib.metadata import entry_points
+from typing import Any
+
+from broker.cli.demo import run_demo
+from broker.cli.verify import verify_data_dir
+from broker.client import BrokerClient, BrokerError, Message
+from broker.config import Config, ConfigError
+from broker.daemon import logsetup
+from broker.daemon.server import serve
+from broker.invariant import StartupRefused
+from broker.security import auth, tls
+from broker.security.auth import read_token
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+
+
+def _fail(message: str, code: int = EXIT_FAILURE) -> int:
+    print(f"tidemark: {message}", file=sys.stderr)
+    return code
+
+
+TOKEN_ENV = "TIDEMARK_TOKEN"
+
+
+def _connection_flags() -> argparse.ArgumentParser:
+    """--broker and the TLS/token options every client subcommand takes."""
+    c = argparse.ArgumentParser(add_help=False)
+    c.add_argument("--broker", required=True, help="HOST:PORT[,HOST:PORT...]")
+    c.add_argument("--tls-ca", help="PEM CA bundle: connect with TLS and verify the broker against it")
+    c.add_argument("--tls-cert", help="PEM client certificate (a broker with tls.client_ca_file asks for one)")
+    c.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    c.add_argument("--token-file", help=f"file holding the bearer token (default: ${TOKEN_ENV})")
+    return c
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="tidemark", description="Tidemark broker daemon and tools")
+    conn = _connection_flags()
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("serve", help="run the daemon")
+    s.add_argument("--config")
+    s.add_argument("--data-dir")
+    s.add_argument("--listen")
+    s.add_argument("--role", choices=("master", "slave"))
+    s.add_argument("--master")
+    s.add_argument("--metrics-listen")
+
+    sub.add_parser("demo", help="start a real daemon in a temporary directory and show what it does")
+
+    t = sub.add_parser("topic", help="create, list or delete topics")
+    tsub = t.add_subparsers(dest="topic_command", required=True)
+    tc = tsub.add_parser("create", parents=[conn])
+    tc.add_argument("name")
+    tc.add_argument("--queues", type=int, default=1)
+    tl = tsub.add_parser("list", parents=[conn])
+    tl.add_argument("--all", action="store_true", help="include system topics")
+    td = tsub.add_parser("delete", parents=[conn])
+    td.add_argument("name")
+
+    se = sub.add_parser("send", parents=[conn], help="send one message per stdin line; print one JSON receipt per line")
+    se.add_argument("topic")
+    se.add_argument("--key")
+    se.add_argument("--delay-ms", type=int, help="deliver each message this long after it is sent (a timer message)")
+    se.add_argument("--ack", choices=("leader", "flush", "replica"), default="replica")
+    se.add_argument("--batch", type=int, default=1000, help="lines per request")
+
+    ca = sub.add_parser("cancel", parents=[conn], help="cancel a scheduled (timer) message before it fires")
+    ca.add_argument("--timer-offset", type=int, required=True)
+
+    co = sub.add_parser("consume", parents=[conn], help="print one JSON object per message")
+    co.add_argument("topic")
+    co.add_argument("--group")
+    co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest")
+    co.add_argument("--max", type=int, default=0, help="stop after N messages (0: no limit)")
+    co.add_argument("--timeout-ms", type=int, default=1000, help="stop after this long without messages")
+
+    pr = sub.add_parser("promote", parents=[conn], help="make a slave the master (a new epoch)")
+    pr.add_argument("--unclean", action="store_true", help="even if not known to be in sync (may lose data)")
+    dm = sub.add_parser("demote", parents=[conn], help="make a master follow another master")
+    dm.add_argument("--master", required=True)
+
+    st = sub.add_parser("status", parents=[conn])
+    st.add_argument("--json", action="store_true")
+
+    cf = sub.add_parser("config", help="configuration tools")
+    cfs = cf.add_subparsers(dest="config_command", required=True)
+    cc = cfs.add_parser("check")
+    cc.add_argument("file")
+
+    lg = sub.add_parser("log", help="commit-log tools")
+    lgs = lg.add_subparsers(dest="log_command", required=True)
+    lv = lgs.add_parser("verify")
+    lv.add_argument("data_dir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except ConfigError as exc:
+        return _fail(str(exc), EXIT_USAGE)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    cmd = args.command
+    try:
+        if cmd == "serve":
+            return _serve(args)
+        if cmd == "demo":
+
+            return run_demo()
+        if cmd == "config":
+
+            cfg = Config.load(args.file)
+            tls.check_files(cfg)  # certificate, key and token files must exist and parse
+            if cfg["auth.token_file"]:
+                auth.read_token(cfg["auth.token_file"])
+            print(f"{args.file}: ok ({len(cfg.as_dict())} settings)")
+            return 0
+        if cmd == "log":
+
+            return verify_data_dir(args.data_dir)
+        if cmd == "topic":
+            return _topic(args)
+        if cmd == "send":
+            return _send(args)
+        if cmd == "consume":
+            return _consume(args)
+        if cmd == "cancel":
+            with _client(args) as c:
+                print(json.dumps({"cancelled": c.cancel_timer(args.timer_offset)}))
+            return 0
+        if cmd == "status":
+            return _status(args)
+        if cmd == "promote":
+            with _client(args) as c:
+                print(json.dumps({"promoted": args.broker, "epoch": c.promote(unclean=args.unclean)}))
+            return 0
+        if cmd == "demote":
+            with _client(args) as c:
+                c.demote(master=args.master)
+            print(json.dumps({"demoted": args.broker, "master": args.master}))
+            return 0
+    except BrokerError as exc:
+        code = EXIT_USAGE if exc.code.name in ("INVALID_ARGUMENT",) else EXIT_FAILURE
+        return _fail(f"{exc.code.name}: {exc.details}", code)
+    raise AssertionError(cmd)
+
+
+def _serve(args: argparse.Namespace) -> int:
+
+    overrides = {
+        "node.data_dir": args.data_dir, "node.listen": args.listen, "node.role": args.role,
+        "node.master": args.master, "node.metrics_listen": args.metrics_listen,
+    }
+    cfg = Config.load(args.config, overrides)
+    logsetup.configure(cfg["log.level"], cfg["log.format"])
+
+    def prestart(config: Config) -> None:
+        for hook in entry_points(group="tidemark.prestart"):  # e.g. a slave's bootstrap from its master
+            hook.load()(config)
+
+    try:
+        return serve(cfg, load_config=lambda: Config.load(args.config, overrides), prestart=prestart)
+    except StartupRefused as exc:
+        return _fail(f"refusing to start: {exc}")
+
+
+def _client(args: argparse.Namespace) -> Any:
+
+    token = os.environ.get(TOKEN_ENV) or None
+    if args.token_file:
+        token = read_token(args.token_file, "--token-file")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    try:
+        return BrokerClient([a.strip() for a in args.broker.split(",") if a.strip()], token=token,
+                            tls_ca_file=args.tls_ca, tls_cert_file=args.tls_cert, tls_key_file=args.tls_key)
+    except OSError as exc:
+        raise ConfigError(f"{exc.filename}: cannot read: {exc.strerror}") from None
+
+
+def _topic(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        if args.topic_command == "create":
+            c.create_topic(args.name, queues=args.queues)
+            print(json.dumps({"created": args.name, "queues": args.queues}))
+        elif args.topic_command == "delete":
+            c.delete_topic(args.name)
+            print(json.dumps({"deleted": args.name}))
+        else:
+            for name, info in c.list_topics(include_system=args.all).items():
+                print(json.dumps({"name": name, **info}))
+    return 0
+
+
+def _send(args: argparse.Namespace) -> int:
+
+    if args.delay_ms is not None and args.delay_ms < 0:
+        return _fail("--delay-ms: must not be negative", EXIT_USAGE)
+    with _client(args) as c:
+        pending: list[Message] = []
+
+        def flush() -> None:
+            for r in c.send(args.topic, pending, ack=args.ack):
+                out = {"topic": r.topic, "queue_id": r.queue_id, "queue_offset": r.queue_offset,
+                       "commit_offset": r.commit_offset}
+                if r.timer_offset is not None:
+                    out.update(timer_offset=r.timer_offset, deliver_at_ms=r.deliver_at_ms)
+                print(json.dumps(out))
+            pending.clear()
+
+        for line in sys.stdin.buffer:
+            at = int(time.time() * 1000) + args.delay_ms if args.delay_ms else None
+            pending.append(Message(body=line.rstrip(b"\n"), key=args.key, deliver_at_ms=at))
+            if len(pending) >= args.batch:
+                flush()
+        if pending:
+            flush()
+        sys.stdout.flush()
+    return 0
+
+
+def _timer_json(m: Any) -> dict[str, int]:
+    at = m.deliver_at_ms
+    return {} if at is None else {"deliver_at_ms": at, "timer_offset": m.timer_offset}
+
+
+def _body_json(body: bytes) -> dict[str, str]:
+    try:
+        return {"body": body.decode()}
+    except UnicodeDecodeError:
+        return {"body_base64": base64.b64encode(body).decode()}
+
+
+def _consume(args: argparse.Namespace) -> int:
+    if args.start == "committed" and not args.group:
+        return _fail("--from committed needs --group", EXIT_USAGE)
+    with _client(args) as c:
+        topics = c.list_topics(include_system=True)
+        if args.topic not in topics:
+            return _fail(f"NOT_FOUND: unknown topic {args.topic!r}")
+        queues = topics[args.topic]["queues"]
+        positions: dict[int, int] = {}
+        for q in range(queues):
+            if args.start == "latest":
+                positions[q] = topics[args.topic]["max_offsets"][q]
+            elif args.start == "committed":
+                committed = c.committed_offset(args.group, args.topic, q)
+                positions[q] = committed if committed is not None else 0
+            else:
+                positions[q] = c.pull(args.topic, q, 0, max_messages=1).min_offset
+        printed = 0
+        idle_since = time.monotonic()
+        while True:
+            got = 0
+            for q in range(queues):
+                want = 1000 if not args.max else min(1000, args.max - printed)
+                if want <= 0:
+                    break
+                res = c.pull(args.topic, q, positions[q], max_messages=want, max_wait_ms=0)
+                for m in res:
+                    print(json.dumps({"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+                                      "commit_offset": m.commit_offset, "key": m.key, "properties": m.properties,
+                                      "store_time_ms": m.store_time_ms, **_timer_json(m), **_body_json(m.body)}))
+                got += len(res)
+                printed += len(res)
+                if len(res) and args.group:
+                    c.commit_offset(args.group, args.topic, q, res.next_offset)
+                positions[q] = res.next_offset
+            if args.max and printed >= args.max:
+                break
+            if got:
+                idle_since = time.monotonic()
+            elif (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+                break
+            else:
+                time.sleep(0.02)
+        sys.stdout.flush()
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        st = c.status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        for k, v in st.items():
+            print(f"{k:24} {json.dumps(v) if isinstance(v, (dict, list)) else v}")
+    return 0
+

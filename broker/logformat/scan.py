@@ -1,0 +1,153 @@
+"""The one walker of the batch format: whole batches in a byte range. Spec: docs/formats/commitlog.md.
+
+Every reader of log bytes goes through ``scan`` (a range read through a callable: the commit log,
+a segment, an object) or ``scan_bytes`` (bytes already in memory: a replication chunk, a pulled
+blob). Both yield ``(header, batch)`` for each whole batch in order and say, in ``Scan.stop``,
+where and why they stopped early. What an early stop means is the caller's choice of mode:
+
+- ``STRICT``: the range holds whole, valid batches only; anything else raises ``CorruptionError``.
+  For ranges that were verified before (the dispatcher below the confirm offset) or must be
+  exact (a replicated chunk, an object to upload).
+- ``TORN_TAIL``: stop at the first batch that is cut short or fails its checks, and describe it
+  (``Stop``). Recovery tells a torn write (the last batch of the last segment, or a zeroed
+  tail) from corruption with it; ``log verify`` reports it and goes on.
+- ``PREFIX``: whole batches that fit in the range; a batch cut by the range's end ends the scan
+  quietly (its declared length is in ``stop``). A batch that fails its checks still raises.
+  For cutting a read at a batch boundary (replication shipping, tiered objects).
+
+Checks on each batch: the header's magic, version, length and CRC32C; with ``verify_body`` also
+the records' CRC32C; with ``check_offsets`` its ``base_offset`` must equal its position (the
+range's offsets are commit offsets).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+from broker.logformat.batch import HEADER_BYTES, BatchHeader, decode_header, peek_batch_bytes, verify_batch
+from broker.logformat.errors import CorruptionError
+
+Reader = Callable[[int, int], "bytes | memoryview"]
+CHUNK_BYTES = 4 << 20  # one read of the range; a batch larger than this is read whole by itself
+
+
+class Mode(enum.Enum):
+    STRICT = "strict"
+    TORN_TAIL = "torn_tail"
+    PREFIX = "prefix"
+
+
+class Problem(enum.Enum):
+    INCOMPLETE = "incomplete"  # the batch (or its header) runs past the end of the range
+    INVALID = "invalid"  # the batch is whole but fails a check
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Where a scan stopped before the end of its range, and why."""
+
+    offset: int  # the valid prefix ends here
+    problem: Problem
+    declared_bytes: int  # the length field at ``offset`` (0 in a zero-filled tail; -1 if unreadable)
+    error: str  # what failed, for logs and refusals
+    at_range_end: bool  # the bad batch would end exactly where the range ends (a torn last write)
+
+
+class Scan:
+    """Iterate once for ``(header, batch memoryview)``; then ``end`` and ``stop`` tell the outcome."""
+
+    def __init__(self, read: Reader, start: int, end: int, *, mode: Mode, verify_body: bool, check_offsets: bool,
+                 chunk_bytes: int, path: str) -> None:
+        self._read = read
+        self.start = start
+        self.range_end = end
+        self.mode = mode
+        self.verify_body = verify_body
+        self.check_offsets = check_offsets
+        self.chunk_bytes = chunk_bytes
+        self.path = path
+        self.end = start  # after the last batch yielded
+        self.batches = 0
+        self.stop: Stop | None = None
+
+    def __iter__(self) -> Iterator[tuple[BatchHeader, memoryview]]:
+        check = verify_batch if self.verify_body else decode_header
+        end = self.range_end
+        pos = self.start
+        while pos < end:
+            data = memoryview(self._read(pos, min(end - pos, self.chunk_bytes)))
+            short = pos + len(data) < min(end, pos + self.chunk_bytes)  # the reader had less than the range
+            limit = pos + len(data) if short else end
+            i = 0
+            n = len(data)
+            while i < n:
+                at = pos + i
+                avail = n - i
+                size = peek_batch_bytes(data, i) if avail >= 4 else -1
+                if avail < HEADER_BYTES or size > avail:
+                    if size > limit - at or limit - at < HEADER_BYTES:
+                        self._problem(Problem.INCOMPLETE, at, size,
+                                      f"batch at {at} declares {size} bytes; {limit - at} remain", False)
+                        return
+                    if i == 0:  # one batch larger than a chunk: read exactly it
+                        data = memoryview(self._read(at, size))
+                        n = len(data)
+                        if n < size:
+                            self._problem(Problem.INCOMPLETE, at, size, f"batch at {at} declares {size} bytes; "
+                                          f"{n} could be read", False)
+                            return
+                        continue
+                    break  # the rest of this batch is in the next chunk
+                try:
+                    header = check(data, i, path=self.path)
+                    if self.check_offsets and header.base_offset != at:
+                        raise CorruptionError(f"batch claims offset {header.base_offset}", path=self.path, offset=at)
+                except CorruptionError as exc:
+                    self._problem(Problem.INVALID, at, size, str(exc), at + size == end, exc)
+                    return
+                yield header, data[i : i + size]
+                i += size
+                self.end = at + size
+                self.batches += 1
+            if i == 0:  # nothing whole in what the reader returned
+                self._problem(Problem.INCOMPLETE, pos, peek_batch_bytes(data, 0) if n >= 4 else -1,
+                              f"no whole batch readable at {pos}", False)
+                return
+            pos += i
+
+    def _problem(self, problem: Problem, at: int, size: int, why: str, at_range_end: bool,
+                 exc: CorruptionError | None = None) -> None:
+        self.stop = Stop(at, problem, size, why, at_range_end)
+        if self.mode is Mode.STRICT or (self.mode is Mode.PREFIX and problem is Problem.INVALID):
+            raise exc or CorruptionError(f"incomplete batch: {why}", path=self.path, offset=at)
+
+
+def scan(read: Reader, start: int, end: int, *, mode: Mode, verify_body: bool = False, check_offsets: bool = True,
+         chunk_bytes: int = CHUNK_BYTES, path: str = "") -> Scan:
+    """Walk the batches in [start, end) read through ``read(offset, length)`` (which may return
+    less at the end of what it holds)."""
+    return Scan(read, start, end, mode=mode, verify_body=verify_body, check_offsets=check_offsets,
+                chunk_bytes=chunk_bytes, path=path)
+
+
+def scan_bytes(data: bytes | memoryview, base_offset: int = 0, *, mode: Mode, verify_body: bool = False,
+               check_offsets: bool = True, path: str = "") -> Scan:
+    """Walk the batches in ``data``, whose first byte is at commit offset ``base_offset``."""
+    mv = memoryview(data)
+    return Scan(lambda at, n: mv[at - base_offset : at - base_offset + n], base_offset, base_offset + len(mv),
+                mode=mode, verify_body=verify_body, check_offsets=check_offsets, chunk_bytes=max(len(mv), 1), path=path)
+
+
+def batch_boundary(data: bytes | memoryview, base_offset: int, limit: int) -> int:
+    """Where to cut ``data`` (whose first byte is at commit offset ``base_offset``) so that it
+    holds whole batches only and at most ``limit`` bytes. When even the first batch is longer than
+    ``limit`` its whole length is returned, which may exceed ``len(data)``: read that much."""
+    walk = scan_bytes(memoryview(data)[:limit], base_offset, mode=Mode.PREFIX)
+    for _ in walk:
+        pass
+    if walk.end == base_offset and len(data) >= 4:  # not even the first batch fits: all of it
+        first = peek_batch_bytes(data, 0)
+        return first if first >= HEADER_BYTES else 0
+    return walk.end - base_offset

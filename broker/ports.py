@@ -1,0 +1,101 @@
+"""Where plugins meet the store (DESIGN §9): small interfaces, registered with ``store.register_…``.
+
+``broker`` never imports ``replication``, ``tieredstore`` or ``spark_connector``; they implement
+these and the daemon's entry points wire them in. A plugin never assigns attributes on a core
+object: it registers, and the core calls it.
+
+| port | who implements it | registered with |
+|---|---|---|
+| ``ConfirmRule``: the confirm offset and the in-sync set (DESIGN §2) | ``replication/confirm.py`` | ``register_confirm_rule`` |
+| ``RoleController``: promote, demote | ``replication/roles.py`` | ``register_role_controller`` |
+| ``RoleListener``: told of every role change | timers, replication, tiered upload | ``register_role_listener`` |
+| ``StatusProvider``: adds fields to ``status()`` | replication, tiered storage, the daemon | ``register_status_provider`` |
+| ``ColdReader``: log ranges below the local start | ``tieredstore/reader.py`` | ``register_cold_reader`` |
+| ``RetentionFloor``: local retention keeps everything at or above it | tiered storage (uploaded offset) | ``register_retention_floor`` |
+
+Fencing is one call, ``store.fence(reason)``; a new epoch (``set_role("master")``) lifts it.
+The data that crosses the append port is defined here too (``IncomingBatch``, ``BatchReceipt``).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+from broker.logformat.batch import NO_SEQUENCE
+
+RoleListener = Callable[[str], None]
+StatusProvider = Callable[[dict[str, object]], None]
+RetentionFloor = Callable[[], int]
+
+
+class ConfirmRule(Protocol):
+    """Decides the confirm offset (DESIGN §2). Alone (no replication), a master confirms what it
+    flushed and a slave confirms nothing by itself (``broker.store.watermarks.AloneRule``)."""
+
+    def confirm(self, flushed_offset: int) -> int:
+        """The confirm offset this node may publish now, given what it has flushed."""
+        ...
+
+    def insync_replicas(self) -> int:
+        """In-sync replicas besides this node."""
+        ...
+
+    def replicas_acked(self, offset: int) -> int:
+        """Replicas whose acknowledged (flushed) offset is at or past ``offset``."""
+        ...
+
+
+class RoleController(Protocol):
+    def promote(self, unclean: bool) -> int:
+        """Make this slave the master; return the new epoch."""
+        ...
+
+    def demote(self, master: str) -> None:
+        """Make this master a slave of ``master`` (its replication address)."""
+        ...
+
+
+class ColdReader(Protocol):
+    """Reads of log ranges below the local log start (tiered storage plugs one in)."""
+
+    def min_offset(self) -> int:
+        """Lowest offset readable contiguously up to the local log start (the log start when none)."""
+        ...
+
+    def read(self, offset: int, length: int) -> bytes:
+        """Log bytes [offset, offset + length) (whole batches); shorter when they are not stored."""
+        ...
+
+
+class Truncation(enum.Enum):
+    """What cutting the log at a divergence point did (DESIGN §4)."""
+
+    NOTHING = "nothing"  # the log already ended at or below the point
+    CUT = "cut"  # the unconfirmed tail above the point is gone
+    BELOW_APPLIED = "below_applied"  # the point is below what the views applied: re-bootstrap (unclean)
+
+
+@dataclass(slots=True)
+class IncomingBatch:
+    """A batch as a client sent it: records already encoded, with their CRC32C."""
+
+    topic: str
+    queue_id: int
+    records: bytes
+    record_count: int
+    body_crc: int
+    producer_id: int = 0
+    base_sequence: int = NO_SEQUENCE
+    flags: int = 0
+    timer_target: tuple[str, int] | None = None  # a delayed batch for __timer: the (topic, queue) it fires into
+
+
+@dataclass(frozen=True, slots=True)
+class BatchReceipt:
+    commit_offset: int
+    base_queue_offset: int
+    record_count: int
+    duplicate: bool = False

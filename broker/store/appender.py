@@ -1,0 +1,319 @@
+"""The write side: validate batches, append them, and keep the tail state the next append needs.
+
+Write path: validate (outside the lock: CRCs, record framing, topic and queue, delayed records) →
+under the append lock check the producer sequences against the *tail* state, fill the headers
+and write every batch of the request with one writev → the caller waits for its ack mode
+(``Watermarks.wait_ack``). The tail state (next queue offsets, topics, producer sequences, the
+last store time) includes batches that are appended but not yet confirmed, which the views have
+not applied; recovery rebuilds it from the views plus the log above them (``TailState.rebuild``).
+
+A slave appends the master's batches byte for byte (``append_replicated``) and cuts its
+unconfirmed tail at a divergence point (``truncate_to``, a typed ``Truncation``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+import structlog
+
+from broker.config import Config
+from broker.errors import BrokerError, invalid, not_found
+from broker.invariant import invariant
+from broker.logformat import batch as bf
+from broker.logformat import system_records
+from broker.logformat import timer_props as timer_records
+from broker.logformat.scan import Mode, scan, scan_bytes
+from broker.ports import BatchReceipt, IncomingBatch, Truncation
+from broker.storage.commitlog import CommitLog
+from broker.storage.epochs import EpochHistory
+from broker.storage.failpoints import failpoint
+from broker.storage.segment import FsyncFailed
+from broker.store.disk import DiskSpace
+from broker.store.viewset import ViewSet
+from broker.store.watermarks import Watermarks
+from broker.views import ConsumeQueueView, ProducerStateView
+from broker.views.producer_state import ProducerTable
+
+log = structlog.get_logger("store")
+TopicChanges = list[tuple[str, dict[str, Any]]]
+
+
+@dataclass
+class TailState:
+    """What the next append needs to know, including appended batches no view has applied yet."""
+
+    queue_next: dict[tuple[str, int], int] = field(default_factory=dict)
+    topics: set[str] = field(default_factory=set)
+    producers: ProducerTable = field(default_factory=ProducerTable)
+    last_store_time_ms: int = 0
+
+    @classmethod
+    def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView) -> TailState:
+        """From the views, plus every batch above what they applied."""
+        tail = cls()
+        for (topic, q), qf in queues._files.items():
+            tail.queue_next[(topic, q)] = qf.next_queue_offset
+            if qf.entries:  # store times never go back, even if the clock did while we were down
+                tail.last_store_time_ms = max(tail.last_store_time_ms, qf.entry(qf.entries - 1).store_time_ms)
+        tail.producers = producers.producers.copy()
+        tail.topics = {t for t in queues.topics if not t.startswith(system_records.SYSTEM_PREFIX)}
+        start = min(queues.applied_offset, producers.applied_offset)
+        for header, batch in scan(log_.read, start, log_.max_offset, mode=Mode.STRICT, path=log_.directory):
+            tail.apply(header, batch, queues=header.base_offset >= queues.applied_offset,
+                       producers=header.base_offset >= producers.applied_offset)
+        return tail
+
+    def apply(self, header: bf.BatchHeader, batch: memoryview, *, queues: bool = True, producers: bool = True) -> None:
+        """Advance past one batch that is already in the log."""
+        if queues:
+            self.queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
+            if header.topic == system_records.METADATA_TOPIC:
+                self.apply_topic_changes([
+                    system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)
+                    if bytes(k) in system_records.TOPIC_CHANGE_KEYS
+                ])
+        if producers:
+            self.producers.record(header)
+        self.last_store_time_ms = max(self.last_store_time_ms, header.store_time_ms)
+
+    def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
+        """Created or deleted topics restart their queue offsets at 0; return the deleted ones."""
+        deleted: list[str] = []
+        for change, fields in changes:
+            name = str(fields["topic"])
+            for key in [k for k in self.queue_next if k[0] == name]:
+                del self.queue_next[key]
+            if change == system_records.TOPIC_CREATE:
+                self.topics.add(name)
+            elif change == system_records.TOPIC_DELETE:
+                self.topics.discard(name)
+                deleted.append(name)
+        return deleted
+
+
+class Appender:
+    def __init__(self, config: Config, log_: CommitLog, epochs: EpochHistory, views: ViewSet, tail: TailState,
+                 watermarks: Watermarks, disk: DiskSpace, check_writable: Callable[[], None],
+                 on_topic_deleted: Callable[[str], None]) -> None:
+        self.config = config
+        self.log = log_
+        self.epochs = epochs
+        self.metadata = views.metadata
+        self.views = views
+        self.tail = tail
+        self.watermarks = watermarks
+        self.disk = disk
+        self.check_writable = check_writable
+        self.on_topic_deleted = on_topic_deleted
+        self.lock = threading.Lock()  # one append (or truncation) at a time
+        self._appended = threading.Condition()  # notified after every append (replication senders wait here)
+        self._stop = watermarks.stop
+
+    # -- validation -----------------------------------------------------------------------------
+    def validate(self, batch: IncomingBatch, *, internal: bool = False) -> list[int]:
+        """Check a batch before the append lock; return its record positions."""
+        if batch.timer_target is not None:
+            return self._validate_delayed(batch)
+        if batch.topic.startswith(system_records.SYSTEM_PREFIX):
+            if not internal:
+                raise invalid(f"topic {batch.topic!r} is a reserved system topic")
+            queues = 1
+        else:
+            info = self.metadata.topic(batch.topic)
+            if info is None:
+                raise not_found(f"unknown topic {batch.topic!r}")
+            queues = info["queues"]
+        if not 0 <= batch.queue_id < queues:
+            raise invalid(f"queue {batch.queue_id} out of range: topic {batch.topic!r} has {queues} queues")
+        if batch.record_count <= 0:
+            raise invalid("a batch must hold at least one record")
+        if crc32c.crc32c(batch.records) != batch.body_crc:
+            raise invalid(f"batch for {batch.topic}/{batch.queue_id}: records checksum mismatch")
+        try:
+            positions = bf.record_positions(batch.records, batch.record_count)
+        except ValueError as exc:
+            raise invalid(f"batch for {batch.topic}/{batch.queue_id}: {exc}") from None
+        if batch.base_sequence < bf.NO_SEQUENCE or batch.base_sequence > 0x7FFFFFFF:
+            raise invalid(f"base_sequence {batch.base_sequence} out of range")
+        return positions
+
+    def _validate_delayed(self, batch: IncomingBatch) -> list[int]:
+        """A delayed batch: valid for its target queue, then every record a scheduled record."""
+        topic, queue_id = batch.timer_target or ("", 0)
+        if batch.topic != system_records.TIMER_TOPIC or batch.queue_id != 0:
+            raise invalid("a delayed batch is stored in __timer queue 0")
+        positions = self.validate(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
+                                                batch.producer_id, batch.base_sequence))
+        try:
+            timer_records.check_scheduled(batch.records, positions, topic, queue_id, int(time.time() * 1000),
+                                          self.config["timer.max_delay_ms"])
+        except timer_records.TimerRecordError as exc:
+            raise invalid(f"delayed batch for {topic}/{queue_id}: {exc}") from None
+        return positions
+
+    # -- appends ----------------------------------------------------------------------------------
+    def append(self, batches: list[IncomingBatch], *, internal: bool = False,
+               topic_changes: TopicChanges | None = None) -> tuple[list[BatchReceipt], int]:
+        """Validate and append; return receipts and the end offset the caller must wait for.
+
+        ``topic_changes``: topic creations/deletions this (metadata) append carries; checked and
+        applied to the tail's topic set under the append lock.
+        """
+        self.check_writable()
+        for b in batches:
+            self.validate(b, internal=internal)
+        receipts: list[BatchReceipt] = []
+        tail = self.tail
+        with self.lock:
+            self.check_writable()
+            for b in batches:  # the append side's own view of topics: deletes may not be applied yet
+                name = b.timer_target[0] if b.timer_target else b.topic
+                if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
+                    raise not_found(f"unknown topic {name!r}")
+            self._check_topic_changes(topic_changes or [])
+            offset = self.log.max_offset
+            now = max(int(time.time() * 1000), tail.last_store_time_ms)
+            chunks: list[list[bytes]] = []
+            queue_next: dict[tuple[str, int], int] = {}
+            producers = tail.producers
+            undo = producers.savepoint()  # sequences are recorded as we go, so a request sees its own batches
+            wait_offset = 0
+            for b in batches:
+                verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence)
+                if verdict.error:
+                    producers.rollback(undo)
+                    raise BrokerError("FAILED_PRECONDITION", verdict.error)
+                if verdict.duplicate_of is not None:
+                    _, count, dup_offset, dup_qoff = verdict.duplicate_of
+                    receipts.append(BatchReceipt(dup_offset, dup_qoff, count, duplicate=True))
+                    wait_offset = max(wait_offset, dup_offset + 1)
+                    continue
+                key = (b.topic, b.queue_id)
+                qoff = queue_next.get(key, tail.queue_next.get(key, 0))
+                topic_raw = b.topic.encode()
+                size = bf.HEADER_BYTES + len(topic_raw) + len(b.records)
+                head = bf.build_header(
+                    batch_bytes=size, record_count=b.record_count, base_offset=offset, base_queue_offset=qoff,
+                    store_time_ms=now, producer_id=b.producer_id, base_sequence=b.base_sequence,
+                    epoch=self.epochs.current, queue_id=b.queue_id, topic_raw=topic_raw, body_crc=b.body_crc,
+                    flags=b.flags,
+                )
+                chunks.append([head, b.records])
+                producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
+                receipts.append(BatchReceipt(offset, qoff, b.record_count))
+                queue_next[key] = qoff + b.record_count
+                offset += size
+            if chunks:
+                end = self._write(chunks, undo)
+                invariant(end == offset, f"log end {end} != expected {offset}")
+                for name in tail.apply_topic_changes(topic_changes or []):
+                    self.on_topic_deleted(name)
+                tail.queue_next.update(queue_next)
+                tail.last_store_time_ms = now
+                wait_offset = max(wait_offset, end)
+        if wait_offset:
+            self._notify_appended()
+        return receipts, wait_offset
+
+    def _write(self, chunks: list[list[bytes]], undo: Any) -> int:
+        start = self.log.max_offset
+        try:
+            return self.log.append(chunks)
+        except (OSError, FsyncFailed) as exc:
+            self.tail.producers.rollback(undo)
+            full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full or self.log.max_offset != start:
+                # part of the request is in the log (or an fsync failed): the tail state no longer
+                # matches it. Restart; recovery derives the tail from the log itself.
+                log.critical("append_failed_partially", error=str(exc), start=start, now_at=self.log.max_offset)
+                os._exit(1)
+            self.disk.recheck()
+            raise BrokerError("RESOURCE_EXHAUSTED", f"disk full: {exc}") from None
+
+    def append_system(self, items: list[tuple[str, dict[str, object]]]) -> int:
+        """Append metadata records (one batch) to ``__metadata``; return the batch end offset."""
+        encoded = [system_records.encode(t, f) for t, f in items]
+        records, _ = bf.encode_records([(body, key, b"") for key, body in encoded])
+        batch = IncomingBatch(system_records.METADATA_TOPIC, 0, records, len(items), crc32c.crc32c(records))
+        changes = [(t, f) for t, f in items if t in (system_records.TOPIC_CREATE, system_records.TOPIC_DELETE)]
+        _, end = self.append([batch], internal=True, topic_changes=changes)
+        return end
+
+    def _check_topic_changes(self, changes: TopicChanges) -> None:
+        for change, fields in changes:
+            name = str(fields["topic"])
+            if change == system_records.TOPIC_CREATE and name in self.tail.topics:
+                raise BrokerError("ALREADY_EXISTS", f"topic {name!r} already exists")
+            if change == system_records.TOPIC_DELETE and name not in self.tail.topics:
+                raise not_found(f"unknown topic {name!r}")
+
+    # -- replicated writes (slave side) -------------------------------------------------------------
+    def append_replicated(self, data: bytes) -> int:
+        """Append raw batches shipped by the master, byte for byte; return the new log end.
+
+        Every batch is verified (both CRCs, its offset) before anything is written: a bad chunk
+        is refused whole (``CorruptionError``) and the stream restarts from our log end.
+        """
+        with self.lock:
+            expected = self.log.max_offset
+            batches = list(scan_bytes(data, expected, mode=Mode.STRICT, verify_body=True, path="replication stream"))
+            if not batches:
+                return expected
+            failpoint("replication_before_append")
+            self.log.append([[data]])
+            for h, batch in batches:
+                if h.epoch > self.epochs.current:
+                    self.epochs.start(h.epoch, h.base_offset)
+                self.tail.apply(h, batch)
+            end = self.log.max_offset
+        self._notify_appended()
+        self.watermarks.want_flush()
+        return end
+
+    def truncate_to(self, offset: int) -> Truncation:
+        """Cut the unconfirmed tail at ``offset`` (a batch boundary) after a divergence (DESIGN §4)."""
+        with self.lock:
+            if offset >= self.log.max_offset:
+                return Truncation.NOTHING
+            applied = self.views.applied_max()
+            if offset < applied:
+                log.error("divergence_below_applied", offset=offset, applied=applied,
+                          note="this node must re-bootstrap (unclean)")
+                return Truncation.BELOW_APPLIED
+            failpoint("replication_before_truncate")
+            self.log.truncate(offset)
+            self.epochs.truncate(offset)
+            self.watermarks.truncated(offset)
+            self.tail = TailState.rebuild(self.log, self.views.queues, self.views.producers)
+            log.warning("log_truncated", offset=offset, reason="divergence from the master")
+            return Truncation.CUT
+
+    # -- the append side's view, for readers -------------------------------------------------------
+    def queue_end(self, topic: str, queue_id: int) -> int:
+        """Next queue offset the append side will assign (counts appended, unconfirmed batches)."""
+        with self.lock:
+            return self.tail.queue_next.get((topic, queue_id), 0)
+
+    def queue_exists(self, topic: str, queue_id: int) -> bool:
+        """Whether a queue takes appends now (the append side's view of topics)."""
+        info = self.metadata.topic(topic)
+        return topic in self.tail.topics and info is not None and 0 <= queue_id < info["queues"]
+
+    def wait_appended(self, offset: int, timeout_s: float) -> int:
+        """Wait until the log grows past ``offset`` (or the timeout); return the log end."""
+        with self._appended:
+            self._appended.wait_for(lambda: self.log.max_offset > offset or self._stop.is_set(), timeout_s)
+        return self.log.max_offset
+
+    def _notify_appended(self) -> None:
+        with self._appended:
+            self._appended.notify_all()
+

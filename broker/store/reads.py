@@ -1,0 +1,184 @@
+"""The read side: pulls, queue bounds, seek by time, and log reads that reach into tiered storage.
+
+Readers see only what the views applied, which is below the confirm offset (DESIGN §2): a pull
+finds batches through the queue's consume-queue entries and reads each run of adjacent batches
+with one pread. Below the local log start, bytes come from a registered ``ColdReader``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from broker import metrics
+from broker.errors import BrokerError, invalid, not_found
+from broker.logformat import batch as bf
+from broker.logformat import system_records
+from broker.logformat import timer_props as timer_records
+from broker.ports import ColdReader
+from broker.storage.commitlog import CommitLog
+from broker.store.viewset import ViewSet
+from broker.store.watermarks import Watermarks
+from broker.views.consume_queue import Entry, QueueFile
+
+PULL_ENTRIES_PER_READ = 256
+
+
+@dataclass(frozen=True, slots=True)
+class PullResult:
+    batches: list[bytes]  # runs of whole, adjacent batches
+    skip_first: int  # records of the first batch before the requested offset
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+class Reads:
+    def __init__(self, log_: CommitLog, views: ViewSet, watermarks: Watermarks, closing: Callable[[], bool]) -> None:
+        self.log = log_
+        self.views = views
+        self.watermarks = watermarks
+        self.closing = closing
+        self.cold_reader: ColdReader | None = None
+        self._stop: threading.Event = watermarks.stop
+
+    def register_cold_reader(self, reader: ColdReader) -> None:
+        self.cold_reader = reader
+
+    def queue_file(self, topic: str, queue_id: int) -> QueueFile:
+        metadata = self.views.metadata
+        if not topic.startswith(system_records.SYSTEM_PREFIX) and metadata.topic(topic) is None:
+            raise not_found(f"unknown topic {topic!r}")
+        qf = self.views.queues.queue(topic, queue_id)
+        if qf is None:
+            if topic in system_records.SYSTEM_TOPICS or metadata.topic(topic) is not None:
+                raise invalid(f"queue {queue_id} out of range for topic {topic!r}")
+            raise not_found(f"unknown topic {topic!r}")
+        return qf
+
+    def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(min readable queue offset, next queue offset) below the confirm offset."""
+        qf = self.queue_file(topic, queue_id)
+        log_min = self.readable_min_offset()
+        i = qf.first_at_commit(log_min) if log_min else 0
+        low = qf.entry(i).base_queue_offset if i < qf.entries else qf.next_queue_offset
+        return low, qf.next_queue_offset
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int) -> PullResult:
+        if offset < 0:
+            raise invalid(f"offset {offset} is negative")
+        if max_messages <= 0:
+            raise invalid("max_messages must be positive")
+        qf = self.queue_file(topic, queue_id)
+        if offset >= qf.next_queue_offset and max_wait_ms > 0:
+            deadline = time.monotonic() + max_wait_ms / 1000.0
+            cond = self.watermarks.cond
+            with cond:
+                cond.wait_for(lambda: qf.next_queue_offset > offset or self.closing() or self._stop.is_set(),
+                              max(0.0, deadline - time.monotonic()))
+        low, high = self.queue_bounds(topic, queue_id)
+        if offset > high:
+            raise BrokerError("OUT_OF_RANGE", f"offset {offset} is beyond the end of {topic}/{queue_id} ({high})")
+        if offset < low:
+            raise BrokerError("OUT_OF_RANGE", f"offset {offset} of {topic}/{queue_id} was removed by retention; earliest is {low}")
+        if offset == high:
+            return PullResult([], 0, 0, offset, low, high)
+        entries, byte_total = _entries(qf, offset, max_messages, max_bytes)
+        batches = self._read_batches(entries)
+        skip = offset - entries[0].base_queue_offset
+        available = entries[-1].base_queue_offset + entries[-1].record_count - offset
+        count = min(max_messages, available)
+        metrics.PULL_MESSAGES.inc(count)
+        metrics.PULL_BYTES.inc(byte_total)
+        return PullResult(batches, skip, count, offset + count, low, high)
+
+    def _read_batches(self, entries: list[Entry]) -> list[bytes]:
+        """Read the entries' batches: each run of adjacent batches is one pread and one blob."""
+        out: list[bytes] = []
+        i = 0
+        while i < len(entries):
+            start = entries[i].commit_offset
+            end = start + entries[i].batch_bytes
+            j = i + 1
+            while j < len(entries) and entries[j].commit_offset == end:
+                end += entries[j].batch_bytes
+                j += 1
+            data = self.read_log(start, end - start)
+            if len(data) != end - start:
+                raise BrokerError("OUT_OF_RANGE", f"log range {start}..{end} is no longer stored locally")
+            out.append(data)
+            i = j
+        return out
+
+    def readable_min_offset(self) -> int:
+        """Lowest commit offset a read can reach: the local log start, or lower through tiered storage."""
+        local = self.log.min_offset
+        if self.cold_reader is None or local == 0:
+            return local
+        return min(local, self.cold_reader.min_offset())
+
+    def read_log(self, start: int, length: int) -> bytes:
+        """Log bytes [start, start + length); the part below the local log start comes from the cold reader."""
+        data = b""
+        for _ in range(2):  # retention may delete a segment between the check and the read: look again
+            local_min = self.log.min_offset
+            if start >= local_min or self.cold_reader is None:
+                data = self.log.read(start, length)
+            else:
+                cold_len = min(length, local_min - start)
+                data = self.cold_reader.read(start, cold_len)
+                if len(data) == cold_len < length:
+                    data += self.log.read(local_min, length - cold_len)
+            if len(data) == length or self.cold_reader is None:
+                return data
+        return data
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        qf = self.queue_file(topic, queue_id)
+        i = qf.first_at_time(timestamp_ms)
+        if i >= qf.entries:
+            return qf.next_queue_offset
+        low, _ = self.queue_bounds(topic, queue_id)
+        return max(low, qf.entry(i).base_queue_offset)
+
+    def is_scheduled_record(self, offset: int) -> bool:
+        """Whether ``offset`` is the start of a scheduled record in ``__timer`` (still stored)."""
+        qf = self.views.queues.queue(system_records.TIMER_TOPIC, 0)
+        if qf is None or offset < self.log.min_offset:
+            return False
+        i = qf.first_at_commit(offset + 1) - 1
+        if i < 0 or i >= qf.entries:
+            return False
+        e = qf.entry(i)
+        data = memoryview(self.log.read(e.commit_offset, e.batch_bytes))
+        header = bf.decode_header(data, 0)
+        if timer_records.is_event_batch(data, header):
+            return False
+        return any(e.commit_offset + pos == offset for pos, _, _, _ in bf.iter_records(data, header))
+
+
+def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> tuple[list[Entry], int]:
+    """The consume-queue entries a pull from ``offset`` returns, and their bytes."""
+    index = qf.locate(offset)
+    entries: list[Entry] = []
+    wanted = offset + max_messages
+    byte_total = 0
+    while index < qf.entries:
+        chunk = qf.entries_from(index, PULL_ENTRIES_PER_READ)
+        if not chunk:
+            break
+        for e in chunk:
+            if entries and byte_total + e.batch_bytes > max_bytes:
+                break
+            entries.append(e)
+            byte_total += e.batch_bytes
+            if e.base_queue_offset + e.record_count >= wanted or byte_total >= max_bytes:
+                break
+        else:
+            index += len(chunk)
+            continue
+        break
+    return entries, byte_total

@@ -1,0 +1,43 @@
+"""The store's views (DESIGN §1), opened together; the order is the order they apply a batch in."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from broker.config import Config
+from broker.timers.view import TimerView
+from broker.views import ConsumeQueueView, MetadataView, ProducerStateView, View
+
+
+@dataclass
+class ViewSet:
+    metadata: MetadataView
+    queues: ConsumeQueueView
+    producers: ProducerStateView
+    timers: TimerView
+
+    @classmethod
+    def open(cls, config: Config, data_dir: str) -> ViewSet:
+        checkpoints = os.path.join(data_dir, "checkpoints")
+        os.makedirs(checkpoints, exist_ok=True)
+        return cls(
+            metadata=MetadataView(os.path.join(data_dir, "metadata")),
+            queues=ConsumeQueueView(os.path.join(data_dir, "cq"), os.path.join(checkpoints, "consume_queue.ckpt")),
+            producers=ProducerStateView(os.path.join(checkpoints, "producer_state.ckpt")),
+            timers=TimerView(os.path.join(data_dir, "timer"), config),
+        )
+
+    @property
+    def all(self) -> list[View]:
+        return [self.metadata, self.queues, self.producers, self.timers]
+
+    def applied_min(self) -> int:
+        return min(v.applied_offset for v in self.all)
+
+    def applied_max(self) -> int:
+        return max(v.applied_offset for v in self.all)
+
+    def close(self) -> None:
+        for v in self.all:
+            v.close()

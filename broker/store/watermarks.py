@@ -1,0 +1,156 @@
+"""The offsets of DESIGN §2 and the flusher: max ≥ flushed ≥ confirm ≥ applied.
+
+``flushed_offset`` moves when an fsync returns (group commit: one fsync serves every waiter, and
+the flusher runs at least every ``commitlog.flush_interval_ms``). ``confirm_offset`` is what the
+registered ``ConfirmRule`` allows, never above ``flushed_offset`` and never backwards.
+``applied_offset`` is the lowest applied offset of the views (the dispatcher publishes it).
+Every waiter in the store (acks, long-polls, the dispatcher, views catching up) waits on
+``cond`` and is woken whenever one of them moves.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+import structlog
+
+from broker import metrics
+from broker.config import Config
+from broker.errors import BrokerError
+from broker.ports import ConfirmRule
+from broker.storage.commitlog import CommitLog
+
+log = structlog.get_logger("store")
+ACKS = ("leader", "flush", "replica")
+
+
+class AloneRule:
+    """No replication: a master confirms what it flushed; a slave confirms nothing by itself."""
+
+    def __init__(self, role: Callable[[], str]) -> None:
+        self._role = role
+
+    def confirm(self, flushed_offset: int) -> int:
+        return flushed_offset if self._role() == "master" else 0
+
+    def insync_replicas(self) -> int:
+        return 0
+
+    def replicas_acked(self, offset: int) -> int:
+        return 0
+
+
+class Watermarks:
+    def __init__(self, config: Config, log_: CommitLog, stop: threading.Event, role: Callable[[], str], *,
+                 flushed_offset: int, confirm_offset: int, applied_offset: int) -> None:
+        self.config = config
+        self.log = log_
+        self.stop = stop
+        self.cond = threading.Condition()
+        self.flushed_offset = flushed_offset
+        self.confirm_offset = confirm_offset
+        self.applied_offset = applied_offset
+        self.rule: ConfirmRule = AloneRule(role)
+        self._flush_wanted = False
+
+    def register_rule(self, rule: ConfirmRule) -> None:
+        with self.cond:
+            self.rule = rule
+
+    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
+        """Wait on ``cond`` until ``predicate`` holds (True) or the timeout or a stop (False)."""
+        with self.cond:
+            self.cond.wait_for(lambda: predicate() or self.stop.is_set(), timeout_s)
+            return predicate()
+
+    # -- group commit ---------------------------------------------------------------------------
+    def want_flush(self) -> None:
+        with self.cond:
+            self._flush_wanted = True
+            self.cond.notify_all()
+
+    def sync_log(self) -> None:
+        """fsync the log, then publish the flushed offset and what it confirms."""
+        t0 = time.perf_counter()
+        try:
+            target = self.log.sync()
+        except OSError as exc:  # after a failed fsync the page cache can no longer be trusted
+            log.critical("fsync_failed", error=str(exc))
+            os._exit(1)
+        metrics.FSYNC_SECONDS.observe(time.perf_counter() - t0)
+        with self.cond:
+            if target > self.flushed_offset:
+                self.flushed_offset = target
+                self._advance_confirm()
+            self.cond.notify_all()
+
+    def _advance_confirm(self) -> None:
+        confirm = min(self.rule.confirm(self.flushed_offset), self.flushed_offset)
+        self.confirm_offset = max(self.confirm_offset, confirm)
+
+    def advance_confirm(self) -> None:
+        """Recompute the confirm offset (replication calls this when a replica acknowledges)."""
+        with self.cond:
+            self._advance_confirm()
+            self.cond.notify_all()
+
+    def truncated(self, offset: int) -> None:
+        """The log was cut at ``offset`` (above the confirm offset: nothing confirmed moves)."""
+        with self.cond:
+            self.flushed_offset = min(self.flushed_offset, offset)
+
+    def publish_applied(self, offset: int) -> None:
+        with self.cond:
+            self.applied_offset = offset
+            self.cond.notify_all()
+
+    def flush_loop(self) -> None:
+        """The flusher thread: fsync whenever someone waits, and every flush interval."""
+        interval_s = self.config["commitlog.flush_interval_ms"] / 1000.0
+        while not self.stop.is_set():
+            with self.cond:
+                self.cond.wait_for(lambda: self._flush_wanted or self.stop.is_set(), interval_s)
+                self._flush_wanted = False
+            if self.log.max_offset > self.flushed_offset:
+                self.sync_log()
+            elif self.confirm_offset < self.flushed_offset:  # a replica may have left the in-sync set
+                self.advance_confirm()
+            metrics.OFFSET.labels("max").set(self.log.max_offset)
+            metrics.OFFSET.labels("confirm").set(self.confirm_offset)
+
+    # -- acknowledgements -----------------------------------------------------------------------
+    def wait_ack(self, offset: int, ack: str, timeout_ms: int) -> None:
+        """Return once ``offset`` is acknowledged in mode ``ack`` (leader: at once; flush:
+        fsynced here; replica: confirmed, with enough replicas past it)."""
+        if ack == "leader" or offset == 0:
+            return
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
+        with self.cond:
+            self._flush_wanted = True
+            self.cond.notify_all()
+            if ack == "flush":
+                ok = self.cond.wait_for(lambda: self.flushed_offset >= offset, deadline - time.monotonic())
+            else:
+                ok = self.cond.wait_for(
+                    lambda: self.confirm_offset >= offset and self.rule.replicas_acked(offset) >= need,
+                    deadline - time.monotonic(),
+                )
+        if not ok:
+            raise BrokerError("DEADLINE_EXCEEDED", f"not acknowledged ({ack}) within {timeout_ms} ms; the records may still be stored")
+
+    def insync_replicas(self) -> int:
+        """In-sync replicas besides this node."""
+        return self.rule.insync_replicas()
+
+    def check_replica_ack_possible(self) -> None:
+        wanted = self.config["replication.min_insync_replicas"]
+        have = 1 + self.insync_replicas()
+        if wanted > have:
+            raise BrokerError(
+                "UNAVAILABLE",
+                f"ack=replica needs {wanted} in-sync replicas (replication.min_insync_replicas); {have} available",
+            )

@@ -1,0 +1,128 @@
+"""The in-sync set and the confirm rule (DESIGN §2, §4): the one place that decides both.
+
+A replica is *in sync* while it is no more than ``replication.max_lag_bytes`` behind the log end
+and has caught up with the log end within the last ``replication.max_lag_ms``. A disconnect does
+not remove it at once: a slave promises to promote cleanly only within ``max_lag_ms`` of last
+hearing from us, so we must not confirm alone before that time has passed.
+
+As master, the confirm offset is min(flushed, acked offset of every in-sync replica); with none in
+sync the master confirms alone. As slave, it is min(flushed, the master's confirm offset).
+The streams (``master.py``, ``follower.py``) only report events here.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import structlog
+
+from broker.config import Config
+
+log = structlog.get_logger("replication.confirm")
+
+
+@dataclass
+class Replica:
+    node_id: str
+    address: str
+    acked_offset: int = 0
+    connected: bool = True
+    caught_up_at: float = field(default_factory=time.monotonic)
+    in_sync: bool = False
+    # (log end reached by a send, when it was sent): acking past it means caught up at that time
+    sent_to_end: collections.deque[tuple[int, float]] = field(default_factory=collections.deque)
+
+
+class InSyncSet:
+    """The ``ConfirmRule`` (broker/ports.py) of a replicated node."""
+
+    def __init__(self, config: Config, role: Callable[[], str], log_end: Callable[[], int]) -> None:
+        self.config = config
+        self._role = role
+        self._log_end = log_end
+        self._lock = threading.Lock()
+        self.replicas: dict[str, Replica] = {}
+        self.master_confirm = 0  # as a slave: the confirm offset our master last sent
+
+    # -- the rule -----------------------------------------------------------------------------
+    def confirm(self, flushed_offset: int) -> int:
+        if self._role() != "master":
+            return min(flushed_offset, self.master_confirm)
+        with self._lock:
+            self._refresh_all()
+            acked = [r.acked_offset for r in self.replicas.values() if r.in_sync]
+        return min([flushed_offset, *acked])
+
+    def insync_replicas(self) -> int:
+        with self._lock:
+            self._refresh_all()
+            return sum(1 for r in self.replicas.values() if r.in_sync)
+
+    def replicas_acked(self, offset: int) -> int:
+        with self._lock:
+            return sum(1 for r in self.replicas.values() if r.acked_offset >= offset)
+
+    def _refresh_all(self) -> None:
+        now = time.monotonic()
+        for r in self.replicas.values():
+            self._refresh(r, now)
+
+    def _refresh(self, r: Replica, now: float) -> None:
+        lag_bytes = self._log_end() - r.acked_offset
+        in_sync = (
+            lag_bytes <= self.config["replication.max_lag_bytes"]
+            and (now - r.caught_up_at) * 1000 <= self.config["replication.max_lag_ms"]
+        )
+        if in_sync != r.in_sync:
+            r.in_sync = in_sync
+            log.info("replica_in_sync" if in_sync else "replica_out_of_sync", node=r.node_id, acked=r.acked_offset,
+                     lag_bytes=lag_bytes)
+
+    # -- events of the master's streams ----------------------------------------------------------
+    def connected(self, node_id: str, address: str, acked_offset: int) -> Replica:
+        replica = Replica(node_id, address, acked_offset=acked_offset)
+        with self._lock:
+            self.replicas[node_id] = replica
+        return replica
+
+    def sent_to_end(self, replica: Replica, log_end: int) -> None:
+        """A send (or heartbeat) brought ``replica`` up to ``log_end`` now."""
+        with self._lock:
+            replica.sent_to_end.append((log_end, time.monotonic()))
+
+    def acked(self, replica: Replica, flushed_offset: int) -> None:
+        with self._lock:
+            replica.acked_offset = max(replica.acked_offset, flushed_offset)
+            while replica.sent_to_end and replica.sent_to_end[0][0] <= flushed_offset:
+                replica.caught_up_at = replica.sent_to_end.popleft()[1]
+            self._refresh(replica, time.monotonic())
+
+    def disconnected(self, replica: Replica) -> None:
+        with self._lock:
+            replica.connected = False
+            self._refresh(replica, time.monotonic())
+
+    def describe(self) -> list[dict[str, object]]:
+        """The replicas as ``status()["replicas"]`` shows them (lag rules re-evaluated now)."""
+        with self._lock:
+            self._refresh_all()
+            log_end = self._log_end()
+            return [{"node_id": r.node_id, "address": r.address, "acked_offset": r.acked_offset, "in_sync": r.in_sync,
+                     "connected": r.connected, "lag_bytes": max(0, log_end - r.acked_offset)}
+                    for r in self.replicas.values()]
+
+    # -- events of the slave's follower -----------------------------------------------------------
+    def follow(self, known_confirmed: int) -> None:
+        """Start following a master; ``known_confirmed`` is what this node knows was confirmed."""
+        self.master_confirm = known_confirmed
+
+    def master_confirmed(self, offset: int) -> bool:
+        """The master sent its confirm offset; True when it moved."""
+        if offset <= self.master_confirm:
+            return False
+        self.master_confirm = offset
+        return True
