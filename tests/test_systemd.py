@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from broker.cli import _parser
+from broker.cli.main import _parser
 from tests.aptutil import require_tool
 from tests.procs import DaemonProcess, free_port
 

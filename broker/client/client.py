@@ -1,0 +1,322 @@
+"""Python client: ``from broker.client import BrokerClient, Message``.
+
+Sends are batched per queue and encoded once; each batch carries this client's random producer
+id and a per-queue sequence, so a retried request (transient failure) lands exactly once.
+Pulled batches decode lazily: ``pull()`` returns a sequence whose items are built on access.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import crc32c
+import grpc
+
+from broker import alloc
+from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
+from broker.logformat import batch as bf
+from broker.logformat.timer_props import TIMER_TOPIC
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+ACKS = {"replica": pb.ACK_REPLICA, "leader": pb.ACK_LEADER, "flush": pb.ACK_FLUSH}
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# For Send the request is idempotent (producer id + sequences), so an unknown outcome is retried too.
+SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit sequence runs out
+RETRIES_MAX = 5
+REQUEST_BYTES_TARGET = 8 << 20
+MESSAGE_BYTES_MAX = 256 << 20
+
+
+@dataclass
+class _Producer:
+    producer_id: int = field(default_factory=lambda: random.getrandbits(63) or 1)
+    sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _redirect(exc: grpc.RpcError) -> str:
+    """The master's address a slave put in the trailing metadata of a refused write, if any."""
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:  # not every RpcError carries metadata
+        return ""
+    for key, value in trailing:
+        if key == "tidemark-master" and value:
+            return str(value)
+    return ""
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel_credentials(root_certificates: bytes | None, ca_file: str | None, cert_file: str | None,
+                         key_file: str | None) -> grpc.ChannelCredentials | None:
+    if ca_file:
+        root_certificates = _read(ca_file)
+    if root_certificates is None and not cert_file:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=root_certificates,
+                                        private_key=_read(key_file) if key_file else None,
+                                        certificate_chain=_read(cert_file) if cert_file else None)
+
+
+class BrokerError(Exception):
+    """A call failed; ``code`` is the gRPC status code."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(f"{code.name}: {message}")
+        self.code = code
+        self.details = message
+
+
+class BrokerClient:
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        root_certificates: bytes | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+    ) -> None:
+        """TLS when ``tls_ca_file`` (or ``root_certificates``, the CA's PEM bytes) is given; a client
+        certificate with ``tls_cert_file`` + ``tls_key_file``; ``token`` is sent as a bearer token."""
+        self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+        if not self.addresses:
+            raise ValueError("at least one broker address is needed")
+        if bool(tls_cert_file) != bool(tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        self.timeout_s = timeout_s
+        self._credentials = _channel_credentials(root_certificates, tls_ca_file, tls_cert_file, tls_key_file)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._current = 0
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.BrokerStub | None = None
+        self._lock = threading.Lock()
+        self._producer = _Producer()
+        self._queues: dict[str, int] = {}
+        self._round_robin = itertools.count()
+        alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
+        self._connect(0)
+
+    # -- connection ----------------------------------------------------------------------------
+    def _connect(self, index: int) -> None:
+        if self._channel is not None:
+            self._channel.close()
+        self._current = index % len(self.addresses)
+        address = self.addresses[self._current]
+        options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX)]
+        if self._credentials is not None:
+            self._channel = grpc.secure_channel(address, self._credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.BrokerStub(self._channel)
+
+    def close(self) -> None:
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+
+    def __enter__(self) -> BrokerClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, *, retry: bool = True, timeout_s: float | None = None,
+              retryable: tuple[grpc.StatusCode, ...] = RETRYABLE) -> Any:
+        attempts = RETRIES_MAX if retry else 1
+        delay = 0.05
+        for attempt in range(attempts):
+            assert self._stub is not None
+            try:
+                return getattr(self._stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION else ""
+                if master and attempt + 1 < attempts:  # a slave names its master: follow it
+                    if master not in self.addresses:
+                        self.addresses.append(master)
+                    self._connect(self.addresses.index(master))
+                    continue
+                if code in retryable and attempt + 1 < attempts:
+                    if len(self.addresses) > 1:
+                        self._connect(self._current + 1)
+                    time.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                    continue
+                raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
+        raise AssertionError("unreachable")
+
+    # -- topics --------------------------------------------------------------------------------
+    def create_topic(self, name: str, queues: int = 1) -> None:
+        self._call("CreateTopic", pb.CreateTopicRequest(name=name, queues=queues), retry=False)
+        self._queues[name] = queues
+
+    def delete_topic(self, name: str) -> None:
+        self._call("DeleteTopic", pb.DeleteTopicRequest(name=name), retry=False)
+        self._queues.pop(name, None)
+
+    def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
+        resp = self._call("ListTopics", pb.ListTopicsRequest(include_system=include_system))
+        return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets)} for t in resp.topics}
+
+    def _queue_count(self, topic: str) -> int:
+        if topic not in self._queues:
+            topics = self.list_topics(include_system=True)
+            if topic not in topics:
+                raise BrokerError(grpc.StatusCode.NOT_FOUND, f"unknown topic {topic!r}")
+            self._queues[topic] = topics[topic]["queues"]
+        return self._queues[topic]
+
+    # -- send ----------------------------------------------------------------------------------
+    def pick_queue(self, topic: str, key: str | None) -> int:
+        """A key always maps to ``crc32c(key) % queues``; keyless sends rotate over the queues."""
+        queues = self._queue_count(topic)
+        if key is None:
+            return next(self._round_robin) % queues
+        return crc32c.crc32c(key.encode()) % queues
+
+    def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
+             timeout_ms: int | None = None) -> Sequence[Receipt]:
+        """Send in one request: one batch per queue. Keyless messages of one call share a queue
+        (the next in round-robin order), so a call makes one batch, not one per message."""
+        if ack not in ACKS:
+            raise ValueError(f"ack must be one of {', '.join(ACKS)}")
+        if not messages:
+            return Receipts(topic, 0, [])
+        queues = self._queue_count(topic)
+        sticky = next(self._round_robin) % queues
+        by_queue: dict[int, list[int]] = {}
+        delayed: dict[int, list[int]] = {}  # timer messages not yet due, by target queue
+        crc = crc32c.crc32c
+        now_ms = int(time.time() * 1000)
+        for i, m in enumerate(messages):
+            q = sticky if m.key is None else crc(m.key.encode()) % queues
+            target = by_queue if m.deliver_at_ms is None or m.deliver_at_ms <= now_ms else delayed
+            group = target.get(q)
+            if group is None:
+                target[q] = [i]
+            else:
+                group.append(i)
+        topic_bytes = len(topic.encode())
+        with self._lock:
+            if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
+                self._producer = _Producer()
+            # filled in place: constructing sub-messages separately would copy every payload twice
+            request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0)
+            groups: list[SendGroup] = []
+            for queue_id, idxs in by_queue.items():
+                records, positions = encode_messages(messages, idxs)
+                seq = self._producer.sequences.get((topic, queue_id), 0)
+                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                    base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
+                                    records=records)
+                groups.append(SendGroup(queue_id, idxs, positions, seq))
+            timer_seq = self._producer.sequences.get((TIMER_TOPIC, 0), 0)
+            for queue_id, idxs in delayed.items():  # one sequence for __timer: batches follow each other
+                records, positions = encode_messages(messages, idxs, timer_target=(topic, queue_id))
+                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                    base_sequence=timer_seq, record_count=len(idxs), records_crc=crc(records),
+                                    records=records, delayed=True)
+                groups.append(SendGroup(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
+                timer_seq += len(idxs)
+            try:
+                resp = self._call("Send", request, retryable=SEND_RETRYABLE)
+            except BrokerError:
+                self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
+                raise
+            for g, r in zip(groups, resp.receipts, strict=True):
+                if g.deliver is not None:
+                    self._producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)
+                    g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
+                else:
+                    self._producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
+                    g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
+                g.base_queue_offset = r.base_queue_offset
+                g.duplicate = r.duplicate
+        return Receipts(topic, len(messages), groups)
+
+    # -- pull ----------------------------------------------------------------------------------
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
+             max_wait_ms: int = 0, max_bytes: int = 0) -> PullResult:
+        req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                             max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+        return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
+
+    def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
+                  max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True) -> Iterator[PullResult]:
+        """Pull continuously from ``offset``, keeping the next request in flight while the caller
+        works on the current result (fetch pipelining). Stops at the queue's end unless told not to."""
+        timeout = self.timeout_s + max_wait_ms / 1000.0
+
+        def request(at: int) -> Any:
+            req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
+                                 max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+            assert self._stub is not None
+            return self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
+
+        pending = request(offset)
+        while True:
+            try:
+                result = PullResult(pending.result())
+            except grpc.RpcError as exc:
+                raise BrokerError(exc.code(), exc.details() or "") from None  # type: ignore[attr-defined]
+            if not len(result) and stop_at_end:
+                return
+            pending = request(result.next_offset)
+            yield result
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        return int(self._call("OffsetForTime", pb.OffsetForTimeRequest(
+            topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)).offset)
+
+    # -- consumer offsets ----------------------------------------------------------------------
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        self.commit_offsets(group, {(topic, queue_id): offset})
+
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        req = pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group=group, topic=t, queue_id=q, offset=o)
+                                              for (t, q), o in offsets.items()])
+        self._call("CommitOffset", req)
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        resp = self._call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
+        return int(resp.offset) if resp.found else None
+
+    # -- timers --------------------------------------------------------------------------------
+    def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
+        """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.
+        A fired, cancelled or firing timer: FAILED_PRECONDITION; an unknown one: NOT_FOUND."""
+        offset = receipt if isinstance(receipt, int) else receipt.timer_offset
+        if offset is None:
+            raise ValueError("this receipt is not a timer message's (it has no timer_offset)")
+        resp = self._call("CancelTimer", pb.CancelTimerRequest(timer_offset=offset), retry=False)
+        return {"timer_offset": offset, "deliver_at_ms": resp.deliver_at_ms, "topic": resp.topic,
+                "queue_id": resp.queue_id}
+
+    # -- admin ---------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        return dict(json.loads(self._call("Status", pb.StatusRequest()).json))
+
+    def promote(self, unclean: bool = False) -> int:
+        """Make the connected node (a slave) the master; returns its new epoch."""
+        return int(self._call("Promote", pb.PromoteRequest(unclean=unclean), retry=False).epoch)
+
+    def demote(self, master: str) -> None:
+        """Make the connected node (a master) a slave of ``master``."""
+        self._call("Demote", pb.DemoteRequest(master=master), retry=False)
+
+

@@ -1,0 +1,271 @@
+"""What the client hands out and takes in: messages, receipts, pulled messages (decoded lazily),
+and the encoding of messages into records (broker/logformat, spec docs/formats/commitlog.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple, overload
+
+from broker.logformat import batch as bf
+from broker.logformat.scan import Mode, scan_bytes
+from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, scheduled_props, target_props
+from proto import tidemark_pb2 as pb
+
+_RECORD_HEAD = bf.RECORD_HEAD
+
+
+@dataclass(slots=True)
+class Message:
+    body: bytes
+    key: str | None = None
+    properties: dict[str, str] | None = None
+    deliver_at_ms: int | None = None
+
+
+class Receipt(NamedTuple):
+    """Where a sent message landed (a delayed one also names its timer record)."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    duplicate: bool = False
+    timer_offset: int | None = None
+    deliver_at_ms: int | None = None
+
+
+class PulledMessage:
+    """One pulled record; fields decode from the batch bytes when first read."""
+
+    __slots__ = ("_batch", "_key", "_pos", "_props", "commit_offset", "queue_id", "queue_offset",
+                 "store_time_ms", "topic")
+
+    def __init__(self, batch: bytes, pos: int, topic: str, queue_id: int, queue_offset: int,
+                 commit_offset: int, store_time_ms: int) -> None:
+        self._batch = batch
+        self._pos = pos
+        self.topic = topic
+        self.queue_id = queue_id
+        self.queue_offset = queue_offset
+        self.commit_offset = commit_offset
+        self.store_time_ms = store_time_ms
+
+    @property
+    def body(self) -> bytes:
+        size, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
+        return bytes(self._batch[self._pos + 8 + kl + pl : self._pos + 4 + size])
+
+    @property
+    def key(self) -> str | None:
+        _, kl, _ = _RECORD_HEAD.unpack_from(self._batch, self._pos)
+        return bytes(self._batch[self._pos + 8 : self._pos + 8 + kl]).decode() if kl else None
+
+    def _all_properties(self) -> dict[str, str]:
+        _, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
+        start = self._pos + 8 + kl
+        return bf.decode_props(self._batch[start : start + pl]) if pl else {}
+
+    @property
+    def properties(self) -> dict[str, str]:
+        """The sender's properties (a timer delivery's own fields are read through their attributes)."""
+        props = self._all_properties()
+        for name in TIMER_PROPERTIES:
+            props.pop(name, None)
+        return props
+
+    @property
+    def deliver_at_ms(self) -> int | None:
+        """When a timer message was due (None for an ordinary message)."""
+        value = self._all_properties().get(DELIVER_AT)
+        return int(value) if value is not None else None
+
+    @property
+    def timer_offset(self) -> int | None:
+        """A delivered timer message's origin: the commit offset of its scheduled record."""
+        value = self._all_properties().get(TIMER_OFFSET)
+        return int(value) if value is not None else None
+
+    def __repr__(self) -> str:
+        return f"PulledMessage({self.topic}/{self.queue_id}@{self.queue_offset})"
+
+
+class PullResult(Sequence[PulledMessage]):
+    """The messages of one pull, decoded lazily; ``next_offset`` is where to continue.
+
+    The response holds runs of whole log batches; ``skip_first`` records of the first batch are
+    before the requested offset and ``count`` records are returned in all.
+    """
+
+    def __init__(self, response: pb.PullResponse) -> None:
+        self.next_offset = response.next_offset
+        self.min_offset = response.min_offset
+        self.max_offset = response.max_offset
+        self._count = response.count
+        self._response = response
+        self._index: list[tuple[bytes, int, bf.BatchHeader, int, int]] | None = None
+
+    def _batches(self) -> Iterator[tuple[bytes, int, bf.BatchHeader]]:
+        """(blob, batch start, header) for every batch, header CRC checked (paired with the write)."""
+        for raw in self._response.batches:
+            pos = 0
+            for header, _ in scan_bytes(raw, mode=Mode.STRICT, check_offsets=False, path="pulled batches"):
+                yield raw, pos, header
+                pos += header.batch_bytes
+
+    def _build(self) -> list[tuple[bytes, int, bf.BatchHeader, int, int]]:
+        """One entry per returned record: (blob, record position, header, index in batch, batch start)."""
+        index: list[tuple[bytes, int, bf.BatchHeader, int, int]] = []
+        append = index.append
+        unpack = _RECORD_HEAD.unpack_from
+        skip = self._response.skip_first
+        remaining = self._count
+        for mv, start, h in self._batches():
+            if remaining <= 0:
+                break
+            pos = start + h.records_at
+            end = start + h.batch_bytes
+            i = 0
+            while pos < end and remaining > 0:
+                if i >= skip:
+                    append((mv, pos, h, i, start))
+                    remaining -= 1
+                pos += 4 + unpack(mv, pos)[0]
+                i += 1
+            skip = 0
+        self._index = index
+        return index
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> PulledMessage: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[PulledMessage]: ...
+    def __getitem__(self, i: int | slice) -> PulledMessage | list[PulledMessage]:
+        index = self._index if self._index is not None else self._build()
+        if isinstance(i, slice):
+            return [self._make(t) for t in index[i]]
+        return self._make(index[i])
+
+    def __iter__(self) -> Iterator[PulledMessage]:
+        index = self._index if self._index is not None else self._build()
+        make = self._make
+        for t in index:
+            yield make(t)
+
+    @staticmethod
+    def _make(t: tuple[bytes, int, bf.BatchHeader, int, int]) -> PulledMessage:
+        mv, pos, h, i, start = t
+        return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos - start,
+                             h.store_time_ms)
+
+    def raw_batches(self) -> tuple[list[bytes], int]:
+        """The pulled log bytes (runs of whole batches, docs/formats/commitlog.md) and how many
+        records of the first batch lie before the requested offset; ``len(self)`` records follow.
+        For columnar readers (the Spark connector) that decode without per-record objects."""
+        return list(self._response.batches), self._response.skip_first
+
+    def bodies(self) -> list[bytes]:
+        """All bodies at once, in one pass over the batches, without per-message objects."""
+        out: list[bytes] = []
+        append = out.append
+        unpack = _RECORD_HEAD.unpack_from
+        skip = self._response.skip_first
+        remaining = self._count
+        for mv, start, h in self._batches():
+            if remaining <= 0:
+                break
+            pos = start + h.records_at
+            end = start + h.batch_bytes
+            i = 0
+            while pos < end and remaining > 0:
+                size, kl, pl = unpack(mv, pos)
+                if i >= skip:
+                    append(mv[pos + 8 + kl + pl : pos + 4 + size])  # slicing bytes: one copy, no view
+                    remaining -= 1
+                pos += 4 + size
+                i += 1
+            skip = 0
+        return out
+
+
+class SendGroup:
+    """The messages of one send that went to one queue (one batch)."""
+
+    __slots__ = ("base_queue_offset", "base_sequence", "deliver", "duplicate", "idxs", "positions", "queue_id",
+                 "records_at")
+
+    def __init__(self, queue_id: int, idxs: list[int], positions: list[int], base_sequence: int,
+                 deliver: list[int] | None = None) -> None:
+        self.queue_id = queue_id
+        self.deliver = deliver  # delayed messages: their deliver times (the batch went to __timer)
+        self.idxs = idxs
+        self.positions = positions
+        self.base_sequence = base_sequence
+        self.records_at = 0
+        self.base_queue_offset = 0
+        self.duplicate = False
+
+
+class Receipts(Sequence[Receipt]):
+    """The receipts of one send, in message order, each built when first read."""
+
+    def __init__(self, topic: str, count: int, groups: list[SendGroup]) -> None:
+        self._topic = topic
+        self._where: list[tuple[SendGroup, int]] = [] if len(groups) == 1 else [None] * count  # type: ignore[list-item]
+        self._single = groups[0] if len(groups) == 1 else None
+        self._count = count
+        if self._single is None:
+            for g in groups:
+                for j, i in enumerate(g.idxs):
+                    self._where[i] = (g, j)
+
+    def __len__(self) -> int:
+        return self._count
+
+    def _receipt(self, i: int) -> Receipt:
+        if self._single is not None:
+            g, j = self._single, i
+        else:
+            g, j = self._where[i]
+        if g.deliver is not None:  # stored in __timer until it fires: no queue offset in its topic yet
+            offset = g.records_at + g.positions[j]
+            return Receipt(self._topic, g.queue_id, -1, offset, g.duplicate, offset, g.deliver[j])
+        return Receipt(self._topic, g.queue_id, g.base_queue_offset + j, g.records_at + g.positions[j], g.duplicate)
+
+    @overload
+    def __getitem__(self, i: int) -> Receipt: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[Receipt]: ...
+    def __getitem__(self, i: int | slice) -> Receipt | list[Receipt]:
+        if isinstance(i, slice):
+            return [self._receipt(k) for k in range(*i.indices(self._count))]
+        if i < 0:
+            i += self._count
+        if not 0 <= i < self._count:
+            raise IndexError(i)
+        return self._receipt(i)
+
+    def __iter__(self) -> Iterator[Receipt]:
+        for i in range(self._count):
+            yield self._receipt(i)
+
+
+def encode_messages(messages: Sequence[Message], idxs: list[int],
+                    timer_target: tuple[str, int] | None = None) -> tuple[bytes, list[int]]:
+    """Records of ``messages[i] for i in idxs`` and their positions (``bf.encode_records``). With
+    ``timer_target`` they are scheduled records (broker/logformat/timer_props.py) for that queue."""
+    target = target_props(*timer_target) if timer_target is not None else b""
+
+    def items() -> Iterator[tuple[bytes, bytes, bytes]]:
+        for i in idxs:
+            m = messages[i]
+            if timer_target is not None:
+                props = scheduled_props(m.deliver_at_ms or 0, timer_target[0], timer_target[1], m.properties, target)
+            else:
+                props = bf.encode_props(m.properties) if m.properties else b""
+            yield m.body, m.key.encode() if m.key else b"", props
+
+    return bf.encode_records(items())
