@@ -1,4 +1,4 @@
-"""Constants and conversions shared by both sides of the replication stream."""
+"""Constants and conversions shared by both sides of the replication stream. Spec: docs/formats/replication.md."""
 
 from __future__ import annotations
 

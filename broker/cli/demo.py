@@ -10,6 +10,8 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
+from typing import Any
 
 from broker.cli.node_process import NodeProcess
 from broker.client import BrokerClient, Message, Receipt
@@ -39,6 +41,14 @@ def _count(c: BrokerClient, topic: str, queues: int) -> int:
 def _objects(work: str) -> int:
 
     return sum(len(files) for _, _, files in os.walk(f"{work}/objects"))
+
+
+def _restart(node: NodeProcess, stop: Callable[[], object]) -> dict[str, Any]:
+    """Stop ``node`` the given way, start it again; its recovery report."""
+    stop()
+    node.start()
+    with BrokerClient(node.address) as c:
+        return dict(c.status()["recovery"])
 
 
 def run_demo() -> int:
@@ -119,16 +129,10 @@ def run_demo() -> int:
             _wait(lambda: a.status()["max_offset"] == b.status()["max_offset"] == a.status()["confirm_offset"])
             _say(f"9. the old master rejoined as a slave and converged: both at offset {a.status()['max_offset']}, "
                  f"{_count(a, 'orders', 4)} messages on each")
-        slave.kill9()
-        slave.start()
-        with BrokerClient(slave.address) as c:
-            rec = c.status()["recovery"]
+        rec = _restart(slave, slave.kill9)
         _say(f"10. kill -9 and restart of the new master: ready in {slave.ready_seconds:.2f}s; recovery scanned "
              f"{rec['scanned_bytes']} bytes and replayed {rec['replayed_bytes']} (only above the view checkpoints)")
-        slave.stop()
-        slave.start()
-        with BrokerClient(slave.address) as c:
-            rec = c.status()["recovery"]
+        rec = _restart(slave, slave.stop)
         _say(f"11. after a clean stop (SIGTERM) the restart replayed {rec['replayed_bytes']} bytes (clean={rec['clean']})")
         _say("Not shown here: TLS, tokens and systemd units (docs/operations.md); the S3 backend (README).")
         return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple, overload
+from typing import Any, NamedTuple, overload
 
 from broker.logformat import batch as bf
 from broker.logformat.scan import Mode, scan_bytes
@@ -115,8 +115,13 @@ class PullResult(Sequence[PulledMessage]):
 
     def _build(self) -> list[tuple[bytes, int, bf.BatchHeader, int, int]]:
         """One entry per returned record: (blob, record position, header, index in batch, batch start)."""
-        index: list[tuple[bytes, int, bf.BatchHeader, int, int]] = []
-        append = index.append
+        self._index = self._walk(bodies=False)
+        return self._index
+
+    def _walk(self, *, bodies: bool) -> list[Any]:
+        """One pass over the returned records: each one's body (``bodies``) or its index entry."""
+        out: list[Any] = []
+        append = out.append
         unpack = _RECORD_HEAD.unpack_from
         skip = self._response.skip_first
         remaining = self._count
@@ -127,14 +132,14 @@ class PullResult(Sequence[PulledMessage]):
             end = start + h.batch_bytes
             i = 0
             while pos < end and remaining > 0:
-                if i >= skip:
-                    append((mv, pos, h, i, start))
+                size, kl, pl = unpack(mv, pos)
+                if i >= skip:  # slicing bytes: one copy, no view
+                    append(mv[pos + 8 + kl + pl : pos + 4 + size] if bodies else (mv, pos, h, i, start))
                     remaining -= 1
-                pos += 4 + unpack(mv, pos)[0]
+                pos += 4 + size
                 i += 1
             skip = 0
-        self._index = index
-        return index
+        return out
 
     def __len__(self) -> int:
         return self._count
@@ -169,44 +174,21 @@ class PullResult(Sequence[PulledMessage]):
 
     def bodies(self) -> list[bytes]:
         """All bodies at once, in one pass over the batches, without per-message objects."""
-        out: list[bytes] = []
-        append = out.append
-        unpack = _RECORD_HEAD.unpack_from
-        skip = self._response.skip_first
-        remaining = self._count
-        for mv, start, h in self._batches():
-            if remaining <= 0:
-                break
-            pos = start + h.records_at
-            end = start + h.batch_bytes
-            i = 0
-            while pos < end and remaining > 0:
-                size, kl, pl = unpack(mv, pos)
-                if i >= skip:
-                    append(mv[pos + 8 + kl + pl : pos + 4 + size])  # slicing bytes: one copy, no view
-                    remaining -= 1
-                pos += 4 + size
-                i += 1
-            skip = 0
-        return out
+        return self._walk(bodies=True)
 
 
+@dataclass(slots=True)
 class SendGroup:
     """The messages of one send that went to one queue (one batch)."""
 
-    __slots__ = ("base_queue_offset", "base_sequence", "deliver", "duplicate", "idxs", "positions", "queue_id",
-                 "records_at")
-
-    def __init__(self, queue_id: int, idxs: list[int], positions: list[int], base_sequence: int,
-                 deliver: list[int] | None = None) -> None:
-        self.queue_id = queue_id
-        self.deliver = deliver  # delayed messages: their deliver times (the batch went to __timer)
-        self.idxs = idxs
-        self.positions = positions
-        self.base_sequence = base_sequence
-        self.records_at = 0
-        self.base_queue_offset = 0
-        self.duplicate = False
+    queue_id: int
+    idxs: list[int]
+    positions: list[int]
+    base_sequence: int
+    deliver: list[int] | None = None  # delayed messages: their deliver times (the batch went to __timer)
+    records_at: int = 0
+    base_queue_offset: int = 0
+    duplicate: bool = False
 
 
 class Receipts(Sequence[Receipt]):

@@ -1,4 +1,7 @@
-"""Data-directory identity: cluster id and node id, persisted with the atomic-file helper."""
+"""Data-directory identity: cluster id and node id, persisted with the atomic-file helper.
+
+Spec: docs/formats/small-file.md (the `identity` row) and docs/formats/README.md (new directories).
+"""
 
 from __future__ import annotations
 

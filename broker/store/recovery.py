@@ -18,6 +18,9 @@ view's newest valid checkpoint, then replay the log from there up to the confirm
    confirmed (an old master rejoining as a slave must not apply its unreplicated tail).
 6. Replay: apply each view from its own applied offset up to the confirm offset.
 7. Tail state: queue offsets and producer sequences for the next append; epochs; remove the marker.
+
+Specs: docs/formats/commitlog.md (torn tail vs corruption), docs/formats/small-file.md (the
+``clean_shutdown`` marker).
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ SCHEDULED, RELINK, DELIVERED, FIRED_EVENT, CANCELLED, DROPPED, MARK = 1, 2, 3, 4
 RECORD = struct.Struct("<QqQBBHI")
 DTYPE = np.dtype([("off", "<u8"), ("at", "<i8"), ("prev", "<u8"), ("type", "u1"), ("flags", "u1"),
                   ("reserved", "<u2"), ("crc", "<u4")])
-assert RECORD.size == RECORD_BYTES == DTYPE.itemsize
+if not RECORD.size == RECORD_BYTES == DTYPE.itemsize:  # the spec's byte table; a changed format must not go unnoticed
+    raise ImportError(f"timer-log record is {RECORD.size} bytes, the format says {RECORD_BYTES}")
 LINKED = (SCHEDULED, RELINK)  # the record types that are links of a slot chain
 # what each record type does to the pending count of its slot
 COUNT_DELTA = {SCHEDULED: 1, DELIVERED: -1, CANCELLED: -1, DROPPED: -1}
