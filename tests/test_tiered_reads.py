@@ -112,8 +112,9 @@ def test_tiered_retention_deletes_whole_old_objects(spawn: Callable[..., DaemonP
     after = objects(backend)
     assert after[-1] == before[-1]  # the newest stays
     assert {o.key for o in after} < {o.key for o in before}  # whole objects went, nothing was rewritten
-    low = int(status(d)["tiered"]["readable_min_offset"])
-    assert low == after[0].start or low == int(status(d)["min_offset"])
+    st = status(d)  # retention keeps running: more old objects may have gone since ``after``
+    low = int(st["tiered"]["readable_min_offset"])
+    assert low >= after[0].start and (low in {o.start for o in after} or low == int(st["min_offset"]))
     with BrokerClient(d.address) as c, pytest.raises(BrokerError) as info:
         c.pull("t", 0, 0, max_messages=10)
     assert info.value.code == grpc.StatusCode.OUT_OF_RANGE
