@@ -180,7 +180,10 @@ class Follower:
             end = store.appender.append_replicated(d.batches)
             store.watermarks.wait_ack(end, "flush", 30_000)
             acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset)))
-        if d.epoch > store.epoch:
+        if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
+            # caught up with a master that has written nothing in its epoch yet: it starts here. A
+            # slave still behind learns the epoch from the first batch that carries it
+            # (``append_replicated``), never at its own, lower log end.
             store.epochs.start(d.epoch, store.log.max_offset)
         if self.insync.master_confirmed(d.confirm_offset):
             store.watermarks.advance_confirm()

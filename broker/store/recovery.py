@@ -94,7 +94,7 @@ def recover(data_dir: str, *, is_new: bool, role: str, log_: CommitLog, views: V
     for view in views.all:
         try:
             ok = view.load()
-        except (CorruptionError, ValueError, KeyError) as exc:
+        except (CorruptionError, ValueError, KeyError, TypeError) as exc:  # a checkpoint of the wrong shape too
             log.warning("view_checkpoint_unusable", view=view.name, error=str(exc))
             ok = False
             view.reset()

@@ -24,7 +24,8 @@ class View(abc.ABC):
     @abc.abstractmethod
     def load(self) -> bool:
         """Take the newest valid checkpoint; False when there is none (the view starts at 0).
-        Raises ``CorruptionError``/``ValueError``/``KeyError`` for a checkpoint that cannot be used."""
+        Raises ``CorruptionError``/``ValueError``/``KeyError``/``TypeError`` for a checkpoint that
+        cannot be used."""
 
     @abc.abstractmethod
     def reset(self) -> None:
