@@ -16,6 +16,7 @@ import grpc
 import structlog
 
 from broker.config import Config
+from broker.storage.dirlock import DirLock, only_lock_inside
 from broker.store.recovery import is_new_data_dir
 from replication import role_record
 from replication.bundle import BundleError, install
@@ -25,7 +26,7 @@ log = structlog.get_logger("replication.bootstrap")
 NEEDS_BOOTSTRAP = "needs_bootstrap"
 
 
-def prestart(config: Config) -> None:
+def prestart(config: Config, lock: DirLock) -> None:
     role_record.check(config)  # a promote/demote the configuration does not reflect yet: refuse
     if config["node.role"] != "slave" or not config["node.master"]:
         return
@@ -34,11 +35,11 @@ def prestart(config: Config) -> None:
         aside = f"{data_dir.rstrip('/')}.old-{int(time.time())}"
         os.rename(data_dir, aside)
         log.warning("data_dir_moved_aside", data_dir=data_dir, moved_to=aside, reason="re-bootstrap")
-    elif not is_new_data_dir(data_dir) or (os.path.isdir(data_dir) and os.listdir(data_dir)):
+    elif not is_new_data_dir(data_dir) or not only_lock_inside(data_dir):
         return
     t0 = time.monotonic()
     try:
-        manifest = install(config["node.master"], data_dir, cluster_id=config["node.cluster_id"],
+        manifest = install(config["node.master"], data_dir, lock, cluster_id=config["node.cluster_id"],
                            channel=lambda address: open_channel(config, address, [("grpc.max_receive_message_length", 64 << 20)]),
                            metadata=call_metadata(config))
     except (grpc.RpcError, BundleError, OSError) as exc:

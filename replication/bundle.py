@@ -27,6 +27,7 @@ import grpc
 import structlog
 
 from broker.storage import atomic_file, epochs, identity
+from broker.storage.dirlock import DirLock, only_lock_inside
 from broker.storage.failpoints import fsync_dir
 from broker.storage.segment import segment_name
 from broker.store import Store
@@ -123,16 +124,31 @@ class BundleError(Exception):
     pass
 
 
-def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float = 600.0,
+def install(master: str, data_dir: str, lock: DirLock, cluster_id: str = "", timeout_s: float = 600.0,
             channel: Callable[[str], grpc.Channel] | None = None,
             metadata: tuple[tuple[str, str], ...] = ()) -> dict[str, Any]:
-    """Fetch a bundle from ``master`` and install it as ``data_dir`` (which must not hold data).
+    """Fetch a bundle from ``master`` and install it as ``data_dir``, which holds nothing but its
+    ``LOCK`` (``lock``, held by the caller; on success it holds the new directory's lock).
     ``channel`` opens the connection (default: plaintext); ``metadata`` goes with the call (a token)."""
-    if os.path.isdir(data_dir) and os.listdir(data_dir):
+    if not only_lock_inside(data_dir):
         raise BundleError(f"{data_dir} is not empty: a bundle is only installed into an empty directory")
     staging = data_dir.rstrip("/") + ".bootstrap"
     shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging, mode=0o700)
+    staged_lock = DirLock.acquire(staging)  # the new directory is ours from its first byte
+    try:
+        manifest = _fetch_and_install(master, data_dir, staging, cluster_id, timeout_s, channel, metadata)
+    except BaseException:
+        staged_lock.release()
+        raise
+    lock.release()
+    lock.fd = staged_lock.fd
+    lock.moved_to(data_dir)
+    return manifest
+
+
+def _fetch_and_install(master: str, data_dir: str, staging: str, cluster_id: str, timeout_s: float,
+                       channel: Callable[[str], grpc.Channel] | None,
+                       metadata: tuple[tuple[str, str], ...]) -> dict[str, Any]:
     crcs: dict[str, int] = {}
     manifest: dict[str, Any] | None = None
     options: list[tuple[str, Any]] = [("grpc.max_receive_message_length", 64 << 20)]
@@ -190,10 +206,12 @@ def install(master: str, data_dir: str, cluster_id: str = "", timeout_s: float =
         for d in dirs:
             fsync_dir(os.path.join(root, d))
     fsync_dir(staging)
-    if os.path.isdir(data_dir):
-        os.rmdir(data_dir)  # empty, checked above
-    os.rename(staging, data_dir)
+    replaced = f"{data_dir.rstrip('/')}.replaced-{os.getpid()}"
+    if os.path.isdir(data_dir):  # holds only our LOCK: rename it away rather than unlock it
+        os.rename(data_dir, replaced)
+    os.rename(staging, data_dir)  # fails if another process made data_dir meanwhile: nothing is lost
     fsync_dir(os.path.dirname(os.path.abspath(data_dir)))
+    shutil.rmtree(replaced, ignore_errors=True)
     log.info("snapshot_installed", data_dir=data_dir, snapshot_offset=manifest["snapshot_offset"],
              log_start=manifest["log_start"], files=len(manifest["files"]))
     return manifest

@@ -20,6 +20,7 @@ from broker.daemon.server import serve
 from broker.invariant import StartupRefused
 from broker.security import auth, tls
 from broker.security.auth import read_token
+from broker.storage.dirlock import DirLock
 
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -171,9 +172,9 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = Config.load(args.config, overrides)
     logsetup.configure(cfg["log.level"], cfg["log.format"])
 
-    def prestart(config: Config) -> None:
+    def prestart(config: Config, lock: DirLock) -> None:
         for hook in entry_points(group="tidemark.prestart"):  # e.g. a slave's bootstrap from its master
-            hook.load()(config)
+            hook.load()(config, lock)
 
     try:
         return serve(cfg, load_config=lambda: Config.load(args.config, overrides), prestart=prestart)

@@ -1,15 +1,17 @@
 """``tidemark log verify DATA_DIR``: offline check of every segment, checkpoint and queue file.
 
-Reads only; renames nothing. Prints one line per problem and a summary; exit 1 when any.
+Reads only (every file is opened read-only; it may run beside a live daemon); renames nothing.
+Prints one line per problem and a summary; exit 1 when any.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 
 from broker.logformat import batch as bf
 from broker.logformat.scan import Mode, Problem, scan
-from broker.storage import atomic_file, epochs, identity
+from broker.storage import atomic_file, dirlock, epochs, identity
 from broker.storage.commitlog import CommitLog
 from broker.storage.segment import parse_segment_name
 from broker.store import recovery
@@ -62,6 +64,10 @@ def verify_data_dir(data_dir: str) -> int:
     if not os.path.isdir(log_dir):
         print(f"{data_dir}: no commit log directory")
         return 1
+    pid = dirlock.holder(data_dir)
+    if pid is not None:
+        print(f"{data_dir}: in use by pid {pid}: checking a live directory (reads only); its tail may be "
+              "moving, so damage reported at the very end can be a write in progress", file=sys.stderr)
     starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(log_dir)) if s is not None)
     expected = starts[0] if starts else 0
     total_batches = 0
@@ -105,7 +111,7 @@ def _verify_timer_state(data_dir: str, problems: list[str]) -> int:
     log_dir = os.path.join(data_dir, "timer", "log")
     if not os.path.isdir(log_dir):
         return 0
-    tlog = CommitLog(log_dir, 1 << 40)  # opens existing segments only; writes nothing
+    tlog = CommitLog(log_dir, 1 << 40, read_only=True)
     try:
         scan = timerlog.scan_groups(tlog, tlog.min_offset)
         end = tlog.max_offset

@@ -33,6 +33,7 @@ from broker.daemon.service import BrokerService
 from broker.daemon.wire import add_broker_service
 from broker.invariant import StartupRefused
 from broker.security import auth, tls
+from broker.storage.dirlock import LOCK_NAME, DirLock
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 
@@ -203,6 +204,18 @@ class _Signals:
         self.wake.set()
 
 
+def _still_locked(lock: DirLock, data_dir: str) -> DirLock:
+    """The lock on ``data_dir`` itself: a bootstrap may have moved the locked directory aside."""
+    try:
+        same = os.fstat(lock.fd).st_ino == os.stat(os.path.join(data_dir, LOCK_NAME)).st_ino
+    except OSError:
+        same = False
+    if same:
+        return lock
+    lock.release()
+    return DirLock.acquire(data_dir)
+
+
 def _keepalive(notifier: Notifier, done: threading.Event) -> None:
     """Watchdog pings while start-up runs (a re-exec for bootstrap happens with the watchdog armed)."""
     interval = notifier.watchdog_interval_s()
@@ -217,7 +230,7 @@ def _keepalive(notifier: Notifier, done: threading.Event) -> None:
 
 
 def serve(config: Config, load_config: Callable[[], Config] | None = None,
-          prestart: Callable[[Config], None] | None = None) -> int:
+          prestart: Callable[[Config, DirLock], None] | None = None) -> int:
     """Run the daemon until SIGTERM/SIGINT; SIGHUP reloads from ``load_config``."""
     os.umask(UMASK)
     alloc.tune()
@@ -225,11 +238,13 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
     signals = _Signals()
     signals.install()
     tls.check_files(config)  # a bad certificate path fails before the data directory is touched
+    lock = DirLock.acquire(config["node.data_dir"])  # one daemon per directory, before anything reads it
     started = threading.Event()
     _keepalive(notifier, started)
     if prestart is not None:
         notifier.status(f"preparing {config['node.data_dir']}")
-        prestart(config)
+        prestart(config, lock)
+        lock = _still_locked(lock, config["node.data_dir"])
     daemon = Daemon(config, notifier)
     try:
         daemon.start()

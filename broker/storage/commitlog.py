@@ -18,16 +18,18 @@ from broker.storage.segment import FsyncFailed, Segment, parse_segment_name
 class CommitLog:
     """Segments in ``directory``; the last one is active and takes appends."""
 
-    def __init__(self, directory: str, segment_bytes: int) -> None:
+    def __init__(self, directory: str, segment_bytes: int, *, read_only: bool = False) -> None:
+        """``read_only``: open existing segments for reading only (``log verify``); never create."""
         self.directory = directory
         self.segment_bytes = segment_bytes
-        os.makedirs(directory, exist_ok=True)
+        if not read_only:
+            os.makedirs(directory, exist_ok=True)
         self._segments: list[Segment] = []
         self._starts: list[int] = []
         self._lock = threading.Lock()  # guards the segment list; appends are serialised by the caller
         starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(directory)) if s is not None)
         for start in starts:
-            self._segments.append(Segment(directory, start))
+            self._segments.append(Segment(directory, start, read_only=read_only))
             self._starts.append(start)
 
     # -- shape -------------------------------------------------------------------------------

@@ -31,10 +31,10 @@ def parse_segment_name(name: str) -> int | None:
 class Segment:
     """An open segment: append with writev, read with pread, sync with fdatasync."""
 
-    def __init__(self, directory: str, start_offset: int, *, create: bool = False) -> None:
+    def __init__(self, directory: str, start_offset: int, *, create: bool = False, read_only: bool = False) -> None:
         self.start_offset = start_offset
         self.path = os.path.join(directory, segment_name(start_offset))
-        flags = os.O_RDWR | os.O_APPEND
+        flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_APPEND
         if create:
             flags |= os.O_CREAT | os.O_EXCL
         self.fd = os.open(self.path, flags, 0o600)
