@@ -6,6 +6,7 @@ single source of truth for names, types and bounds. Errors name the key and the 
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from collections.abc import Mapping
@@ -85,7 +86,9 @@ KEYS: dict[str, Key] = {
     "tls.key_file": Key("", str),
     "tls.client_ca_file": Key("", str),
     "auth.token_file": Key("", str),
+    "auth.tokens_file": Key("", str),
     "auth.require_for_reads": Key(False, bool),
+    "security.insecure_network": Key(False, bool),
     "replication.tls_cert_file": Key("", str),
     "replication.tls_key_file": Key("", str),
     "replication.tls_ca_file": Key("", str),
@@ -246,5 +249,40 @@ def _check_security(values: Mapping[str, Any]) -> None:
     if (values["replication.tls_cert_file"] or values["tls.cert_file"]) and not values["replication.listen"]:
         raise ConfigError("replication.listen: required with TLS (replication gets its own port, with mutual TLS "
                           "when replication.tls_* are set)")
-    if values["auth.require_for_reads"] and not values["auth.token_file"]:
-        raise ConfigError("auth.token_file: required when auth.require_for_reads is true")
+    if values["auth.require_for_reads"] and not (values["auth.token_file"] or values["auth.tokens_file"]):
+        raise ConfigError("auth.tokens_file: required when auth.require_for_reads is true")
+    _check_exposure(values)
+
+
+def is_loopback(address: str) -> bool:
+    """Whether HOST:PORT listens on loopback only (a name other than localhost counts as exposed)."""
+    host = address.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_exposures(values: Mapping[str, Any]) -> list[str]:
+    """The listen keys serving a non-loopback address with nothing to protect them (DESIGN §10)."""
+    tokens = bool(values["auth.token_file"] or values["auth.tokens_file"])
+    out = []
+    if not is_loopback(values["node.listen"]) and not (values["tls.cert_file"] or tokens):
+        out.append("node.listen")
+    repl = values["replication.listen"]
+    if repl and not is_loopback(repl) and not (values["replication.tls_cert_file"] or values["auth.tokens_file"]):
+        out.append("replication.listen")
+    return out
+
+
+def _check_exposure(values: Mapping[str, Any]) -> None:
+    """Protected mode: a non-loopback port needs TLS or tokens, unless the operator says otherwise."""
+    exposed = insecure_exposures(values)
+    if exposed and not values["security.insecure_network"]:
+        name = exposed[0]
+        fix = ("tls.cert_file and tls.key_file, or auth.tokens_file" if name == "node.listen"
+               else "replication.tls_cert_file, replication.tls_key_file and replication.tls_ca_file, or auth.tokens_file")
+        raise ConfigError(f"{name}: {values[name]} is not a loopback address and nothing protects it: set {fix} "
+                          "(or security.insecure_network = true to serve it unprotected)")

@@ -41,6 +41,10 @@ INSYNC_REPLICAS = Gauge("tidemark_insync_replicas", "Slaves in the master's in-s
                         registry=REGISTRY)
 FOLLOWER_CONNECTED = Gauge("tidemark_follower_connected", "1 while a slave streams from its master (slave only)",
                            registry=REGISTRY)
+INSECURE_NETWORK = Gauge("tidemark_insecure_network", "1 when a non-loopback port serves without TLS or tokens "
+                         "(security.insecure_network = true)", registry=REGISTRY)
+REPLICATION_VIOLATIONS = Counter("tidemark_replication_violations", "Replica claims refused (acks beyond what "
+                                 "was sent, epochs from unauthenticated peers)", registry=REGISTRY)
 AUTH_REFUSED = Counter("tidemark_auth_refused", "Calls refused for a missing or wrong bearer token", ["code"],
                        registry=REGISTRY)
 CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],

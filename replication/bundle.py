@@ -86,8 +86,8 @@ def _chunks(path: str, rel: str, start: int, length: int, files: list[dict[str, 
 def stream_bundle(store: Store, request: pb.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[pb.SnapshotChunk]:
     if request.cluster_id and request.cluster_id != store.identity.cluster_id:
         context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"cluster mismatch: master is {store.identity.cluster_id}")
-    if store.role != "master":
-        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "snapshots come from the master")
+    if store.role != "master" or store.fenced_reason:
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "snapshots come from an unfenced master")
     staging = tempfile.mkdtemp(prefix="bundle-", dir=store.data_dir)
     hold = 0
     try:

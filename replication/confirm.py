@@ -33,6 +33,8 @@ class Replica:
     connected: bool = True
     caught_up_at: float = field(default_factory=time.monotonic)
     in_sync: bool = False
+    sent_end: int = 0  # the log end shipped to it so far
+    evicted: str = ""  # why it was thrown out (a protocol violation)
     # (log end reached by a send, when it was sent): acking past it means caught up at that time
     sent_to_end: collections.deque[tuple[int, float]] = field(default_factory=collections.deque)
 
@@ -105,6 +107,17 @@ class InSyncSet:
         with self._lock:
             replica.connected = False
             self._refresh(replica, time.monotonic())
+
+    def evict(self, replica: Replica, why: str) -> None:
+        """A replica broke the protocol: out of the in-sync set at once, its stream ends."""
+        with self._lock:
+            replica.evicted = why
+            replica.connected = False
+            replica.in_sync = False
+            replica.acked_offset = min(replica.acked_offset, replica.sent_end)
+            if self.replicas.get(replica.node_id) is replica:
+                del self.replicas[replica.node_id]
+        log.warning("replica_evicted", node=replica.node_id)
 
     def describe(self) -> list[dict[str, object]]:
         """The replicas as ``status()["replicas"]`` shows them (lag rules re-evaluated now)."""

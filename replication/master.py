@@ -16,6 +16,7 @@ import structlog
 
 from broker import metrics
 from broker.config import Config
+from broker.security.auth import current_caller
 from broker.storage.epochs import divergence_point
 from broker.store import Store
 from proto import tidemark_pb2 as pb
@@ -25,6 +26,12 @@ from replication.confirm import InSyncSet, Replica
 from replication.protocol import HEARTBEAT_S, PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb, read_whole_batches
 
 log = structlog.get_logger("replication.master")
+
+
+def _violation(node: str, peer: str, what: str) -> None:
+    """A replica claimed something it cannot know: logged and counted; the caller ends its stream."""
+    metrics.REPLICATION_VIOLATIONS.inc()
+    log.error("replication_protocol_violation", node=node, peer=peer, claim=what)
 
 
 class MasterSide(pb_grpc.ReplicationServicer):
@@ -64,6 +71,11 @@ class MasterSide(pb_grpc.ReplicationServicer):
         theirs = epochs_from_pb(list(hello.epochs))
         ours = store.epochs.snapshot()
         if theirs and theirs[-1][0] > store.epoch:
+            if not current_caller().authenticated:  # DESIGN §10: an epoch is believed only from an authenticated peer
+                _violation(hello.node_id, context.peer(), f"claims epoch {theirs[-1][0]} > ours {store.epoch} without a "
+                           "replication credential")
+                context.abort(grpc.StatusCode.PERMISSION_DENIED, "an epoch is believed only from an authenticated peer "
+                              "(a token with the replication role, or mutual TLS on replication.listen)")
             store.fence(f"slave {hello.node_id} knows epoch {theirs[-1][0]} > ours {store.epoch}")
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "a higher epoch exists: this master fenced itself")
         log_end = store.log.max_offset
@@ -72,6 +84,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
             context.abort(grpc.StatusCode.OUT_OF_RANGE,
                           f"the slave needs the log from {start} but it starts at {store.log.min_offset}: bootstrap needed")
         replica = self.insync.connected(hello.node_id, hello.address, acked_offset=min(start, hello.log_end))
+        replica.sent_end = start  # what the replica may hold: acks beyond it are a protocol violation
         log.info("replica_connected", node=hello.node_id, address=hello.address, start=start, slave_end=hello.log_end)
         reader = threading.Thread(target=self._read_acks, args=(request_iterator, replica), daemon=True)
         reader.start()
@@ -80,6 +93,8 @@ class MasterSide(pb_grpc.ReplicationServicer):
                                                   log_start=store.log.min_offset))
         try:
             yield from self._ship(replica, start, context)
+            if replica.evicted:
+                context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"replication protocol violation: {replica.evicted}")
         finally:
             self.insync.disconnected(replica)
             store.watermarks.advance_confirm()
@@ -96,6 +111,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
             if pos < end and pos - replica.acked_offset < window:
                 data = read_whole_batches(store, pos, chunk)
                 pos += len(data)
+                replica.sent_end = pos  # before the send: the ack may come back before we resume
                 now = time.monotonic()
                 if pos >= end:
                     self.insync.sent_to_end(replica, pos)
@@ -117,6 +133,11 @@ class MasterSide(pb_grpc.ReplicationServicer):
             for msg in request_iterator:
                 if msg.WhichOneof("kind") != "ack":
                     continue
+                if msg.ack.flushed_offset > replica.sent_end:
+                    why = f"acknowledged offset {msg.ack.flushed_offset} beyond the {replica.sent_end} it was sent"
+                    _violation(replica.node_id, replica.address, why)
+                    self.insync.evict(replica, why)
+                    break
                 self.insync.acked(replica, msg.ack.flushed_offset)
                 self.store.watermarks.advance_confirm()
         except grpc.RpcError:

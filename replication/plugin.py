@@ -11,7 +11,7 @@ from typing import Any
 
 import grpc
 
-from broker.security import tls
+from broker.security import auth, tls
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
 from replication.master import MasterSide
@@ -26,10 +26,12 @@ def attach(daemon: Any) -> None:
     listen = config["replication.listen"]
     if listen:
         # the same token check as the client port: a slave's calls carry auth.token_file's token
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
-                             options=[("grpc.max_send_message_length", 1 << 30)], interceptors=daemon.interceptors)
-        pb_grpc.add_ReplicationServicer_to_server(master_side, server)
         creds = tls.replication_server_credentials(config)  # mutual TLS: unknown slaves fail the handshake
+        # with mutual TLS the handshake is the credential; without it, a token with the replication role
+        interceptors, _ = auth.interceptors(config, peer_certified=creds is not None)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+                             options=[("grpc.max_send_message_length", 1 << 30)], interceptors=interceptors)
+        pb_grpc.add_ReplicationServicer_to_server(master_side, server)
         bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
         if bound == 0:
             raise RuntimeError(f"replication.listen: cannot bind {listen}")

@@ -32,7 +32,7 @@ def test_a_bad_boolean_names_the_key() -> None:
         ({"tls": {"cert_file": "c", "key_file": "k"}}, "replication.listen: required with TLS"),
         ({"replication": {"listen": "h:1", "tls_cert_file": "c", "tls_key_file": "k"}},
          "replication.tls_ca_file: required for replication mutual TLS"),
-        ({"auth": {"require_for_reads": True}}, "auth.token_file: required when auth.require_for_reads"),
+        ({"auth": {"require_for_reads": True}}, "auth.tokens_file: required when auth.require_for_reads"),
     ],
 )
 def test_incomplete_security_settings(values: dict[str, object], message: str) -> None:

@@ -345,24 +345,31 @@ def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
     assert _logs(m) == _logs(s)
 
 
-def test_master_learning_a_higher_epoch_fences_itself(spawn: Callable[..., DaemonProcess]) -> None:
-    """A master that meets a node of a newer epoch stops taking writes (FAILED_PRECONDITION)."""
-    m = spawn("m", config=FAST)
+PAIR_TOKEN = "pair-token-0123456789"
+
+
+def test_master_learning_a_higher_epoch_fences_itself(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """A master that meets a node of a newer epoch stops taking writes (FAILED_PRECONDITION); the
+    epoch is believed because the peer proves itself (a token with the replication role)."""
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"pair read,write,admin,replication,system {PAIR_TOKEN}\n")
+    auth = {**FAST, "auth.tokens_file": str(tokens)}
+    m = spawn("m", config=auth)
     proxy = TcpProxy(m.port)
-    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
+    s = spawn("s", config={**auth, "node.role": "slave", "node.master": proxy.address})
     try:
-        with BrokerClient(m.address) as c:
+        with BrokerClient(m.address, token=PAIR_TOKEN) as c:
             c.create_topic("t")
             c.send("t", [Message(body=b"a")], ack="replica")
         _wait(lambda: _in_sync(m), what="in sync")
         proxy.cut()  # a partition: both sides live on
-        with BrokerClient(s.address) as c:
+        with BrokerClient(s.address, token=PAIR_TOKEN) as c:
             assert c.promote(unclean=True) == 2
             c.send("t", [Message(body=b"b")], ack="replica")
             c.demote(master=proxy.address)  # the epoch-2 node now meets the epoch-1 master
         proxy.heal()
         _wait(lambda: bool(_status(m)["fenced"]), what="fencing")
-        with BrokerClient(m.address) as c, pytest.raises(BrokerError) as info:
+        with BrokerClient(m.address, token=PAIR_TOKEN) as c, pytest.raises(BrokerError) as info:
             c.send("t", [Message(body=b"split brain")], ack="flush")
         assert info.value.code == grpc.StatusCode.FAILED_PRECONDITION
     finally:

@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import queue
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from broker.client import BrokerClient, Message
-from tests.procs import DaemonProcess
+import grpc
+import pytest
+
+from broker.client import BrokerClient, BrokerError, Message
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+from tests.procs import DaemonProcess, free_port
+from tests.waits import wait_until
 
 
 def _cli(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
@@ -47,3 +57,148 @@ def test_log_verify_reads_a_live_directory_and_says_so(spawn: Callable[..., Daem
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"in use by pid {d.proc.pid}" in r.stderr  # type: ignore[union-attr]
     assert "0 problems" in r.stdout
+
+
+# -- protected mode ------------------------------------------------------------------------------------
+def test_a_non_loopback_port_without_protection_refuses_to_start(tmp_path: Path) -> None:
+    """Protected mode: 0.0.0.0 without TLS or tokens exits 2 with one line naming the keys, and the
+    data directory is never created; with security.insecure_network it serves and says so."""
+    r = _cli("serve", "--data-dir", str(tmp_path / "d"), "--listen", f"0.0.0.0:{free_port()}")
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and r.stderr.startswith("tidemark: node.listen: 0.0.0.0:")
+    assert "tls.cert_file" in r.stderr and "auth.tokens_file" in r.stderr and "security.insecure_network" in r.stderr
+    assert not (tmp_path / "d").exists()
+
+
+def test_insecure_network_serves_with_a_warning(spawn: Callable[..., DaemonProcess]) -> None:
+    """security.insecure_network = true: it starts, warns in the log, shows it in status and metrics."""
+    port = free_port()
+    d = spawn("n", port=port, start=False, config={"security.insecure_network": "true",
+                                                   "node.metrics_listen": f"127.0.0.1:{free_port()}"})
+    d.address = f"127.0.0.1:{port}"
+    d.command = lambda: [sys.executable, "-m", "broker.cli", "serve", "--data-dir", d.data_dir,  # type: ignore[method-assign]
+                         "--listen", f"0.0.0.0:{port}"]
+    d.start()
+    with BrokerClient(d.address) as c:
+        assert c.status()["security"]["insecure_network"] == ["node.listen"]
+    assert "insecure_network" in Path(d.log_path).read_text()
+
+
+# -- tokens with roles ---------------------------------------------------------------------------------
+TOKEN_OPS = "ops-token-0123456789"
+TOKEN_APP = "app-token-0123456789"
+TOKEN_NEW = "new-token-0123456789"
+
+
+def _tokens(tmp_path: Path, *lines: str) -> str:
+    path = tmp_path / "tokens"
+    path.write_text("".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def test_roles_decide_each_call_and_system_topics_need_the_system_role(spawn: Callable[..., DaemonProcess],
+                                                                     tmp_path: Path) -> None:
+    """A read/write token sends but cannot create topics or read __timer (users' delayed messages);
+    the admin/system token can; two tokens are valid at once; anonymous callers only read user topics."""
+    tokens = _tokens(tmp_path, f"ops admin,system,read,write {TOKEN_OPS}", f"app read,write {TOKEN_APP}")
+    d = spawn("n", config={"auth.tokens_file": tokens})
+    with BrokerClient(d.address, token=TOKEN_OPS) as ops, BrokerClient(d.address, token=TOKEN_APP) as app, \
+            BrokerClient(d.address) as anon:
+        ops.create_topic("t")
+        with pytest.raises(BrokerError) as denied:
+            app.create_topic("u")
+        assert denied.value.code == grpc.StatusCode.PERMISSION_DENIED and "admin" in denied.value.details
+        app.send("t", [Message(b"now"), Message(b"later", deliver_at_ms=int(time.time() * 1000) + 60_000)])
+        wait_until(lambda: len(anon.pull("t", 0, 0)) == 1, 10, what="the send to be readable")  # views apply after acks
+        for client in (app, anon):
+            with pytest.raises(BrokerError) as hidden:
+                client.pull("__timer", 0, 0)
+            assert hidden.value.code == grpc.StatusCode.PERMISSION_DENIED and "system role" in hidden.value.details
+        wait_until(lambda: len(ops.pull("__timer", 0, 0)) == 1, 10, what="the scheduled record to be readable")
+        with pytest.raises(BrokerError) as unauthenticated:
+            anon.send("t", [Message(b"x")])
+        assert unauthenticated.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_tokens_rotate_with_both_valid_in_between(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """Rotation: add the new token (SIGHUP), both work; remove the old (SIGHUP), only the new works."""
+    tokens = _tokens(tmp_path, f"app read,write,admin {TOKEN_APP}")
+    d = spawn("n", config={"auth.tokens_file": tokens})
+    with BrokerClient(d.address, token=TOKEN_APP) as c:
+        c.create_topic("t")
+
+    def works(token: str) -> bool:
+        with BrokerClient(d.address, token=token) as c:
+            try:
+                c.send("t", [Message(b"x")])
+            except BrokerError:
+                return False
+            return True
+
+    _tokens(tmp_path, f"app read,write {TOKEN_APP}", f"app2 read,write {TOKEN_NEW}")
+    assert d.proc is not None
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: works(TOKEN_NEW), 10, what="the new token to be accepted")
+    assert works(TOKEN_APP)
+    _tokens(tmp_path, f"app2 read,write {TOKEN_NEW}")
+    d.proc.send_signal(signal.SIGHUP)
+    wait_until(lambda: not works(TOKEN_APP), 10, what="the old token to be refused")
+    assert works(TOKEN_NEW)
+    assert TOKEN_APP not in Path(d.log_path).read_text() and TOKEN_NEW not in Path(d.log_path).read_text()
+
+
+# -- a fake replica ------------------------------------------------------------------------------------
+def _fake_replica(address: str, cluster_id: str, epoch: int, ack: int | None,
+                  metadata: tuple[tuple[str, str], ...] = ()) -> grpc.StatusCode | None:
+    """Open a replication stream as a made-up slave; optionally acknowledge ``ack``; the stream's end code."""
+    sent = queue.Queue[pb.SlaveMessage]()
+    sent.put(pb.SlaveMessage(hello=pb.Hello(protocol_version=1, cluster_id=cluster_id, node_id="intruder",
+                                            epochs=[pb.EpochEntry(epoch=epoch, start_offset=0)] if epoch else [],
+                                            log_end=0, address="127.0.0.1:1")))
+
+    def outgoing() -> Iterator[pb.SlaveMessage]:
+        while True:
+            msg = sent.get()
+            if msg is None:
+                return
+            yield msg
+
+    with grpc.insecure_channel(address) as ch:
+        try:
+            for msg in pb_grpc.ReplicationStub(ch).Stream(outgoing(), timeout=5, metadata=metadata):
+                if msg.WhichOneof("kind") == "data" and msg.data.batches and ack is not None:
+                    sent.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=ack)))
+                    ack = None
+        except grpc.RpcError as exc:
+            return exc.code()  # type: ignore[no-any-return]
+        finally:
+            sent.put(None)  # type: ignore[arg-type]
+    return None
+
+
+def test_a_fake_replica_changes_nothing(spawn: Callable[..., DaemonProcess]) -> None:
+    """Over the client port, with no credential: an ack beyond what was sent ends the stream and
+    confirms nothing (ack=replica with min_insync_replicas = 2 stays refused); a Hello with epoch 99
+    does not fence the master."""
+    d = spawn("m")
+    with BrokerClient(d.address) as c:
+        cluster = c.status()["cluster_id"]
+        c.create_topic("t")  # metadata writes wait for replicas too: create it before asking for two
+    d.stop()
+    d.config["replication.min_insync_replicas"] = 2
+    d.start()
+    code = _fake_replica(d.address, cluster, 0, ack=2**64 - 1)
+    assert code is not None
+    log_text = Path(d.log_path).read_text()
+    assert "replication_protocol_violation" in log_text and "beyond" in log_text
+    with BrokerClient(d.address) as c:
+        st = c.status()
+        assert all(not r["in_sync"] for r in st["replicas"]), st["replicas"]
+        with pytest.raises(BrokerError) as refused:
+            c.send("t", [Message(b"x")], ack="replica")
+        assert refused.value.code == grpc.StatusCode.UNAVAILABLE
+    assert _fake_replica(d.address, cluster, 99, ack=None) == grpc.StatusCode.PERMISSION_DENIED
+    with BrokerClient(d.address) as c:
+        st = c.status()
+        assert st["fenced"] == "" and st["role"] == "master"
+        c.send("t", [Message(b"still a master")], ack="flush")

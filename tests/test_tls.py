@@ -110,7 +110,8 @@ def test_client_certificates_when_client_ca_is_set(spawn: Spawn, pki: PKI) -> No
         c.create_topic("t")
         assert "t" in c.list_topics()
         assert c.status()["security"] == {"tls": True, "client_certificates": True, "replication_mutual_tls": False,
-                                          "token_for_writes": False, "token_for_reads": False}
+                                          "token_for_writes": False, "token_for_reads": False,
+                                          "tokens": [], "insecure_network": []}
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -173,9 +174,18 @@ def test_replication_mutual_tls_refuses_unknown_slaves(spawn: Spawn, pki: PKI) -
     assert all("bootstrap_failed" in Path(r.log_path).read_text() for r in (rogue, no_cert))
 
 
+def _tokens_file(tmp_path: Path, lines: list[str], name: str = "tokens") -> str:
+    path = tmp_path / name
+    path.write_text("".join(line + "\n" for line in lines))
+    path.chmod(0o600)
+    return str(path)
+
+
 def test_replication_carries_the_token(spawn: Spawn, tmp_path: Path) -> None:
-    """With auth.token_file, a slave holding the token replicates; one without is refused (UNAUTHENTICATED)."""
-    token = {"auth.token_file": _token_file(tmp_path)}
+    """With auth.tokens_file, a slave holding a token with the replication role replicates; one without
+    a token is refused (UNAUTHENTICATED), and so is one whose token lacks the role (PERMISSION_DENIED)."""
+    token = {"auth.tokens_file": _tokens_file(tmp_path, [f"ops read,write,admin,system {TOKEN}",
+                                                         f"peer replication {TOKEN}-repl"])}
     master = spawn("master", config=token)
     with BrokerClient(master.address, token=TOKEN) as c:
         c.create_topic("t")
@@ -190,6 +200,11 @@ def test_replication_carries_the_token(spawn: Spawn, tmp_path: Path) -> None:
     with BrokerClient(bad.address) as b:
         st = b.status()
     assert st["max_offset"] == 0 and st["replication"]["error"].startswith("UNAUTHENTICATED"), st["replication"]
+    no_role = spawn("no-role", config={**slave_cfg, "auth.tokens_file": _tokens_file(
+        tmp_path, [f"ops read,write,admin,system {TOKEN}", f"peer replication {TOKEN}-other"], name="tokens-other")})
+    with BrokerClient(no_role.address) as n:  # its replication token is not one the master knows
+        assert _wait(lambda: n.status()["replication"]["error"].startswith("PERMISSION_DENIED"))
+        assert n.status()["max_offset"] == 0
 
 
 # -- bearer token ----------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from broker import alloc, metrics
-from broker.config import KEYS, Config, ConfigError
+from broker.config import KEYS, Config, ConfigError, insecure_exposures
 from broker.daemon import logsetup
 from broker.daemon.liveness import FlushProgress
 from broker.daemon.sdnotify import Notifier
@@ -59,7 +59,12 @@ class Daemon:
 
     def start(self) -> None:
         log.info("starting", data_dir=self.config["node.data_dir"], listen=self.config["node.listen"],
-                 tls=bool(self.config["tls.cert_file"]), token_required=self.tokens is not None)
+                 tls=bool(self.config["tls.cert_file"]), tokens=self.tokens.names() if self.tokens else [])
+        exposed = insecure_exposures(self.config.as_dict())
+        metrics.INSECURE_NETWORK.set(1 if exposed else 0)
+        if exposed:
+            log.warning("insecure_network", keys=exposed, note="serving a non-loopback address without TLS or tokens "
+                        "(security.insecure_network = true): anyone who reaches the port can write and read")
         self.notifier.status(f"recovering {self.config['node.data_dir']}")
         self.store = Store.open(self.config)
         self.store.start()
@@ -108,7 +113,9 @@ class Daemon:
         st["security"] = {"tls": bool(c["tls.cert_file"]), "client_certificates": bool(c["tls.client_ca_file"]),
                           "replication_mutual_tls": bool(c["replication.tls_cert_file"]),
                           "token_for_writes": self.tokens is not None,
-                          "token_for_reads": self.tokens is not None and c["auth.require_for_reads"]}
+                          "token_for_reads": self.tokens is not None and c["auth.require_for_reads"],
+                          "tokens": self.tokens.names() if self.tokens is not None else [],
+                          "insecure_network": insecure_exposures(c.as_dict())}
 
     def _on_role_change(self, _role: str) -> None:
         self.notifier.status(self.serving_status())
@@ -130,7 +137,7 @@ class Daemon:
             if fixed:
                 raise ConfigError(f"{', '.join(fixed)}: changed, but {'this key needs' if len(fixed) == 1 else 'these keys need'}"
                                   " a restart to take effect")
-            token = auth.read_token(self.tokens.path) if self.tokens is not None else None
+            tokens = auth.load_tokens(new) if self.tokens is not None else None
         except ConfigError as exc:
             log.error("reload_refused", error=str(exc), note="the running configuration is unchanged")
             metrics.CONFIG_RELOADS.labels("refused").inc()
@@ -138,7 +145,7 @@ class Daemon:
             return False
         self.config.update_reloadable(new)
         metrics.CONFIG_RELOADS.labels("applied").inc()
-        rotated = self.tokens.replace(token) if self.tokens is not None and token is not None else False
+        rotated = self.tokens.replace(tokens) if self.tokens is not None and tokens else False
         # logged before a new log level applies, so that raising it still records the reload
         log.info("reloaded", changed={k: {"old": old, "new": value} for k, (old, value) in changed.items()},
                  token_rotated=rotated)
@@ -237,7 +244,8 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
     notifier = Notifier()
     signals = _Signals()
     signals.install()
-    tls.check_files(config)  # a bad certificate path fails before the data directory is touched
+    tls.check_files(config)  # a bad certificate or token file fails before the data directory is touched
+    auth.load_tokens(config)
     lock = DirLock.acquire(config["node.data_dir"])  # one daemon per directory, before anything reads it
     started = threading.Event()
     _keepalive(notifier, started)

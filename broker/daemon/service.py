@@ -15,6 +15,7 @@ from broker.daemon.wire import pull_response_bytes
 from broker.errors import BrokerError, invalid, not_found
 from broker.logformat import system_records
 from broker.ports import IncomingBatch, RoleController
+from broker.security.auth import current_caller
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -85,6 +86,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         """Answers wire bytes of a PullResponse (see broker.wire: no copy of the log bytes)."""
 
         def run() -> bytes:
+            if request.topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
+                raise BrokerError("PERMISSION_DENIED", f"reading the system topic {request.topic[:200]!r} needs a "
+                                  "token with the system role")
             max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
             max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
             wait_ms = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"])

@@ -1,17 +1,29 @@
-"""Bearer-token authentication for admin and write calls (``auth.token_file``).
+"""Bearer tokens with roles (DESIGN §10): who may call what.
 
-Clients send ``authorization: Bearer <token>`` metadata. A server interceptor lets through, with
-no token, only the methods on an explicit read-only allow-list; every other method (including any
-added later) needs the token. No token or a malformed header → ``UNAUTHENTICATED``; a wrong token →
-``PERMISSION_DENIED``. Refusals are logged with the method and the peer, never with the secret.
-The file is re-read on SIGHUP, so a token can be rotated without a restart.
+Clients send ``authorization: Bearer <token>``. ``auth.tokens_file`` holds one token per line,
+``NAME ROLES TOKEN`` (roles comma-separated, from ``ROLES``; ``#`` starts a comment), so that
+several tokens are valid at once (rotation: add the new one, move clients, remove the old). The
+older ``auth.token_file`` (one token) still works: it has every role but ``replication``. Both
+files are re-read on SIGHUP.
+
+Each method needs one role (``METHOD_ROLES``; a method not listed needs ``admin``). Reads are
+open to anonymous callers unless ``auth.require_for_reads``; health checks are always open.
+Reading a system topic (``__timer`` holds users' delayed messages) needs ``system``, checked by
+the service with ``caller_may``. With no token configured at all, every call is allowed but no
+caller is *authenticated*: a replica's epoch is believed only from an authenticated peer.
+
+No token or a malformed header → ``UNAUTHENTICATED``; an unknown token or a missing role →
+``PERMISSION_DENIED``. Refusals are logged with the method, the peer and the token's *name*,
+never the secret; tokens are compared in constant time.
 """
 
 from __future__ import annotations
 
+import contextvars
 import hmac
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -24,51 +36,212 @@ log = structlog.get_logger("auth")
 TOKEN_CHARS_MIN = 16
 HEADER = "authorization"
 SCHEME = "Bearer "
+ROLES = ("read", "write", "admin", "replication", "system")
+LEGACY_ROLES = frozenset(ROLES) - {"replication"}
+LEGACY_NAME = "auth.token_file"
 
 # Never need a token: liveness probes must work for anyone who can reach the port.
 ALWAYS_OPEN = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
-# Read-only calls: open unless auth.require_for_reads. Everything not listed is treated as a write.
-READ_ONLY = frozenset({
-    "/tidemark.v1.Broker/Pull",
-    "/tidemark.v1.Broker/OffsetForTime",
-    "/tidemark.v1.Broker/GetOffset",
-    "/tidemark.v1.Broker/ListTopics",
-    "/tidemark.v1.Broker/Status",
-    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo",
-})
+METHOD_ROLES = {
+    "/tidemark.v1.Broker/Pull": "read",
+    "/tidemark.v1.Broker/OffsetForTime": "read",
+    "/tidemark.v1.Broker/GetOffset": "read",
+    "/tidemark.v1.Broker/ListTopics": "read",
+    "/tidemark.v1.Broker/Status": "read",
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": "read",
+    "/grpc.reflection.v1.ServerReflection/ServerReflectionInfo": "read",
+    "/tidemark.v1.Broker/Send": "write",
+    "/tidemark.v1.Broker/CommitOffset": "write",
+    "/tidemark.v1.Broker/CancelTimer": "write",
+    "/tidemark.v1.Broker/CreateTopic": "admin",
+    "/tidemark.v1.Broker/DeleteTopic": "admin",
+    "/tidemark.v1.Broker/Promote": "admin",
+    "/tidemark.v1.Broker/Demote": "admin",
+    "/tidemark.v1.Replication/Stream": "replication",
+    "/tidemark.v1.Replication/Snapshot": "replication",
+}
+
+READ_ONLY = frozenset(m for m, role in METHOD_ROLES.items() if role == "read")
+
+
+@dataclass(frozen=True)
+class Token:
+    name: str
+    roles: frozenset[str]
+    secret: str
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who is calling: the token's name and roles; ``authenticated`` when a credential proved it."""
+
+    name: str
+    roles: frozenset[str]
+    authenticated: bool
+
+    def may(self, role: str) -> bool:
+        return role in self.roles
+
+
+EVERYONE = Caller("anyone", frozenset(ROLES), authenticated=False)  # no token configured
+ANONYMOUS = Caller("anonymous", frozenset({"read"}), authenticated=False)  # tokens configured, none sent
+_CALLER: contextvars.ContextVar[Caller] = contextvars.ContextVar("caller", default=EVERYONE)
+
+
+def current_caller() -> Caller:
+    """The caller of the request being handled (set by the interceptor)."""
+    return _CALLER.get()
+
+
+# -- token files ------------------------------------------------------------------------------------
+def _check_secret(secret: str, where: str) -> None:
+    if len(secret) < TOKEN_CHARS_MIN or not secret.isascii() or not secret.isprintable() or " " in secret:
+        raise ConfigError(f"{where} must hold a token of at least {TOKEN_CHARS_MIN} printable ASCII characters "
+                          "without spaces")
+
+
+def _read_text(path: str, key: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{key}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
 def read_token(path: str, key: str = "auth.token_file") -> str:
-    try:
-        with open(path, encoding="utf-8") as f:
-            token = f.read().strip()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{key}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
-    if len(token) < TOKEN_CHARS_MIN or not token.isascii() or not token.isprintable() or " " in token:
-        raise ConfigError(f"{key}: {path} must hold one token of at least {TOKEN_CHARS_MIN} printable ASCII "
-                          "characters without spaces")
+    """The single token of ``auth.token_file`` (or a client's ``--token-file``)."""
+    token = _read_text(path, key).strip()
+    _check_secret(token, f"{key}: {path}")
     return token
 
 
-class TokenSource:
-    """The expected token, re-readable from its file."""
+def read_tokens_file(path: str, key: str = "auth.tokens_file") -> list[Token]:
+    """``NAME ROLES TOKEN`` per line; errors name the file and the line."""
+    tokens: list[Token] = []
+    for number, raw in enumerate(_read_text(path, key).splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        where = f"{key}: {path} line {number}"
+        parts = line.split()
+        if len(parts) != 3:
+            raise ConfigError(f"{where}: expected NAME ROLES TOKEN")
+        name, roles_text, secret = parts
+        roles = frozenset(r for r in roles_text.split(",") if r)
+        unknown = sorted(roles - set(ROLES))
+        if unknown or not roles:
+            raise ConfigError(f"{where}: unknown role {unknown[0] if unknown else '(none)'!r}; roles are {', '.join(ROLES)}")
+        _check_secret(secret, where)
+        if any(t.name == name for t in tokens):
+            raise ConfigError(f"{where}: token name {name!r} used twice")
+        tokens.append(Token(name, roles, secret))
+    if not tokens:
+        raise ConfigError(f"{key}: {path} holds no token")
+    return tokens
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._token = read_token(path)
+
+def load_tokens(config: Config) -> list[Token]:
+    """Every token the configuration names (both files); empty when authentication is off."""
+    tokens = read_tokens_file(config["auth.tokens_file"]) if config["auth.tokens_file"] else []
+    if config["auth.token_file"]:
+        tokens.append(Token(LEGACY_NAME, LEGACY_ROLES, read_token(config["auth.token_file"])))
+    return tokens
+
+
+class TokenSource:
+    """The valid tokens, replaced as a whole on SIGHUP."""
+
+    def __init__(self, tokens: list[Token]) -> None:
+        self._tokens = tokens
         self._lock = threading.Lock()
 
-    def matches(self, given: str) -> bool:
+    def find(self, given: str) -> Token | None:
+        """The token whose secret is ``given``; every token is compared, in constant time."""
         with self._lock:
-            expected = self._token
-        return hmac.compare_digest(given.encode(), expected.encode())
+            tokens = self._tokens
+        found = None
+        for t in tokens:
+            if hmac.compare_digest(given.encode(), t.secret.encode()):
+                found = t
+        return found
 
-    def replace(self, token: str) -> bool:
-        """Use ``token`` from now on (SIGHUP re-reads the file); True if it changed."""
+    def replace(self, tokens: list[Token]) -> bool:
+        """Use ``tokens`` from now on; True if anything changed."""
         with self._lock:
-            changed, self._token = token != self._token, token
+            changed, self._tokens = tokens != self._tokens, tokens
         return changed
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return [t.name for t in self._tokens]
+
+
+# -- deciding a call ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Refusal:
+    code: grpc.StatusCode
+    reason: str
+
+
+class Authorizer:
+    """Decides each call from its method and metadata: a ``Caller`` or a ``Refusal``."""
+
+    def __init__(self, tokens: TokenSource | None, require_for_reads: bool, *, peer_certified: bool = False) -> None:
+        self.tokens = tokens
+        self.require_for_reads = require_for_reads
+        self.peer_certified = peer_certified  # a port whose TLS handshake required a trusted client certificate
+
+    def decide(self, method: str, metadata: Any) -> Caller | Refusal:
+        if self.peer_certified:
+            return Caller("certificate", frozenset({"replication"}), authenticated=True)
+        if self.tokens is None:
+            return EVERYONE
+        if method in ALWAYS_OPEN:
+            return ANONYMOUS
+        header = next((str(v) for k, v in metadata or () if k == HEADER), None)
+        needed = METHOD_ROLES.get(method, "admin")
+        if header is None:
+            if method in ALWAYS_OPEN or (needed == "read" and not self.require_for_reads):
+                return ANONYMOUS
+            return Refusal(grpc.StatusCode.UNAUTHENTICATED, f"no token (this call needs the {needed} role)")
+        secret = header[len(SCHEME):].strip() if header.startswith(SCHEME) else ""
+        if not secret:
+            return Refusal(grpc.StatusCode.UNAUTHENTICATED, "malformed authorization header")
+        token = self.tokens.find(secret)
+        if token is None:
+            return Refusal(grpc.StatusCode.PERMISSION_DENIED, "unknown token")
+        caller = Caller(token.name, token.roles, authenticated=True)
+        if not caller.may(needed):
+            return Refusal(grpc.StatusCode.PERMISSION_DENIED, f"token {token.name!r} lacks the {needed} role")
+        return caller
+
+
+def _as_caller(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethodHandler:
+    """``handler`` with ``current_caller()`` set to ``caller`` while it runs."""
+
+    def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        def run(request: Any, context: grpc.ServicerContext) -> Any:
+            token = _CALLER.set(caller)
+            try:
+                return behavior(request, context)
+            finally:
+                _CALLER.reset(token)
+        return run
+
+    def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+        def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
+            _CALLER.set(caller)  # the stream runs in this thread's context until it ends
+            yield from behavior(request, context)
+        return run
+
+    kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}
+    if handler.unary_unary:
+        return grpc.unary_unary_rpc_method_handler(unary(handler.unary_unary), **kwargs)
+    if handler.unary_stream:
+        return grpc.unary_stream_rpc_method_handler(streaming(handler.unary_stream), **kwargs)
+    if handler.stream_unary:
+        return grpc.stream_unary_rpc_method_handler(unary(handler.stream_unary), **kwargs)
+    return grpc.stream_stream_rpc_method_handler(streaming(handler.stream_stream), **kwargs)
 
 
 def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str,
@@ -88,47 +261,38 @@ def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
-class TokenInterceptor(grpc.ServerInterceptor):
-    def __init__(self, tokens: TokenSource, require_for_reads: bool) -> None:
-        self.tokens = tokens
-        self.require_for_reads = require_for_reads
-
-    def needs_token(self, method: str) -> bool:
-        if method in ALWAYS_OPEN:
-            return False
-        return self.require_for_reads or method not in READ_ONLY
+class AuthInterceptor(grpc.ServerInterceptor):
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
                           details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
         handler = continuation(details)
+        if handler is None:
+            return None
         method = details.method  # type: ignore[attr-defined]
-        if handler is None or not self.needs_token(method):
-            return handler
-        header = next((str(v) for k, v in details.invocation_metadata or () if k == HEADER), None)  # type: ignore[attr-defined]
-        if header is None or not header.startswith(SCHEME) or not header[len(SCHEME):].strip():
-            reason, code = ("no token" if header is None else "malformed authorization header"), grpc.StatusCode.UNAUTHENTICATED
-        elif not self.tokens.matches(header[len(SCHEME):].strip()):
-            reason, code = "wrong token", grpc.StatusCode.PERMISSION_DENIED
-        else:
-            return handler
+        verdict = self.authorizer.decide(method, details.invocation_metadata)  # type: ignore[attr-defined]
+        if isinstance(verdict, Caller):
+            return _as_caller(handler, verdict)
 
         def on_refuse(context: grpc.ServicerContext) -> None:
-            metrics.AUTH_REFUSED.labels(code.name).inc()
-            log.warning("auth_refused", method=method, peer=context.peer(), reason=reason)
+            metrics.AUTH_REFUSED.labels(verdict.code.name).inc()
+            log.warning("auth_refused", method=method, peer=context.peer(), reason=verdict.reason)
 
-        return _refusing(handler, code, f"{method}: {reason} (this call needs the bearer token)", on_refuse)
+        return _refusing(handler, verdict.code, f"{method}: {verdict.reason}", on_refuse)
 
 
-def interceptors(config: Config) -> tuple[list[grpc.ServerInterceptor], TokenSource | None]:
+def interceptors(config: Config, *, peer_certified: bool = False) -> tuple[list[grpc.ServerInterceptor], TokenSource | None]:
     """The server interceptors ``config`` asks for, and the token source (for SIGHUP)."""
-    if not config["auth.token_file"]:
-        return [], None
-    tokens = TokenSource(config["auth.token_file"])
-    return [TokenInterceptor(tokens, config["auth.require_for_reads"])], tokens
+    tokens = load_tokens(config)
+    source = TokenSource(tokens) if tokens else None
+    return [AuthInterceptor(Authorizer(source, config["auth.require_for_reads"], peer_certified=peer_certified))], source
 
 
 def call_metadata(config: Config) -> tuple[tuple[str, str], ...]:
-    """Metadata carrying our token on calls to another node (replication), if one is configured."""
-    if not config["auth.token_file"]:
+    """Metadata carrying our replication credential on calls to another node: the first token of
+    ``auth.tokens_file`` with the ``replication`` role, if any."""
+    if not config["auth.tokens_file"]:
         return ()
-    return ((HEADER, SCHEME + read_token(config["auth.token_file"])),)
+    token = next((t for t in read_tokens_file(config["auth.tokens_file"]) if "replication" in t.roles), None)
+    return ((HEADER, SCHEME + token.secret),) if token is not None else ()
