@@ -373,6 +373,16 @@ def status(address: str) -> dict[str, Any]:
         return c.status()
 
 
+def wait_applied(client: BrokerClient, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Poll ``status()`` until every view applied the whole log (or ``timeout_s`` passed); the last status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = client.status()
+        if st["applied_offset"] >= st["max_offset"] or time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
+
+
 def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> float:
     """Poll ``cond`` until true; return the seconds it took (TimeoutError after ``timeout_s``)."""
     t0 = time.monotonic()

@@ -1,9 +1,13 @@
-"""Producer processes for the benchmarks: send through one measured window.
+"""Producer processes for the benchmarks: fill a topic, or send through one measured window.
 
 Clients run in processes of their own (``multiprocessing`` spawn context), so that they do not share
-the benchmark script's interpreter lock. ``run_window()`` starts N processes that begin sending at
-one wall-clock instant; what they send in ``[start + warm-up, + seconds)`` counts. ``window_producer``
-is the Tidemark sender; another system's sender calls ``send_window()`` with its own send function.
+the benchmark script's interpreter lock. Every target takes its arguments and, last, a queue on which
+it puts one result.
+
+- ``fill()``: N processes send a given number of messages (ack=leader) as fast as they can.
+- ``run_window()``: N processes start sending at one wall-clock instant; what they send in
+  ``[start + warm-up, + seconds)`` counts. ``window_producer`` is the Tidemark sender; another
+  system's sender calls ``send_window()`` with its own send function.
 """
 
 from __future__ import annotations
@@ -22,10 +26,60 @@ SPAWN_S = 2.0  # time to spawn the first producer process and import its modules
 SPAWN_EACH_S = 0.3  # ... and each further one
 
 
+def run_processes(target: Callable[..., None], args_for: Sequence[tuple[Any, ...]], timeout_s: float | None) -> list[Any]:
+    """Run ``target(*args, out)`` in one spawned process per ``args`` tuple; the results they put on ``out``
+    (waiting ``timeout_s`` at most for each, or without a bound)."""
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, out)) for args in args_for]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=timeout_s) for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
 def wait_until(t: float) -> None:
     """Sleep until wall-clock time ``t``."""
     while (d := t - time.time()) > 0:
         time.sleep(min(d, 0.05))
+
+
+# -- filling a topic -----------------------------------------------------------------------------
+def fill_producer(address: str, topic: str, count: int, batch: int, body_bytes: int, distinct: bool, keys: int,
+                  out: Any) -> None:
+    """Send ``count`` messages, ``batch`` per call, ack=leader; every call carries the same messages:
+    one random body (or ``batch`` distinct ones), keyless (or keyed ``k0`` .. ``k{keys - 1}``)."""
+    if distinct:
+        bodies = [os.urandom(body_bytes) for _ in range(batch)]
+    else:
+        bodies = [os.urandom(body_bytes)] * batch
+    messages = [Message(body=body, key=f"k{i % keys}" if keys else None) for i, body in enumerate(bodies)]
+    sent = 0
+    with BrokerClient(address) as client:
+        while sent < count:
+            n = min(batch, count - sent)
+            client.send(topic, messages[:n], ack="leader")
+            sent += n
+    out.put(sent)
+
+
+def fill(address: str, topic: str, shares: Sequence[int], batch: int, body_bytes: int, *, distinct: bool = False,
+         keys: int = 0, timeout_s: float = 3600.0) -> int:
+    """One ``fill_producer`` process per share (its message count); the messages sent in all."""
+    args = [(address, topic, n, batch, body_bytes, distinct, keys) for n in shares]
+    return sum(run_processes(fill_producer, args, timeout_s))
+
+
+def halves(count: int) -> list[int]:
+    """``count`` split over two producer processes."""
+    return [count // 2, count - count // 2]
+
+
+def whole_sends(nbytes: int, batch: int, message_bytes: int) -> int:
+    """Messages in the fewest sends of ``batch`` that carry ``nbytes``, counting ``message_bytes`` a message."""
+    return -(-nbytes // (batch * message_bytes)) * batch
 
 
 # -- one measured window -------------------------------------------------------------------------
