@@ -1,4 +1,6 @@
-"""Shared helpers for the benchmarks: daemons in temp dirs, Redis, result lines and tables.
+"""Shared helpers for the benchmarks: result lines and tables, waiting for a quiet machine, daemons in
+temp dirs, Redis. Producer processes are in ``load.py``; watching a measurement (who used the CPU,
+redoing a disturbed one, samplers, py-spy) in ``measure.py``.
 
 Every benchmark script records its figures with ``Results.add()``. Each figure is one JSON line
 appended to ``bench/results/<run id>.jsonl`` (gitignored) and printed as a table at the end of
@@ -12,13 +14,14 @@ import contextlib
 import json
 import os
 import platform
+import re
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -32,6 +35,7 @@ GiB = 1 << 30
 if REPO_DIR not in sys.path:  # the venv installs the package editable; this covers a bare checkout
     sys.path.insert(0, REPO_DIR)
 
+from broker.client import BrokerClient  # noqa: E402
 from tests.procs import DaemonProcess, free_port  # noqa: E402
 
 
@@ -55,12 +59,17 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 # -- the machine ---------------------------------------------------------------------------------
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU ticks from /proc/stat: user, nice, system, idle, iowait, irq, ..."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:]]
+
+
 def cpu_busy_fraction(interval_s: float = 1.0) -> float:
     """Share of all CPUs busy over ``interval_s`` (from /proc/stat)."""
 
     def snap() -> tuple[int, int]:
-        with open("/proc/stat") as f:
-            vals = [int(x) for x in f.readline().split()[1:]]
+        vals = _cpu_ticks()
         return sum(vals), vals[3] + vals[4]
 
     t0, i0 = snap()
@@ -105,8 +114,50 @@ def foreign_processes() -> list[str]:
     return out
 
 
-def wait_for_quiet(max_wait_s: float, busy_max: float = 0.15) -> dict[str, Any]:
-    """Wait (bounded) until no test run is alive and the CPUs are mostly idle."""
+def _ancestors_and_self(table: Mapping[int, tuple[int, str]]) -> set[int]:
+    out = {os.getpid()}
+    pid = os.getpid()
+    for _ in range(64):
+        pid = table.get(pid, (0, ""))[0]
+        if pid <= 1:
+            break
+        out.add(pid)
+    return out
+
+
+def other_bench_scripts() -> list[str]:
+    """Benchmark scripts (``bench/*.py``) run by someone else; ``foreign_processes`` covers daemons,
+    pytest and redis-server but not a benchmark's own (client) processes."""
+    table = _proc_table()
+    mine = _ancestors_and_self(table)
+    return [f"{pid}: {cmd[:120]}" for pid, (_, cmd) in table.items() if pid not in mine and re.search(r"bench/\w+\.py", cmd)]
+
+
+def _wait_for_other_benches(max_wait_s: float) -> list[str]:
+    """Wait (bounded) until no other benchmark script runs; those still running."""
+    deadline = time.monotonic() + max_wait_s
+    others = other_bench_scripts()
+    if others:
+        log(f"other benchmark scripts running ({others}); waiting up to {max_wait_s:.0f}s for them to end")
+        while others and time.monotonic() < deadline:
+            time.sleep(5.0)
+            others = other_bench_scripts()
+        if others:
+            log(f"WARNING: measuring while other benchmark scripts run: {others}")
+        else:
+            log("other benchmark scripts ended")
+    return others
+
+
+def wait_for_quiet(max_wait_s: float, busy_max: float = 0.15, *, other_benches: bool = False) -> dict[str, Any]:
+    """Wait (bounded) until no test run is alive and the CPUs are mostly idle; with ``other_benches``,
+    first until no other benchmark script runs either (the result then names those still running)."""
+    if other_benches:
+        deadline = time.monotonic() + max_wait_s
+        others = _wait_for_other_benches(max_wait_s)
+        quiet = wait_for_quiet(max(5.0, deadline - time.monotonic()), busy_max)
+        quiet["other_bench_scripts"] = others
+        return quiet
     deadline = time.monotonic() + max_wait_s
     t0 = time.monotonic()
     announced = False
@@ -137,6 +188,22 @@ def git_revision() -> str:
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head + ("+dirty" if dirty else "")
+
+
+# -- CPU accounting ------------------------------------------------------------------------------
+def cpu_seconds_of(pid: int, with_children: bool = False) -> float:
+    """User + system CPU seconds consumed so far by a process (all its threads); ``with_children``: and
+    by the children it has waited for (Redis reaps its BGSAVE child)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    return sum(int(x) for x in fields[11:15 if with_children else 13]) / ticks
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds all processes on the machine have spent busy so far (from /proc/stat)."""
+    vals = _cpu_ticks()
+    return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
 
 
 MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
@@ -272,12 +339,17 @@ def start_timed(d: DaemonProcess, timeout_s: float = 600.0) -> float:
     tick, so its ``ready_seconds`` is rounded up to ~1 s, ~2.6 s, ... Here the channel retries
     every 10-20 ms, so the figure is the daemon's own start time (+ <= 20 ms).
     """
+    t0 = time.monotonic()
+    d.start(wait=False)
+    d.ready_seconds = wait_serving(d, t0, timeout_s)
+    return d.ready_seconds
+
+
+def wait_serving(d: DaemonProcess, t0: float, timeout_s: float = 600.0) -> float:
+    """Seconds from ``t0`` (when ``d`` was spawned) until its health check says SERVING (see ``start_timed``)."""
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    t0 = time.monotonic()
-    d.start(wait=False)
-    deadline = t0 + timeout_s
     with grpc.insecure_channel(d.address, options=FAST_RECONNECT) as ch:
         stub = health_pb2_grpc.HealthStub(ch)
         while True:
@@ -287,14 +359,39 @@ def start_timed(d: DaemonProcess, timeout_s: float = 600.0) -> float:
             try:
                 resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5, wait_for_ready=True)
                 if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    break
+                    return time.monotonic() - t0
             except grpc.RpcError:
                 pass
-            if time.monotonic() > deadline:
+            if time.monotonic() - t0 > timeout_s:
                 raise TimeoutError(f"daemon on {d.address} not ready after {timeout_s}s: {d.tail_log()}")
             time.sleep(0.005)
-    d.ready_seconds = time.monotonic() - t0
-    return d.ready_seconds
+
+
+def status(address: str) -> dict[str, Any]:
+    """``status()`` of the daemon at ``address``, through a client of its own."""
+    with BrokerClient(address) as c:
+        return c.status()
+
+
+def wait_applied(client: BrokerClient, timeout_s: float = 600.0) -> dict[str, Any]:
+    """Poll ``status()`` until every view applied the whole log (or ``timeout_s`` passed); the last status."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        st = client.status()
+        if st["applied_offset"] >= st["max_offset"] or time.monotonic() > deadline:
+            return st
+        time.sleep(0.2)
+
+
+def wait_for(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> float:
+    """Poll ``cond`` until true; return the seconds it took (TimeoutError after ``timeout_s``)."""
+    t0 = time.monotonic()
+    while True:
+        if cond():
+            return time.monotonic() - t0
+        if time.monotonic() - t0 > timeout_s:
+            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+        time.sleep(poll_s)
 
 
 def evict_page_cache(path: str) -> int:
@@ -346,14 +443,6 @@ def rss_anon_of(pid: int) -> int:
             if line.startswith("RssAnon:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def cpu_seconds_of(pid: int) -> float:
-    """User + system CPU seconds consumed so far by a process (all its threads)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 # -- Redis ---------------------------------------------------------------------------------------

@@ -11,51 +11,16 @@ Usage: .venv/bin/python bench/memory.py [--quick] [--messages 10000000]
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import sys
-import threading
 import time
-from typing import Any
 
 import common
+import load
 from common import MiB, Results, log
-
-from tests.procs import DaemonProcess
+from measure import Sampler
 
 TOPIC = "bench-memory"
 TARGET_BYTES = 300 * 1000 * 1000
-
-
-def producer(address: str, count: int, batch: int, body_bytes: int, out: Any) -> None:
-    from broker.client import BrokerClient, Message
-
-    rnd = os.urandom(body_bytes + batch)
-    messages = [Message(body=rnd[i : i + body_bytes]) for i in range(batch)]
-    sent = 0
-    with BrokerClient(address) as client:
-        while sent < count:
-            n = min(batch, count - sent)
-            client.send(TOPIC, messages[:n], ack="leader")
-            sent += n
-    out.put(sent)
-
-
-class RssSampler(threading.Thread):
-    def __init__(self, daemon: DaemonProcess, every_s: float = 0.25) -> None:
-        super().__init__(daemon=True)
-        self.d = daemon
-        self.every_s = every_s
-        self.peak = 0
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.is_set():
-            try:
-                self.peak = max(self.peak, self.d.rss_anon_bytes())
-            except (OSError, AssertionError):
-                return
-            self.halt.wait(self.every_s)
 
 
 def mb(n: float) -> float:
@@ -75,7 +40,6 @@ def main() -> int:
     common.preflight(res, a.max_wait_quiet, a.malloc_tuned)
     parent = a.workdir or "/tmp"
     common.require_free_disk(parent, int(messages * (a.body + 8) * 1.3) + (512 << 20))
-    ctx = mp.get_context("spawn")
 
     from broker.client import BrokerClient
 
@@ -84,36 +48,25 @@ def main() -> int:
         res.add("RssAnon, idle empty daemon", mb(idle), "MB")
         with BrokerClient(daemon.address) as c:
             c.create_topic(TOPIC, queues=a.queues)
-        sampler = RssSampler(daemon)
+        sampler = Sampler(daemon.rss_anon_bytes, 0.25)
         sampler.start()
-        out = ctx.Queue()
-        share = [messages // 2, messages - messages // 2]
         t0 = time.perf_counter()
-        procs = [ctx.Process(target=producer, args=(daemon.address, n, a.batch, a.body, out)) for n in share]
-        for pr in procs:
-            pr.start()
-        sent = sum(out.get(timeout=7200) for _ in procs)
-        for pr in procs:
-            pr.join()
+        sent = load.fill(daemon.address, TOPIC, load.halves(messages), a.batch, a.body, distinct=True, timeout_s=7200)
         dt = time.perf_counter() - t0
         log(f"stored {sent:,} messages in {dt:.1f}s ({sent / dt:,.0f} msg/s)")
         with BrokerClient(daemon.address) as c:
-            while True:
-                st = c.status()
-                if st["applied_offset"] >= st["max_offset"]:
-                    break
-                time.sleep(0.2)
+            st = common.wait_applied(c, timeout_s=7200)
             time.sleep(1.5)  # one checkpoint interval after the last append
             stored = sum(c.list_topics()[TOPIC]["max_offsets"])
             if stored != messages:
                 raise SystemExit(f"stored {stored} messages, sent {messages}")
-            sampler.halt.set()
-            sampler.join()
+            sampler.stop()
+            peak = max((rss for _, rss in sampler.samples), default=0)
             loaded = daemon.rss_anon_bytes()
             log_note = f"{stored:,} msgs, log {st['log_bytes'] / MiB:,.0f} MiB in {st['segments']} segments"
             res.add("fill rate (2 producers, ack=leader)", sent / dt, "msg/s", note=f"{a.batch} msgs of {a.body} B per send")
-            res.add("RssAnon, peak while storing", mb(sampler.peak), "MB", target="<= 300",
-                    ok=sampler.peak <= TARGET_BYTES, note="sampled every 0.25 s")
+            res.add("RssAnon, peak while storing", mb(peak), "MB", target="<= 300", ok=peak <= TARGET_BYTES,
+                    note="sampled every 0.25 s")
             res.add("RssAnon, after storing", mb(loaded), "MB", target="<= 300", ok=loaded <= TARGET_BYTES, note=log_note)
             for q in range(a.queues):
                 c.pull(TOPIC, q, 0, max_messages=5000)

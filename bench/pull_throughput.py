@@ -13,31 +13,16 @@ Usage: .venv/bin/python bench/pull_throughput.py [--quick] [--messages 1000000] 
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import os
 import sys
 import time
 from typing import Any
 
 import common
+import load
 from common import KiB, Results, log
 
 TOPIC = "bench-pull"
 TARGET_MSG_S = 200_000
-
-
-def fill_producer(address: str, count: int, batch: int, body_bytes: int, out: Any) -> None:
-    from broker.client import BrokerClient, Message
-
-    body = os.urandom(body_bytes)
-    messages = [Message(body=body) for _ in range(batch)]
-    sent = 0
-    with BrokerClient(address) as client:
-        while sent < count:
-            n = min(batch, count - sent)
-            client.send(TOPIC, messages[:n], ack="leader")
-            sent += n
-    out.put(sent)
 
 
 def consumer(address: str, end: int, max_messages: int, mode: str, out: Any) -> None:
@@ -82,7 +67,6 @@ def main() -> int:
     common.preflight(res, a.max_wait_quiet, a.malloc_tuned)
     parent = a.workdir or "/tmp"
     common.require_free_disk(parent, int(messages * (a.body + 64) * 1.5) + (256 << 20))
-    ctx = mp.get_context("spawn")
 
     from broker.client import BrokerClient
 
@@ -90,23 +74,11 @@ def main() -> int:
         assert daemon.proc is not None
         with BrokerClient(daemon.address) as c:
             c.create_topic(TOPIC, queues=1)
-            out = ctx.Queue()
             t0 = time.perf_counter()
-            share = [messages // 2, messages - messages // 2]
-            procs = [ctx.Process(target=fill_producer, args=(daemon.address, n, a.fill_batch, a.body, out)) for n in share]
-            for pr in procs:
-                pr.start()
-            filled = sum(out.get(timeout=1800) for _ in procs)
-            for pr in procs:
-                pr.join()
+            filled = load.fill(daemon.address, TOPIC, load.halves(messages), a.fill_batch, a.body, timeout_s=1800)
             fill_s = time.perf_counter() - t0
             log(f"filled {filled:,} messages in {fill_s:.1f}s; waiting for the views to catch up")
-            deadline = time.monotonic() + 300
-            while True:
-                st = c.status()
-                if st["applied_offset"] >= st["max_offset"] or time.monotonic() > deadline:
-                    break
-                time.sleep(0.2)
+            st = common.wait_applied(c, timeout_s=300)
             end = c.list_topics()[TOPIC]["max_offsets"][0]
             log(f"queue {TOPIC}/0 holds {end:,} messages, log {st['log_bytes'] / common.MiB:,.0f} MiB")
         res.add("fill rate (2 producers, ack=leader)", filled / fill_s, "msg/s", note=f"{a.fill_batch} msgs per send")
@@ -117,12 +89,8 @@ def main() -> int:
             "count": "pull only (len, no decode)",
         }
         for mode in ("bodies", "objects", "count"):
-            out = ctx.Queue()
             cpu0 = common.cpu_seconds_of(daemon.proc.pid)
-            pr = ctx.Process(target=consumer, args=(daemon.address, end, a.pull, mode, out))
-            pr.start()
-            r = out.get(timeout=1800)
-            pr.join()
+            [r] = load.run_processes(consumer, [(daemon.address, end, a.pull, mode)], timeout_s=1800)
             cpu = common.cpu_seconds_of(daemon.proc.pid) - cpu0
             rate = r["messages"] / r["seconds"]
             if r["messages"] != end:

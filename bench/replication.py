@@ -44,22 +44,22 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import multiprocessing as mp
+import functools
+import itertools
 import os
 import random
 import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import common
+import load
 from common import GiB, KiB, MiB, Results, log
+from measure import CpuTimes, Sampler, Spy, quantile, redo_while_disturbed
 
 from broker.client import BrokerClient, Message
 from tests.procs import DaemonProcess
@@ -74,114 +74,26 @@ BOOTSTRAP_TARGET_MBS = 150.0
 REDIS_RATIO_TARGET = 2.5
 FILL_BATCH = 4000  # messages per send while filling the bootstrap master (4 MiB requests)
 REDIS_PIPELINE = 1000
-OTHER_CPU_MAX = 0.45  # cores used by other processes during a measurement before it is redone (as send_throughput.py)
-ATTEMPTS = 3
 
 
-# -- small helpers -------------------------------------------------------------------------------
-def _wait_until(t: float) -> None:
-    while (d := t - time.time()) > 0:
-        time.sleep(min(d, 0.05))
+def wait_for_quiet(a: Any) -> dict[str, Any]:
+    """No other benchmark script alive (bounded wait), then no daemons, test runs or CPU load."""
+    return common.wait_for_quiet(a.max_wait_quiet, other_benches=True)
 
 
-def _wait_for(cond: Callable[[], bool], timeout_s: float, what: str, poll_s: float = 0.05) -> float:
-    """Poll ``cond`` until true; return the seconds it took (TimeoutError after ``timeout_s``)."""
-    t0 = time.monotonic()
-    while True:
-        if cond():
-            return time.monotonic() - t0
-        if time.monotonic() - t0 > timeout_s:
-            raise TimeoutError(f"timed out after {timeout_s:.0f}s waiting for {what}")
-        time.sleep(poll_s)
-
-
-def _pct(values: list[float], q: float) -> float:
-    """The ``q`` quantile (0..1) of ``values`` by the nearest-rank rule (0.0 when empty)."""
-    if not values:
-        return 0.0
-    s = sorted(values)
-    return s[min(len(s) - 1, max(0, int(q * len(s) + 0.5) - 1))]
-
-
-def _machine_busy_seconds() -> float:
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
-
-
-def _cpu_with_children(pid: int) -> float:
-    """CPU seconds of a process and of its children it has waited for (Redis reaps its BGSAVE child)."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-
-
-def _status(address: str) -> dict[str, Any]:
-    with BrokerClient(address) as c:
-        return c.status()
-
-
-# -- waiting for a quiet machine -----------------------------------------------------------------
-def _ancestors_and_self() -> set[int]:
-    out = {os.getpid()}
-    pid = os.getpid()
-    for _ in range(64):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            break
-        if pid <= 1:
-            break
-        out.add(pid)
-    return out
-
-
-def other_bench_scripts() -> list[str]:
-    """Benchmark scripts (``bench/*.py``) run by someone else; ``common.foreign_processes`` covers
-    daemons, pytest and redis-server but not a benchmark's own (client) processes."""
-    mine = _ancestors_and_self()
-    out = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) in mine:
-            continue
-        try:
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except OSError:
-            continue
-        if re.search(r"bench/\w+\.py", cmd):
-            out.append(f"{name}: {cmd[:120]}")
-    return out
-
-
-def wait_for_quiet(max_wait_s: float) -> dict[str, Any]:
-    """No other benchmark script alive (bounded wait), then common.wait_for_quiet (daemons, CPU)."""
-    deadline = time.monotonic() + max_wait_s
-    others = other_bench_scripts()
-    if others:
-        log(f"other benchmark scripts running ({others}); waiting up to {max_wait_s:.0f}s for them to end")
-        while others and time.monotonic() < deadline:
-            time.sleep(5.0)
-            others = other_bench_scripts()
-        if others:
-            log(f"WARNING: measuring while other benchmark scripts run: {others}")
-        else:
-            log("other benchmark scripts ended")
-    quiet = common.wait_for_quiet(max(5.0, deadline - time.monotonic()))
-    quiet["other_bench_scripts"] = others
-    return quiet
-
-
-# -- daemons ---------------------------------------------------------------------------------------
+# -- a master and its slave ------------------------------------------------------------------------
 def _in_sync(master: str) -> bool:
-    reps = _status(master).get("replicas") or []
+    reps = common.status(master).get("replicas") or []
     return bool(reps) and all(r["in_sync"] for r in reps)
 
 
 def _caught_up(master: str, slave: str) -> bool:
-    sm, ss = _status(master), _status(slave)
+    sm, ss = common.status(master), common.status(slave)
     return int(ss["max_offset"]) == int(sm["max_offset"]) and int(ss["confirm_offset"]) == int(sm["confirm_offset"])
+
+
+def _wait_caught_up(m: DaemonProcess, s: DaemonProcess, timeout_s: float, what: str = "the slave to catch up") -> None:
+    common.wait_for(lambda: _caught_up(m.address, s.address), timeout_s, what)
 
 
 @contextlib.contextmanager
@@ -189,167 +101,55 @@ def running_pair(workdir: str, label: str) -> Iterator[tuple[DaemonProcess, Daem
     """A master and a slave following it (default configuration), the slave in sync; both killed at exit."""
     with common.temp_dir(f"tm-repl-{label}-", workdir) as wd, common.running_daemon(wd, "master") as m, \
             common.running_daemon(wd, "slave", {"node.role": "slave", "node.master": m.address}) as s:
-        _wait_for(lambda: _in_sync(m.address), 60, "the slave to join the in-sync set")
+        common.wait_for(lambda: _in_sync(m.address), 60, "the slave to join the in-sync set")
         yield m, s
-
-
-class Spy:
-    """``py-spy record`` (collapsed stacks) of one process, until ``stop()`` or ``seconds``."""
-
-    def __init__(self, pid: int, path: str, seconds: float | None = None) -> None:
-        exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
-        cmd = [exe, "record", "--pid", str(pid), "--format", "raw", "--rate", "100", "--threads", "--nonblocking",
-               "--output", path]
-        if seconds:
-            cmd += ["--duration", str(max(1, round(seconds)))]
-        self.path = path
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        log(f"py-spy stacks in {self.path}")
-
-
-# -- producers -------------------------------------------------------------------------------------
-def producer(address: str, ack: str, batch: int, body_bytes: int, index: int, nprocs: int, sends_per_s: float,
-             start_at: float, warmup_s: float, seconds: float, out: Any) -> None:
-    """Send ``batch`` keyless messages per call; with ``sends_per_s`` > 0 on a fixed schedule (open
-    loop, phases spread over the processes). Reports every acknowledged send of the window as
-    (ack wall time, commit offset of its last record)."""
-    from broker.client import BrokerClient, Message
-
-    body = os.urandom(body_bytes)
-    messages = [Message(body=body) for _ in range(batch)]
-    count = 0
-    latencies: list[float] = []
-    acked: list[tuple[float, int]] = []
-    first = last = cpu0 = 0.0
-    error = ""
-    try:
-        with BrokerClient(address) as client:
-            client.send(TOPIC, messages[:QUEUES], ack=ack)  # connect, learn the queue count
-            interval = 1.0 / sends_per_s if sends_per_s > 0 else 0.0
-            next_at = start_at + interval * index / max(1, nprocs)
-            _wait_until(start_at)
-            window_start = start_at + warmup_s
-            window_end = window_start + seconds
-            while True:
-                if interval:
-                    _wait_until(next_at)
-                    next_at += interval
-                t0 = time.time()
-                if t0 >= window_end:
-                    break
-                receipts = client.send(TOPIC, messages, ack=ack)
-                t1 = time.time()
-                if t0 >= window_start:
-                    if not count:
-                        first = t0
-                        cpu0 = time.process_time()
-                    count += batch
-                    last = t1
-                    latencies.append(t1 - t0)
-                    acked.append((t1, receipts[-1].commit_offset))
-    except Exception as exc:  # reported to the parent, which fails the run
-        error = f"{type(exc).__name__}: {exc}"
-    cpu = time.process_time() - cpu0 if count else 0.0
-    out.put({"count": count, "first": first, "last": last, "latencies": latencies, "acked": acked, "cpu": cpu,
-             "error": error})
-
-
-class Sampler(threading.Thread):
-    """Calls ``probe()`` every ``interval_s`` until stopped; keeps (time after the call, result)."""
-
-    def __init__(self, probe: Callable[[], Any], interval_s: float) -> None:
-        super().__init__(daemon=True)
-        self.probe = probe
-        self.interval_s = interval_s
-        self.samples: list[tuple[float, Any]] = []
-        self.errors = 0
-        self.stop_event = threading.Event()
-
-    def run(self) -> None:
-        while not self.stop_event.is_set():
-            try:
-                value = self.probe()
-            except Exception:
-                self.errors += 1
-                value = None
-            if value is not None:
-                self.samples.append((time.time(), value))
-            if self.interval_s:
-                self.stop_event.wait(self.interval_s)
-
-    def stop(self) -> None:
-        self.stop_event.set()
-        self.join(30)
 
 
 def run_load(m: DaemonProcess, s: DaemonProcess, ack: str, producers: int, batch: int, body: int, warmup_s: float,
              seconds: float, sends_per_s: float = 0.0, samplers: list[Sampler] | None = None,
              spy_prefix: str = "") -> dict[str, Any]:
-    """One window of ``producers`` processes against master ``m``; CPU of both daemons; samplers run
-    from the window's start until every producer has reported."""
+    """One window of ``producers`` processes against master ``m`` (``load.window_producer``; with
+    ``sends_per_s`` > 0 on a fixed schedule, phases spread over the processes); CPU of both daemons;
+    samplers run from the window's start until every producer has reported."""
     assert m.proc is not None and s.proc is not None
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.time() + 2.0 + 0.3 * producers  # time to spawn and import
+    mpid, spid = m.proc.pid, s.proc.pid
     per_proc = sends_per_s / producers if sends_per_s else 0.0
-    procs = [ctx.Process(target=producer, args=(m.address, ack, batch, body, i, producers, per_proc, start_at, warmup_s,
-                                                seconds, out)) for i in range(producers)]
-    for p in procs:
-        p.start()
+    args = [(m.address, TOPIC, QUEUES, ack, batch, body, per_proc, i / producers) for i in range(producers)]
     samplers = samplers or []
-    _wait_until(start_at + warmup_s)
-    for smp in samplers:
-        smp.start()
-    spies = [Spy(m.proc.pid, f"{spy_prefix}-master.txt", seconds), Spy(s.proc.pid, f"{spy_prefix}-slave.txt", seconds)] \
-        if spy_prefix else []
-    cpu_m0, cpu_s0, machine0 = common.cpu_seconds_of(m.proc.pid), common.cpu_seconds_of(s.proc.pid), _machine_busy_seconds()
-    own0 = time.process_time()
-    _wait_until(start_at + warmup_s + seconds)
-    cpu_m1, cpu_s1, machine1 = common.cpu_seconds_of(m.proc.pid), common.cpu_seconds_of(s.proc.pid), _machine_busy_seconds()
-    own = (time.process_time() - own0) / seconds
+    spies: list[Spy] = []
+
+    def at_start() -> None:
+        for smp in samplers:
+            smp.start()
+        if spy_prefix:
+            spies.extend([Spy(mpid, f"{spy_prefix}-master.txt", seconds), Spy(spid, f"{spy_prefix}-slave.txt", seconds)])
+
     try:
-        results = [out.get(timeout=seconds + warmup_s + 120) for _ in procs]
-    finally:
-        for p in procs:
-            p.join(30)
-            if p.is_alive():
-                p.kill()
-        for spy in spies:
-            spy.stop()
-    errors = [r["error"] for r in results if r["error"]]
-    if errors:
+        w = load.run_window(load.window_producer, args, warmup_s, seconds, watch=[mpid, spid], at_start=at_start)
+    except Exception:
         for smp in samplers:
             smp.stop()
-        raise RuntimeError(f"producer failed: {errors[0]}")
-    count = sum(r["count"] for r in results)
-    window = max(r["last"] for r in results) - (start_at + warmup_s)
-    lat = [x for r in results for x in r["latencies"]]
-    client_cpu = sum(r["cpu"] for r in results) / window if window > 0 else 0.0
-    machine_cpu = (machine1 - machine0) / seconds
-    master_cpu, slave_cpu = (cpu_m1 - cpu_m0) / seconds, (cpu_s1 - cpu_s0) / seconds
+        raise
+    finally:
+        for spy in spies:
+            spy.stop()
+    cpu = w["cpu"]
+    master_cpu, slave_cpu = cpu.procs[mpid] / seconds, cpu.procs[spid] / seconds
+    machine_cpu = cpu.machine / seconds
     return {
-        "count": count,
-        "window_s": window,
-        "rate": count / window if window > 0 else 0.0,
-        "p50_ms": 1000 * _pct(lat, 0.5),
-        "p99_ms": 1000 * _pct(lat, 0.99),
+        "count": w["count"],
+        "window_s": w["window_s"],
+        "rate": w["rate"],
+        "p50_ms": 1000 * quantile(w["latencies"], 0.5),
+        "p99_ms": 1000 * quantile(w["latencies"], 0.99),
         "master_cpu": master_cpu,
         "slave_cpu": slave_cpu,
-        "client_cpu": client_cpu,
-        "bench_cpu": own,
+        "client_cpu": w["client_cpu"],
+        "bench_cpu": cpu.own / seconds,
         "machine_cpu": machine_cpu,
-        "other_cpu": max(0.0, machine_cpu - master_cpu - slave_cpu - client_cpu - own),
-        "acked": sorted(a for r in results for a in r["acked"]),
-        "window_start": start_at + warmup_s,
+        "other_cpu": max(0.0, cpu.other_seconds() / seconds - w["client_cpu"]),
+        "acked": w["acked"],
+        "window_start": w["window_start"],
     }
 
 
@@ -364,6 +164,23 @@ def _replica_probe(address: str) -> Callable[[], Any]:
 
 
 # -- part 1: ack=replica vs ack=flush --------------------------------------------------------------
+def throughput_window(a: Any, m: DaemonProcess, s: DaemonProcess, ack: str, round_no: int, attempt: int) -> dict[str, Any]:
+    """One ack=``ack`` window on a caught-up pair; the master's view of the slave (in sync? lag) every 100 ms."""
+    _wait_caught_up(m, s, 120)
+    sampler = Sampler(_replica_probe(m.address), 0.1)
+    spy = ""
+    if a.profile_dir and round_no == 1 and ack == "replica":
+        spy = os.path.join(a.profile_dir, f"ack-replica-{attempt}")
+    log(f"round {round_no}: ack={ack}: {a.producers} producer processes x {a.batch} msgs/send, {a.seconds}s window")
+    r = run_load(m, s, ack, a.producers, a.batch, a.body, a.warmup, a.seconds, samplers=[sampler], spy_prefix=spy)
+    sampler.stop()
+    flags = [x for _, x in sampler.samples]
+    r["in_sync_fraction"] = sum(1 for ok, _ in flags if ok) / len(flags) if flags else 0.0
+    r["lag_bytes_max"] = max((lb for _, lb in flags), default=0)
+    r["lag_bytes_p50"] = quantile([float(lb) for _, lb in flags], 0.5)
+    return r
+
+
 def part_throughput(res: Results, a: Any, workdir: str) -> float:
     runs: dict[str, list[dict[str, Any]]] = {"flush": [], "replica": []}
     for round_no in range(1, a.rounds + 1):
@@ -372,26 +189,8 @@ def part_throughput(res: Results, a: Any, workdir: str) -> float:
             with BrokerClient(m.address) as c:
                 c.create_topic(TOPIC, queues=QUEUES)
             for ack in order:
-                for attempt in range(1, ATTEMPTS + 1):
-                    _wait_for(lambda m=m, s=s: _caught_up(m.address, s.address), 120, "the slave to catch up")
-                    sampler = Sampler(_replica_probe(m.address), 0.1)
-                    spy = ""
-                    if a.profile_dir and round_no == 1 and ack == "replica":
-                        spy = os.path.join(a.profile_dir, f"ack-replica-{attempt}")
-                    log(f"round {round_no}: ack={ack}: {a.producers} producer processes x {a.batch} msgs/send, "
-                        f"{a.seconds}s window")
-                    r = run_load(m, s, ack, a.producers, a.batch, a.body, a.warmup, a.seconds, samplers=[sampler],
-                                 spy_prefix=spy)
-                    sampler.stop()
-                    if r["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
-                        break
-                    log(f"{r['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}, "
-                        f"{other_bench_scripts()}): measuring again")
-                    wait_for_quiet(a.max_wait_quiet)
-                flags = [x for _, x in sampler.samples]
-                r["in_sync_fraction"] = sum(1 for ok, _ in flags if ok) / len(flags) if flags else 0.0
-                r["lag_bytes_max"] = max((lb for _, lb in flags), default=0)
-                r["lag_bytes_p50"] = _pct([float(lb) for _, lb in flags], 0.5)
+                r = redo_while_disturbed(functools.partial(throughput_window, a, m, s, ack, round_no),
+                                         lambda: wait_for_quiet(a))
                 log(f"round {round_no}: ack={ack}: {r['rate']:,.0f} msg/s, p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms "
                     f"per send; CPU master {r['master_cpu']:.2f} slave {r['slave_cpu']:.2f} clients {r['client_cpu']:.2f} "
                     f"machine {r['machine_cpu']:.2f} (others {r['other_cpu']:.2f}); slave in sync {r['in_sync_fraction']:.0%} of samples, "
@@ -452,7 +251,7 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
             source = "a 10 s ack=flush window on this pair"
             log("lag: measuring the maximum ack=flush rate on this pair first")
             max_flush_rate = run_load(m, s, "flush", a.producers, a.batch, a.body, a.warmup, min(10.0, a.seconds))["rate"]
-            _wait_for(lambda: _caught_up(m.address, s.address), 120, "the slave to catch up")
+            _wait_caught_up(m, s, 120)
         target_rate = 0.5 * max_flush_rate
         sends_per_s = target_rate / a.batch
         slave_client = BrokerClient(s.address)
@@ -466,8 +265,8 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
             reps = master_client.status().get("replicas") or [{"lag_bytes": -1, "acked_offset": -1}]
             return int(reps[0]["lag_bytes"]), int(reps[0]["acked_offset"])
 
-        for attempt in range(1, ATTEMPTS + 1):
-            _wait_for(lambda: _caught_up(m.address, s.address), 120, "the slave to catch up")
+        def lag_window(attempt: int) -> dict[str, Any]:
+            _wait_caught_up(m, s, 120)
             slave_sampler = Sampler(slave_probe, a.poll_ms / 1000.0)
             master_sampler = Sampler(master_probe, 0.01)
             log(f"lag: ack=leader at 50% of {max_flush_rate:,.0f} msg/s = {target_rate:,.0f} msg/s "
@@ -475,22 +274,21 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
             spy = os.path.join(a.profile_dir, f"lag-{attempt}") if a.profile_dir else ""
             r = run_load(m, s, "leader", a.producers, a.batch, a.body, a.warmup, a.lag_seconds, sends_per_s=sends_per_s,
                          samplers=[slave_sampler, master_sampler], spy_prefix=spy)
-            _wait_for(lambda: _caught_up(m.address, s.address), 60, "the slave to catch up after the lag window")
+            _wait_caught_up(m, s, 60, "the slave to catch up after the lag window")
             time.sleep(0.1)
             slave_sampler.stop()
             master_sampler.stop()
-            if r["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
-                break
-            log(f"{r['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}, "
-                f"{other_bench_scripts()}): measuring again")
-            wait_for_quiet(a.max_wait_quiet)
+            r["slave_samples"], r["master_samples"] = slave_sampler.samples, master_sampler.samples
+            return r
+
+        r = redo_while_disturbed(lag_window, lambda: wait_for_quiet(a))
         slave_client.close()
         master_client.close()
         m.stop()
         s.stop()
-    acked = r["acked"]
-    per_send_a = _lags(acked, slave_sampler.samples, 0)
-    per_send_f = _lags(acked, slave_sampler.samples, 1)
+    acked, slave_samples, master_samples = r["acked"], r["slave_samples"], r["master_samples"]
+    per_send_a = _lags(acked, slave_samples, 0)
+    per_send_f = _lags(acked, slave_samples, 1)
     appended = [x for x in per_send_a if x is not None]
     flushed = [x for x in per_send_f if x is not None]
     miss_a, miss_f = len(per_send_a) - len(appended), len(per_send_f) - len(flushed)
@@ -500,11 +298,11 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
         with open(a.dump_lags, "w") as f:
             json.dump({"window_start": r["window_start"], "sends": [[t - r["window_start"], off, la, lf] for (t, off), la, lf
                                                                     in zip(acked, per_send_a, per_send_f, strict=True)],
-                       "slave_samples": [[t - r["window_start"], *v] for t, v in slave_sampler.samples],
-                       "master_samples": [[t - r["window_start"], *v] for t, v in master_sampler.samples]}, f)
+                       "slave_samples": [[t - r["window_start"], *v] for t, v in slave_samples],
+                       "master_samples": [[t - r["window_start"], *v] for t, v in master_samples]}, f)
         log(f"lag: per-send lags written to {a.dump_lags}")
-    gaps = [b[0] - a_[0] for a_, b in zip(slave_sampler.samples, slave_sampler.samples[1:], strict=False)]
-    lag_bytes = [float(v[0]) for t, v in master_sampler.samples if v[0] >= 0 and t <= r["window_start"] + a.lag_seconds]
+    gaps = [b[0] - a_[0] for a_, b in itertools.pairwise(slave_samples)]
+    lag_bytes = [float(v[0]) for t, v in master_samples if v[0] >= 0 and t <= r["window_start"] + a.lag_seconds]
     resolution = 1000 * statistics.median(gaps) if gaps else 0.0
     common_params = {"offered_msgs_per_s": target_rate, "achieved_msgs_per_s": r["rate"], "max_flush_rate": max_flush_rate,
                      "sends": len(acked), "poll_resolution_ms": resolution, "missing": miss_a, "other_cpu_cores": r["other_cpu"],
@@ -515,18 +313,18 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
             f"(others {r['other_cpu']:.2f})")
     if miss_a:
         note = f"{miss_a} sends never seen on the slave; " + note
-    res.add("replication lag p50 at 50% load", 1000 * _pct(appended, 0.5), "ms", note=note, **common_params)
-    target, ok = common.at_most(1000 * _pct(appended, 0.99), LAG_P99_TARGET_MS)
-    res.add("replication lag p99 at 50% load", 1000 * _pct(appended, 0.99), "ms", target=target, ok=ok and not miss_a,
+    res.add("replication lag p50 at 50% load", 1000 * quantile(appended, 0.5), "ms", note=note, **common_params)
+    target, ok = common.at_most(1000 * quantile(appended, 0.99), LAG_P99_TARGET_MS)
+    res.add("replication lag p99 at 50% load", 1000 * quantile(appended, 0.99), "ms", target=target, ok=ok and not miss_a,
             note=f"max {1000 * max(appended, default=0):.1f} ms, {common_params['lags_over_50ms']} sends over 50 ms; " + note,
             **common_params)
-    res.add("replication lag to slave fsync p50", 1000 * _pct(flushed, 0.5), "ms",
+    res.add("replication lag to slave fsync p50", 1000 * quantile(flushed, 0.5), "ms",
             note="ack -> slave flushed_offset passes the receipt (durable on the slave)", missing=miss_f)
-    res.add("replication lag to slave fsync p99", 1000 * _pct(flushed, 0.99), "ms",
+    res.add("replication lag to slave fsync p99", 1000 * quantile(flushed, 0.99), "ms",
             note=f"max {1000 * max(flushed, default=0):.1f} ms", missing=miss_f)
-    res.add("master lag_bytes sampled p99 at 50% load", _pct(lag_bytes, 0.99) / KiB, "KiB",
+    res.add("master lag_bytes sampled p99 at 50% load", quantile(lag_bytes, 0.99) / KiB, "KiB",
             note=f"master status replicas[0].lag_bytes every 10 ms, {len(lag_bytes)} samples; p50 "
-                 f"{_pct(lag_bytes, 0.5) / KiB:,.0f} KiB, max {max(lag_bytes, default=0) / KiB:,.0f} KiB")
+                 f"{quantile(lag_bytes, 0.5) / KiB:,.0f} KiB, max {max(lag_bytes, default=0) / KiB:,.0f} KiB")
 
 
 # -- part 3: metadata visibility on the slave ---------------------------------------------------------
@@ -549,17 +347,8 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
     rng = random.Random(42)
     with running_pair(workdir, "meta") as (m, s), BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
         assert m.proc is not None and s.proc is not None
-        mpid, spid = m.proc.pid, s.proc.pid
-
-        def cpu_mark() -> tuple[float, float, float, float]:
-            return (time.monotonic(), _machine_busy_seconds(),
-                    common.cpu_seconds_of(mpid) + common.cpu_seconds_of(spid) + time.process_time(), 0.0)
-
-        def other_since(mark: tuple[float, float, float, float]) -> float:
-            now = cpu_mark()
-            return max(0.0, (now[1] - mark[1]) - (now[2] - mark[2])) / (now[0] - mark[0])
-
-        mark = cpu_mark()
+        pids = m.proc.pid, s.proc.pid
+        cpu0 = CpuTimes.now(*pids)
         # topics
         from_call: list[float] = []
         from_return: list[float] = []
@@ -577,15 +366,15 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
                 continue
             from_call.append(t2 - t0)
             from_return.append(max(0.0, t2 - t1))
-        other = other_since(mark)
-        target, ok = common.at_most(1000 * _pct(from_call, 0.99), VISIBILITY_P99_TARGET_MS)
+        other = (CpuTimes.now(*pids) - cpu0).other_cores()
+        target, ok = common.at_most(1000 * quantile(from_call, 0.99), VISIBILITY_P99_TARGET_MS)
         note = (f"{len(from_call)} samples, CreateTopic call on the master -> in the slave's list_topics(); after the "
-                f"call returned: p50 {1000 * _pct(from_return, 0.5):.1f} ms p99 {1000 * _pct(from_return, 0.99):.1f} ms; "
+                f"call returned: p50 {1000 * quantile(from_return, 0.5):.1f} ms p99 {1000 * quantile(from_return, 0.99):.1f} ms; "
                 f"other processes {other:.2f} cores")
         if failed:
             note = f"{failed} NEVER VISIBLE within 10 s; " + note
-        res.add("topic create visible on slave p50", 1000 * _pct(from_call, 0.5), "ms", note=note, samples=len(from_call))
-        res.add("topic create visible on slave p99", 1000 * _pct(from_call, 0.99), "ms", target=target,
+        res.add("topic create visible on slave p50", 1000 * quantile(from_call, 0.5), "ms", note=note, samples=len(from_call))
+        res.add("topic create visible on slave p99", 1000 * quantile(from_call, 0.99), "ms", target=target,
                 ok=ok and not failed, note=f"max {1000 * max(from_call, default=0):.1f} ms; " + note,
                 samples=len(from_call), failed=failed)
 
@@ -595,11 +384,11 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
         body = [Message(body=b"o" * 100)] * 1000
         for _ in range((a.samples + 999) // 1000):
             cm.send(topic, body, ack="replica")
-        _wait_for(lambda: _caught_up(m.address, s.address), 60, "the slave to catch up")
+        _wait_caught_up(m, s, 60)
         vis: list[float] = []
         failed = 0
         log(f"metadata: {a.samples} offset commits on the master, polling the slave's committed_offset()")
-        mark = cpu_mark()
+        cpu0 = CpuTimes.now(*pids)
         for i in range(1, a.samples + 1):
             time.sleep(rng.uniform(0.0, 0.1))
             t0 = time.monotonic()
@@ -609,13 +398,14 @@ def part_metadata(res: Results, a: Any, workdir: str) -> None:
                 failed += 1
                 continue
             vis.append(t2 - t0)
-        target, ok = common.at_most(1000 * _pct(vis, 0.99), VISIBILITY_P99_TARGET_MS)
+        target, ok = common.at_most(1000 * quantile(vis, 0.99), VISIBILITY_P99_TARGET_MS)
+        other = (CpuTimes.now(*pids) - cpu0).other_cores()
         note = (f"{len(vis)} samples, CommitOffset call on the master -> the slave's committed_offset() returns it; "
-                f"includes the master's offsets.flush_interval_ms=100 buffering; other processes {other_since(mark):.2f} cores")
+                f"includes the master's offsets.flush_interval_ms=100 buffering; other processes {other:.2f} cores")
         if failed:
             note = f"{failed} NEVER VISIBLE within 10 s; " + note
-        res.add("offset commit visible on slave p50", 1000 * _pct(vis, 0.5), "ms", note=note, samples=len(vis))
-        res.add("offset commit visible on slave p99", 1000 * _pct(vis, 0.99), "ms", target=target, ok=ok and not failed,
+        res.add("offset commit visible on slave p50", 1000 * quantile(vis, 0.5), "ms", note=note, samples=len(vis))
+        res.add("offset commit visible on slave p99", 1000 * quantile(vis, 0.99), "ms", target=target, ok=ok and not failed,
                 note=f"max {1000 * max(vis, default=0):.1f} ms; " + note, samples=len(vis), failed=failed)
         m.stop()
         s.stop()
@@ -654,24 +444,24 @@ def bootstrap_tidemark(a: Any, workdir: str, volume: int) -> dict[str, Any]:
         log(f"bootstrap: master filled in {fill_s:.1f}s; waiting for it to be idle (flushed, applied, checkpointed)")
 
         def idle() -> bool:
-            st = _status(m.address)
+            st = common.status(m.address)
             return int(st["max_offset"]) == int(st["flushed_offset"]) == int(st["confirm_offset"]) == int(st["applied_offset"])
 
-        _wait_for(idle, 120, "the master to be idle")
+        common.wait_for(idle, 120, "the master to be idle")
         time.sleep(2.0)  # a checkpoint interval (1 s) and then some
-        st = _status(m.address)
+        st = common.status(m.address)
         log_bytes = int(st["max_offset"]) - int(st["min_offset"])
-        for attempt in range(1, ATTEMPTS + 1):
+
+        def bootstrap(attempt: int) -> dict[str, Any]:
             if a.cold:
                 evicted = common.evict_page_cache(m.data_dir)
                 log(f"bootstrap: evicted {evicted / MiB:,.0f} MiB of the master's files from the page cache")
-            quiet = wait_for_quiet(a.max_wait_quiet)
+            quiet = wait_for_quiet(a)
             out = _bootstrap_once(a, wd, m, attempt, log_bytes)
             out.update(fill_s=fill_s, quiet=quiet, attempts=attempt)
-            if out["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
-                break
-            log(f"{out['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}, "
-                f"{other_bench_scripts()}): measuring again")
+            return out
+
+        out = redo_while_disturbed(bootstrap)
         m.stop()
         return out
 
@@ -683,7 +473,7 @@ def _bootstrap_once(a: Any, wd: str, m: DaemonProcess, attempt: int, log_bytes: 
     spies: list[Spy] = []
     try:
         log(f"bootstrap: starting an empty slave of a master with {log_bytes / MiB:,.0f} MiB of log")
-        cpu_m0, machine0, own0 = common.cpu_seconds_of(m.proc.pid), _machine_busy_seconds(), time.process_time()
+        cpu0 = CpuTimes.now(m.proc.pid)
         t0 = time.monotonic()
         s.start(wait=False)
         assert s.proc is not None
@@ -691,21 +481,20 @@ def _bootstrap_once(a: Any, wd: str, m: DaemonProcess, attempt: int, log_bytes: 
             time.sleep(0.05)
             spies = [Spy(s.proc.pid, os.path.join(a.profile_dir, f"bootstrap-slave-{attempt}.txt")),
                      Spy(m.proc.pid, os.path.join(a.profile_dir, f"bootstrap-master-{attempt}.txt"))]
-        ready_s = _wait_serving(s, t0)
+        ready_s = common.wait_serving(s, t0)
         with BrokerClient(m.address) as cm, BrokerClient(s.address) as cs:
             def converged() -> bool:
                 sm, ss = cm.status(), cs.status()
                 return sm["max_offset"] == ss["max_offset"] and sm["confirm_offset"] == ss["confirm_offset"]
 
-            converged_s = _wait_for(converged, 600, "the slave to converge", 0.02)
+            converged_s = common.wait_for(converged, 600, "the slave to converge", 0.02)
         total_s = time.monotonic() - t0
-        cpu_m = common.cpu_seconds_of(m.proc.pid) - cpu_m0
-        cpu_s = common.cpu_seconds_of(s.proc.pid)
-        other = max(0.0, _machine_busy_seconds() - machine0 - cpu_m - cpu_s - (time.process_time() - own0)) / total_s
+        cpu = CpuTimes.now(m.proc.pid, s.proc.pid) - cpu0  # the slave's from its start
+        cpu_m, cpu_s, other = cpu.procs[m.proc.pid], cpu.procs[s.proc.pid], cpu.other_cores(total_s)
         for spy in spies:
             spy.stop()
         spies = []
-        sm, ss = _status(m.address), _status(s.address)
+        sm, ss = common.status(m.address), common.status(s.address)
         slave_log_bytes = common.dir_bytes(os.path.join(s.data_dir, "log"))
         master_log_bytes = common.dir_bytes(os.path.join(m.data_dir, "log"))
         if slave_log_bytes != master_log_bytes:
@@ -726,29 +515,6 @@ def _bootstrap_once(a: Any, wd: str, m: DaemonProcess, attempt: int, log_bytes: 
         s.kill9()
         shutil.rmtree(s.data_dir, ignore_errors=True)
         shutil.rmtree(s.data_dir + ".bootstrap", ignore_errors=True)
-
-
-def _wait_serving(d: DaemonProcess, t0: float, timeout_s: float = 600.0) -> float:
-    """Seconds from ``t0`` until ``d`` answers health checks (polled every 10-20 ms, like common.start_timed,
-    whose own spawn we cannot use here: the spawn time is ``t0``)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
-
-    with grpc.insecure_channel(d.address, options=common.FAST_RECONNECT) as ch:
-        stub = health_pb2_grpc.HealthStub(ch)
-        while True:
-            assert d.proc is not None
-            if d.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited with {d.proc.returncode}: {d.tail_log()}")
-            try:
-                resp = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5, wait_for_ready=True)
-                if resp.status == health_pb2.HealthCheckResponse.SERVING:
-                    return time.monotonic() - t0
-            except grpc.RpcError:
-                pass
-            if time.monotonic() - t0 > timeout_s:
-                raise TimeoutError(f"daemon on {d.address} not ready after {timeout_s}s: {d.tail_log()}")
-            time.sleep(0.005)
 
 
 def _fill_redis(port: int, keys: int) -> float:
@@ -785,25 +551,28 @@ def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
             info = p.info("persistence")
             return not (info["aof_rewrite_in_progress"] or info["aof_rewrite_scheduled"] or info["rdb_bgsave_in_progress"])
 
-        _wait_for(idle, 300, "the Redis primary to finish background rewrites")
+        common.wait_for(idle, 300, "the Redis primary to finish background rewrites")
         dbsize = int(p.dbsize())
         used = int(p.info("memory")["used_memory"])
-        for attempt in range(1, ATTEMPTS + 1):
-            _wait_for(idle, 300, "the Redis primary to finish background saves")
+
+        def full_sync(attempt: int) -> dict[str, Any]:
+            """REPLICAOF on a new replica, timed until it holds every key; the replica stopped again."""
+            assert primary.proc is not None
+            common.wait_for(idle, 300, "the Redis primary to finish background saves")
             replica = common.RedisServer(workdir, "everysec")
             try:
                 replica.start()
                 assert replica.proc is not None
                 rr = redis.Redis(host="127.0.0.1", port=replica.port)
                 rr.config_set("repl-diskless-load", "disabled")
-                quiet = wait_for_quiet(a.max_wait_quiet)
+                quiet = wait_for_quiet(a)
                 log(f"redis: primary holds {dbsize:,} keys, used_memory {used / MiB:,.0f} MiB (filled in {fill_s:.1f}s); "
                     "REPLICAOF on a new replica")
-                cpu_p0, machine0, own0 = _cpu_with_children(primary.proc.pid), _machine_busy_seconds(), time.process_time()
+                cpu0 = CpuTimes.now(primary.proc.pid, with_children=[primary.proc.pid])  # with its BGSAVE child
                 t0 = time.monotonic()
                 rr.replicaof("127.0.0.1", primary.port)
 
-                def synced(rr: Any = rr) -> bool:
+                def synced() -> bool:
                     try:
                         info = rr.info("replication")
                         if info.get("master_link_status") != "up" or info.get("master_sync_in_progress"):
@@ -812,11 +581,11 @@ def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
                     except redis.exceptions.BusyLoadingError:
                         return False
 
-                _wait_for(synced, 900, "the Redis replica full sync", 0.01)
+                common.wait_for(synced, 900, "the Redis replica full sync", 0.01)
                 seconds = time.monotonic() - t0
-                cpu_p = _cpu_with_children(primary.proc.pid) - cpu_p0
-                cpu_r = common.cpu_seconds_of(replica.proc.pid)  # its children (the AOF rewrite) are not counted
-                other = max(0.0, _machine_busy_seconds() - machine0 - cpu_p - cpu_r - (time.process_time() - own0)) / seconds
+                # the replica's children (the AOF rewrite) are not counted
+                cpu = CpuTimes.now(primary.proc.pid, replica.proc.pid, with_children=[primary.proc.pid]) - cpu0
+                cpu_p, cpu_r, other = cpu.procs[primary.proc.pid], cpu.procs[replica.proc.pid], cpu.other_cores(seconds)
                 rdb_path = os.path.join(primary.dir, "dump.rdb")
                 rdb_bytes = os.path.getsize(rdb_path) if os.path.exists(rdb_path) else 0
                 replica_used = int(rr.info("memory")["used_memory"])
@@ -829,14 +598,12 @@ def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
             log(f"redis: replica synced in {seconds:.2f}s: RDB {rdb_bytes / MiB:,.0f} MiB ({rdb_bytes / seconds / 1e6:,.0f} MB/s); "
                 f"replica used_memory {replica_used / MiB:,.0f} MiB; CPU primary {cpu_p:.1f}s (with its BGSAVE child) "
                 f"replica {cpu_r:.1f}s, other processes {other:.2f} cores")
-            if attempt == ATTEMPTS or other <= OTHER_CPU_MAX:
-                break
-            log(f"{other:.2f} cores went to other processes ({common.foreign_processes()}, {other_bench_scripts()}): "
-                "measuring again")
+            return {"seconds": seconds, "rdb_bytes": rdb_bytes, "replica_used_memory": replica_used, "quiet": quiet,
+                    "other_cpu": other, "primary_cpu_s": cpu_p, "replica_cpu_s": cpu_r, "attempts": attempt}
+
+        r = redo_while_disturbed(full_sync)
         p.close()
-        return {"seconds": seconds, "rdb_bytes": rdb_bytes, "keys": dbsize, "used_memory": used,
-                "replica_used_memory": replica_used, "version": version, "fill_s": fill_s, "quiet": quiet,
-                "other_cpu": other, "primary_cpu_s": cpu_p, "replica_cpu_s": cpu_r, "attempts": attempt}
+        return {"keys": dbsize, "used_memory": used, "version": version, "fill_s": fill_s, **r}
     finally:
         t_stop = time.monotonic()
         primary.stop()
@@ -909,7 +676,7 @@ def main() -> int:
               "queues": QUEUES, "lag_seconds": a.lag_seconds, "samples": a.samples, "bootstrap_gib": a.bootstrap_gib,
               "quick": a.quick, "parts": parts}
     res = Results("replication", a.results, params)
-    res.params.update(wait_for_quiet(a.max_wait_quiet))  # benchmark scripts first, then daemons and CPU
+    res.params.update(wait_for_quiet(a))  # benchmark scripts first, then daemons and CPU
     common.preflight(res, 30.0, a.malloc_tuned)
     need = int(4 * 200_000 * a.body * (a.seconds + a.warmup)) if "throughput" in parts else 0
     need = max(need, int(5 * a.bootstrap_gib * GiB) if "bootstrap" in parts else 0, 1 << 30)
@@ -919,13 +686,13 @@ def main() -> int:
     if "throughput" in parts:
         max_flush = part_throughput(res, a, workdir)
     if "lag" in parts:
-        wait_for_quiet(a.max_wait_quiet)
+        wait_for_quiet(a)
         part_lag(res, a, workdir, max_flush)
     if "metadata" in parts:
-        wait_for_quiet(a.max_wait_quiet)
+        wait_for_quiet(a)
         part_metadata(res, a, workdir)
     if "bootstrap" in parts:
-        wait_for_quiet(a.max_wait_quiet)
+        wait_for_quiet(a)
         part_bootstrap(res, a, workdir)
     res.print_table()
     return 0

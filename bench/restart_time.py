@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 import common
+import load
 from common import GiB, KiB, MiB, Results, log
 
 from tests.procs import DaemonProcess
@@ -36,20 +37,6 @@ from tests.procs import DaemonProcess
 TOPIC = "bench-restart"
 QUEUES = 4
 TARGET_S = 2.0
-
-
-def fill_producer(address: str, nbytes: int, batch: int, body_bytes: int, out: Any) -> None:
-    from broker.client import BrokerClient, Message
-
-    body = os.urandom(body_bytes)
-    messages = [Message(body=body, key=f"k{i % 64}") for i in range(batch)]
-    per_send = batch * (body_bytes + 8 + 3)
-    sent = 0
-    with BrokerClient(address) as client:
-        while sent < nbytes:
-            client.send(TOPIC, messages, ack="leader")
-            sent += per_send
-    out.put(sent)
 
 
 def load_producer(address: str, batch: int, body_bytes: int, stop: Any, out: Any) -> None:
@@ -73,35 +60,19 @@ def load_producer(address: str, batch: int, body_bytes: int, stop: Any, out: Any
     out.put({"acked": acked, "sends": sends, "failures": failures})
 
 
-def wait_applied(client: Any, timeout_s: float = 600.0) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        st: dict[str, Any] = client.status()
-        if st["applied_offset"] >= st["max_offset"] or time.monotonic() > deadline:
-            return st
-        time.sleep(0.2)
-
-
 def fill_to(daemon: DaemonProcess, target_bytes: int, batch: int, body: int) -> float:
     from broker.client import BrokerClient
 
-    ctx = mp.get_context("spawn")
     with BrokerClient(daemon.address) as c:
         have = int(c.status()["log_bytes"])
         if have >= target_bytes:
             return 0.0
         need = target_bytes - have
-        out = ctx.Queue()
+        count = load.whole_sends(need // 2, batch, body + 8 + 3)  # per process; a keyed record's overhead
         t0 = time.perf_counter()
-        procs = [ctx.Process(target=fill_producer, args=(daemon.address, need // 2, batch, body, out)) for _ in range(2)]
-        for p in procs:
-            p.start()
-        for _ in procs:
-            out.get(timeout=3600)
-        for p in procs:
-            p.join()
+        load.fill(daemon.address, TOPIC, [count, count], batch, body, keys=64)
         dt = time.perf_counter() - t0
-        st = wait_applied(c)
+        st = common.wait_applied(c)
         log(f"log now {st['log_bytes'] / GiB:.2f} GiB in {st['segments']} segments "
             f"(filled {need / MiB:,.0f} MiB in {dt:.1f}s, {need / MiB / dt:,.0f} MiB/s)")
     return dt
@@ -138,7 +109,7 @@ def run_size(res: Results, daemon: DaemonProcess, size: int, label: str, a: Any)
     report = out.get(timeout=120)
     loader.join(30)
     with BrokerClient(daemon.address) as c:
-        st = wait_applied(c)
+        st = common.wait_applied(c)
         highs = c.list_topics()[TOPIC]["max_offsets"]
     lost = {q: off for q, off in report["acked"].items() if off >= highs[q]}
     if lost:

@@ -13,158 +13,74 @@ Usage: .venv/bin/python bench/send_throughput.py [--quick] [--producers 4] [--se
 
 from __future__ import annotations
 
-import multiprocessing as mp
+import functools
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
 import common
+import load
 from common import KiB, Results, log
+from measure import redo_while_disturbed
 
 TOPIC = "bench-send"
 QUEUES = 4
 REDIS_PIPELINE = 128
-OTHER_CPU_MAX = 0.45  # cores used by neither the server nor our clients (kernel work included) before a run is redone
-ATTEMPTS = 3
-
-
-def _wait_until(t: float) -> None:
-    while (d := t - time.time()) > 0:
-        time.sleep(min(d, 0.05))
-
-
-def tidemark_producer(address: str, ack: str, batch: int, body_bytes: int, start_at: float, warmup_s: float,
-                      seconds: float, out: Any) -> None:
-    from broker.client import BrokerClient, Message
-
-    body = os.urandom(body_bytes)
-    messages = [Message(body=body) for _ in range(batch)]
-    count = 0
-    latencies: list[float] = []
-    first = last = cpu0 = 0.0
-    error = ""
-    try:
-        with BrokerClient(address) as client:
-            client.send(TOPIC, messages[:QUEUES], ack=ack)  # connect, learn the queue count
-            _wait_until(start_at)
-            window_start = start_at + warmup_s
-            window_end = window_start + seconds
-            while True:
-                t0 = time.time()
-                if t0 >= window_end:
-                    break
-                client.send(TOPIC, messages, ack=ack)
-                t1 = time.time()
-                if t0 >= window_start:
-                    if not count:
-                        first = t0
-                        cpu0 = time.process_time()
-                    count += batch
-                    last = t1
-                    latencies.append(t1 - t0)
-    except Exception as exc:  # reported to the parent, which fails the run
-        error = f"{type(exc).__name__}: {exc}"
-    cpu = time.process_time() - cpu0 if count else 0.0
-    out.put({"count": count, "first": first, "last": last, "latencies": latencies, "cpu": cpu, "error": error})
 
 
 def redis_producer(port: int, index: int, body_bytes: int, start_at: float, warmup_s: float, seconds: float,
                    out: Any) -> None:
+    """Pipelines of ``REDIS_PIPELINE`` XADD on stream ``stream-{index % 4}`` through one window (``load.send_window``)."""
     import redis
 
     body = os.urandom(body_bytes)
     stream = f"stream-{index % QUEUES}"
-    count = 0
-    latencies: list[float] = []
-    first = last = cpu0 = 0.0
-    error = ""
+
+    def send() -> None:
+        pipe = r.pipeline(transaction=False)
+        for _ in range(REDIS_PIPELINE):
+            pipe.xadd(stream, {"v": body})
+        pipe.execute()
+
     try:
         r = redis.Redis(host="127.0.0.1", port=port)
         r.ping()
-        _wait_until(start_at)
-        window_start = start_at + warmup_s
-        window_end = window_start + seconds
-        while True:
-            t0 = time.time()
-            if t0 >= window_end:
-                break
-            pipe = r.pipeline(transaction=False)
-            for _ in range(REDIS_PIPELINE):
-                pipe.xadd(stream, {"v": body})
-            pipe.execute()
-            t1 = time.time()
-            if t0 >= window_start:
-                if not count:
-                    first = t0
-                    cpu0 = time.process_time()
-                count += REDIS_PIPELINE
-                last = t1
-                latencies.append(t1 - t0)
+        report = load.send_window(send, REDIS_PIPELINE, start_at, warmup_s, seconds)
         r.close()
-    except Exception as exc:
-        error = f"{type(exc).__name__}: {exc}"
-    cpu = time.process_time() - cpu0 if count else 0.0
-    out.put({"count": count, "first": first, "last": last, "latencies": latencies, "cpu": cpu, "error": error})
-
-
-def _machine_busy_seconds() -> float:
-    """CPU seconds all processes on the machine have spent busy so far (from /proc/stat)."""
-    with open("/proc/stat") as f:
-        vals = [int(x) for x in f.readline().split()[1:]]
-    return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
+    except Exception as exc:  # reported to the parent, which fails the run
+        report = load.failed_window(exc)
+    out.put(report)
 
 
 def run_producers(target: Any, args_for: list[tuple[Any, ...]], warmup_s: float, seconds: float,
-                  watch_pid: int | None = None) -> dict[str, float]:
-    """Start one process per args tuple, all sending from the same wall-clock instant; aggregate."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    start_at = time.time() + 2.0 + 0.3 * len(args_for)  # time to spawn and import
-    procs = [ctx.Process(target=target, args=(*a, start_at, warmup_s, seconds, out)) for a in args_for]
-    for p in procs:
-        p.start()
-    cpu0 = 0.0
-    _wait_until(start_at + warmup_s)
-    if watch_pid:
-        cpu0 = common.cpu_seconds_of(watch_pid)
-    machine0 = _machine_busy_seconds()
-    _wait_until(start_at + warmup_s + seconds)
-    cpu1 = common.cpu_seconds_of(watch_pid) if watch_pid else 0.0
-    machine1 = _machine_busy_seconds()
-    results = [out.get(timeout=seconds + warmup_s + 120) for _ in procs]
-    for p in procs:
-        p.join(30)
-    errors = [r["error"] for r in results if r["error"]]
-    if errors:
-        raise RuntimeError(f"producer failed: {errors[0]}")
-    count = sum(r["count"] for r in results)
-    window = max(r["last"] for r in results) - (start_at + warmup_s)
-    lat = sorted(x for r in results for x in r["latencies"])
+                  watch_pid: int) -> dict[str, Any]:
+    """One window of one process per args tuple (``load.run_window``); rate, latencies, CPU in cores."""
+    w = load.run_window(target, args_for, warmup_s, seconds, watch=[watch_pid])
+    lat, cpu = w["latencies"], w["cpu"]
     return {
-        "count": count,
-        "window_s": window,
-        "rate": count / window if window > 0 else 0.0,
+        "count": w["count"],
+        "window_s": w["window_s"],
+        "rate": w["rate"],
         "p50_ms": 1000 * statistics.median(lat) if lat else 0.0,
         "p99_ms": 1000 * lat[min(len(lat) - 1, int(0.99 * len(lat)))] if lat else 0.0,
-        "server_cpu": (cpu1 - cpu0) / seconds if watch_pid else 0.0,
-        "client_cpu": sum(r["cpu"] for r in results) / window if window > 0 else 0.0,
-        "machine_cpu": (machine1 - machine0) / seconds,
+        "server_cpu": cpu.procs[watch_pid] / seconds,
+        "client_cpu": w["client_cpu"],
+        "machine_cpu": cpu.machine / seconds,
     }
 
 
 def bench_tidemark(workdir: str, ack: str, producers: int, batch: int, body: int, warmup_s: float,
-                   seconds: float) -> dict[str, float]:
+                   seconds: float) -> dict[str, Any]:
     from broker.client import BrokerClient
 
     with common.temp_dir(f"tm-send-{ack}-", workdir) as wd, common.running_daemon(wd) as daemon:
         assert daemon.proc is not None
         with BrokerClient(daemon.address) as c:
             c.create_topic(TOPIC, queues=QUEUES)
-        args = [(daemon.address, ack, batch, body) for _ in range(producers)]
+        args = [(daemon.address, TOPIC, QUEUES, ack, batch, body, 0.0, 0.0) for _ in range(producers)]
         log(f"tidemark ack={ack}: {producers} producer processes x {batch} msgs/send, {seconds}s window")
-        res = run_producers(tidemark_producer, args, warmup_s, seconds, watch_pid=daemon.proc.pid)
+        res = run_producers(load.window_producer, args, warmup_s, seconds, watch_pid=daemon.proc.pid)
         with BrokerClient(daemon.address) as c:
             st = c.status()
             res["log_bytes"] = float(st["log_bytes"])
@@ -176,7 +92,7 @@ def bench_tidemark(workdir: str, ack: str, producers: int, batch: int, body: int
 
 
 def bench_redis(workdir: str, appendfsync: str, producers: int, body: int, warmup_s: float,
-                seconds: float) -> tuple[dict[str, float], str]:
+                seconds: float) -> tuple[dict[str, Any], str]:
     server = common.RedisServer(workdir, appendfsync)
     try:
         server.start()
@@ -189,6 +105,21 @@ def bench_redis(workdir: str, appendfsync: str, producers: int, body: int, warmu
     finally:
         server.stop()
     return res, version
+
+
+def bench_system(name: str, a: Any, warmup: float, seconds: float, round_no: int, _attempt: int) -> dict[str, Any]:
+    """One window of ``tidemark ack=<mode>`` or ``redis appendfsync=<mode>`` (then the Redis version in ``version``)."""
+    mode = name.split("=")[1]
+    workdir = a.workdir or "/tmp"
+    if name.startswith("tidemark"):
+        r: dict[str, Any] = bench_tidemark(workdir, mode, a.producers, a.batch, a.body, warmup, seconds)
+    else:
+        r, version = bench_redis(workdir, mode, a.producers, a.body, warmup, seconds)
+        r["version"] = version
+    r["other_cpu"] = max(0.0, r["machine_cpu"] - r["server_cpu"] - r["client_cpu"])
+    log(f"round {round_no}: {name}: {r['rate']:,.0f} msg/s (CPU: server {r['server_cpu']:.2f}, clients "
+        f"{r['client_cpu']:.2f}, machine {r['machine_cpu']:.2f} cores)")
+    return r
 
 
 def main() -> int:
@@ -214,24 +145,14 @@ def main() -> int:
     systems = ["tidemark ack=flush", "tidemark ack=leader"]
     if not a.skip_redis:
         systems += ["redis appendfsync=always", "redis appendfsync=everysec"]
-    runs: dict[str, list[dict[str, float]]] = {name: [] for name in systems}
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     version = ""
     for round_no in range(1, a.rounds + 1):
         log(f"round {round_no} of {a.rounds}")
         for name in systems:  # interleaved, so slow drifts of the machine hit every system alike
-            mode = name.split("=")[1]
-            for attempt in range(1, ATTEMPTS + 1):
-                if name.startswith("tidemark"):
-                    r = bench_tidemark(workdir or "/tmp", mode, a.producers, a.batch, a.body, warmup, seconds)
-                else:
-                    r, version = bench_redis(workdir or "/tmp", mode, a.producers, a.body, warmup, seconds)
-                r["other_cpu"] = max(0.0, r["machine_cpu"] - r["server_cpu"] - r["client_cpu"])
-                log(f"round {round_no}: {name}: {r['rate']:,.0f} msg/s (CPU: server {r['server_cpu']:.2f}, clients "
-                    f"{r['client_cpu']:.2f}, machine {r['machine_cpu']:.2f} cores)")
-                if r["other_cpu"] <= OTHER_CPU_MAX or attempt == ATTEMPTS:
-                    break
-                log(f"{r['other_cpu']:.2f} cores went to other processes ({common.foreign_processes()}): measuring again")
-                common.wait_for_quiet(a.max_wait_quiet)
+            r = redo_while_disturbed(functools.partial(bench_system, name, a, warmup, seconds, round_no),
+                                     lambda: common.wait_for_quiet(a.max_wait_quiet))
+            version = r.pop("version", version)
             runs[name].append(r)
 
     median: dict[str, float] = {}

@@ -22,7 +22,6 @@ Usage: .venv/bin/python bench/spark_read.py [--quick] [--messages 2000000] [--qu
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -32,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import common
+import load
 from common import KiB, Results, log
 
 TOPIC = "bench-spark"
@@ -65,17 +65,9 @@ def fill_producer(address: str, topic: str, count: int, seed: int, batch: int, b
 
 def fill(address: str, topic: str, count: int, body_bytes: int) -> float:
     """Send ``count`` messages from two producer processes; seconds taken."""
-    ctx = mp.get_context("spawn")
-    out = ctx.Queue()
-    share = [count // 2, count - count // 2]
     t0 = time.perf_counter()
-    procs = [ctx.Process(target=fill_producer, args=(address, topic, n, k, 1000, body_bytes, out))
-             for k, n in enumerate(share)]
-    for pr in procs:
-        pr.start()
-    filled = sum(out.get(timeout=3600) for _ in procs)
-    for pr in procs:
-        pr.join()
+    args = [(address, topic, n, k, 1000, body_bytes) for k, n in enumerate(load.halves(count))]
+    filled = sum(load.run_processes(fill_producer, args, timeout_s=3600))
     if filled != count:
         raise SystemExit(f"filled {filled} messages, wanted {count}")
     return time.perf_counter() - t0

@@ -32,6 +32,7 @@ import time
 from typing import Any
 
 import common
+import load
 from common import GiB, KiB, MiB, Results, log
 
 from tests.procs import DaemonProcess
@@ -42,18 +43,6 @@ TARGET_RGW_RATIO = 0.8
 TARGET_READ_MSG_S = 100_000
 TARGET_LAG_P99_S = 2.0
 SEGMENT_BYTES = 64 * MiB
-
-
-def fill_producer(address: str, nbytes: int, body_bytes: int, out: Any) -> None:
-    from broker.client import BrokerClient, Message
-
-    messages = [Message(body=os.urandom(body_bytes)) for _ in range(1000)]
-    sent = 0
-    with BrokerClient(address) as client:
-        while sent < nbytes:
-            client.send(TOPIC, messages, ack="leader")
-            sent += len(messages) * (body_bytes + 8)
-    out.put(sent)
 
 
 def consumer(address: str, end: int, out: Any) -> None:
@@ -92,19 +81,12 @@ def paced_producer(address: str, mbps: float, seconds: float, out: Any) -> None:
     out.put(sent)
 
 
-def status(d: DaemonProcess) -> dict[str, Any]:
-    from broker.client import BrokerClient
-
-    with BrokerClient(d.address) as c:
-        return c.status()
-
-
 def wait_uploaded(d: DaemonProcess, timeout_s: float = 1800) -> tuple[float, dict[str, Any]]:
     """Seconds from now until everything confirmed is uploaded (but a trailing progress record)."""
     t0 = time.perf_counter()
     deadline = time.monotonic() + timeout_s
     while True:
-        st = status(d)
+        st = common.status(d.address)
         if int(st["confirm_offset"]) - int(st["tiered_uploaded_offset"]) <= 1024:
             return time.perf_counter() - t0, st
         if time.monotonic() > deadline:
@@ -112,7 +94,7 @@ def wait_uploaded(d: DaemonProcess, timeout_s: float = 1800) -> tuple[float, dic
         time.sleep(0.02)
 
 
-def fill(workdir: str, nbytes: int, ctx: Any) -> tuple[str, int]:
+def fill(workdir: str, nbytes: int) -> tuple[str, int]:
     from broker.client import BrokerClient
 
     d = DaemonProcess(os.path.join(workdir, "node"), config={"commitlog.segment_bytes": SEGMENT_BYTES,
@@ -121,15 +103,9 @@ def fill(workdir: str, nbytes: int, ctx: Any) -> tuple[str, int]:
     try:
         with BrokerClient(d.address) as c:
             c.create_topic(TOPIC, queues=1)
-        out = ctx.Queue()
-        procs = [ctx.Process(target=fill_producer, args=(d.address, nbytes // 2, KiB, out)) for _ in range(2)]
+        count = load.whole_sends(nbytes // 2, 1000, KiB + 8)  # per process
         t0 = time.perf_counter()
-        for p in procs:
-            p.start()
-        for _ in procs:
-            out.get(timeout=3600)
-        for p in procs:
-            p.join()
+        load.fill(d.address, TOPIC, [count, count], 1000, KiB, distinct=True)
         log(f"filled {nbytes / MiB:,.0f} MiB in {time.perf_counter() - t0:.1f}s")
         with BrokerClient(d.address) as c:
             queue_end = int(c.list_topics()[TOPIC]["max_offsets"][0])
@@ -176,7 +152,7 @@ def boto3_put_rate(endpoint: str, object_bytes: int, count: int, tag: str) -> fl
     return count * object_bytes / (time.perf_counter() - t0) / 1e6
 
 
-def lag_run(res: Results, workdir: str, mbps: float, seconds: float, ctx: Any) -> None:
+def lag_run(res: Results, workdir: str, mbps: float, seconds: float) -> None:
     from broker.client import BrokerClient
 
     root = os.path.join(workdir, "lag-tiered")
@@ -185,6 +161,7 @@ def lag_run(res: Results, workdir: str, mbps: float, seconds: float, ctx: Any) -
     try:
         with BrokerClient(d.address) as c:
             c.create_topic(TOPIC, queues=1)
+            ctx = mp.get_context("spawn")
             out = ctx.Queue()
             p = ctx.Process(target=paced_producer, args=(d.address, mbps, seconds, out))
             p.start()
@@ -239,9 +216,8 @@ def main() -> int:
     common.preflight(res, a.max_wait_quiet, a.malloc_tuned)
     parent = a.workdir or "/tmp"
     common.require_free_disk(parent, log_bytes * 4 + 6 * GiB)
-    ctx = mp.get_context("spawn")
     with common.temp_dir("tm-tiered-", parent) as wd:
-        data_dir, queue_end = fill(wd, log_bytes, ctx)
+        data_dir, queue_end = fill(wd, log_bytes)
         root = os.path.join(wd, "tiered")
         s3_dir = data_dir + "-s3"
         if not a.no_radosgw:
@@ -274,18 +250,14 @@ def main() -> int:
         common.start_timed(d)
         try:
             deadline = time.monotonic() + 120
-            while int(status(d)["min_offset"]) < log_bytes // 2 and time.monotonic() < deadline:
+            while int(common.status(d.address)["min_offset"]) < log_bytes // 2 and time.monotonic() < deadline:
                 time.sleep(0.1)
-            st = status(d)
+            st = common.status(d.address)
             log(f"local log now starts at {int(st['min_offset']) / MiB:,.0f} MiB; {st['segments']} segment(s)")
             evicted = common.evict_page_cache(root)
-            out = ctx.Queue()
             assert d.proc is not None
             cpu0 = common.cpu_seconds_of(d.proc.pid)
-            pr = ctx.Process(target=consumer, args=(d.address, queue_end, out))
-            pr.start()
-            r = out.get(timeout=1800)
-            pr.join()
+            [r] = load.run_processes(consumer, [(d.address, queue_end)], timeout_s=1800)
             cpu = common.cpu_seconds_of(d.proc.pid) - cpu0
             if r["messages"] != queue_end or r["body_bytes"] != queue_end * KiB:
                 raise SystemExit(f"read {r['messages']} messages / {r['body_bytes']} bytes, expected {queue_end}")
@@ -298,7 +270,7 @@ def main() -> int:
             d.stop()
         finally:
             d.kill9()
-        lag_run(res, wd, a.lag_mbps, lag_s, ctx)
+        lag_run(res, wd, a.lag_mbps, lag_s)
     res.print_table()
     return 0
 

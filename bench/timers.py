@@ -19,7 +19,6 @@ Usage: .venv/bin/python bench/timers.py [--quick] [--timers 1000000] [--window-s
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import shutil
 import sys
@@ -27,6 +26,7 @@ import time
 from typing import Any
 
 import common
+import load
 from common import Results, log
 
 from tests.procs import DaemonProcess
@@ -56,36 +56,20 @@ def producer(address: str, count: int, batch: int, body_bytes: int, start_ms: in
 
 def schedule(address: str, total: int, batch: int, body_bytes: int, start_ms: int, window_ms: int,
              procs: int = 2) -> tuple[int, float]:
-    ctx = mp.get_context("spawn")
-    out: Any = ctx.Queue()
     share = total // procs
-    workers = [ctx.Process(target=producer, args=(address, share, batch, body_bytes, start_ms, window_ms, i * share,
-                                                   total, out)) for i in range(procs)]
+    args = [(address, share, batch, body_bytes, start_ms, window_ms, i * share, total) for i in range(procs)]
     t0 = time.monotonic()
-    for w in workers:
-        w.start()
-    results = [out.get() for _ in workers]
+    results = load.run_processes(producer, args, timeout_s=None)
     elapsed = time.monotonic() - t0
-    for w in workers:
-        w.join()
     sent = sum(r[0] for r in results)
     return sent, max(r[1] for r in results) or elapsed
 
 
-def status(d: DaemonProcess) -> dict[str, Any]:
+def wait_applied(d: DaemonProcess) -> dict[str, Any]:
     from broker.client import BrokerClient
 
     with BrokerClient(d.address) as c:
-        return c.status()
-
-
-def wait_applied(d: DaemonProcess, timeout_s: float = 600) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        st = status(d)
-        if st["applied_offset"] >= st["max_offset"] or time.monotonic() > deadline:
-            return st
-        time.sleep(0.2)
+        return common.wait_applied(c)
 
 
 def newest_snapshot_covers(d: DaemonProcess) -> bool:
@@ -133,7 +117,7 @@ def restart_phase(res: Results, a: Any, workdir: str) -> None:
             if delete:
                 shutil.rmtree(os.path.join(d.data_dir, delete))
             ready = common.start_timed(d)
-            st = status(d)
+            st = common.status(d.address)
             assert st["timer_pending"] == sent and st["timer_wheel"]["pending"] == sent, (st["timer_pending"], st["timer_wheel"])
             assert st["timer_wheel"]["loaded_from"].startswith(source), st["timer_wheel"]["loaded_from"]
             target, ok = common.at_most(ready, limit) if limit else ("", None)
