@@ -17,3 +17,12 @@ def invalid(message: str) -> BrokerError:
 
 def not_found(message: str) -> BrokerError:
     return BrokerError("NOT_FOUND", message)
+
+
+NAME_SHOWN_MAX = 200  # a name echoed in an error; the whole message must fit gRPC's 8 KiB of metadata
+MESSAGE_MAX = 1000
+
+
+def shown(name: str) -> str:
+    """``repr`` of a client-supplied name for an error message, at most ``NAME_SHOWN_MAX`` characters."""
+    return repr(name) if len(name) <= NAME_SHOWN_MAX else repr(name[:NAME_SHOWN_MAX]) + f"… ({len(name)} characters)"

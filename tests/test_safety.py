@@ -202,3 +202,55 @@ def test_a_fake_replica_changes_nothing(spawn: Callable[..., DaemonProcess]) -> 
         st = c.status()
         assert st["fenced"] == "" and st["role"] == "master"
         c.send("t", [Message(b"still a master")], ack="flush")
+
+
+# -- one line, never a traceback -------------------------------------------------------------------------
+def _one_line(r: subprocess.CompletedProcess[str], code: int, *fragments: str) -> None:
+    assert r.returncode == code, (r.returncode, r.stderr)
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+    for fragment in fragments:
+        assert fragment in r.stderr, (fragment, r.stderr)
+
+
+def test_start_up_failures_are_one_line(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """Ports in use, an unusable data directory, bad flag values: one line and the right exit code."""
+    busy = spawn("busy")
+    serve = ("serve", "--data-dir", str(tmp_path / "d"))
+    _one_line(_cli(*serve, "--listen", busy.address), 1, "node.listen", "in use")
+    _one_line(_cli(*serve, "--listen", f"127.0.0.1:{free_port()}", "--metrics-listen", busy.address), 1,
+              "node.metrics_listen", "in use")
+    assert not (tmp_path / "d").exists()  # ports are checked before the directory is touched
+    (tmp_path / "file").write_text("not a directory")
+    _one_line(_cli("serve", "--data-dir", str(tmp_path / "file" / "d"), "--listen", f"127.0.0.1:{free_port()}"), 1,
+              "data directory", "Not a directory")
+    _one_line(_cli(*serve, "--listen", "127.0.0.1:99999"), 2, "node.listen")
+    for args, fragment in ((("topic", "create", "t", "--queues", "0"), "--queues"),
+                           (("topic", "create", "t", "--queues", "-1"), "--queues"),
+                           (("cancel", "--timer-offset", "-1"), "--timer-offset"),
+                           (("topic", "list"), "")):
+        port = "99999" if fragment == "" else str(busy.port)
+        _one_line(_cli(*args, "--broker", f"127.0.0.1:{port}"), 2, fragment or "--broker")
+
+
+def test_bad_requests_get_invalid_argument_and_short_echoes(daemon: DaemonProcess) -> None:
+    """Undecodable bytes, a negative offset, a name ending in a newline, a 10 KB name: INVALID_ARGUMENT,
+    with the name echoed at most 200 characters (never RESOURCE_EXHAUSTED from oversized metadata)."""
+    with grpc.insecure_channel(daemon.address) as ch:
+        raw = ch.unary_unary("/tidemark.v1.Broker/Pull", request_serializer=None, response_deserializer=None)
+        with pytest.raises(grpc.RpcError) as undecodable:
+            raw(b"\xff\xff\xff", timeout=5)
+        assert undecodable.value.code() == grpc.StatusCode.INVALID_ARGUMENT  # type: ignore[attr-defined]
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("t")
+        with pytest.raises(BrokerError) as negative:
+            c.pull("t", 0, -1)
+        assert negative.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        with pytest.raises(BrokerError) as newline:
+            c.create_topic("name\n")
+        assert newline.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        for call in (lambda: c.create_topic("x" * 10_000), lambda: c.pull("y" * 10_000, 0, 0)):
+            with pytest.raises(BrokerError) as long_name:
+                call()
+            assert long_name.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
+            assert len(long_name.value.details) < 400
+        assert list(c.list_topics()) == ["t"]

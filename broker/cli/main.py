@@ -9,7 +9,7 @@ import os
 import sys
 import time
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, NoReturn
 
 from broker.cli.demo import run_demo
 from broker.cli.verify import verify_data_dir
@@ -18,6 +18,7 @@ from broker.config import Config, ConfigError
 from broker.daemon import logsetup
 from broker.daemon.server import serve
 from broker.invariant import StartupRefused
+from broker.logformat import system_records
 from broker.security import auth, tls
 from broker.security.auth import read_token
 from broker.storage.dirlock import DirLock
@@ -34,10 +35,44 @@ def _fail(message: str, code: int = EXIT_FAILURE) -> int:
 TOKEN_ENV = "TIDEMARK_TOKEN"
 
 
-def _connection_flags() -> argparse.ArgumentParser:
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line and exit 2 (``--help`` still prints the whole usage)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: {message}\n")
+
+
+def _positive(text: str) -> int:
+    return _integer(text, 1)
+
+
+def _non_negative(text: str) -> int:
+    return _integer(text, 0)
+
+
+def _integer(text: str, minimum: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text[:200]!r} is not an integer") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{value} is below {minimum}")
+    return value
+
+
+def _addresses(text: str) -> str:
+    """HOST:PORT[,HOST:PORT...] with ports 1..65535 (gRPC would wrap 99999 silently)."""
+    for address in (a.strip() for a in text.split(",")):
+        host, sep, port = address.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise argparse.ArgumentTypeError(f"{address[:200]!r} is not HOST:PORT with a port 1..65535")
+    return text
+
+
+def _connection_flags() -> _Parser:
     """--broker and the TLS/token options every client subcommand takes."""
-    c = argparse.ArgumentParser(add_help=False)
-    c.add_argument("--broker", required=True, help="HOST:PORT[,HOST:PORT...]")
+    c = _Parser(add_help=False)
+    c.add_argument("--broker", required=True, type=_addresses, help="HOST:PORT[,HOST:PORT...]")
     c.add_argument("--tls-ca", help="PEM CA bundle: connect with TLS and verify the broker against it")
     c.add_argument("--tls-cert", help="PEM client certificate (a broker with tls.client_ca_file asks for one)")
     c.add_argument("--tls-key", help="PEM private key of --tls-cert")
@@ -46,7 +81,7 @@ def _connection_flags() -> argparse.ArgumentParser:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="tidemark", description="Tidemark broker daemon and tools")
+    p = _Parser(prog="tidemark", description="Tidemark broker daemon and tools")
     conn = _connection_flags()
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -64,7 +99,7 @@ def _parser() -> argparse.ArgumentParser:
     tsub = t.add_subparsers(dest="topic_command", required=True)
     tc = tsub.add_parser("create", parents=[conn])
     tc.add_argument("name")
-    tc.add_argument("--queues", type=int, default=1)
+    tc.add_argument("--queues", type=_positive, default=1, help=f"1..{system_records.QUEUES_MAX}")
     tl = tsub.add_parser("list", parents=[conn])
     tl.add_argument("--all", action="store_true", help="include system topics")
     td = tsub.add_parser("delete", parents=[conn])
@@ -73,19 +108,19 @@ def _parser() -> argparse.ArgumentParser:
     se = sub.add_parser("send", parents=[conn], help="send one message per stdin line; print one JSON receipt per line")
     se.add_argument("topic")
     se.add_argument("--key")
-    se.add_argument("--delay-ms", type=int, help="deliver each message this long after it is sent (a timer message)")
+    se.add_argument("--delay-ms", type=_non_negative, help="deliver each message this long after it is sent (a timer message)")
     se.add_argument("--ack", choices=("leader", "flush", "replica"), default="replica")
-    se.add_argument("--batch", type=int, default=1000, help="lines per request")
+    se.add_argument("--batch", type=_positive, default=1000, help="lines per request")
 
     ca = sub.add_parser("cancel", parents=[conn], help="cancel a scheduled (timer) message before it fires")
-    ca.add_argument("--timer-offset", type=int, required=True)
+    ca.add_argument("--timer-offset", type=_non_negative, required=True)
 
     co = sub.add_parser("consume", parents=[conn], help="print one JSON object per message")
     co.add_argument("topic")
     co.add_argument("--group")
     co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest")
-    co.add_argument("--max", type=int, default=0, help="stop after N messages (0: no limit)")
-    co.add_argument("--timeout-ms", type=int, default=1000, help="stop after this long without messages")
+    co.add_argument("--max", type=_non_negative, default=0, help="stop after N messages (0: no limit)")
+    co.add_argument("--timeout-ms", type=_non_negative, default=1000, help="stop after this long without messages")
 
     pr = sub.add_parser("promote", parents=[conn], help="make a slave the master (a new epoch)")
     pr.add_argument("--unclean", action="store_true", help="even if not known to be in sync (may lose data)")

@@ -12,15 +12,16 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import crc32c
 import grpc
 
 from broker import alloc
 from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
+from broker.errors import shown
 from broker.logformat import batch as bf
 from broker.logformat.timer_props import TIMER_TOPIC
 from proto import tidemark_pb2 as pb
@@ -34,6 +35,7 @@ SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit seq
 RETRIES_MAX = 5
 REQUEST_BYTES_TARGET = 8 << 20
 MESSAGE_BYTES_MAX = 256 << 20
+T = TypeVar("T")
 
 
 @dataclass
@@ -52,6 +54,16 @@ def _redirect(exc: grpc.RpcError) -> str:
         if key == "tidemark-master" and value:
             return str(value)
     return ""
+
+
+def _request(cls: Callable[..., T], **fields: Any) -> T:
+    """A request message; a value the field cannot hold (a negative offset, a huge queue id) is the
+    caller's mistake, reported as INVALID_ARGUMENT rather than protobuf's ValueError."""
+    try:
+        return cls(**fields)
+    except (ValueError, TypeError) as exc:
+        bad = ", ".join(f"{k}={v!r}"[:200] for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0)
+        raise BrokerError(grpc.StatusCode.INVALID_ARGUMENT, f"{bad or exc}: out of range for {cls.__name__}") from None
 
 
 def _read(path: str) -> bytes:
@@ -162,11 +174,11 @@ class BrokerClient:
 
     # -- topics --------------------------------------------------------------------------------
     def create_topic(self, name: str, queues: int = 1) -> None:
-        self._call("CreateTopic", pb.CreateTopicRequest(name=name, queues=queues), retry=False)
+        self._call("CreateTopic", _request(pb.CreateTopicRequest, name=name, queues=queues), retry=False)
         self._queues[name] = queues
 
     def delete_topic(self, name: str) -> None:
-        self._call("DeleteTopic", pb.DeleteTopicRequest(name=name), retry=False)
+        self._call("DeleteTopic", _request(pb.DeleteTopicRequest, name=name), retry=False)
         self._queues.pop(name, None)
 
     def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
@@ -177,7 +189,7 @@ class BrokerClient:
         if topic not in self._queues:
             topics = self.list_topics(include_system=True)
             if topic not in topics:
-                raise BrokerError(grpc.StatusCode.NOT_FOUND, f"unknown topic {topic!r}")
+                raise BrokerError(grpc.StatusCode.NOT_FOUND, f"unknown topic {shown(topic)}")
             self._queues[topic] = topics[topic]["queues"]
         return self._queues[topic]
 
@@ -252,7 +264,7 @@ class BrokerClient:
     # -- pull ----------------------------------------------------------------------------------
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
              max_wait_ms: int = 0, max_bytes: int = 0) -> PullResult:
-        req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+        req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                              max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
 
@@ -263,7 +275,7 @@ class BrokerClient:
         timeout = self.timeout_s + max_wait_ms / 1000.0
 
         def request(at: int) -> Any:
-            req = pb.PullRequest(topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
+            req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
                                  max_wait_ms=max_wait_ms, max_bytes=max_bytes)
             assert self._stub is not None
             return self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
@@ -280,7 +292,7 @@ class BrokerClient:
             yield result
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        return int(self._call("OffsetForTime", pb.OffsetForTimeRequest(
+        return int(self._call("OffsetForTime", _request(pb.OffsetForTimeRequest,
             topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)).offset)
 
     # -- consumer offsets ----------------------------------------------------------------------
@@ -288,12 +300,12 @@ class BrokerClient:
         self.commit_offsets(group, {(topic, queue_id): offset})
 
     def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
-        req = pb.CommitOffsetRequest(offsets=[pb.CommittedOffset(group=group, topic=t, queue_id=q, offset=o)
-                                              for (t, q), o in offsets.items()])
+        req = _request(pb.CommitOffsetRequest, offsets=[_request(pb.CommittedOffset, group=group, topic=t, queue_id=q, offset=o)
+                                                        for (t, q), o in offsets.items()])
         self._call("CommitOffset", req)
 
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
-        resp = self._call("GetOffset", pb.GetOffsetRequest(group=group, topic=topic, queue_id=queue_id))
+        resp = self._call("GetOffset", _request(pb.GetOffsetRequest, group=group, topic=topic, queue_id=queue_id))
         return int(resp.offset) if resp.found else None
 
     # -- timers --------------------------------------------------------------------------------
@@ -303,7 +315,7 @@ class BrokerClient:
         offset = receipt if isinstance(receipt, int) else receipt.timer_offset
         if offset is None:
             raise ValueError("this receipt is not a timer message's (it has no timer_offset)")
-        resp = self._call("CancelTimer", pb.CancelTimerRequest(timer_offset=offset), retry=False)
+        resp = self._call("CancelTimer", _request(pb.CancelTimerRequest, timer_offset=offset), retry=False)
         return {"timer_offset": offset, "deliver_at_ms": resp.deliver_at_ms, "topic": resp.topic,
                 "queue_id": resp.queue_id}
 
@@ -317,6 +329,6 @@ class BrokerClient:
 
     def demote(self, master: str) -> None:
         """Make the connected node (a master) a slave of ``master``."""
-        self._call("Demote", pb.DemoteRequest(master=master), retry=False)
+        self._call("Demote", _request(pb.DemoteRequest, master=master), retry=False)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import stat
 import threading
 import time
@@ -90,15 +91,21 @@ class Daemon:
             log.info("plugin_attached", plugin=plugin.name)
         creds = tls.client_port_credentials(self.config)
         listen = self.config["node.listen"]
-        bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+        try:
+            bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
+        except RuntimeError:
+            bound = 0
         if bound == 0:
-            raise StartupRefused(f"node.listen: cannot bind {listen}")
+            raise StartupRefused(f"node.listen: cannot listen on {listen}")
         server.start()
         for hook in self.on_start:
             hook()
         if self.config["node.metrics_listen"]:
             host, _, port = self.config["node.metrics_listen"].rpartition(":")
-            start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
+            try:
+                start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
+            except OSError as exc:
+                raise StartupRefused(f"node.metrics_listen: cannot listen on {host}:{port}: {exc.strerror}") from None
         self.health.set("", health_pb2.HealthCheckResponse.SERVING)
         self.health.set("tidemark.v1.Broker", health_pb2.HealthCheckResponse.SERVING)
         threading.Thread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
@@ -211,6 +218,22 @@ class _Signals:
         self.wake.set()
 
 
+def check_ports(config: Config) -> None:
+    """Every port we will listen on is free (one clear line now, not a traceback after recovery)."""
+    for key in ("node.listen", "replication.listen", "node.metrics_listen"):
+        address = config[key]
+        if not address:
+            continue
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]")
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.bind((host, int(port)))
+        except OSError as exc:
+            raise StartupRefused(f"{key}: cannot listen on {address}: {exc.strerror}") from None
+
+
 def _still_locked(lock: DirLock, data_dir: str) -> DirLock:
     """The lock on ``data_dir`` itself: a bootstrap may have moved the locked directory aside."""
     try:
@@ -246,6 +269,7 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
     signals.install()
     tls.check_files(config)  # a bad certificate or token file fails before the data directory is touched
     auth.load_tokens(config)
+    check_ports(config)
     lock = DirLock.acquire(config["node.data_dir"])  # one daemon per directory, before anything reads it
     started = threading.Event()
     _keepalive(notifier, started)

@@ -12,7 +12,7 @@ import structlog
 
 from broker import metrics
 from broker.daemon.wire import pull_response_bytes
-from broker.errors import BrokerError, invalid, not_found
+from broker.errors import MESSAGE_MAX, BrokerError, invalid, not_found, shown
 from broker.logformat import system_records
 from broker.ports import IncomingBatch, RoleController
 from broker.security.auth import current_caller
@@ -32,10 +32,10 @@ def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     except BrokerError as exc:
         if exc.metadata:
             context.set_trailing_metadata(exc.metadata)
-        context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+        context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
     except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
         log.exception("request_failed", error=str(exc))
-        context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+        context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"[:MESSAGE_MAX])
     raise AssertionError("unreachable")
 
 
@@ -109,7 +109,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             for o in request.offsets:
                 self._check_group(o.group)
                 if o.topic.startswith(system_records.SYSTEM_PREFIX):
-                    raise invalid(f"consumer offsets are not stored for system topic {o.topic!r}")
+                    raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
                 self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
                 high = self.store.appender.queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
                 if o.offset > high:
@@ -132,7 +132,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     @staticmethod
     def _check_group(group: str) -> None:
         if not group or len(group.encode()) > GROUP_BYTES_MAX or "\0" in group:
-            raise invalid(f"invalid group name {group!r}")
+            raise invalid(f"invalid group name {shown(group)}")
 
     # -- topics --------------------------------------------------------------------------------
     def _topic_info(self, name: str, queues: int) -> pb.TopicInfo:
@@ -152,7 +152,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 raise invalid(f"queues must be 1..{system_records.QUEUES_MAX}, got {queues}")
             with self._admin_lock:
                 if self.store.views.metadata.topic(request.name) is not None:
-                    raise BrokerError("ALREADY_EXISTS", f"topic {request.name!r} already exists")
+                    raise BrokerError("ALREADY_EXISTS", f"topic {shown(request.name)} already exists")
                 self._write_metadata(system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues})
             return pb.CreateTopicResponse(topic=self._topic_info(request.name, queues))
         return _handle(context, run)
@@ -160,10 +160,10 @@ class BrokerService(pb_grpc.BrokerServicer):
     def DeleteTopic(self, request: pb.DeleteTopicRequest, context: grpc.ServicerContext) -> pb.DeleteTopicResponse:
         def run() -> pb.DeleteTopicResponse:
             if request.name.startswith(system_records.SYSTEM_PREFIX):
-                raise invalid(f"system topic {request.name!r} cannot be deleted")
+                raise invalid(f"system topic {shown(request.name)} cannot be deleted")
             with self._admin_lock:
                 if self.store.views.metadata.topic(request.name) is None:
-                    raise not_found(f"unknown topic {request.name!r}")
+                    raise not_found(f"unknown topic {shown(request.name)}")
                 self._write_metadata(system_records.TOPIC_DELETE, {"topic": request.name})
             return pb.DeleteTopicResponse()
         return _handle(context, run)

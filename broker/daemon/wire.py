@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from proto import tidemark_pb2 as pb
 
@@ -45,14 +46,44 @@ def _passthrough(data: bytes) -> bytes:
     return data
 
 
+class Undecodable:
+    """A request whose bytes do not parse as its message type."""
+
+    def __init__(self, error: str) -> None:
+        self.error = error
+
+
+def _lenient(request_cls: Any) -> Callable[[bytes], Any]:
+    """Parse a request, or mark it undecodable: gRPC would answer INTERNAL for a parser error."""
+
+    def parse(data: bytes) -> Any:
+        try:
+            return request_cls.FromString(data)
+        except DecodeError as exc:
+            return Undecodable(str(exc))
+
+    return parse
+
+
+def _refusing_undecodable(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+    def run(request: Any, context: grpc.ServicerContext) -> Any:
+        if isinstance(request, Undecodable):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be decoded: {request.error[:200]}")
+        return behavior(request, context)
+
+    return run
+
+
 def add_broker_service(servicer: Any, server: grpc.Server) -> None:
-    """Register every Broker method; Pull returns pre-encoded bytes (see module docstring)."""
+    """Register every Broker method; Pull returns pre-encoded bytes (see module docstring); a request
+    that does not parse gets INVALID_ARGUMENT."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in SERVICE.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            getattr(servicer, method.name), request_deserializer=request_cls.FromString, response_serializer=serialize
+            _refusing_undecodable(getattr(servicer, method.name)), request_deserializer=_lenient(request_cls),
+            response_serializer=serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))

@@ -27,16 +27,16 @@ OFFSETS_COMMIT = "offsets.commit"
 TIERED_UPLOADED = "tiered.uploaded"
 
 TOPIC_CHANGE_KEYS = (TOPIC_CREATE.encode(), TOPIC_DELETE.encode())
-_TOPIC_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,126}$")
+_TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,126}")  # matched whole (fullmatch)
 QUEUES_MAX = 1024
 
 
 def topic_name_error(name: str) -> str | None:
     """Why ``name`` is not a valid user topic name, or None when it is."""
     if name.startswith(SYSTEM_PREFIX):
-        return f"topic name {name!r} is reserved: names starting with '__' are system topics"
-    if not _TOPIC_RE.match(name):
-        return f"invalid topic name {name!r}: use 1-127 of [A-Za-z0-9._-], starting alphanumeric"
+        return f"topic name {name[:200]!r} is reserved: names starting with '__' are system topics"
+    if not _TOPIC_RE.fullmatch(name):
+        return f"invalid topic name {name[:200]!r}: use 1-127 of [A-Za-z0-9._-], starting alphanumeric"
     return None
 
 

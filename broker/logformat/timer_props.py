@@ -53,7 +53,7 @@ def scheduled_props(deliver_at_ms: int, topic: str, queue_id: int, user: Mapping
     if user:
         for name in user:
             if name in TIMER_PROPERTIES or name == EVENT:
-                raise TimerRecordError(f"property {name!r} is reserved for timer messages")
+                raise TimerRecordError(f"property {name[:200]!r} is reserved for timer messages")
     a = b"%d" % deliver_at_ms
     tail = bf.encode_props(user) if user else b""
     return b"".join((_DELIVER_AT_NAME, _U16.pack(len(a)), a, target or target_props(topic, queue_id), tail))

@@ -31,6 +31,7 @@ import structlog
 
 from broker import metrics
 from broker.config import Config, ConfigError
+from broker.errors import shown
 
 log = structlog.get_logger("auth")
 TOKEN_CHARS_MIN = 16
@@ -133,7 +134,7 @@ def read_tokens_file(path: str, key: str = "auth.tokens_file") -> list[Token]:
             raise ConfigError(f"{where}: unknown role {unknown[0] if unknown else '(none)'!r}; roles are {', '.join(ROLES)}")
         _check_secret(secret, where)
         if any(t.name == name for t in tokens):
-            raise ConfigError(f"{where}: token name {name!r} used twice")
+            raise ConfigError(f"{where}: token name {shown(name)} used twice")
         tokens.append(Token(name, roles, secret))
     if not tokens:
         raise ConfigError(f"{key}: {path} holds no token")

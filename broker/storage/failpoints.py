@@ -23,6 +23,8 @@ import signal
 import threading
 import time
 
+from broker.errors import shown
+
 _ENV_FAILPOINTS = "TIDEMARK_FAILPOINTS"
 _ENV_JOURNAL = "TIDEMARK_FSYNC_JOURNAL"
 
@@ -36,7 +38,7 @@ def _parse(spec: str) -> dict[str, str]:
         name, _, action = item.partition("=")
         action = action.strip() or "exit"
         if not re.fullmatch(r"exit|exit@\d+|sleep:\d+", action):
-            raise ValueError(f"{_ENV_FAILPOINTS}: unknown action {action!r} for {name!r}")
+            raise ValueError(f"{_ENV_FAILPOINTS}: unknown action {action!r} for {shown(name)}")
         armed[name.strip()] = action
     return armed
 

@@ -25,7 +25,7 @@ import crc32c
 import structlog
 
 from broker.config import Config
-from broker.errors import BrokerError, invalid, not_found
+from broker.errors import BrokerError, invalid, not_found, shown
 from broker.invariant import invariant
 from broker.logformat import batch as bf
 from broker.logformat import system_records
@@ -124,15 +124,15 @@ class Appender:
             return self._validate_delayed(batch)
         if batch.topic.startswith(system_records.SYSTEM_PREFIX):
             if not internal:
-                raise invalid(f"topic {batch.topic!r} is a reserved system topic")
+                raise invalid(f"topic {shown(batch.topic)} is a reserved system topic")
             queues = 1
         else:
             info = self.metadata.topic(batch.topic)
             if info is None:
-                raise not_found(f"unknown topic {batch.topic!r}")
+                raise not_found(f"unknown topic {shown(batch.topic)}")
             queues = info["queues"]
         if not 0 <= batch.queue_id < queues:
-            raise invalid(f"queue {batch.queue_id} out of range: topic {batch.topic!r} has {queues} queues")
+            raise invalid(f"queue {batch.queue_id} out of range: topic {shown(batch.topic)} has {queues} queues")
         if batch.record_count <= 0:
             raise invalid("a batch must hold at least one record")
         if crc32c.crc32c(batch.records) != batch.body_crc:
@@ -177,7 +177,7 @@ class Appender:
             for b in batches:  # the append side's own view of topics: deletes may not be applied yet
                 name = b.timer_target[0] if b.timer_target else b.topic
                 if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
-                    raise not_found(f"unknown topic {name!r}")
+                    raise not_found(f"unknown topic {shown(name)}")
             self._check_topic_changes(topic_changes or [])
             offset = self.log.max_offset
             now = max(int(time.time() * 1000), tail.last_store_time_ms)
@@ -251,9 +251,9 @@ class Appender:
         for change, fields in changes:
             name = str(fields["topic"])
             if change == system_records.TOPIC_CREATE and name in self.tail.topics:
-                raise BrokerError("ALREADY_EXISTS", f"topic {name!r} already exists")
+                raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
             if change == system_records.TOPIC_DELETE and name not in self.tail.topics:
-                raise not_found(f"unknown topic {name!r}")
+                raise not_found(f"unknown topic {shown(name)}")
 
     # -- replicated writes (slave side) -------------------------------------------------------------
     def append_replicated(self, data: bytes) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker import metrics
-from broker.errors import BrokerError, invalid, not_found
+from broker.errors import BrokerError, invalid, not_found, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.logformat import timer_props as timer_records
@@ -51,12 +51,12 @@ class Reads:
     def queue_file(self, topic: str, queue_id: int) -> QueueFile:
         metadata = self.views.metadata
         if not topic.startswith(system_records.SYSTEM_PREFIX) and metadata.topic(topic) is None:
-            raise not_found(f"unknown topic {topic!r}")
+            raise not_found(f"unknown topic {shown(topic)}")
         qf = self.views.queues.queue(topic, queue_id)
         if qf is None:
             if topic in system_records.SYSTEM_TOPICS or metadata.topic(topic) is not None:
-                raise invalid(f"queue {queue_id} out of range for topic {topic!r}")
-            raise not_found(f"unknown topic {topic!r}")
+                raise invalid(f"queue {queue_id} out of range for topic {shown(topic)}")
+            raise not_found(f"unknown topic {shown(topic)}")
         return qf
 
     def queue_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
