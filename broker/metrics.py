@@ -45,6 +45,8 @@ INSECURE_NETWORK = Gauge("tidemark_insecure_network", "1 when a non-loopback por
                          "(security.insecure_network = true)", registry=REGISTRY)
 REPLICATION_VIOLATIONS = Counter("tidemark_replication_violations", "Replica claims refused (acks beyond what "
                                  "was sent, epochs from unauthenticated peers)", registry=REGISTRY)
+BACKGROUND_ERRORS = Counter("tidemark_background_errors", "Failures of background work, retried (status errors "
+                            "has the last message)", ["component"], registry=REGISTRY)
 AUTH_REFUSED = Counter("tidemark_auth_refused", "Calls refused for a missing or wrong bearer token", ["code"],
                        registry=REGISTRY)
 CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],

@@ -32,6 +32,7 @@ from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
 
 log = structlog.get_logger("replication.follower")
 _STOP = object()
+DISK_FULL_RETRY_S = 0.5
 
 
 class Follower:
@@ -111,8 +112,13 @@ class Follower:
             except (CorruptionError, FollowError) as exc:
                 self.error = str(exc)
                 log.error("follow_failed", master=self.master, error=self.error)
+            except Exception as exc:  # a bug or an OS error: never let the follower die silently
+                self.error = f"{type(exc).__name__}: {exc}"
+                log.exception("follow_failed", master=self.master, error=self.error)
             finally:
                 self.connected = False
+            if self.error and not self._stop.is_set():
+                self.store.incidents.record("follower", self.error)
             if self._stop.wait(backoff_s):
                 break
             backoff_s = min(cap_s, backoff_s * 2)
@@ -146,6 +152,7 @@ class Follower:
                     self._welcome(msg.welcome)
                     self.connected = True
                     self.error = ""
+                    self.store.incidents.clear("follower")
                 elif kind == "data":
                     self._data(msg.data, acks)
         finally:
@@ -177,7 +184,7 @@ class Follower:
         if d.batches:
             if d.start_offset != store.log.max_offset:
                 raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
-            end = store.appender.append_replicated(d.batches)
+            end = self._append(d.batches)
             store.watermarks.wait_ack(end, "flush", 30_000)
             acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset)))
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
@@ -191,6 +198,28 @@ class Follower:
         self.in_sync_when_heard = (
             log_end >= self.insync.master_confirm and d.master_end - log_end <= self.config["replication.max_lag_bytes"]
         )
+
+
+    def _append(self, batches: bytes) -> int:
+        """Append a chunk; while the disk is full (or below ``storage.min_free_bytes``), hold it and
+        keep the stream, say so in status, and go on when space returns."""
+        store = self.store
+        while True:
+            try:
+                store.check_free_space()
+                end = store.appender.append_replicated(batches)
+            except BrokerError as exc:
+                if exc.code != "RESOURCE_EXHAUSTED":
+                    raise
+                self.error = f"disk full: {exc.message}"
+                store.incidents.record("follower", self.error)
+                if self._stop.wait(DISK_FULL_RETRY_S):
+                    raise FollowError("stopped while the disk was full") from None
+                continue
+            if self.error.startswith("disk full"):
+                self.error = ""
+                store.incidents.clear("follower")
+            return end
 
 
 class FollowError(Exception):

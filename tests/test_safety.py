@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -254,3 +255,56 @@ def test_bad_requests_get_invalid_argument_and_short_echoes(daemon: DaemonProces
             assert long_name.value.code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND)
             assert len(long_name.value.details) < 400
         assert list(c.list_topics()) == ["t"]
+
+
+# -- a slave whose disk fills ------------------------------------------------------------------------------
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mnt = tmp_path / "fs"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.mark.root
+@pytest.mark.parametrize("min_free_bytes", [4 << 20, 0])
+def test_a_slave_whose_disk_fills_catches_up_when_space_returns(spawn: Callable[..., DaemonProcess], small_fs: Path,
+                                                               min_free_bytes: int) -> None:
+    """The slave's disk fills (below storage.min_free_bytes, or a real ENOSPC): it keeps its process and
+    stream, says "disk full" in status, and catches up byte for byte once space returns, no restart."""
+    master = spawn("m", config={"commitlog.segment_bytes": 1 << 20})
+    slave = spawn(str(small_fs / "s"), config={"node.role": "slave", "node.master": master.address,
+                                                "storage.min_free_bytes": min_free_bytes,
+                                                "commitlog.segment_bytes": 1 << 20})
+    with BrokerClient(master.address) as c:
+        c.create_topic("t")
+    filler = small_fs / "filler"
+    st = os.statvfs(small_fs)
+    with open(filler, "wb") as f:  # leave 2 MiB: less than the master is about to write
+        f.write(b"\0" * max(0, st.f_bavail * st.f_frsize - (2 << 20)))
+    with BrokerClient(master.address) as c:
+        for i in range(30):
+            c.send("t", [Message(b"%04d-" % i + b"x" * 4000) for _ in range(50)], ack="flush")
+        end = c.status()["max_offset"]
+    with BrokerClient(slave.address) as s:
+        wait_until(lambda: "disk full" in s.status()["replication"]["error"], 30, what="the slave to report a full disk",
+                   observe=s.status)
+        assert s.status()["errors"]["follower"]["active"] is True
+        assert s.status()["max_offset"] < end
+        pid = slave.proc.pid  # type: ignore[union-attr]
+        filler.unlink()
+        wait_until(lambda: s.status()["max_offset"] == end, 60, what="the slave to catch up", observe=s.status)
+        st2 = s.status()
+        assert st2["replication"]["error"] == "" and st2["errors"]["follower"]["active"] is False
+    assert slave.proc is not None and slave.proc.poll() is None and slave.proc.pid == pid
+    assert _segments(master.data_dir) == _segments(slave.data_dir)
+
+
+def _segments(data_dir: str) -> bytes:
+    log_dir = Path(data_dir) / "log"
+    return b"".join((log_dir / n).read_bytes() for n in sorted(os.listdir(log_dir)))

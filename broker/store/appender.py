@@ -268,7 +268,7 @@ class Appender:
             if not batches:
                 return expected
             failpoint("replication_before_append")
-            self.log.append([[data]])
+            self._write_replicated(data)
             for h, batch in batches:
                 if h.epoch > self.epochs.current:
                     self.epochs.start(h.epoch, h.base_offset)
@@ -277,6 +277,18 @@ class Appender:
         self._notify_appended()
         self.watermarks.want_flush()
         return end
+
+    def _write_replicated(self, data: bytes) -> None:
+        start = self.log.max_offset
+        try:
+            self.log.append([[data]])
+        except (OSError, FsyncFailed) as exc:
+            full = isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)
+            if not full or self.log.max_offset != start:  # as in ``_write``: only a clean refusal is survivable
+                log.critical("replicated_append_failed", error=str(exc), start=start, now_at=self.log.max_offset)
+                os._exit(1)
+            self.disk.recheck()
+            raise BrokerError("RESOURCE_EXHAUSTED", f"disk full: {exc}") from None
 
     def truncate_to(self, offset: int) -> Truncation:
         """Cut the unconfirmed tail at ``offset`` (a batch boundary) after a divergence (DESIGN §4)."""

@@ -35,6 +35,7 @@ from broker.store.appender import Appender
 from broker.store.disk import DiskSpace
 from broker.store.dispatcher import Dispatcher
 from broker.store.firing import TimerService
+from broker.store.incidents import Incidents
 from broker.store.offset_buffer import OffsetBuffer
 from broker.store.reads import Reads
 from broker.store.retention import Retention
@@ -80,6 +81,7 @@ class Store:
         self._status_providers: list[StatusProvider] = []
         self.role_controller: RoleController | None = None
         self.disk = DiskSpace(data_dir)
+        self.incidents = Incidents()
         self.watermarks = Watermarks(config, log_, self._stop, lambda: self.role, flushed_offset=recovered.flushed_offset,
                                      confirm_offset=recovered.confirm_offset, applied_offset=recovered.applied_offset)
         self.offsets = OffsetBuffer(config["offsets.flush_interval_ms"], config["offsets.buffer_entries_max"],
@@ -192,6 +194,10 @@ class Store:
         if self.role != "master":
             raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; send writes to the master at "
                               f"{self.master_address or '(unknown)'}", metadata=(("tidemark-master", self.master_address),))
+        self.check_free_space()
+
+    def check_free_space(self) -> None:
+        """RESOURCE_EXHAUSTED below ``storage.min_free_bytes`` (client writes and replicated appends alike)."""
         free = self.disk.free_bytes()
         if free < self.config["storage.min_free_bytes"]:
             raise BrokerError(
@@ -236,6 +242,7 @@ class Store:
             "views": {v.name: v.applied_offset for v in self.views.all},
             "retention_floor": self.retention.local_floor(),
             "recovery": self.recovery_report,
+            "errors": self.incidents.snapshot(),
             "master": self.master_address,
             "epochs": self.epochs.snapshot(),
             "node_id": self.identity.node_id,
