@@ -71,6 +71,7 @@ KEYS: dict[str, Key] = {
     "limits.pull_bytes_max": Key(16 * MiB, int, minimum=1024, maximum=1 * GiB, reloadable=True),
     "limits.send_timeout_ms": Key(10_000, int, minimum=1, maximum=600_000, reloadable=True),
     "limits.grpc_workers": Key(16, int, minimum=1, maximum=256),
+    "limits.open_files_max": Key(1024, int, minimum=64, maximum=1 << 20),
     "timer.precision_ms": Key(100, int, minimum=1, maximum=60_000),
     "timer.max_delay_ms": Key(30 * 24 * 3600 * 1000, int, minimum=1, maximum=10 * 365 * 24 * 3600 * 1000),
     "timer.wheel_slots": Key(1 << 18, int, minimum=64, maximum=1 << 24),

@@ -308,3 +308,33 @@ def test_a_slave_whose_disk_fills_catches_up_when_space_returns(spawn: Callable[
 def _segments(data_dir: str) -> bytes:
     log_dir = Path(data_dir) / "log"
     return b"".join((log_dir / n).read_bytes() for n in sorted(os.listdir(log_dir)))
+
+
+# -- bounded open files ------------------------------------------------------------------------------------
+def test_many_queues_under_a_low_descriptor_limit(spawn: Callable[..., DaemonProcess]) -> None:
+    """2,000 queues under ``ulimit -n 256``: every queue takes a message and gives it back, the daemon
+    never holds more descriptors than its limit allows, and a kill -9 restart serves them all again."""
+    d = spawn("n", start=False, config={"limits.open_files_max": 64})
+    base = d.command
+    d.command = lambda: ["prlimit", "--nofile=256:256", *base()]  # type: ignore[method-assign]
+    d.start()
+    topics = [f"t{i}" for i in range(500)]
+    with BrokerClient(d.address) as c:
+        for t in topics:
+            c.create_topic(t, queues=4)
+        for t in topics:
+            c.send(t, [Message(b"%s-%d" % (t.encode(), q), key=str(q)) for q in range(8)], ack="flush")
+        assert d.proc is not None
+        fds = len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+        assert fds < 256, fds
+
+        def everything() -> list[bytes]:
+            return sorted(b for t in topics for q in range(4) for b in c.pull(t, q, 0).bodies())
+
+        want = sorted(b"%s-%d" % (t.encode(), q) for t in topics for q in range(8))
+        wait_until(lambda: everything() == want, 30, what="every message to be readable")
+        assert len(os.listdir(f"/proc/{d.proc.pid}/fd")) < 256
+    d.kill9()
+    d.start()
+    with BrokerClient(d.address) as c:
+        assert sorted(b for t in topics for q in range(4) for b in c.pull(t, q, 0).bodies()) == want

@@ -17,7 +17,6 @@ recorded (the master died in between) is recorded now.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -272,7 +271,7 @@ class Uploader:
             if seg.start_offset > at or pos >= length:
                 break
             want = min(length - pos, seg.end_offset - at)
-            got = os.preadv(seg.fd, [buf[pos : pos + want]], at - seg.start_offset)
+            got = seg.readinto(buf[pos : pos + want], at - seg.start_offset)
             pos += got
             if got < want:
                 break

@@ -8,7 +8,9 @@ around a SIGHUP reload of the reloadable keys, ``STOPPING=1`` on SIGTERM before 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import socket
 import stat
@@ -35,11 +37,13 @@ from broker.daemon.wire import add_broker_service
 from broker.invariant import StartupRefused
 from broker.security import auth, tls
 from broker.storage.dirlock import LOCK_NAME, DirLock
+from broker.storage.handles import HANDLES
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("server")
 GRACE_S = 5.0
+FD_RESERVE = 256  # descriptors beyond limits.open_files_max: client sockets, LMDB, logs, the lock
 MAIN_LOOP_S = 1.0  # the main loop wakes at least this often (more often for the watchdog)
 UMASK = 0o077  # files and directories the daemon creates are private to its user
 
@@ -67,6 +71,7 @@ class Daemon:
             log.warning("insecure_network", keys=exposed, note="serving a non-loopback address without TLS or tokens "
                         "(security.insecure_network = true): anyone who reaches the port can write and read")
         self.notifier.status(f"recovering {self.config['node.data_dir']}")
+        bound_open_files(self.config["limits.open_files_max"])
         self.store = Store.open(self.config)
         self.store.start()
         self.notifier.status("recovered; starting the gRPC server")
@@ -216,6 +221,26 @@ class _Signals:
         else:
             self.stop = True
         self.wake.set()
+
+
+def bound_open_files(limit: int) -> int:
+    """Size the set of open segment and queue files to ``limit``, with ``FD_RESERVE`` descriptors
+    left for sockets, LMDB and logs: raise the soft RLIMIT_NOFILE if needed (and allowed), else use
+    less and say so. Returns the limit in force."""
+    want = limit + FD_RESERVE
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new_soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    effective = limit
+    if soft != resource.RLIM_INFINITY and soft < want:
+        effective = max(16, soft - FD_RESERVE)
+        log.warning("open_files_limited", configured=limit, effective=effective, rlimit_nofile=soft,
+                    note="raise LimitNOFILE (systemd) or ulimit -n")
+    HANDLES.set_limit(effective)
+    return effective
 
 
 def check_ports(config: Config) -> None:

@@ -12,6 +12,7 @@ import os
 import threading
 
 from broker.storage.failpoints import failpoint, fsync_dir
+from broker.storage.handles import HANDLES
 from broker.storage.segment import FsyncFailed, Segment, parse_segment_name
 
 
@@ -27,10 +28,13 @@ class CommitLog:
         self._segments: list[Segment] = []
         self._starts: list[int] = []
         self._lock = threading.Lock()  # guards the segment list; appends are serialised by the caller
+        self._read_only = read_only
+        self._pinned = ""  # the active segment stays open (written and synced all the time)
         starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(directory)) if s is not None)
         for start in starts:
             self._segments.append(Segment(directory, start, read_only=read_only))
             self._starts.append(start)
+        self._pin_active()
 
     # -- shape -------------------------------------------------------------------------------
     @property
@@ -59,7 +63,19 @@ class CommitLog:
         fsync_dir(self.directory)
         self._segments.append(seg)
         self._starts.append(start_offset)
+        self._pin_active()
         return seg
+
+    def _pin_active(self) -> None:
+        """Keep the last segment's descriptor open; let the previous one go back to the LRU."""
+        active = self._segments[-1].path if self._segments and not self._read_only else ""
+        if active == self._pinned:
+            return
+        if self._pinned:
+            HANDLES.unpin(self._pinned)
+        if active:
+            HANDLES.pin(active)
+        self._pinned = active
 
     # -- writes ------------------------------------------------------------------------------
     def append(self, batches: list[list[bytes]]) -> int:
@@ -114,12 +130,16 @@ class CommitLog:
             while len(self._segments) > 1 and self._segments[-1].start_offset >= offset:
                 seg = self._segments.pop()
                 self._starts.pop()
+                if seg.path == self._pinned:
+                    HANDLES.unpin(seg.path)
+                    self._pinned = ""
                 seg.close_later()
                 os.unlink(seg.path)
             if self._segments:
                 seg = self._segments[-1]
                 if seg.end_offset > offset:
                     seg.truncate(max(0, offset - seg.start_offset))
+            self._pin_active()
             fsync_dir(self.directory)
 
     def delete_segments_below(self, offset: int) -> list[str]:
@@ -160,6 +180,9 @@ class CommitLog:
 
     def close(self) -> None:
         with self._lock:
+            if self._pinned:
+                HANDLES.unpin(self._pinned)
+                self._pinned = ""
             for seg in self._segments:
                 seg.close()
             self._segments.clear()

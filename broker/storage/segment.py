@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
-from broker.storage.deferred_close import DEFERRED
 from broker.storage.failpoints import durable_sync, note_created, note_truncated
+from broker.storage.handles import HANDLES
 
 SUFFIX = ".log"
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # writev takes at most this many buffers
@@ -29,18 +29,21 @@ def parse_segment_name(name: str) -> int | None:
 
 
 class Segment:
-    """An open segment: append with writev, read with pread, sync with fdatasync."""
+    """A segment: append with writev, read with pread, sync with fdatasync. Its descriptor comes
+    from the bounded set of open files (``handles.HANDLES``), opened again when it was evicted."""
 
     def __init__(self, directory: str, start_offset: int, *, create: bool = False, read_only: bool = False) -> None:
         self.start_offset = start_offset
         self.path = os.path.join(directory, segment_name(start_offset))
         flags = os.O_RDONLY if read_only else os.O_RDWR | os.O_APPEND
         if create:
-            flags |= os.O_CREAT | os.O_EXCL
-        self.fd = os.open(self.path, flags, 0o600)
-        if create:
+            fd = os.open(self.path, flags | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             note_created(self.path)
-        self.size_bytes = os.fstat(self.fd).st_size
+            HANDLES.register(self.path, flags, fd)
+        else:
+            HANDLES.register(self.path, flags)
+        with HANDLES.use(self.path) as fd:
+            self.size_bytes = os.fstat(fd).st_size
 
     @property
     def end_offset(self) -> int:
@@ -49,34 +52,50 @@ class Segment:
     def append(self, chunks: list[bytes]) -> None:
         """Write every chunk or nothing (a failed or short write is undone with ftruncate)."""
         total = 0
-        try:
-            for i in range(0, len(chunks), IOV_MAX):
-                group = chunks[i : i + IOV_MAX]
-                want = sum(len(c) for c in group)
-                written = os.writev(self.fd, group)
-                total += written
-                if written != want:
-                    raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {want} bytes")
-        except OSError:
-            os.ftruncate(self.fd, self.size_bytes)
-            raise
+        with HANDLES.use(self.path) as fd:
+            try:
+                for i in range(0, len(chunks), IOV_MAX):
+                    group = chunks[i : i + IOV_MAX]
+                    want = sum(len(c) for c in group)
+                    written = os.writev(fd, group)
+                    total += written
+                    if written != want:
+                        raise OSError(errno.ENOSPC, f"short write to {self.path}: {written} of {want} bytes")
+            except OSError:
+                os.ftruncate(fd, self.size_bytes)
+                raise
         self.size_bytes += total
 
     def read(self, position: int, length: int) -> bytes:
-        return os.pread(self.fd, length, position)
+        """Bytes at ``position``; fewer (or none) when the file was deleted meanwhile (retention)."""
+        try:
+            with HANDLES.use(self.path) as fd:
+                return os.pread(fd, length, position)
+        except FileNotFoundError:
+            return b""
+
+    def readinto(self, buffer: memoryview, position: int) -> int:
+        """Fill ``buffer`` from ``position`` (one preadv, no copy); bytes read."""
+        try:
+            with HANDLES.use(self.path) as fd:
+                return os.preadv(fd, [buffer], position)
+        except FileNotFoundError:
+            return 0
 
     def sync(self) -> None:
-        durable_sync(self.fd, self.path)
+        with HANDLES.use(self.path) as fd:
+            durable_sync(fd, self.path)
 
     def truncate(self, size_bytes: int) -> None:
-        os.ftruncate(self.fd, size_bytes)
-        self.size_bytes = size_bytes
-        durable_sync(self.fd, self.path, data_only=False)
+        with HANDLES.use(self.path) as fd:
+            os.ftruncate(fd, size_bytes)
+            self.size_bytes = size_bytes
+            durable_sync(fd, self.path, data_only=False)
         note_truncated(size_bytes, self.path)
 
     def close(self) -> None:
-        os.close(self.fd)
+        HANDLES.forget(self.path)
 
     def close_later(self) -> None:
-        """Close after a grace period: readers may still hold this segment (see deferred_close)."""
-        DEFERRED.defer(self.fd)
+        """The file is being deleted: its descriptor closes once no reader holds it."""
+        HANDLES.forget(self.path)

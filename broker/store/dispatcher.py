@@ -20,7 +20,6 @@ from broker import metrics
 from broker.config import Config
 from broker.logformat.scan import Mode, scan
 from broker.storage.commitlog import CommitLog
-from broker.storage.deferred_close import DEFERRED
 from broker.storage.failpoints import failpoint
 from broker.store.viewset import ViewSet
 from broker.store.watermarks import Watermarks
@@ -77,7 +76,6 @@ class Dispatcher:
                 self.round(target)
                 for hook in after_round:
                     hook()
-                DEFERRED.reap()
 
     def round(self, target: int) -> None:
         """Apply up to ``target``; checkpoint when due."""

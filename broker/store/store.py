@@ -27,7 +27,6 @@ from broker.errors import BrokerError
 from broker.logformat import system_records
 from broker.ports import ColdReader, ConfirmRule, RetentionFloor, RoleController, RoleListener, StatusProvider
 from broker.storage.commitlog import CommitLog
-from broker.storage.deferred_close import DEFERRED
 from broker.storage.epochs import EpochHistory
 from broker.storage.identity import Identity
 from broker.store import recovery
@@ -142,7 +141,6 @@ class Store:
             recovery.write_clean_marker(self.data_dir, self.log.max_offset)
         self.views.close()
         self.log.close()
-        DEFERRED.reap(everything=True)
 
     def crash_close(self) -> None:
         """Close files without a clean marker (tests of recovery inside one process)."""

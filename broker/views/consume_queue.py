@@ -23,12 +23,13 @@ import struct
 import threading
 from dataclasses import dataclass
 
+from broker.errors import not_found
 from broker.invariant import CorruptionError, invariant
 from broker.logformat import system_records
 from broker.logformat.batch import BatchHeader, iter_records
 from broker.storage import atomic_file
-from broker.storage.deferred_close import DEFERRED
 from broker.storage.failpoints import durable_sync, failpoint, fsync_dir, note_created, note_truncated
+from broker.storage.handles import HANDLES
 from broker.views.base import View, copy_prefix
 
 ENTRY = struct.Struct("<QQIIQ")
@@ -47,16 +48,20 @@ class Entry:
 
 
 class QueueFile:
-    """One queue's entry file. Written by the dispatcher thread, read by any thread."""
+    """One queue's entry file. Written by the dispatcher thread, read by any thread. Its descriptor
+    comes from the bounded set of open files (``storage.handles``), opened again when evicted."""
 
     def __init__(self, path: str, *, create: bool) -> None:
         self.path = path
+        flags = os.O_RDWR | os.O_APPEND
         if create:
-            self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+            fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
             note_created(path)
+            HANDLES.register(path, flags, fd)
         else:
-            self.fd = os.open(path, os.O_RDWR | os.O_APPEND)
-        size = os.fstat(self.fd).st_size
+            HANDLES.register(path, flags)
+        with HANDLES.use(path) as fd:
+            size = os.fstat(fd).st_size
         invariant(size % ENTRY_BYTES == 0, f"{path}: size {size} is not a multiple of {ENTRY_BYTES}")
         self.entries = size // ENTRY_BYTES  # published: visible to readers
         self._pending = bytearray()
@@ -67,6 +72,13 @@ class QueueFile:
         if self.entries:
             last = self.entry(self.entries - 1)
             self.next_queue_offset = last.base_queue_offset + last.record_count
+
+    def _pread(self, length: int, position: int) -> bytes:
+        try:
+            with HANDLES.use(self.path) as fd:
+                return os.pread(fd, length, position)
+        except FileNotFoundError:  # its topic was deleted under a reader
+            raise not_found(f"queue file {os.path.basename(self.path)} is gone (its topic was deleted)") from None
 
     def add(self, header: BatchHeader) -> None:
         invariant(
@@ -83,10 +95,11 @@ class QueueFile:
     def publish(self) -> None:
         if not self._pending:
             return
-        written = os.write(self.fd, self._pending)
-        if written != len(self._pending):  # never leave a partial entry; the pending ones stay queued
-            os.ftruncate(self.fd, self.entries * ENTRY_BYTES)
-            raise OSError(28, f"short write to {self.path}: {written} of {len(self._pending)} bytes")
+        with HANDLES.use(self.path) as fd:
+            written = os.write(fd, self._pending)
+            if written != len(self._pending):  # never leave a partial entry; the pending ones stay queued
+                os.ftruncate(fd, self.entries * ENTRY_BYTES)
+                raise OSError(28, f"short write to {self.path}: {written} of {len(self._pending)} bytes")
         self.entries += self._pending_entries
         self.next_queue_offset += self._pending_count
         self._pending = bytearray()
@@ -96,17 +109,18 @@ class QueueFile:
 
     def sync(self) -> None:
         if self.dirty:
-            durable_sync(self.fd, self.path)
+            with HANDLES.use(self.path) as fd:  # a reopened descriptor still reports unseen write errors
+                durable_sync(fd, self.path)
             self.dirty = False
 
     def entry(self, index: int) -> Entry:
-        data = os.pread(self.fd, ENTRY_BYTES, index * ENTRY_BYTES)
+        data = self._pread(ENTRY_BYTES, index * ENTRY_BYTES)
         if len(data) != ENTRY_BYTES:
             raise CorruptionError("consume queue entry truncated", path=self.path, offset=index * ENTRY_BYTES)
         return Entry(*ENTRY.unpack(data))
 
     def entries_from(self, index: int, count: int) -> list[Entry]:
-        data = os.pread(self.fd, count * ENTRY_BYTES, index * ENTRY_BYTES)
+        data = self._pread(count * ENTRY_BYTES, index * ENTRY_BYTES)
         return [Entry(*t) for t in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY_BYTES])]
 
     def _search(self, field: int, value: int, count: int) -> int:
@@ -114,7 +128,7 @@ class QueueFile:
         lo, hi = 0, count
         while lo < hi:
             mid = (lo + hi) // 2
-            if ENTRY.unpack(os.pread(self.fd, ENTRY_BYTES, mid * ENTRY_BYTES))[field] <= value:
+            if ENTRY.unpack(self._pread(ENTRY_BYTES, mid * ENTRY_BYTES))[field] <= value:
                 lo = mid + 1
             else:
                 hi = mid
@@ -136,12 +150,13 @@ class QueueFile:
         return self._search(1, commit_offset - 1, self.entries)
 
     def truncate(self, entries: int) -> None:
-        os.ftruncate(self.fd, entries * ENTRY_BYTES)
-        durable_sync(self.fd, self.path, data_only=False)
+        with HANDLES.use(self.path) as fd:
+            os.ftruncate(fd, entries * ENTRY_BYTES)
+            durable_sync(fd, self.path, data_only=False)
         note_truncated(entries * ENTRY_BYTES, self.path)
 
     def close(self) -> None:
-        os.close(self.fd)
+        HANDLES.forget(self.path)
 
 
 @dataclass
@@ -258,7 +273,7 @@ class ConsumeQueueView(View):
                 qf = self._files.pop((name, q), None)
                 if qf is not None:
                     self._round.discard(qf)
-                    DEFERRED.defer(qf.fd)  # a pull may still hold it
+                    qf.close()  # a pull that holds it still reads it; it closes after that pull
         self._doomed.append(os.path.join(self.directory, f"{name}.{info.topic_id}"))
 
     def _publish_round(self) -> None:
