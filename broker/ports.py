@@ -12,6 +12,7 @@ object: it registers, and the core calls it.
 | ``StatusProvider``: adds fields to ``status()`` | replication, tiered storage, the daemon | ``register_status_provider`` |
 | ``ColdReader``: log ranges below the local start | ``tieredstore/reader.py`` | ``register_cold_reader`` |
 | ``RetentionFloor``: local retention keeps everything at or above it | tiered storage (uploaded offset) | ``register_retention_floor`` |
+| ``QueueListener``: told which queues grew in a dispatch round | the daemon's long-polls | ``register_queue_listener`` |
 
 Fencing is one call, ``store.fence(reason)``; a new epoch (``set_role("master")``) lifts it.
 The data that crosses the append port is defined here too (``IncomingBatch``, ``BatchReceipt``).
@@ -29,6 +30,7 @@ from broker.logformat.batch import NO_SEQUENCE
 RoleListener = Callable[[str], None]
 StatusProvider = Callable[[dict[str, object]], None]
 RetentionFloor = Callable[[], int]
+QueueListener = Callable[[set[tuple[str, int]]], None]
 
 
 class ConfirmRule(Protocol):

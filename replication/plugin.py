@@ -29,9 +29,9 @@ def attach(daemon: Any) -> None:
         # the same token check as the client port: a slave's calls carry auth.token_file's token
         creds = tls.replication_server_credentials(config)  # mutual TLS: unknown slaves fail the handshake
         # with mutual TLS the handshake is the credential; without it, a token with the replication role
-        interceptors, _ = auth.interceptors(config, peer_certified=creds is not None)
+        authz = auth.Authorizer(daemon.tokens, config["auth.require_for_reads"], peer_certified=creds is not None)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
-                             options=[("grpc.max_send_message_length", 1 << 30)], interceptors=interceptors)
+                             options=[("grpc.max_send_message_length", 1 << 30)], interceptors=[auth.AuthInterceptor(authz)])
         pb_grpc.add_ReplicationServicer_to_server(master_side, server)
         try:
             bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
@@ -42,7 +42,8 @@ def attach(daemon: Any) -> None:
         server.start()
         daemon.on_stop.append(lambda: server.stop(1).wait())
     else:
-        pb_grpc.add_ReplicationServicer_to_server(master_side, daemon.grpc_server)
+        daemon.add_blocking_servicer(pb_grpc.add_ReplicationServicer_to_server, master_side,
+                                     {"Stream": True, "Snapshot": False})
     controller = RoleController(store, config, insync, config["node.listen"])
     store.register_role_controller(controller)
     daemon.on_start.append(controller.start)

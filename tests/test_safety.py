@@ -13,6 +13,7 @@ from pathlib import Path
 
 import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import BrokerClient, BrokerError, Message
 from proto import tidemark_pb2 as pb
@@ -338,3 +339,40 @@ def test_many_queues_under_a_low_descriptor_limit(spawn: Callable[..., DaemonPro
     d.start()
     with BrokerClient(d.address) as c:
         assert sorted(b for t in topics for q in range(4) for b in c.pull(t, q, 0).bodies()) == want
+
+
+# -- long-polls hold no thread -------------------------------------------------------------------------------
+def test_a_thousand_idle_long_polls_starve_nothing(daemon: DaemonProcess) -> None:
+    """1,000 pulls parked on an empty queue: health, status and ack=flush sends still answer at once;
+    one message then wakes every pull; a pull beyond the end is refused at once, not after its wait."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("idle")
+        c.create_topic("busy")
+    channels = [grpc.insecure_channel(daemon.address) for _ in range(4)]
+    try:
+        stubs = [pb_grpc.BrokerStub(ch) for ch in channels]
+        polls = [stubs[i % 4].Pull.future(pb.PullRequest(topic="idle", queue_id=0, offset=0, max_messages=10,
+                                                         max_wait_ms=30_000), timeout=60) for i in range(1000)]
+        with BrokerClient(daemon.address) as c:
+            wait_until(lambda: c.status()["long_polls"] >= 1000, 30, what="1,000 parked pulls")
+        with BrokerClient(daemon.address) as c:
+            t0 = time.monotonic()
+            health = health_pb2_grpc.HealthStub(channels[0]).Check(health_pb2.HealthCheckRequest(), timeout=5)
+            assert health.status == health_pb2.HealthCheckResponse.SERVING
+            assert c.status()["role"] == "master"
+            for i in range(20):
+                c.send("busy", [Message(b"%d" % i)] * 100, ack="flush")
+            assert time.monotonic() - t0 < 10, "health, status and 20 sends took longer than 10 s"
+            assert not any(p.done() for p in polls)
+            c.send("idle", [Message(b"wake up")], ack="flush")
+        answers = [p.result(timeout=30) for p in polls]
+        assert all(a.count == 1 for a in answers)
+        with BrokerClient(daemon.address) as c:
+            t0 = time.monotonic()
+            with pytest.raises(BrokerError) as beyond:
+                c.pull("idle", 0, 5, max_wait_ms=5_000)
+            assert beyond.value.code == grpc.StatusCode.OUT_OF_RANGE and time.monotonic() - t0 < 2
+    finally:
+        for ch in channels:
+            ch.close()
+

@@ -23,6 +23,7 @@ from typing import Any
 
 import grpc
 import structlog
+from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
@@ -30,7 +31,10 @@ from prometheus_client import start_http_server
 from broker import alloc, metrics
 from broker.config import KEYS, Config, ConfigError, insecure_exposures
 from broker.daemon import logsetup
+from broker.daemon.aioloop import LoopThread
+from broker.daemon.bridge import BridgedServicer
 from broker.daemon.liveness import FlushProgress
+from broker.daemon.longpoll import LongPolls
 from broker.daemon.sdnotify import Notifier
 from broker.daemon.service import BrokerService
 from broker.daemon.wire import add_broker_service
@@ -43,6 +47,7 @@ from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("server")
 GRACE_S = 5.0
+STREAMS_MAX = 32  # blocking streams served at once (slaves and snapshot downloads)
 FD_RESERVE = 256  # descriptors beyond limits.open_files_max: client sockets, LMDB, logs, the lock
 MAIN_LOOP_S = 1.0  # the main loop wakes at least this often (more often for the watchdog)
 UMASK = 0o077  # files and directories the daemon creates are private to its user
@@ -54,10 +59,15 @@ class Daemon:
     def __init__(self, config: Config, notifier: Notifier | None = None) -> None:
         self.config = config
         self.notifier = notifier or Notifier({})
-        self.interceptors, self.tokens = auth.interceptors(config)
+        self.authorizer, self.tokens = auth.authorizer(config)
         _warn_if_open(config["node.data_dir"])
-        self.grpc_server: grpc.Server | None = None
-        self.health = health.HealthServicer()
+        self.grpc_server: grpc.aio.Server | None = None
+        self.aio = LoopThread()
+        self.health = health_async.HealthServicer()
+        self.longpolls = LongPolls(self.aio.loop)
+        self.read_pool = futures.ThreadPoolExecutor(max_workers=config["limits.grpc_workers"], thread_name_prefix="pull")
+        # one thread per long-lived blocking stream (replication to a slave, a snapshot download)
+        self.stream_pool = futures.ThreadPoolExecutor(max_workers=STREAMS_MAX, thread_name_prefix="stream")
         self.stopping = threading.Event()
         self.on_start: list[Callable[[], None]] = []  # plugins: run once serving
         self.on_stop: list[Callable[[], None]] = []  # plugins: run before the store stops
@@ -84,10 +94,10 @@ class Daemon:
             ("grpc.max_send_message_length", send_limit),
             ("grpc.so_reuseport", 0),
         ]
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"]), options=options,
-                             interceptors=self.interceptors)
+        server = self.aio.call(self._make_server(options))
         self.grpc_server = server
-        add_broker_service(BrokerService(self.store), server)
+        self.store.register_queue_listener(self.longpolls.notify_threadsafe)
+        add_broker_service(BrokerService(self.store, self.longpolls, self.read_pool), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, server)
@@ -102,7 +112,7 @@ class Daemon:
             bound = 0
         if bound == 0:
             raise StartupRefused(f"node.listen: cannot listen on {listen}")
-        server.start()
+        self.aio.call(server.start())
         for hook in self.on_start:
             hook()
         if self.config["node.metrics_listen"]:
@@ -111,14 +121,31 @@ class Daemon:
                 start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
             except OSError as exc:
                 raise StartupRefused(f"node.metrics_listen: cannot listen on {host}:{port}: {exc.strerror}") from None
-        self.health.set("", health_pb2.HealthCheckResponse.SERVING)
-        self.health.set("tidemark.v1.Broker", health_pb2.HealthCheckResponse.SERVING)
+        self.aio.call(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
+        self.aio.call(self.health.set("tidemark.v1.Broker", health_pb2.HealthCheckResponse.SERVING))
         threading.Thread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
         log.info("serving", listen=self.config["node.listen"], role=self.store.role,
                  recovery=self.store.recovery_report)
         self.store.register_role_listener(self._on_role_change)
         self.store.register_status_provider(self._security_status)
+        self.store.register_status_provider(self._resources_status)
         self.notifier.ready(self.serving_status())
+
+    def add_blocking_servicer(self, add: Callable[[Any, Any], None], servicer: Any, streams: dict[str, bool]) -> None:
+        """Register a servicer written with blocking generators (``streams``: method name → whether
+        its requests are a stream too) on the asyncio server, through ``bridge.BridgedServicer``."""
+        add(BridgedServicer(servicer, streams, self.stream_pool), self.grpc_server)
+
+    async def _make_server(self, options: list[tuple[str, Any]]) -> grpc.aio.Server:
+        """The asyncio server, made on its loop: coroutine handlers (Pull) run on the loop, plain
+        ones in a pool of ``limits.grpc_workers`` threads."""
+        pool = futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"], thread_name_prefix="grpc")
+        return grpc.aio.server(migration_thread_pool=pool, options=options,
+                               interceptors=[auth.AsyncAuthInterceptor(self.authorizer)])
+
+    def _resources_status(self, st: dict[str, object]) -> None:
+        st["long_polls"] = self.longpolls.parked
+        st["open_files"] = {"open": HANDLES.open_count, "max": HANDLES.limit}
 
     def _security_status(self, st: dict[str, object]) -> None:
         c = self.config
@@ -182,12 +209,15 @@ class Daemon:
         """Graceful: refuse new calls, drain in-flight ones, then stop the store cleanly."""
         log.info("stopping")
         self.stopping.set()
-        self.health.enter_graceful_shutdown()
+        self.aio.call(self.health.enter_graceful_shutdown())
         self.store.begin_close()  # new writes get UNAVAILABLE; in-flight acks still complete
+        self.longpolls.notify_threadsafe(None)  # parked pulls answer now
         for hook in self.on_stop:
             hook()
         if self.grpc_server is not None:
-            self.grpc_server.stop(GRACE_S).wait()
+            self.aio.call(self.grpc_server.stop(GRACE_S))
+        self.aio.close()
+        self.read_pool.shutdown(wait=False)
         self.store.stop()
         log.info("stopped", clean=True)
 
@@ -254,7 +284,9 @@ def check_ports(config: Config) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         try:
             with socket.socket(family, socket.SOCK_STREAM) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC does: TIME_WAIT is no obstacle
                 s.bind((host, int(port)))
+                s.listen(1)
         except OSError as exc:
             raise StartupRefused(f"{key}: cannot listen on {address}: {exc.strerror}") from None
 

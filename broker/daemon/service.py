@@ -1,16 +1,24 @@
-"""The gRPC ``Broker`` service: request checks, mapping to the store, status codes."""
+"""The gRPC ``Broker`` service: request checks, mapping to the store, status codes.
+
+It runs on an asyncio gRPC server (``grpc.aio``): ``Pull`` is a coroutine (a long-poll holds no
+thread), every other method is a plain function run in the server's thread pool.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import json
 import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from typing import Any, TypeVar
 
 import grpc
 import structlog
 
 from broker import metrics
+from broker.daemon.longpoll import LongPolls
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import MESSAGE_MAX, BrokerError, invalid, not_found, shown
 from broker.logformat import system_records
@@ -40,9 +48,11 @@ def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
 
 
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor) -> None:
         self.store = store
         self.config = store.config
+        self.longpolls = longpolls
+        self.read_pool = read_pool  # pull reads; sends and admin calls run in the server's own pool
         self._admin_lock = threading.Lock()
 
     # -- data --------------------------------------------------------------------------------
@@ -82,20 +92,46 @@ class BrokerService(pb_grpc.BrokerServicer):
             ]
         )
 
-    def Pull(self, request: pb.PullRequest, context: grpc.ServicerContext) -> bytes:
-        """Answers wire bytes of a PullResponse (see broker.wire: no copy of the log bytes)."""
+    async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> bytes:
+        """Answers wire bytes of a PullResponse (see broker/daemon/wire.py: no copy of the log bytes).
 
-        def run() -> bytes:
+        The read runs in the read pool; a pull that finds nothing parks a future (longpoll.py) and
+        holds no thread until its queue grows or ``max_wait_ms`` passes."""
+        loop = asyncio.get_running_loop()
+        failure: BrokerError | None = None
+        try:
             if request.topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
-                raise BrokerError("PERMISSION_DENIED", f"reading the system topic {request.topic[:200]!r} needs a "
+                raise BrokerError("PERMISSION_DENIED", f"reading the system topic {shown(request.topic)} needs a "
                                   "token with the system role")
             max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
             max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
-            wait_ms = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"])
-            r = self.store.reads.pull(request.topic, request.queue_id, request.offset, max_messages, max_bytes, wait_ms)
-            return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
-                                       min_offset=r.min_offset, max_offset=r.max_offset)
-        return _handle(context, run)
+            wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
+            read = functools.partial(self.store.reads.pull, request.topic, request.queue_id, request.offset,
+                                     max_messages, max_bytes, 0)
+            key = (request.topic, request.queue_id)
+            deadline = loop.time() + wait_s
+            while True:
+                parked = self.longpolls.park(key) if wait_s > 0 else None
+                try:
+                    r = await loop.run_in_executor(self.read_pool, read)
+                    left = deadline - loop.time()
+                    if r.count or parked is None or left <= 0 or self.store.closing:
+                        return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count,
+                                                   next_offset=r.next_offset, min_offset=r.min_offset,
+                                                   max_offset=r.max_offset)
+                    await self.longpolls.wait(parked, left)
+                finally:
+                    if parked is not None:
+                        self.longpolls.unpark(key, parked)
+        except BrokerError as exc:
+            failure = exc
+        except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
+            log.exception("request_failed", error=str(exc))
+            failure = BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+        if failure.metadata:
+            context.set_trailing_metadata(failure.metadata)
+        await context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
+        raise AssertionError("unreachable")
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         return _handle(context, lambda: pb.OffsetForTimeResponse(

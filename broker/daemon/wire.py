@@ -9,6 +9,7 @@ wire type 2: tag ``0x0a``, varint length, bytes). Protobuf parsers accept fields
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -65,7 +66,15 @@ def _lenient(request_cls: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _refusing_undecodable(behavior: Callable[[Any, grpc.ServicerContext], Any]) -> Callable[[Any, grpc.ServicerContext], Any]:
+def _refusing_undecodable(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+    if inspect.iscoroutinefunction(behavior):
+        async def run_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            if isinstance(request, Undecodable):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be decoded: {request.error[:200]}")
+            return await behavior(request, context)
+
+        return run_async
+
     def run(request: Any, context: grpc.ServicerContext) -> Any:
         if isinstance(request, Undecodable):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be decoded: {request.error[:200]}")
@@ -74,7 +83,7 @@ def _refusing_undecodable(behavior: Callable[[Any, grpc.ServicerContext], Any]) 
     return run
 
 
-def add_broker_service(servicer: Any, server: grpc.Server) -> None:
+def add_broker_service(servicer: Any, server: grpc.aio.Server) -> None:
     """Register every Broker method; Pull returns pre-encoded bytes (see module docstring); a request
     that does not parse gets INVALID_ARGUMENT."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}

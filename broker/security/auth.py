@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import contextvars
 import hmac
+import inspect
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -221,6 +222,12 @@ def _as_caller(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethod
     """``handler`` with ``current_caller()`` set to ``caller`` while it runs."""
 
     def unary(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(behavior):  # on the asyncio server: the context is this task's
+            async def run_async(request: Any, context: Any) -> Any:
+                _CALLER.set(caller)
+                return await behavior(request, context)
+            return run_async
+
         def run(request: Any, context: grpc.ServicerContext) -> Any:
             token = _CALLER.set(caller)
             try:
@@ -229,7 +236,16 @@ def _as_caller(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethod
                 _CALLER.reset(token)
         return run
 
-    def streaming(behavior: Callable[..., Iterator[Any]]) -> Callable[..., Iterator[Any]]:
+    def streaming(behavior: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+            async def run_async(request: Any, context: Any) -> AsyncIterator[Any]:
+                _CALLER.set(caller)
+                async for item in behavior(request, context):
+                    yield item
+            return run_async
+        if inspect.iscoroutinefunction(behavior):
+            return unary(behavior)
+
         def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
             _CALLER.set(caller)  # the stream runs in this thread's context until it ends
             yield from behavior(request, context)
@@ -246,12 +262,19 @@ def _as_caller(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethod
 
 
 def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: str,
-              on_refuse: Callable[[grpc.ServicerContext], None]) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as ``handler`` that fails every call with ``code``."""
+              on_refuse: Callable[[grpc.ServicerContext], None], *, asynchronous: bool) -> grpc.RpcMethodHandler:
+    """A handler of the same shape as ``handler`` that fails every call with ``code`` (a coroutine on
+    the asyncio server, which cannot run plain streaming handlers)."""
 
-    def deny(_request: Any, context: grpc.ServicerContext) -> Any:
+    def deny_sync(_request: Any, context: grpc.ServicerContext) -> Any:
         on_refuse(context)
         context.abort(code, message)
+
+    async def deny_async(_request: Any, context: Any) -> Any:
+        on_refuse(context)
+        await context.abort(code, message)
+
+    deny: Callable[..., Any] = deny_async if asynchronous else deny_sync
 
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny)
@@ -262,32 +285,56 @@ def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
     return grpc.unary_unary_rpc_method_handler(deny)
 
 
+def _guarded(authorizer: Authorizer, handler: grpc.RpcMethodHandler | None,
+             details: grpc.HandlerCallDetails, *, asynchronous: bool = False) -> grpc.RpcMethodHandler | None:
+    """``handler`` run as its caller, or a handler that refuses the call."""
+    if handler is None:
+        return None
+    method = details.method  # type: ignore[attr-defined]
+    verdict = authorizer.decide(method, details.invocation_metadata)  # type: ignore[attr-defined]
+    if isinstance(verdict, Caller):
+        return _as_caller(handler, verdict)
+
+    def on_refuse(context: grpc.ServicerContext) -> None:
+        metrics.AUTH_REFUSED.labels(verdict.code.name).inc()
+        log.warning("auth_refused", method=method, peer=context.peer(), reason=verdict.reason)
+
+    return _refusing(handler, verdict.code, f"{method}: {verdict.reason}", on_refuse, asynchronous=asynchronous)
+
+
 class AuthInterceptor(grpc.ServerInterceptor):
+    """For the thread-pool gRPC server (a separate ``replication.listen`` port)."""
+
     def __init__(self, authorizer: Authorizer) -> None:
         self.authorizer = authorizer
 
     def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], grpc.RpcMethodHandler | None],
                           details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler | None:
-        handler = continuation(details)
-        if handler is None:
-            return None
-        method = details.method  # type: ignore[attr-defined]
-        verdict = self.authorizer.decide(method, details.invocation_metadata)  # type: ignore[attr-defined]
-        if isinstance(verdict, Caller):
-            return _as_caller(handler, verdict)
+        return _guarded(self.authorizer, continuation(details), details)
 
-        def on_refuse(context: grpc.ServicerContext) -> None:
-            metrics.AUTH_REFUSED.labels(verdict.code.name).inc()
-            log.warning("auth_refused", method=method, peer=context.peer(), reason=verdict.reason)
 
-        return _refusing(handler, verdict.code, f"{method}: {verdict.reason}", on_refuse)
+class AsyncAuthInterceptor(grpc.aio.ServerInterceptor):
+    """For the asyncio gRPC server (the client port)."""
+
+    def __init__(self, authorizer: Authorizer) -> None:
+        self.authorizer = authorizer
+
+    async def intercept_service(self, continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+                                details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return _guarded(self.authorizer, await continuation(details), details, asynchronous=True)  # type: ignore[return-value]
+
+
+def authorizer(config: Config, *, peer_certified: bool = False) -> tuple[Authorizer, TokenSource | None]:
+    """The authorizer ``config`` asks for, and its token source (replaced on SIGHUP)."""
+    tokens = load_tokens(config)
+    source = TokenSource(tokens) if tokens else None
+    return Authorizer(source, config["auth.require_for_reads"], peer_certified=peer_certified), source
 
 
 def interceptors(config: Config, *, peer_certified: bool = False) -> tuple[list[grpc.ServerInterceptor], TokenSource | None]:
-    """The server interceptors ``config`` asks for, and the token source (for SIGHUP)."""
-    tokens = load_tokens(config)
-    source = TokenSource(tokens) if tokens else None
-    return [AuthInterceptor(Authorizer(source, config["auth.require_for_reads"], peer_certified=peer_certified))], source
+    """Interceptors of a thread-pool server, and the token source."""
+    auth, source = authorizer(config, peer_certified=peer_certified)
+    return [AuthInterceptor(auth)], source
 
 
 def call_metadata(config: Config) -> tuple[tuple[str, str], ...]:

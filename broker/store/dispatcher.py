@@ -52,11 +52,16 @@ class Dispatcher:
         self.checkpointed: dict[str, int] = {}  # each view's newest checkpoint
         self.checkpointed_prev: dict[str, int] = {}  # the one before: the .bak recovery may fall back to
         self._last_ckpt = time.monotonic()
+        self.queue_listeners: list[Callable[[set[tuple[str, int]]], None]] = []  # told which queues grew
 
     def apply_until(self, end: int) -> None:
-        """Apply every view up to ``end`` and publish the new applied offset."""
+        """Apply every view up to ``end``, publish the new applied offset, tell queue listeners."""
         apply_views(self.log, self.views.all, end)
         self.watermarks.publish_applied(self.views.applied_min())
+        grown = self.views.queues.take_grown()
+        if grown:
+            for listener in self.queue_listeners:
+                listener(grown)
 
     def wait_applied(self, view: View, offset: int, timeout_s: float) -> bool:
         """Wait until ``view`` applied everything below ``offset``."""

@@ -25,7 +25,15 @@ from broker import metrics
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.logformat import system_records
-from broker.ports import ColdReader, ConfirmRule, RetentionFloor, RoleController, RoleListener, StatusProvider
+from broker.ports import (
+    ColdReader,
+    ConfirmRule,
+    QueueListener,
+    RetentionFloor,
+    RoleController,
+    RoleListener,
+    StatusProvider,
+)
 from broker.storage.commitlog import CommitLog
 from broker.storage.epochs import EpochHistory
 from broker.storage.identity import Identity
@@ -112,6 +120,10 @@ class Store:
 
     def register_retention_floor(self, floor: RetentionFloor) -> None:
         self.retention.register_floor(floor)
+
+    def register_queue_listener(self, listener: QueueListener) -> None:
+        """Told, after each dispatch round, which (topic, queue)s became readable further."""
+        self.dispatcher.queue_listeners.append(listener)
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:

@@ -51,8 +51,9 @@ class QueueFile:
     """One queue's entry file. Written by the dispatcher thread, read by any thread. Its descriptor
     comes from the bounded set of open files (``storage.handles``), opened again when evicted."""
 
-    def __init__(self, path: str, *, create: bool) -> None:
+    def __init__(self, path: str, *, create: bool, key: tuple[str, int] = ("", 0)) -> None:
         self.path = path
+        self.key = key  # (topic, queue)
         flags = os.O_RDWR | os.O_APPEND
         if create:
             fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -182,6 +183,7 @@ class ConsumeQueueView(View):
         self.topics: dict[str, TopicInfo] = _system_topics()
         self._files: dict[tuple[str, int], QueueFile] = {}
         self._round: set[QueueFile] = set()
+        self._grown: set[tuple[str, int]] = set()
         self._doomed: list[str] = []  # dirs of deleted topics, removed once a checkpoint forgets them
         self._lock = threading.Lock()  # guards topics/_files against concurrent readers
 
@@ -214,11 +216,11 @@ class ConsumeQueueView(View):
                     raise CorruptionError(f"consume queue shorter than its checkpoint ({want} bytes)", path=path)
                 if not exists and want:
                     raise CorruptionError(f"consume queue missing ({want} bytes checkpointed)", path=path)
-                qf = QueueFile(path, create=not exists)
+                qf = QueueFile(path, create=not exists, key=(name, q))
                 if qf.entries * ENTRY_BYTES > want:
                     qf.truncate(want // ENTRY_BYTES)
                     qf.close()
-                    qf = QueueFile(path, create=False)
+                    qf = QueueFile(path, create=False, key=(name, q))
                 self._files[(name, q)] = qf
         return True
 
@@ -242,7 +244,7 @@ class ConsumeQueueView(View):
         os.makedirs(tdir, exist_ok=True)
         for q in range(info.queues):
             path = os.path.join(tdir, f"{q}.cq")
-            self._files[(name, q)] = QueueFile(path, create=True)
+            self._files[(name, q)] = QueueFile(path, create=True, key=(name, q))
         fsync_dir(tdir)
         fsync_dir(self.directory)
 
@@ -279,7 +281,13 @@ class ConsumeQueueView(View):
     def _publish_round(self) -> None:
         for qf in self._round:
             qf.publish()
+            self._grown.add(qf.key)
         self._round.clear()
+
+    def take_grown(self) -> set[tuple[str, int]]:
+        """The queues that received entries since the last call (long-polls wait for these)."""
+        grown, self._grown = self._grown, set()
+        return grown
 
     def end_round(self, offset: int) -> None:
         self._publish_round()

@@ -1,0 +1,65 @@
+"""Long-polls that hold no thread (DESIGN §10).
+
+A pull that finds nothing new parks an ``asyncio`` future on the event loop of the gRPC server,
+keyed by its queue. After each dispatch round the store tells us which queues grew (from the
+dispatcher's thread, ``notify_threadsafe``); their futures are resolved on the loop and those
+pulls read again. So thousands of idle long-polls cost a future each, not a thread each, and
+cannot starve sends, status or health checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import defaultdict
+
+from broker import metrics
+
+QueueKey = tuple[str, int]
+
+
+class LongPolls:
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._waiting: defaultdict[QueueKey, set[asyncio.Future[None]]] = defaultdict(set)
+        self._count = 0
+
+    def park(self, key: QueueKey) -> asyncio.Future[None]:
+        """A future resolved when ``key`` grows (or on shutdown); on the loop's thread. Park
+        *before* the read that found nothing, so that no growth can slip in between."""
+        fut: asyncio.Future[None] = self._loop.create_future()
+        self._waiting[key].add(fut)
+        self._count += 1
+        metrics.LONG_POLLS.set(self._count)
+        return fut
+
+    def unpark(self, key: QueueKey, fut: asyncio.Future[None]) -> None:
+        waiting = self._waiting.get(key)
+        if waiting is not None and fut in waiting:
+            waiting.discard(fut)
+            if not waiting:
+                del self._waiting[key]
+            self._count -= 1
+            metrics.LONG_POLLS.set(self._count)
+        if not fut.done():
+            fut.cancel()
+
+    async def wait(self, fut: asyncio.Future[None], timeout_s: float) -> None:
+        """Until the queue grows or ``timeout_s`` passes."""
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(fut), timeout_s)
+
+    def notify_threadsafe(self, keys: set[QueueKey] | None) -> None:
+        """From any thread: these queues grew (None: wake everyone, e.g. at shutdown)."""
+        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
+            self._loop.call_soon_threadsafe(self._wake, keys)
+
+    def _wake(self, keys: set[QueueKey] | None) -> None:
+        for key in list(self._waiting) if keys is None else keys:
+            for fut in self._waiting.get(key, ()):
+                if not fut.done():
+                    fut.set_result(None)
+
+    @property
+    def parked(self) -> int:
+        return self._count
