@@ -27,9 +27,10 @@ FREE_DISK = Gauge("tidemark_free_disk_bytes", "Free bytes on the data directory'
 REPLICA_LAG = Gauge("tidemark_replica_lag_bytes", "Master log end minus the replica's acked offset", ["node"],
                     registry=REGISTRY)
 GROUP_LAG = Gauge(
-    "tidemark_consumer_group_lag_messages", "Queue end minus the group's committed offset",
-    ["group", "topic", "queue"], registry=REGISTRY,
+    "tidemark_consumer_group_lag_messages", "Queue ends minus the group's committed offsets, summed over a topic's "
+    "queues (beyond LABEL_VALUES_MAX series, the rest in group=topic=\"other\")", ["group", "topic"], registry=REGISTRY,
 )
+LABEL_VALUES_MAX = 100  # series per per-topic metric: topic names are users' data, and series cost memory
 
 # -- node state for alerting (exported every 5 s from status(); docs/operations.md "Alerts") ------
 IS_MASTER = Gauge("tidemark_is_master", "1 on a master that takes writes, 0 on a slave or a fenced master",
@@ -68,7 +69,21 @@ def export_status(st: Mapping[str, Any]) -> None:
     FOLLOWER_CONNECTED.set(1 if not master and follower.get("connected") else 0)
 
 
-TIMER_PENDING = Gauge("tidemark_timer_pending", "Pending timer messages per target topic", ["topic"], registry=REGISTRY)
+TIMER_PENDING = Gauge("tidemark_timer_pending", "Pending timer messages per target topic (beyond LABEL_VALUES_MAX "
+                      "topics, the rest in topic=\"other\")", ["topic"], registry=REGISTRY)
+
+
+def set_bounded(gauge: Gauge, values: Mapping[tuple[str, ...], float], limit: int = LABEL_VALUES_MAX) -> None:
+    """Replace every series of ``gauge``: the ``limit`` largest label sets keep their own series, the
+    rest are summed into one whose every label is \"other\" (bounded label sets, DESIGN §10)."""
+    ranked = sorted(values.items(), key=lambda kv: -kv[1])
+    kept = dict(ranked[:limit])
+    rest = sum(v for _, v in ranked[limit:])
+    gauge.clear()
+    for labels, value in kept.items():
+        gauge.labels(*labels).set(value)
+    if len(ranked) > limit:
+        gauge.labels(*(["other"] * len(ranked[0][0]))).set(rest)
 TIMER_FIRED = Counter("tidemark_timer_fired", "Timer messages delivered to their topics", registry=REGISTRY)
 TIMER_LATENESS_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 30.0)
 TIMER_LATENESS = Histogram(

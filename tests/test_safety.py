@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -376,3 +377,24 @@ def test_a_thousand_idle_long_polls_starve_nothing(daemon: DaemonProcess) -> Non
         for ch in channels:
             ch.close()
 
+
+
+def test_per_topic_metrics_are_bounded(spawn: Callable[..., DaemonProcess]) -> None:
+    """120 topics with pending timers: /metrics carries at most 100 topic series plus one "other"."""
+    metrics_port = free_port()
+    d = spawn("n", config={"node.metrics_listen": f"127.0.0.1:{metrics_port}"})
+    later = int(time.time() * 1000) + 600_000
+    with BrokerClient(d.address) as c:
+        for i in range(120):
+            c.create_topic(f"secret-{i}")
+            c.send(f"secret-{i}", [Message(b"x", deliver_at_ms=later)] * (i + 1))
+        wait_until(lambda: c.status()["timer_pending"] == sum(range(1, 121)), 30, what="every timer to be pending")
+
+    def series() -> list[str]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+        return [line for line in text.splitlines() if line.startswith("tidemark_timer_pending{")]
+
+    lines = wait_until(series, 10, what="timer series", accept=lambda s: any('topic="other"' in x for x in s))
+    assert len(lines) == 101
+    assert 'tidemark_timer_pending{topic="secret-119"} 120.0' in lines  # the largest keep their own series
+    assert sum(float(x.rsplit(" ", 1)[1]) for x in lines) == sum(range(1, 121))

@@ -196,10 +196,12 @@ class Daemon:
     def _lag_metrics_loop(self) -> None:
         while not self.stopping.wait(5.0):
             try:
+                lag: dict[tuple[str, ...], float] = {}
                 for group, topic, queue, offset in self.store.views.metadata.group_offsets():
                     qf = self.store.views.queues.queue(topic, queue)
                     if qf is not None:
-                        metrics.GROUP_LAG.labels(group, topic, str(queue)).set(qf.next_queue_offset - offset)
+                        lag[(group, topic)] = lag.get((group, topic), 0) + qf.next_queue_offset - offset
+                metrics.set_bounded(metrics.GROUP_LAG, lag)
                 metrics.SEGMENTS.set(len(self.store.log.segments))
                 metrics.export_status(self.store.status())  # also refreshes replica lag and free disk
             except Exception as exc:

@@ -68,8 +68,7 @@ class MetadataView(View):
         self.topics = topics
         self.tiered_uploaded_offset = _U64.unpack(tiered)[0] if tiered is not None else 0
         self._timer_pending = timers
-        for topic, value in timers.items():
-            metrics.TIMER_PENDING.labels(topic).set(value)
+        metrics.set_bounded(metrics.TIMER_PENDING, {(t,): v for t, v in timers.items()})
         if raw is None:
             return False
         self.applied_offset = self._stored_offset = _U64.unpack(raw)[0]
@@ -170,11 +169,12 @@ class MetadataView(View):
         """After the round's commit: readers see the counts together with the rest of the round."""
         with self._lock:
             for topic, value in self._timer_round.items():
-                metrics.TIMER_PENDING.labels(topic).set(max(0, value))
                 if value > 0:
                     self._timer_pending[topic] = value
                 else:
                     self._timer_pending.pop(topic, None)
+            pending: dict[tuple[str, ...], float] = {(t,): float(v) for t, v in self._timer_pending.items()}
+        metrics.set_bounded(metrics.TIMER_PENDING, pending)
         self._timer_round.clear()
 
     def timer_pending(self) -> dict[str, int]:
