@@ -44,6 +44,17 @@ def check(config: Config) -> None:
                 os.unlink(path + suffix)
         return
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(rec["time_ms"] / 1000))
-    wanted = 'node.role = "master"' if role == "master" else f'node.role = "slave", node.master = "{master}"'
-    raise ConfigError(f"node.role: this node became {role} at run time (epoch {rec['epoch']}, {when}) but the "
-                      f"configuration says {config['node.role']}; set {wanted} (or remove {path} to start as configured)")
+    configured = config["node.role"] + (f" of {config['node.master']}" if config["node.role"] == "slave" else "")
+    if role == "master":
+        # The record is only what this node knew when it stopped: another node may have become
+        # master since. Never advise "master" blindly: two masters would follow.
+        raise ConfigError(
+            f"node.role: this node became master at run time (epoch {rec['epoch']}, {when}) but the configuration "
+            f"says {configured}; first check the other node (tidemark status): if it is master now (a higher epoch), "
+            f"remove {path} and start this node as configured (a slave); only if no other node is master, set "
+            'node.role = "master"')
+    raise ConfigError(
+        f"node.role: this node became a slave of {master} at run time (epoch {rec['epoch']}, {when}) but the "
+        f'configuration says {configured}; set node.role = "slave", node.master = "{master}" (starting it as a '
+        f"master would make a second master), or, to follow another master, remove {path} after checking which "
+        "node is master (tidemark status)")

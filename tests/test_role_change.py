@@ -35,7 +35,7 @@ def test_restart_with_a_stale_role_is_refused_until_the_config_agrees(spawn: Spa
     assert m.stop() == 0 and s.stop() == 0
     assert (Path(m.data_dir) / FILE_NAME).exists() and (Path(s.data_dir) / FILE_NAME).exists()
 
-    for node, became in ((m, "slave at run time (epoch 1"), (s, "master at run time (epoch 2")):
+    for node, became in ((m, f"a slave of {s_repl} at run time (epoch 1"), (s, "master at run time (epoch 2")):
         node.start(wait=False)
         assert node.wait_exit(60) == 2
         last = node.tail_log(1)

@@ -398,3 +398,81 @@ def test_per_topic_metrics_are_bounded(spawn: Callable[..., DaemonProcess]) -> N
     assert len(lines) == 101
     assert 'tidemark_timer_pending{topic="secret-119"} 120.0' in lines  # the largest keep their own series
     assert sum(float(x.rsplit(" ", 1)[1]) for x in lines) == sum(range(1, 121))
+
+
+# -- the README's replication runbook ---------------------------------------------------------------------------
+class _ReadmeNode(DaemonProcess):
+    """A daemon started with exactly the arguments a README line gives ``tidemark``."""
+
+    def __init__(self, argv: list[str], data_dir: str, port: int) -> None:
+        super().__init__(data_dir, port=port)
+        self.argv = argv
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "broker.cli", *self.argv]
+
+
+def _readme_runbook() -> list[str]:
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text[text.index("## Replication\n"):]
+    block = section[section.index("```sh\n") + 6:]
+    return block[:block.index("```")].splitlines()
+
+
+def test_the_readme_runbook_never_makes_two_masters(tmp_path: Path) -> None:
+    """Every command of the README's replication block, run in order (a kill -9 where it says so):
+    after each step at most one node is an unfenced master, and the end state is B master, A its slave."""
+    ports = {"7600": str(free_port()), "7601": str(free_port())}
+    nodes: list[_ReadmeNode] = []
+
+    def mapped(word: str) -> str:
+        for old, new in ports.items():
+            word = word.replace(f"127.0.0.1:{old}", f"127.0.0.1:{new}")
+        return word.replace("/srv/", f"{tmp_path}/")
+
+    def masters() -> list[str]:
+        out = []
+        for n in nodes:
+            if n.proc is not None and n.proc.poll() is None:
+                with BrokerClient(n.address) as c:
+                    st = c.status()
+                if st["role"] == "master" and not st["fenced"]:
+                    out.append(n.address)
+        return out
+
+    try:
+        for line in _readme_runbook():
+            command, _, comment = line.partition("#")
+            words = [mapped(w) for w in command.split()]
+            if not words:
+                continue
+            if words[:2] == ["kill", "-9"]:
+                nodes[int(words[2].lstrip("%")) - 1].kill9()
+            elif words[:2] == ["tidemark", "serve"]:
+                assert words[-1] == "&", line
+                argv = words[1:-1]
+                listen = argv[argv.index("--listen") + 1]
+                node = _ReadmeNode(argv, argv[argv.index("--data-dir") + 1], int(listen.rpartition(":")[2]))
+                node.log_path = f"{tmp_path}/node{len(nodes)}.log"
+                nodes.append(node.start())
+            else:
+                assert words[0] == "tidemark", line
+                r = _cli(*words[1:])
+                assert r.returncode == 0, (line, r.stderr)
+                if "in_sync true" in comment:
+                    address = words[words.index("--broker") + 1]
+                    with BrokerClient(address) as c:
+                        wait_until(lambda: c.status()["replication"]["in_sync"], 30, what=line)
+            assert len(masters()) <= 1, (line, masters())
+        a, b = nodes[2], nodes[1]  # A as it came back, and B
+        with BrokerClient(b.address) as c:
+            assert c.status()["role"] == "master"
+            c.send("orders", [Message(b"after the failover")], ack="replica")
+            end = c.status()["max_offset"]
+        with BrokerClient(a.address) as c:
+            assert c.status()["role"] == "slave"
+            wait_until(lambda: c.status()["max_offset"] == end, 30, what="A to follow B")
+        assert masters() == [b.address]
+    finally:
+        for n in nodes:
+            n.kill9()
