@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 
 from broker.config import Config, tiering_enabled
+from broker.invariant import StartupRefused
 from broker.store import Store
 from tieredstore import metrics
 from tieredstore.backend import Backend
@@ -28,7 +29,10 @@ log = structlog.get_logger("tieredstore")
 def make_backend(config: Config, node_id: str = "") -> Backend:
     """The backend the configuration names (tiering must be enabled)."""
     if config["tieredstore.backend"] == "s3":
-        from tieredstore.s3 import S3Backend  # noqa: PLC0415 - boto3 takes ~0.35 s to import: only when used
+        try:
+            from tieredstore.s3 import S3Backend  # noqa: PLC0415 - boto3 takes ~0.35 s to import: only when used
+        except ImportError as exc:
+            raise StartupRefused(f"tieredstore.backend = \"s3\" needs boto3 ({exc}): pip install 'tidemark[s3]'") from None
 
         return S3Backend(
             bucket=config["tieredstore.s3_bucket"], prefix=config["tieredstore.s3_prefix"],
