@@ -16,7 +16,8 @@ import time
 
 import common
 
-BENCHES = ("send_throughput", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers", "tiered")
+BENCHES = ("send_throughput", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
+           "longpoll", "many_queues")
 
 
 def main() -> int:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import threading
 from collections.abc import Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
@@ -20,7 +19,7 @@ import structlog
 from broker import metrics
 from broker.daemon.longpoll import LongPolls
 from broker.daemon.wire import pull_response_bytes
-from broker.errors import MESSAGE_MAX, BrokerError, invalid, not_found, shown
+from broker.errors import MESSAGE_MAX, BrokerError, invalid, shown
 from broker.logformat import system_records
 from broker.ports import IncomingBatch, RoleController
 from broker.security.auth import current_caller
@@ -53,7 +52,6 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.config = store.config
         self.longpolls = longpolls
         self.read_pool = read_pool  # pull reads; sends and admin calls run in the server's own pool
-        self._admin_lock = threading.Lock()
 
     # -- data --------------------------------------------------------------------------------
     def Send(self, request: pb.SendRequest, context: grpc.ServicerContext) -> pb.SendResponse:
@@ -186,10 +184,9 @@ class BrokerService(pb_grpc.BrokerServicer):
             queues = request.queues or 1
             if not 1 <= queues <= system_records.QUEUES_MAX:
                 raise invalid(f"queues must be 1..{system_records.QUEUES_MAX}, got {queues}")
-            with self._admin_lock:
-                if self.store.views.metadata.topic(request.name) is not None:
-                    raise BrokerError("ALREADY_EXISTS", f"topic {shown(request.name)} already exists")
-                self._write_metadata(system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues})
+            # the appender checks "already exists" against its own topic set, under its lock: concurrent
+            # creates are safe and share one group commit
+            self._write_metadata(system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues})
             return pb.CreateTopicResponse(topic=self._topic_info(request.name, queues))
         return _handle(context, run)
 
@@ -197,10 +194,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         def run() -> pb.DeleteTopicResponse:
             if request.name.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"system topic {shown(request.name)} cannot be deleted")
-            with self._admin_lock:
-                if self.store.views.metadata.topic(request.name) is None:
-                    raise not_found(f"unknown topic {shown(request.name)}")
-                self._write_metadata(system_records.TOPIC_DELETE, {"topic": request.name})
+            self._write_metadata(system_records.TOPIC_DELETE, {"topic": request.name})
             return pb.DeleteTopicResponse()
         return _handle(context, run)
 
