@@ -12,9 +12,9 @@ POLL_S = 0.05
 
 
 def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, what: str = "", *, poll_s: float = POLL_S,
-               observe: Callable[[], object] | None = None,
+               accept: Callable[[T], object] = bool, observe: Callable[[], object] | None = None,
                transient: Callable[[Exception], bool] | None = None) -> T:
-    """Call ``probe`` until it returns a truthy value, and return that value.
+    """Call ``probe`` until ``accept`` (by default: truth) takes its result, and return that result.
 
     After ``timeout_s`` it fails with an AssertionError naming ``what`` and the last observation:
     ``observe()`` when given (say, a status), else the probe's last result. An exception for which
@@ -28,7 +28,7 @@ def wait_until(probe: Callable[[], T], timeout_s: float = 30.0, what: str = "", 
                 raise
             last: object = exc
         else:
-            if value:
+            if accept(value):
                 return value
             last = value
         left = deadline - time.monotonic()
