@@ -348,7 +348,9 @@ def test_consumer_resumes_from_its_committed_offset_after_failover(spawn: Callab
     import subprocess
     import sys
 
-    m, s = _pair(spawn)
+    # the slave counts itself in sync for max_lag_ms after it last heard from the master: long enough
+    # for the CLI to start on a loaded machine (1 s was not)
+    m, s = _pair(spawn, slave_cfg={"replication.max_lag_ms": 10_000})
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=2)
         c.send("t", [Message(body=b"%d" % i, key=str(i)) for i in range(100)], ack="replica")
