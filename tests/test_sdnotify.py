@@ -17,7 +17,7 @@ from broker.liveness import FlushProgress
 from broker.procs import DaemonProcess
 from broker.sdnotify import Notifier
 from tests.notifyutil import NotifySocket
-from tests.waits import holds_for
+from tests.waits import holds_for, wait_until
 
 Spawn = Callable[..., DaemonProcess]
 WATCHDOG_USEC = 600_000  # pings expected every 0.3 s
@@ -128,7 +128,8 @@ def test_sighup_reloads_reloadable_keys_and_refuses_the_rest(spawn: Spawn, notif
     with BrokerClient(d.address) as c:
         c.create_topic("before")
         c.send("before", [Message(body=b"%d" % i) for i in range(20)], ack="flush")
-        assert len(c.pull("before", 0, 0, max_messages=1000)) == 20
+        wait_until(lambda: len(c.pull("before", 0, 0, max_messages=1000)) == 20, 5,  # once the views applied them
+                   "all 20 messages in one pull")
         assert "topic=before" in log_path.read_text()  # info lines are logged
 
         _write_config(conf, '[log]\nlevel = "warning"\n[limits]\npull_messages_max = 5\n')
