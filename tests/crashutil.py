@@ -1,4 +1,4 @@
-"""Load, power-loss simulation and checks shared by the crash tests."""
+"""Load (a producer thread), power-loss simulation and checks shared by the crash, replication and tiered tests."""
 
 from __future__ import annotations
 
@@ -10,29 +10,53 @@ from broker.client import BrokerClient, BrokerError, Message
 
 
 class Producer(threading.Thread):
-    """Sends numbered messages with ack=flush until the daemon goes away; remembers what was acked."""
+    """Sends numbered messages (``<name>-<seq>-xxx…``) until stopped; remembers what was acknowledged.
 
-    def __init__(self, address: str, topic: str, name: str, batch: int = 40, body_bytes: int = 200) -> None:
+    A refused send ends the thread (the daemon went away), unless ``retry``: then it is counted in
+    ``errors`` and, after a pause, the next batch goes out with new bodies (the refused one's outcome is
+    unknown: it may or may not be stored, it is never acked). ``switched``: a send was acknowledged
+    through another address than the first (the client followed a failover). ``keys``: message keys
+    cycle through that many values (0: no keys)."""
+
+    def __init__(self, addresses: str | list[str], topic: str, name: str, *, ack: str = "flush", batch: int = 40,
+                 body_bytes: int = 200, keys: int = 0, retry: bool = False, pause_s: float = 0.0,
+                 timeout_s: float = 5.0) -> None:
         super().__init__(daemon=True)
-        self.address = address
+        self.addresses = [addresses] if isinstance(addresses, str) else addresses
         self.topic = topic
         self.name_ = name
+        self.ack = ack
         self.batch = batch
         self.body_bytes = body_bytes
+        self.keys = keys
+        self.retry = retry
+        self.pause_s = pause_s
+        self.timeout_s = timeout_s
         self.acked: list[bytes] = []
+        self.errors = 0
+        self.switched = False
         self.stop = threading.Event()
 
     def run(self) -> None:
         seq = 0
-        with BrokerClient(self.address, timeout_s=5) as c:
+        with BrokerClient(self.addresses, timeout_s=self.timeout_s) as c:
             while not self.stop.is_set():
                 bodies = [b"%s-%08d-" % (self.name_.encode(), seq + i) + b"x" * self.body_bytes for i in range(self.batch)]
-                try:
-                    c.send(self.topic, [Message(body=b) for b in bodies], ack="flush")
-                except BrokerError:
-                    return
-                self.acked += bodies
                 seq += self.batch
+                messages = [Message(body=b, key=str(i % self.keys) if self.keys else None) for i, b in enumerate(bodies)]
+                try:
+                    c.send(self.topic, messages, ack=self.ack)
+                except BrokerError:
+                    self.errors += 1
+                    if not self.retry:
+                        return
+                    self.stop.wait(0.1)
+                    continue
+                if c.addresses[c._current] != self.addresses[0]:
+                    self.switched = True
+                self.acked += bodies
+                if self.pause_s:
+                    self.stop.wait(self.pause_s)
 
 
 def drop_unsynced_bytes(journal: str) -> int:

@@ -15,12 +15,12 @@ import shutil
 import signal
 import subprocess
 import tempfile
-import time
 import urllib.request
 import uuid
 from typing import Any
 
 from tests.procs import free_port
+from tests.waits import wait_until
 
 ACCESS_KEY = "tidemark-test"
 SECRET_KEY = "tidemark-test-secret"
@@ -125,7 +125,7 @@ class RadosGateway:
         for attempt in range(attempts):
             try:
                 return self._start(timeout_s)
-            except (RuntimeError, TimeoutError, subprocess.SubprocessError) as exc:
+            except (RuntimeError, AssertionError, subprocess.SubprocessError) as exc:  # AssertionError: a wait timed out
                 kept = tempfile.mkdtemp(prefix="radosgw-failed-")
                 shutil.copytree(os.path.join(self.dir, "log"), os.path.join(kept, "log"), dirs_exist_ok=True)
                 self.stop()
@@ -154,27 +154,25 @@ class RadosGateway:
         self._run("radosgw-admin", *c, "user", "create", "--uid", "tidemark", "--display-name", "tidemark",
                   "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY, timeout_s=120)
         self._spawn("rgw", "radosgw", "-f", *c, "-n", "client.rgw.a")
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        def serving() -> bool:
             for p in self.procs:
                 if p.poll() is not None:
                     raise RuntimeError(f"a ceph process exited with {p.returncode}; logs in {self.dir}/log")
-            try:
-                with urllib.request.urlopen(self.endpoint, timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.2)
-        raise TimeoutError(f"radosgw on {self.endpoint} not ready after {timeout_s}s")
+            with urllib.request.urlopen(self.endpoint, timeout=1):
+                return True
+
+        wait_until(serving, timeout_s, f"radosgw serving on {self.endpoint}", poll_s=0.2,
+                   transient=lambda exc: isinstance(exc, OSError))
+        return self
 
     def _wait_osd_up(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def osd_up() -> bool:
             out = subprocess.run(["ceph", "--conf", self.conf, "--connect-timeout", "10", "osd", "dump", "--format", "json"],
                                  capture_output=True, text=True, timeout=60, check=False)
-            if out.returncode == 0 and any(o.get("up") for o in json.loads(out.stdout).get("osds", [])):
-                return
-            time.sleep(0.5)
-        raise TimeoutError(f"the OSD did not come up in {timeout_s}s")
+            return out.returncode == 0 and any(o.get("up") for o in json.loads(out.stdout).get("osds", []))
+
+        wait_until(osd_up, timeout_s, "the OSD up", poll_s=0.5)
 
     def stop(self) -> None:
         for p in reversed(self.procs):

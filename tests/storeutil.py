@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import time
-
 import crc32c
 
 from broker.config import Config
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.store import IncomingBatch, Store
+from tests.waits import wait_until
 
 
 def open_store(path: str, **overrides: object) -> Store:
@@ -32,11 +31,15 @@ def send(s: Store, topic: str, bodies: list[bytes], queue: int = 0) -> int:
     return end
 
 
+def wait_views_applied(s: Store, offset: int, timeout_s: float = 5) -> None:
+    """Until the store's applied offset (the lowest of its views') reaches ``offset``."""
+    wait_until(lambda: s.watermarks.applied_offset >= offset, timeout_s, f"the views to apply up to {offset}", poll_s=0.002,
+               observe=lambda: {v.name: v.applied_offset for v in s.views})
+
+
 def read_all(s: Store, topic: str, queue: int = 0) -> list[bytes]:
     """Everything readable once the views caught up with the confirm offset."""
-    deadline = time.monotonic() + 5
-    while s.watermarks.applied_offset < s.watermarks.confirm_offset and time.monotonic() < deadline:
-        time.sleep(0.002)
+    wait_views_applied(s, s.watermarks.confirm_offset)
     out: list[bytes] = []
     offset = s.reads.queue_bounds(topic, queue)[0]
     while True:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ from pathlib import Path
 from broker.client import BrokerClient, Message
 from tests.aptutil import require_tool
 from tests.procs import DaemonProcess, free_port
+from tests.waits import wait_until
 
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheus" / "tidemark-alerts.yml"
 EXPORT_INTERVAL_S = 5.0  # broker.server: node-state gauges are refreshed this often
@@ -45,11 +45,16 @@ def test_rules_use_metrics_a_master_and_slave_export(spawn: Callable[..., Daemon
     with BrokerClient(master.address) as c:
         c.create_topic("t")
         c.send("t", [Message(body=b"x")], ack="replica")
-    time.sleep(EXPORT_INTERVAL_S + 1.0)
     used = set(re.findall(r"\btidemark_\w+", RULES.read_text()))
-    names, master_values = _scrape(mport)
+
+    def exported(scraped: tuple[set[str], dict[str, float], dict[str, float]]) -> bool:
+        names, master_values, slave_values = scraped  # the node-state gauges are set at the first export
+        return (not used - names and master_values.get("tidemark_insync_replicas") == 1
+                and slave_values.get("tidemark_follower_connected") == 1)
+
+    names, master_values, slave_values = wait_until(lambda: (*_scrape(mport), _scrape(sport)[1]), 3 * EXPORT_INTERVAL_S,
+                                                    "the node-state gauges exported", accept=exported)
     assert used and not used - names, f"not exported: {sorted(used - names)}"
-    _, slave_values = _scrape(sport)
     assert master_values["tidemark_is_master"] == 1 and master_values["tidemark_insync_replicas"] == 1
     assert slave_values["tidemark_is_master"] == 0 and slave_values["tidemark_follower_connected"] == 1
     assert master_values["tidemark_epoch"] == slave_values["tidemark_epoch"] == 1

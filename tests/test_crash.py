@@ -10,7 +10,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -59,7 +58,7 @@ def _crash_and_check(spawn: Callable[..., DaemonProcess], tmp_path: Path, failpo
                     n += 1
                 except Exception:  # the daemon is expected to die
                     return
-                time.sleep(0.01)
+                committer_stop.wait(0.01)
 
     committer = threading.Thread(target=commit_offsets, daemon=True)
     committer.start()

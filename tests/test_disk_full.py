@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
 from tests.procs import DaemonProcess
+from tests.waits import wait_until
 
 MiB = 1 << 20
 
@@ -75,7 +75,8 @@ def test_full_disk_refuses_then_resumes(spawn: Callable[..., DaemonProcess], sma
         assert acked
         assert c.status()["role"] == "master"
         filler.unlink()
-        time.sleep(0.3)
+        wait_until(lambda: c.status()["free_disk_bytes"] >= min_free_bytes + MiB, 10, "the freed space seen by the broker",
+                   observe=lambda: c.status()["free_disk_bytes"])
         c.send("t", [Message(body=b"after")], ack="flush")
         stored = _read_all(c)
     assert stored[: len(acked)] == acked and stored[-1] == b"after"

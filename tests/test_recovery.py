@@ -3,23 +3,60 @@
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
 
 from broker.invariant import StartupRefused
-from tests.storeutil import create_topic, open_store, read_all, send
+from broker.store import Store
+from tests.storeutil import create_topic, open_store, read_all, send, wait_views_applied
 
 
 def _segment(path: Path) -> Path:
     return sorted((path / "log").glob("*.log"))[-1]
 
 
-def _wait_applied(s, offset: int) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + 5
-    while s.watermarks.applied_offset < offset and time.monotonic() < deadline:
-        time.sleep(0.005)
+def _flip_byte(seg: Path, at: int) -> None:
+    """Invert one byte of a segment file in place (``at`` < 0 counts from the end)."""
+    data = bytearray(seg.read_bytes())
+    data[at] ^= 0xFF
+    seg.write_bytes(bytes(data))
+
+
+def _refused_cutting_nothing(tmp_path: Path, seg: Path, match: str) -> None:
+    """Start-up is refused with a reason matching ``match``, and the damaged segment keeps every byte."""
+    size = seg.stat().st_size
+    with pytest.raises(StartupRefused, match=match):
+        open_store(str(tmp_path))
+    assert seg.stat().st_size == size
+
+
+def _crashed_store(tmp_path: Path, body: bytes, sends: int, per_send: int) -> list[int]:
+    """Topic t takes ``sends`` sends of ``per_send`` copies of ``body``, then the store crashes, its view
+    checkpoints removed (recovery scans from the start). Returns the log end after each send."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    ends = [send(s, "t", [body] * per_send) for _ in range(sends)]
+    s.crash_close()
+    for p in (tmp_path / "checkpoints").iterdir():
+        p.unlink()
+    return ends
+
+
+def _applied_store(tmp_path: Path, sends: list[list[bytes]], **overrides: object) -> Store:
+    """A store whose topic t took each of ``sends`` (one send each), every view applied up to the end."""
+    s = open_store(str(tmp_path), **overrides)
+    create_topic(s, "t")
+    for bodies in sends:
+        end = send(s, "t", bodies)
+    wait_views_applied(s, end)
+    return s
+
+
+def _store_over_retention(tmp_path: Path, retention_bytes: int) -> Store:
+    """A store of 64 KiB segments holding about 400 KiB, all applied: far over ``retention_bytes``."""
+    return _applied_store(tmp_path, [[b"y" * 1000] * 20] * 20,
+                          **{"commitlog.segment_bytes": 64 * 1024, "retention.local_bytes": retention_bytes})
 
 
 def test_clean_restart_replays_nothing(tmp_path: Path) -> None:
@@ -37,11 +74,7 @@ def test_clean_restart_replays_nothing(tmp_path: Path) -> None:
 @pytest.mark.parametrize("tail", ["zeros", "partial", "garbage_last"])
 def test_torn_tail_is_truncated_and_kept(tmp_path: Path, tail: str) -> None:
     """A torn last batch is cut, saved under quarantine/, and every whole batch survives."""
-    s = open_store(str(tmp_path))
-    create_topic(s, "t")
-    for i in range(5):
-        end = send(s, "t", [b"m%d" % i] * 10)
-    _wait_applied(s, end)
+    s = _applied_store(tmp_path, [[b"m%d" % i] * 10 for i in range(5)])
     s.crash_close()
     seg = _segment(tmp_path)
     with open(seg, "ab") as f:
@@ -50,9 +83,7 @@ def test_torn_tail_is_truncated_and_kept(tmp_path: Path, tail: str) -> None:
         elif tail == "partial":
             f.write(seg.read_bytes()[-300:-100])  # the start of a batch copy, cut short
     if tail == "garbage_last":  # flip a byte inside the last whole batch's body
-        data = bytearray(seg.read_bytes())
-        data[-3] ^= 0xFF
-        seg.write_bytes(bytes(data))
+        _flip_byte(seg, -3)
     s = open_store(str(tmp_path))
     assert s.recovery_report["truncated_bytes"] > 0
     assert list((tmp_path / "quarantine").iterdir())
@@ -63,20 +94,10 @@ def test_torn_tail_is_truncated_and_kept(tmp_path: Path, tail: str) -> None:
 
 def test_mid_log_corruption_refuses_start_naming_segment_and_offset(tmp_path: Path) -> None:
     """A CRC mismatch followed by valid batches is corruption: refuse and say where."""
-    s = open_store(str(tmp_path))
-    create_topic(s, "t")
-    ends = [send(s, "t", [b"x" * 100] * 10) for _ in range(5)]
-    s.crash_close()
+    ends = _crashed_store(tmp_path, b"x" * 100, 5, 10)
     seg = _segment(tmp_path)
-    data = bytearray(seg.read_bytes())
-    bad = ends[1] + 200  # inside the third data batch
-    data[bad] ^= 0xFF
-    seg.write_bytes(bytes(data))
-    # make recovery scan from the start: remove the view checkpoints
-    for p in (tmp_path / "checkpoints").iterdir():
-        p.unlink()
-    with pytest.raises(StartupRefused, match=rf"{seg.name} at offset {ends[1]}"):
-        open_store(str(tmp_path))
+    _flip_byte(seg, ends[1] + 200)  # inside the third data batch
+    _refused_cutting_nothing(tmp_path, seg, rf"{seg.name} at offset {ends[1]}")
 
 
 def test_missing_identity_refuses_non_new_dir(tmp_path: Path) -> None:
@@ -110,11 +131,7 @@ def test_lost_view_checkpoints_rebuild_from_log(tmp_path: Path) -> None:
 
 def test_lost_checkpoint_after_retention_refuses(tmp_path: Path) -> None:
     """Without a checkpoint and with the log head deleted, start-up is refused with the reason."""
-    s = open_store(str(tmp_path), **{"commitlog.segment_bytes": 64 * 1024, "retention.local_bytes": 128 * 1024})
-    create_topic(s, "t")
-    for _ in range(20):
-        end = send(s, "t", [b"y" * 1000] * 20)
-    _wait_applied(s, end)
+    s = _store_over_retention(tmp_path, 128 * 1024)
     s.dispatcher.checkpoint_views()
     s.dispatcher.checkpoint_views()
     assert s.retention.enforce()
@@ -128,15 +145,11 @@ def test_lost_checkpoint_after_retention_refuses(tmp_path: Path) -> None:
 
 def test_replay_starts_at_each_views_checkpoint(tmp_path: Path) -> None:
     """An unclean restart replays only what lies above the views' checkpoints."""
-    s = open_store(str(tmp_path))
-    create_topic(s, "t")
-    for _ in range(10):
-        end = send(s, "t", [b"z" * 1000] * 50)
-    _wait_applied(s, end)
+    s = _applied_store(tmp_path, [[b"z" * 1000] * 50] * 10)
     s.dispatcher.checkpoint_views()
     checkpointed = s.watermarks.applied_offset
     tail_end = send(s, "t", [b"tail"] * 5)
-    _wait_applied(s, tail_end)
+    wait_views_applied(s, tail_end)
     s.crash_close()
     s = open_store(str(tmp_path))
     assert s.recovery_report["clean"] is False
@@ -148,11 +161,7 @@ def test_replay_starts_at_each_views_checkpoint(tmp_path: Path) -> None:
 
 def test_retention_never_deletes_what_views_need(tmp_path: Path) -> None:
     """Segments above the lowest view checkpoint stay, however far over the size limit."""
-    s = open_store(str(tmp_path), **{"commitlog.segment_bytes": 64 * 1024, "retention.local_bytes": 64 * 1024})
-    create_topic(s, "t")
-    for _ in range(20):
-        end = send(s, "t", [b"y" * 1000] * 20)
-    _wait_applied(s, end)
+    s = _store_over_retention(tmp_path, 64 * 1024)
     assert s.retention.enforce() == []  # nothing checkpointed yet: the views need everything
     s.dispatcher.checkpoint_views()
     assert s.retention.enforce() == []  # recovery may still fall back to the previous (.bak) checkpoint
@@ -181,40 +190,24 @@ def test_segments_roll_and_reads_span_them(tmp_path: Path) -> None:
 
 def test_zeroed_length_followed_by_data_is_corruption(tmp_path: Path) -> None:
     """A zero length field with valid batches after it is not a torn tail: refuse, cut nothing."""
-    s = open_store(str(tmp_path))
-    create_topic(s, "t")
-    ends = [send(s, "t", [b"v" * 100] * 5) for _ in range(4)]
-    s.crash_close()
-    for p in (tmp_path / "checkpoints").iterdir():
-        p.unlink()
+    ends = _crashed_store(tmp_path, b"v" * 100, 4, 5)
     seg = _segment(tmp_path)
     data = bytearray(seg.read_bytes())
     data[ends[0] : ends[0] + 4] = b"\0\0\0\0"
     seg.write_bytes(bytes(data))
-    size = seg.stat().st_size
-    with pytest.raises(StartupRefused, match="zeroed batch length is followed by data"):
-        open_store(str(tmp_path))
-    assert seg.stat().st_size == size
+    _refused_cutting_nothing(tmp_path, seg, "zeroed batch length is followed by data")
 
 
 def test_damage_below_applied_views_is_never_truncated(tmp_path: Path) -> None:
     """A torn-looking tail below what views already applied refuses start-up instead of cutting."""
-    s = open_store(str(tmp_path))
-    create_topic(s, "t")
-    for _ in range(3):
-        end = send(s, "t", [b"w" * 100] * 5)
-    _wait_applied(s, end)
+    s = _applied_store(tmp_path, [[b"w" * 100] * 5] * 3)
     s.dispatcher.checkpoint_views()
     s.crash_close()
     for p in (tmp_path / "checkpoints").glob("producer_state.ckpt*"):
         p.unlink()  # one view rebuilds from 0, so the scan covers the damaged batch
     seg = _segment(tmp_path)
-    data = bytearray(seg.read_bytes())
-    data[-3] ^= 0xFF  # the last batch: looks torn, but the consume queues have applied it
-    seg.write_bytes(bytes(data))
-    with pytest.raises(StartupRefused, match="refusing to truncate"):
-        open_store(str(tmp_path))
-    assert seg.stat().st_size == len(data)
+    _flip_byte(seg, -3)  # the last batch: looks torn, but the consume queues have applied it
+    _refused_cutting_nothing(tmp_path, seg, "refusing to truncate")
 
 
 def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -11,8 +11,11 @@ import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
 from tests.crashutil import Producer, check_history, read_everything
+from tests.nodeutil import log_bytes, offsets_recorded
+from tests.nodeutil import status as _status
 from tests.procs import DaemonProcess
 from tests.tcpproxy import TcpProxy
+from tests.waits import wait_until
 
 QUEUES = 3
 FAST = {"replication.max_lag_ms": 1000, "checkpoint.interval_ms": 100}
@@ -25,32 +28,17 @@ def _pair(spawn: Callable[..., DaemonProcess], master_cfg: dict[str, object] | N
     return m, s
 
 
-def _wait(cond: Callable[[], bool], timeout_s: float = 15, what: str = "") -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            if cond():
-                return
-        except BrokerError as exc:  # a node re-executing itself to bootstrap is briefly unreachable
-            if exc.code != grpc.StatusCode.UNAVAILABLE:
-                raise
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+def _unreachable(exc: Exception) -> bool:
+    """A node re-executing itself to bootstrap is briefly unreachable: not yet, rather than an error."""
+    return isinstance(exc, BrokerError) and exc.code == grpc.StatusCode.UNAVAILABLE
 
 
-def _status(d: DaemonProcess) -> dict[str, object]:
-    with BrokerClient(d.address) as c:
-        return c.status()
+_wait = partial(wait_until, timeout_s=15, transient=_unreachable)
 
 
 def _in_sync(m: DaemonProcess) -> bool:
     reps = _status(m)["replicas"]
     return bool(reps) and all(r["in_sync"] for r in reps)  # type: ignore[index, union-attr]
-
-
-def _logs(d: DaemonProcess) -> bytes:
-    log_dir = Path(d.data_dir) / "log"
-    return b"".join(p.read_bytes() for p in sorted(log_dir.glob("*.log")))
 
 
 def _metadata(d: DaemonProcess) -> dict[str, object]:
@@ -61,8 +49,10 @@ def _metadata(d: DaemonProcess) -> dict[str, object]:
 
 
 def _converged(a: DaemonProcess, b: DaemonProcess) -> bool:
+    """Same log end, all of it confirmed and applied by the views on both nodes (so reads see it all)."""
     sa, sb = _status(a), _status(b)
-    return sa["max_offset"] == sb["max_offset"] == sa["confirm_offset"] == sb["confirm_offset"]
+    return (sa["max_offset"] == sb["max_offset"] == sa["confirm_offset"] == sb["confirm_offset"]
+            == sa["applied_offset"] == sb["applied_offset"])
 
 
 def test_slave_copies_the_log_byte_for_byte(spawn: Callable[..., DaemonProcess]) -> None:
@@ -73,10 +63,9 @@ def test_slave_copies_the_log_byte_for_byte(spawn: Callable[..., DaemonProcess])
         for i in range(20):
             c.send("t", [Message(body=b"%d-%d" % (i, j), key=str(j)) for j in range(200)], ack="replica")
         c.commit_offset("g", "t", 1, 5)
-    _wait(lambda: _converged(m, s), what="convergence")
-    time.sleep(0.5)  # one offsets flush interval, then the record replicates
-    _wait(lambda: _converged(m, s), what="offsets record")
-    assert _logs(m) == _logs(s)
+    _wait(lambda: offsets_recorded(m.address, "g", "t", {1: 5}) and _converged(m, s),
+          what="the offsets record written, then convergence")
+    assert log_bytes(m) == log_bytes(s)
     assert read_everything(m.address, "t", QUEUES) == read_everything(s.address, "t", QUEUES)
     _wait(lambda: _metadata(s) == _metadata(m), what="metadata")
     assert _metadata(s)["offsets"][("t", 1)] == 5  # type: ignore[index]
@@ -115,19 +104,26 @@ def test_failover_under_load_loses_nothing_acknowledged(spawn: Callable[..., Dae
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=QUEUES)
     _wait(lambda: _in_sync(m), what="slave in sync")
-    producers = [ReplicaProducer([m.address, s.address], f"p{i}") for i in range(2)]
+    producers = [Producer([m.address, s.address], "t", f"p{i}", ack="replica", batch=20, body_bytes=100, retry=True,
+                          timeout_s=3) for i in range(2)]
     for p in producers:
         p.start()
-    time.sleep(1.5)
+    _wait(lambda: all(len(p.acked) >= 1000 for p in producers), what="ack=replica load on the master",
+          observe=lambda: [len(p.acked) for p in producers])
+    errors = [p.errors for p in producers]
     m.kill9()
     with BrokerClient(s.address) as c:
         epoch = c.promote()
     assert epoch == 2
-    time.sleep(1.5)  # producers carry on against the new master
+    _wait(lambda: all(p.errors > e for p, e in zip(producers, errors, strict=True)),  # they retry from here on
+          what="a send of every producer failed by the master's death", observe=lambda: [p.errors for p in producers])
     m.config = {**FAST, "node.role": "slave", "node.master": s.address, "replication.min_insync_replicas": 2}
     m.start()
     _wait(lambda: _status(m)["replication"]["connected"], what="old master following")  # type: ignore[index]
-    time.sleep(1.0)
+    before = [len(p.acked) for p in producers]
+    _wait(lambda: all(p.switched and len(p.acked) >= n + 200 for p, n in zip(producers, before, strict=True)),
+          what="producers carrying on against the new master, the old one following",
+          observe=lambda: [(p.switched, len(p.acked), p.errors) for p in producers])
     for p in producers:
         p.stop.set()
     for p in producers:
@@ -137,7 +133,7 @@ def test_failover_under_load_loses_nothing_acknowledged(spawn: Callable[..., Dae
     _wait(lambda: _converged(m, s), what="convergence after failover")
     check_history(acked, read_everything(s.address, "t", QUEUES))
     assert read_everything(m.address, "t", QUEUES) == read_everything(s.address, "t", QUEUES)
-    assert _logs(m) == _logs(s)
+    assert log_bytes(m) == log_bytes(s)
     assert _metadata(m) == _metadata(s)
     assert _status(m)["epoch"] == _status(s)["epoch"] == 2
 
@@ -163,7 +159,7 @@ def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProces
         m.config = {**FAST, "node.role": "slave", "node.master": s.address}
         m.start()
         _wait(lambda: _converged(m, s), what="convergence")
-        assert _logs(m) == _logs(s)
+        assert log_bytes(m) == log_bytes(s)
         with BrokerClient(m.address) as c:
             assert [x.body for x in c.pull("t", 0, 0, 100)] == [b"common"] * 10 + [b"new"] * 3
         assert list((Path(m.data_dir) / "log").glob("*.log"))
@@ -228,31 +224,6 @@ def test_promote_refused_when_not_known_in_sync(spawn: Callable[..., DaemonProce
         assert c.status()["role"] == "master"
 
 
-class ReplicaProducer(Producer):
-    """ack=replica producer that follows failover through the client's address list."""
-
-    def __init__(self, addresses: list[str], name: str) -> None:
-        super().__init__(addresses[0], "t", name, batch=20)
-        self.addresses = addresses
-        self.switched = False
-
-    def run(self) -> None:
-        seq = 0
-        with BrokerClient(self.addresses, timeout_s=3) as c:
-            while not self.stop.is_set():
-                bodies = [b"%s-%08d-" % (self.name_.encode(), seq + i) + b"r" * 100 for i in range(self.batch)]
-                try:
-                    c.send(self.topic, [Message(body=b) for b in bodies], ack="replica")
-                except BrokerError:
-                    time.sleep(0.1)  # outcome unknown: these bodies may or may not be stored (never acked)
-                    seq += self.batch
-                    continue
-                if c.addresses[c._current] != self.addresses[0]:
-                    self.switched = True
-                self.acked += bodies
-                seq += self.batch
-
-
 TRIM = {"commitlog.segment_bytes": 256 * 1024, "retention.local_bytes": 512 * 1024,
         "retention.check_interval_ms": 100, "checkpoint.interval_ms": 50}
 
@@ -264,12 +235,14 @@ def _fill(address: str, batches: int, body_bytes: int = 1000, per_batch: int = 1
 
 
 def _tail_logs_equal(m: DaemonProcess, s: DaemonProcess) -> None:
-    """Both logs hold the same bytes over the range both still have."""
-    sm, ss = _status(m), _status(s)
-    start = max(int(sm["min_offset"]), int(ss["min_offset"]))  # type: ignore[call-overload]
-    end = int(sm["max_offset"])  # type: ignore[call-overload]
-    lm, ls = _logs(m), _logs(s)
-    assert lm[start - int(sm["min_offset"]):end - int(sm["min_offset"])] == ls[start - int(ss["min_offset"]):end - int(ss["min_offset"])]  # type: ignore[call-overload]
+    """Both logs hold the same bytes over the range both still have, up to the (converged) log end.
+    Each log's first offset comes from its own segment files (retention may delete a head segment
+    between a status call and the read)."""
+    end = int(_status(m)["max_offset"])
+    (start_m, lm), (start_s, ls) = log_bytes(m), log_bytes(s)
+    start = max(start_m, start_s)
+    assert start_m + len(lm) >= end and start_s + len(ls) >= end, (start_m, len(lm), start_s, len(ls), end)
+    assert lm[start - start_m : end - start_m] == ls[start - start_s : end - start_s]
 
 
 def test_empty_slave_bootstraps_from_a_trimmed_master(spawn: Callable[..., DaemonProcess]) -> None:
@@ -328,7 +301,7 @@ def test_empty_slave_joins_a_master_with_1gib_of_log(spawn: Callable[..., Daemon
             c.send("t", body, ack="leader")
     s = spawn("s", config={"node.role": "slave", "node.master": m.address})
     _wait(lambda: _converged(m, s), timeout_s=120, what="1 GiB convergence")
-    assert _logs(m) == _logs(s)
+    assert log_bytes(m) == log_bytes(s)
 
 
 def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
@@ -342,7 +315,7 @@ def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
         c.create_topic("t")
         c.send("t", [Message(body=b"x")] * 10, ack="replica")
     _wait(lambda: _converged(m, s), what="convergence over the replication port")
-    assert _logs(m) == _logs(s)
+    assert log_bytes(m) == log_bytes(s)
 
 
 PAIR_TOKEN = "pair-token-0123456789"
@@ -382,14 +355,18 @@ def test_consumer_resumes_from_its_committed_offset_after_failover(spawn: Callab
     import subprocess
     import sys
 
-    m, s = _pair(spawn)
+    # the slave counts itself in sync for max_lag_ms after it last heard from the master: long enough
+    # for the CLI to start on a loaded machine (1 s was not)
+    m, s = _pair(spawn, slave_cfg={"replication.max_lag_ms": 10_000})
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=2)
         c.send("t", [Message(body=b"%d" % i, key=str(i)) for i in range(100)], ack="replica")
-        got = {q: len(c.pull("t", q, 0, 1000)) for q in range(2)}
+        got = _wait(lambda: {q: len(c.pull("t", q, 0, 1000)) for q in range(2)},  # once the views applied them
+                    accept=lambda counts: sum(counts.values()) == 100, what="all 100 messages readable")
         for q, n in got.items():
             c.commit_offset("g", "t", q, n - 1)
-    time.sleep(0.4)  # > offsets.flush_interval_ms: the batched offsets record is written and shipped
+    _wait(lambda: offsets_recorded(m.address, "g", "t", {q: n - 1 for q, n in got.items()}) and _converged(m, s),
+          what="the batched offsets record written and shipped")
     m.kill9()
     out = subprocess.run([sys.executable, "-m", "broker.cli", "promote", "--broker", s.address],
                          check=False, capture_output=True, text=True, timeout=60)

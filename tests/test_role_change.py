@@ -2,22 +2,15 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerClient, Message
 from replication.role_record import FILE_NAME
 from tests.procs import DaemonProcess, free_port
+from tests.waits import wait_until
 
 Spawn = Callable[..., DaemonProcess]
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.1)
 
 
 def test_restart_with_a_stale_role_is_refused_until_the_config_agrees(spawn: Spawn) -> None:
@@ -50,5 +43,6 @@ def test_restart_with_a_stale_role_is_refused_until_the_config_agrees(spawn: Spa
         c.send("t", [Message(body=b"restarted")], ack="replica")
         end = c.status()["max_offset"]
     with BrokerClient(m.address) as c:
-        _wait(lambda: c.status()["confirm_offset"] == end)
+        wait_until(lambda: c.status()["confirm_offset"] == end, 20, "the restarted slave confirming the new end",
+                   observe=c.status)
         assert [x.body for x in c.pull("t", 0, 0)] == [b"before", b"after", b"restarted"]

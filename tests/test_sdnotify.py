@@ -17,6 +17,7 @@ from broker.daemon.liveness import FlushProgress
 from broker.daemon.sdnotify import Notifier
 from tests.notifyutil import NotifySocket
 from tests.procs import DaemonProcess
+from tests.waits import holds_for, wait_until
 
 Spawn = Callable[..., DaemonProcess]
 WATCHDOG_USEC = 600_000  # pings expected every 0.3 s
@@ -100,9 +101,11 @@ def test_ready_only_after_recovery_then_watchdog_then_stopping(spawn: Spawn, not
     assert any(s.startswith("recovering ") for s in statuses), statuses
     assert "as master" in notify.messages[ready].fields["STATUS"]
     assert notify.messages[ready].at > t0
-    time.sleep(1.6)
-    pings = notify.count("WATCHDOG", after=ready)
-    assert 3 <= pings <= 8, pings  # every 0.3 s
+    pings = [ready]
+    for _ in range(6):
+        pings.append(notify.wait_for("WATCHDOG", "1", after=pings[-1] + 1, timeout_s=10))
+    gap_s = (notify.messages[pings[-1]].at - notify.messages[pings[1]].at) / 5
+    assert 0.2 <= gap_s <= 0.53, gap_s  # every 0.3 s (3 to 8 pings in 1.6 s)
     _signal(d, signal.SIGTERM)
     stopping = notify.wait_for("STOPPING", "1", after=ready)
     assert "stopping" in notify.messages[stopping].fields["STATUS"]
@@ -125,7 +128,8 @@ def test_sighup_reloads_reloadable_keys_and_refuses_the_rest(spawn: Spawn, notif
     with BrokerClient(d.address) as c:
         c.create_topic("before")
         c.send("before", [Message(body=b"%d" % i) for i in range(20)], ack="flush")
-        assert len(c.pull("before", 0, 0, max_messages=1000)) == 20
+        wait_until(lambda: len(c.pull("before", 0, 0, max_messages=1000)) == 20, 5,  # once the views applied them
+                   "all 20 messages in one pull")
         assert "topic=before" in log_path.read_text()  # info lines are logged
 
         _write_config(conf, '[log]\nlevel = "warning"\n[limits]\npull_messages_max = 5\n')
@@ -136,7 +140,7 @@ def test_sighup_reloads_reloadable_keys_and_refuses_the_rest(spawn: Spawn, notif
         assert notify.messages[ready].fields["STATUS"].startswith("reloaded (2 changed)")
         assert len(c.pull("before", 0, 0, max_messages=1000)) == 5
         c.create_topic("after")
-        time.sleep(0.2)
+        holds_for(lambda: "topic=after" not in log_path.read_text(), 0.2, "info lines staying out of the log")
         text = log_path.read_text()
         assert "reloaded" in text and "pull_messages_max" in text
         assert "topic=after" not in text  # info is below the new level

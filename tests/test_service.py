@@ -17,7 +17,9 @@ from broker.client import BrokerClient, BrokerError, Message
 from broker.logformat import batch as bf
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from tests.nodeutil import offsets_recorded
 from tests.procs import DaemonProcess, free_port
+from tests.waits import holds_for, wait_until
 
 
 def _stub(d: DaemonProcess) -> pb_grpc.BrokerStub:
@@ -54,9 +56,7 @@ def test_ack_modes_and_visibility(daemon: DaemonProcess) -> None:
         c.create_topic("t")
         for ack in ("leader", "flush", "replica"):
             c.send("t", [Message(body=ack.encode())], ack=ack)
-        deadline = time.monotonic() + 5
-        while len(c.pull("t", 0, 0)) < 3 and time.monotonic() < deadline:
-            time.sleep(0.01)
+        wait_until(lambda: len(c.pull("t", 0, 0)) >= 3, 5, "three messages readable", poll_s=0.01)
         assert [m.body for m in c.pull("t", 0, 0)] == [b"leader", b"flush", b"replica"]
         st = c.status()
         assert st["max_offset"] >= st["flushed_offset"] >= st["confirm_offset"] > 0
@@ -145,25 +145,23 @@ def test_long_poll_pull_wakes_on_new_data(daemon: DaemonProcess) -> None:
         assert len(c.pull("t", 0, 0, max_wait_ms=300)) == 0
         assert time.monotonic() - t0 >= 0.28
 
-        def later() -> None:
-            time.sleep(0.3)
-            with BrokerClient(daemon.address) as p:
-                p.send("t", [Message(body=b"late")], ack="leader")
-
-        threading.Thread(target=later).start()
+        got: list[list[bytes]] = []
+        threading.Thread(target=lambda: got.append([m.body for m in c.pull("t", 0, 0, max_wait_ms=10_000)])).start()
+        holds_for(lambda: not got, 0.3, "the pull waiting at the queue end")
         t0 = time.monotonic()
-        got = c.pull("t", 0, 0, max_wait_ms=10_000)
-        assert [m.body for m in got] == [b"late"] and time.monotonic() - t0 < 5
+        with BrokerClient(daemon.address) as p:
+            p.send("t", [Message(body=b"late")], ack="leader")
+        wait_until(lambda: got, 10, "the pull to return")
+        assert got == [[b"late"]] and time.monotonic() - t0 < 5
 
 
 def test_consumer_offsets_and_seek_by_time(daemon: DaemonProcess) -> None:
-    """Committed offsets read back at once and survive a kill -9 after one flush interval."""
+    """Committed offsets read back at once and survive a kill -9 once their record is flushed."""
     with BrokerClient(daemon.address) as c:
         c.create_topic("t")
         c.send("t", [Message(body=b"a")] * 10, ack="flush")
-        time.sleep(0.05)
-        split_ms = int(time.time() * 1000)
-        time.sleep(0.05)
+        split_ms = int(time.time() * 1000) + 1  # after the store time of every "a" (same clock)
+        wait_until(lambda: time.time() * 1000 >= split_ms, 1, "the wall clock past the split", poll_s=0.001)
         c.send("t", [Message(body=b"b")] * 5, ack="flush")
         assert c.offset_for_time("t", 0, 0) == 0
         assert c.offset_for_time("t", 0, split_ms) == 10
@@ -171,7 +169,7 @@ def test_consumer_offsets_and_seek_by_time(daemon: DaemonProcess) -> None:
         assert c.committed_offset("g", "t", 0) is None
         c.commit_offset("g", "t", 0, 7)
         assert c.committed_offset("g", "t", 0) == 7
-        time.sleep(0.5)  # > offsets.flush_interval_ms + a flush
+        wait_until(lambda: offsets_recorded(daemon.address, "g", "t", {0: 7}), 5, "the offsets record flushed")
     daemon.kill9()
     daemon.start()
     with BrokerClient(daemon.address) as c:
@@ -246,7 +244,8 @@ def test_committed_offset_reads_own_latest_commit(spawn: Callable[..., DaemonPro
     with BrokerClient(d.address) as c:
         c.create_topic("t")
         c.send("t", [Message(body=b"x")] * 300, ack="flush")
-        time.sleep(0.1)
+        # the views catch up first: the commits below then race with the offsets buffer's flushes alone
+        wait_until(lambda: c.list_topics()["t"]["max_offsets"] == [300], 5, "the 300 messages applied by the views")
         for offset in range(1, 301):
             c.commit_offset("g", "t", 0, offset)
             assert c.committed_offset("g", "t", 0) == offset
@@ -267,7 +266,7 @@ def test_sigterm_with_long_poll_in_flight_stops_fast(daemon: DaemonProcess) -> N
 
     t = threading.Thread(target=poll)
     t.start()
-    time.sleep(0.3)
+    holds_for(lambda: t.is_alive() and not result, 0.3, "the long-poll in flight")
     t0 = time.monotonic()
     assert daemon.stop() == 0
     assert time.monotonic() - t0 < 3.0

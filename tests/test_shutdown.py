@@ -6,12 +6,12 @@ import os
 import signal
 import stat
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 from broker.client import BrokerClient, BrokerError, Message
 from tests.procs import DaemonProcess
+from tests.waits import wait_until
 
 Spawn = Callable[..., DaemonProcess]
 PRODUCERS = 3
@@ -49,7 +49,12 @@ def test_sigterm_under_load_loses_nothing_and_restarts_clean(spawn: Spawn) -> No
                for n in range(PRODUCERS)]
     for t in threads:
         t.start()
-    time.sleep(2.0)
+
+    def acked_by_each() -> list[int]:
+        with lock:
+            return [sum(1 for b in acked if b.startswith(b"p%d-" % n)) for n in range(PRODUCERS)]
+
+    wait_until(acked_by_each, 30, "ten batches acknowledged to each producer", accept=lambda n: min(n) >= 10 * BATCH)
     assert d.proc is not None
     d.proc.send_signal(signal.SIGTERM)
     code = d.wait_exit(60)

@@ -19,6 +19,7 @@ import pytest
 from broker.client import BrokerClient, Message
 from tests.procs import DaemonProcess
 from tests.sparkutil import ROOT, build_session, spark_env, start_stream
+from tests.waits import holds_for, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -172,18 +173,15 @@ def test_kill_mid_batch_then_rerun_writes_each_record_once(spark: Any, spawn: Ca
             cwd=ROOT, env=spark_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         # batch 0 commits (workers warm), then kill 0.7 s into a 2 s batch whose offsets are logged, not committed
-        deadline = time.monotonic() + 150
-        victim = None
-        while victim is None:
+        def batch_in_progress() -> int | None:
             assert child.poll() is None, f"child exited early: {log_path.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"no batch in progress seen: {log_path.read_text()[-3000:]}"
             planned, done = batch_ids(checkpoint / "offsets"), batch_ids(checkpoint / "commits")
-            running = planned - done
-            if done and running:
-                victim = max(running)
-                time.sleep(0.7)
-            else:
-                time.sleep(0.1)
+            return max(planned - done) if done and planned - done else None
+
+        victim = wait_until(batch_in_progress, 150, "a batch in progress after a committed one", poll_s=0.1,
+                            accept=lambda batch: batch is not None, observe=lambda: log_path.read_text()[-3000:])
+        holds_for(lambda: child.poll() is None and not (checkpoint / "commits" / str(victim)).exists(), 0.7,
+                  f"batch {victim} in progress")
         os.killpg(child.pid, signal.SIGKILL)
     finally:
         if child.poll() is None:
@@ -227,11 +225,9 @@ def test_reading_the_slave_gives_the_masters_rows(spark: Any, spawn: Callable[..
         for tag in ("a", "b"):
             send_numbered(c, "replicated", tag, 150)  # ack=replica: on the slave too
         on_master = c.list_topics(include_system=True)
-    deadline = time.monotonic() + 30
     with BrokerClient(s.address) as c:
-        while c.list_topics(include_system=True) != on_master:
-            assert time.monotonic() < deadline, "the slave never caught up"
-            time.sleep(0.05)
+        wait_until(lambda: c.list_topics(include_system=True) == on_master, 30, "the slave caught up",
+                   observe=lambda: (c.list_topics(include_system=True), on_master))
         assert c.status()["role"] == "slave"
         expected = {**pulled(c, "replicated"), **pulled(c, "__metadata")}
 
@@ -256,9 +252,8 @@ def test_timer_event_log_reads_as_rows(spark: Any, spawn: Callable[..., DaemonPr
         due = int(time.time() * 1000) + 600
         receipts = c.send("later", [Message(body=b"t%d" % i, key=f"k{i}", deliver_at_ms=due + i) for i in range(30)])
         c.cancel_timer(receipts[0])
-        deadline = time.monotonic() + 30
-        while c.status()["timer_pending"] and time.monotonic() < deadline:
-            time.sleep(0.1)
+        wait_until(lambda: c.status()["timer_pending"] == 0, 30, "every timer fired or cancelled", poll_s=0.1,
+                   observe=c.status)
         assert c.status()["timer_pending"] == 0
     rows = (spark.read.format("tidemark").option("broker", d.address).option("subscribe", "__timer")
             .option("includeHeaders", "true").load().collect())

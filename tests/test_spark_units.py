@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import pickle
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,12 +33,20 @@ from spark_connector.batches import repeated_string
 from spark_connector.partition import PULL_MESSAGES_MAX
 from spark_connector.source import plan
 from tests.procs import DaemonProcess
+from tests.waits import wait_until
 
 BASE = {"broker": "127.0.0.1:7600", "subscribe": "orders"}
 
 
 def opts(**extra: str) -> dict[str, str]:
     return {**BASE, **extra}
+
+
+def option_error(call: Callable[[], object]) -> OptionError:
+    """The OptionError ``call`` raises (failing the test when it raises none)."""
+    with pytest.raises(OptionError) as info:
+        call()
+    return info.value
 
 
 # -- options --------------------------------------------------------------------------------------
@@ -88,9 +95,8 @@ def test_options_are_case_insensitive_and_lists_are_split() -> None:
 ])
 def test_malformed_options_name_the_option(options: dict[str, str], option: str, fragment: str) -> None:
     """Every unknown or malformed option is refused with an error naming it."""
-    with pytest.raises(OptionError) as info:
-        parse_options(options)
-    assert info.value.option == option and f"'{option}'" in str(info.value) and fragment in str(info.value)
+    error = option_error(lambda: parse_options(options))
+    assert error.option == option and f"'{option}'" in str(error) and fragment in str(error)
 
 
 @pytest.mark.parametrize(("options", "mode", "option"), [
@@ -103,9 +109,7 @@ def test_malformed_options_name_the_option(options: dict[str, str], option: str,
 def test_mode_specific_options_are_refused_in_the_other_mode(options: dict[str, str], mode: str, option: str) -> None:
     """Streaming-only and batch-only options (and meaningless values) are refused, naming the option."""
     parsed = parse_options(options)
-    with pytest.raises(OptionError) as info:
-        parsed.for_batch() if mode == "batch" else parsed.for_streaming()
-    assert info.value.option == option
+    assert option_error(parsed.for_batch if mode == "batch" else parsed.for_streaming).option == option
 
 
 def test_offset_json_uses_kafka_sentinels() -> None:
@@ -310,18 +314,20 @@ def test_read_partition_reports_offsets_removed_by_retention(spawn: Callable[...
     body = b"x" * 1000
     with BrokerClient(d.address) as c:
         c.create_topic("old", queues=1)
-        deadline = time.monotonic() + 30
-        earliest = 0
-        while earliest == 0:
-            assert time.monotonic() < deadline, "retention never removed a segment"
+
+        def send_more() -> tuple[int, int]:
+            """Another 64 KiB; (queue end, earliest offset) once offset 0 is gone, else (0, 0)."""
             c.send("old", [Message(body=body) for _ in range(64)], ack="flush")
-            time.sleep(0.02)
             try:
                 c.pull("old", 0, 0, max_messages=1)
             except BrokerError as exc:
                 assert exc.code.name == "OUT_OF_RANGE"
                 high = c.list_topics()["old"]["max_offsets"][0]
-                earliest = c.pull("old", 0, high, max_messages=1).min_offset
+                return high, c.pull("old", 0, high, max_messages=1).min_offset
+            return 0, 0
+
+        high, earliest = wait_until(send_more, 30, "retention removing a segment", poll_s=0.02,
+                                    accept=lambda found: found[1] > 0)
         # stop sending: retention now keeps at least the newest 128 KiB, so `earliest` stays readable a while
         with pytest.raises(DataLossError, match=r"old/0 offsets \[0, \d+\) are no longer available"):
             list(read_partition(QueueRange((d.address,), "old", 0, 0, high, False, True)))

@@ -8,7 +8,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from broker.cli.main import _parser
 from tests.aptutil import require_tool
 from tests.procs import DaemonProcess, free_port
+from tests.waits import wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 UNIT_DIR = ROOT / "deploy" / "systemd"
@@ -162,9 +162,8 @@ def test_daemon_works_under_memory_deny_write_execute(tmp_path: Path) -> None:
             c.send("t", [Message(body=b"wx", key="k")], ack="replica")
             end = c.status()["max_offset"]
         with BrokerClient(slave.address, tls_ca_file=ca.cert) as s:
-            deadline = time.monotonic() + 20
-            while s.status()["confirm_offset"] < end and time.monotonic() < deadline:
-                time.sleep(0.1)
+            wait_until(lambda: s.status()["confirm_offset"] >= end, 20, "the slave confirming the master's end",
+                       observe=s.status)
             assert s.status()["confirm_offset"] == end
         assert master.stop() == 0 and slave.stop() == 0
     finally:

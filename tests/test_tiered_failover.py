@@ -5,15 +5,24 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from broker.client import BrokerClient
+from tests.nodeutil import log_bytes, status
 from tests.procs import DaemonProcess
-from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
+from tests.tieredutil import (
+    Sender,
+    caught_up,
+    check_chain,
+    objects,
+    promote_while_sending,
+    read_all,
+    tiered_config,
+)
+from tests.waits import holds_for, wait_until
 from tieredstore.posix import PosixBackend
 
 QUEUES = 2
@@ -26,7 +35,7 @@ def _pair(spawn: Callable[..., DaemonProcess], root: str, master_env: dict[str, 
     s = spawn("s", config={**cfg, "node.role": "slave", "node.master": m.address})
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=QUEUES)
-    wait_for(lambda: bool(status(m)["replicas"]) and all(r["in_sync"] for r in status(m)["replicas"]), what="in sync")
+    wait_until(lambda: bool(status(m)["replicas"]) and all(r["in_sync"] for r in status(m)["replicas"]), what="in sync")
     return m, s
 
 
@@ -38,7 +47,7 @@ def test_upload_never_passes_the_confirm_offset_while_the_slave_is_paused(spawn:
     backend = PosixBackend(root)
     sender = Sender([m.address], "t", "replica")
     sender.start()
-    wait_for(lambda: len(objects(backend)) >= 3, what="first uploads")
+    wait_until(lambda: len(objects(backend)) >= 3, what="first uploads")
     sender.stop.set()
     sender.join(10)
     assert s.proc is not None
@@ -46,16 +55,16 @@ def test_upload_never_passes_the_confirm_offset_while_the_slave_is_paused(spawn:
     try:
         paused = Sender([m.address], "t", "leader")
         paused.start()
-        samples = 0
-        deadline = time.monotonic() + 4
-        while time.monotonic() < deadline:
+
+        def upload_within_confirm() -> bool:
             st = status(m)
             newest = max(o.end for o in objects(backend))
             confirm = int(st["confirm_offset"])
             assert int(st["tiered_uploaded_offset"]) <= confirm, st
             assert newest <= int(status(m)["confirm_offset"]), f"object up to {newest} passes confirm {confirm}"
-            samples += 1
-            time.sleep(0.05)
+            return True
+
+        samples = holds_for(upload_within_confirm, 4, "the upload within the confirm offset")
         paused.stop.set()
         paused.join(10)
         st = status(m)
@@ -64,12 +73,12 @@ def test_upload_never_passes_the_confirm_offset_while_the_slave_is_paused(spawn:
         assert samples > 20 and len(paused.acked) > 1000
     finally:
         os.kill(s.proc.pid, signal.SIGCONT)
-    wait_for(lambda: status(m)["confirm_offset"] == status(m)["max_offset"], what="confirm after resume")
-    wait_for(lambda: caught_up(m), what="upload after resume")
+    wait_until(lambda: status(m)["confirm_offset"] == status(m)["max_offset"], what="confirm after resume")
+    wait_until(lambda: caught_up(m), what="upload after resume")
     _, stored = check_chain(backend)
     start, local = log_bytes(m)
     assert start == 0 and stored == local[: len(stored)]
-    wait_for(lambda: status(s)["tiered_uploaded_offset"] >= status(m)["tiered_uploaded_offset"], what="progress on the slave")
+    wait_until(lambda: status(s)["tiered_uploaded_offset"] >= status(m)["tiered_uploaded_offset"], what="progress on the slave")
 
 
 @pytest.mark.parametrize("crash_point", ["tiered_after_put", "posix_before_link"])
@@ -87,12 +96,10 @@ def test_master_killed_mid_upload_promoted_slave_resumes_at_the_break_point(
     backend = PosixBackend(root)
     by_old = [o for o in objects(backend) if backend.head(o.key).metadata["tm-node"] == old_node]  # type: ignore[union-attr]
     assert len(by_old) == (5 if crash_point == "tiered_after_put" else 4)
-    with BrokerClient(s.address) as c:
-        c.promote()
-    time.sleep(2)  # the sender carries on against the new master
+    promote_while_sending(s, sender)
     sender.stop.set()
     sender.join(30)
-    wait_for(lambda: caught_up(s), what="upload on the new master")
+    wait_until(lambda: caught_up(s), what="upload on the new master")
     objs, stored = check_chain(backend)
     assert objs[0].start == 0
     start, local = log_bytes(s)

@@ -11,9 +11,11 @@ import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
+from tests.nodeutil import log_bytes, status
 from tests.procs import DaemonProcess, free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY, s3_config
-from tests.tieredutil import Sender, caught_up, check_chain, log_bytes, objects, read_all, status, tiered_config, wait_for
+from tests.tieredutil import Sender, caught_up, check_chain, objects, promote_while_sending, read_all, tiered_config
+from tests.waits import wait_until
 from tieredstore.backend import Backend
 from tieredstore.posix import PosixBackend
 from tieredstore.s3 import S3Backend
@@ -52,8 +54,8 @@ def test_every_message_reads_back_after_local_retention(spawn: Callable[..., Dae
         sent += _send(d.address, 1000, round_ * 1000)
         st = status(d)
         assert int(st["min_offset"]) <= int(st["tiered_uploaded_offset"]), "a segment went before it was uploaded"
-    wait_for(lambda: caught_up(d), what="upload")
-    wait_for(lambda: int(status(d)["min_offset"]) > 4 << 20, what="local retention")
+    wait_until(lambda: caught_up(d), what="upload")
+    wait_until(lambda: int(status(d)["min_offset"]) > 4 << 20, what="local retention")
     st = status(d)
     assert st["tiered"]["readable_min_offset"] == 0 and int(st["log_bytes"]) < 2 << 20
     got = read_all(d.address, "t", QUEUES)
@@ -105,16 +107,17 @@ def test_tiered_retention_deletes_whole_old_objects(spawn: Callable[..., DaemonP
     with BrokerClient(d.address) as c:
         c.create_topic("t", queues=1)
     _send(d.address, 3000)
-    wait_for(lambda: caught_up(d) and int(status(d)["min_offset"]) > 1 << 20, what="upload and local retention")
+    wait_until(lambda: caught_up(d) and int(status(d)["min_offset"]) > 1 << 20, what="upload and local retention")
     backend = PosixBackend(root)
     before = objects(backend)
-    wait_for(lambda: objects(backend)[0].start > 0, what="tiered retention")
+    wait_until(lambda: objects(backend)[0].start > 0, what="tiered retention")
     after = objects(backend)
     assert after[-1] == before[-1]  # the newest stays
     assert {o.key for o in after} < {o.key for o in before}  # whole objects went, nothing was rewritten
-    st = status(d)  # retention keeps running: more old objects may have gone since ``after``
-    low = int(st["tiered"]["readable_min_offset"])
-    assert low >= after[0].start and (low in {o.start for o in after} or low == int(st["min_offset"]))
+    low = int(status(d)["tiered"]["readable_min_offset"])
+    later = objects(backend)  # retention goes on as objects age: low is an object's start between the two listings
+    assert (low in {o.start for o in after} and low <= later[0].start) or low == int(status(d)["min_offset"]), \
+        (low, after[0].start, later[0].start)
     with BrokerClient(d.address) as c, pytest.raises(BrokerError) as info:
         c.pull("t", 0, 0, max_messages=10)
     assert info.value.code == grpc.StatusCode.OUT_OF_RANGE
@@ -140,12 +143,12 @@ def test_empty_slave_starts_its_log_at_the_uploaded_offset(spawn: Callable[..., 
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=QUEUES)
     sent = _send(m.address, 6000)
-    wait_for(lambda: caught_up(m) and status(m)["tiered"]["recorded_offset"] >= int(status(m)["tiered_uploaded_offset"]),
+    wait_until(lambda: caught_up(m) and status(m)["tiered"]["recorded_offset"] >= int(status(m)["tiered_uploaded_offset"]),
              what="upload recorded")
     recorded = int(status(m)["tiered"]["recorded_offset"])
     assert status(m)["min_offset"] == 0  # the master keeps its whole log: L is not its log start
     s = spawn("s", config={**cfg, "node.role": "slave", "node.master": m.address})
-    wait_for(lambda: status(s)["confirm_offset"] == status(m)["confirm_offset"], what="slave caught up")
+    wait_until(lambda: status(s)["confirm_offset"] == status(m)["confirm_offset"], what="slave caught up")
     low = int(status(s)["min_offset"])
     assert 0 < low <= recorded and low >= recorded - 4096
     assert sum(p.stat().st_size for p in (Path(s.data_dir) / "log").glob("*.log")) < int(status(m)["max_offset"]) // 10
@@ -153,15 +156,13 @@ def test_empty_slave_starts_its_log_at_the_uploaded_offset(spawn: Callable[..., 
     # second switch: the bootstrapped slave becomes master and uploads on
     sender = Sender([m.address, s.address], "t", "replica", pause_s=0.01)
     sender.start()
-    wait_for(lambda: bool(status(m)["replicas"]) and status(m)["replicas"][0]["in_sync"], what="in sync")
-    time.sleep(1.0)
+    wait_until(lambda: bool(status(m)["replicas"]) and status(m)["replicas"][0]["in_sync"], what="in sync")
+    wait_until(lambda: len(sender.acked) >= 1000, what="1000 messages acknowledged by the pair")
     m.kill9()
-    with BrokerClient(s.address) as c:
-        c.promote()
-    time.sleep(1.5)
+    promote_while_sending(s, sender)
     sender.stop.set()
     sender.join(30)
-    wait_for(lambda: caught_up(s), what="upload on the new master")
+    wait_until(lambda: caught_up(s), what="upload on the new master")
     objs, stored = check_chain(PosixBackend(root))
     assert objs[0].start == 0
     m_start, m_log = log_bytes(m)
@@ -178,6 +179,7 @@ def test_tiered_retention_never_passes_a_retention_hold(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from tests.storeutil import create_topic, open_store, send
+    from tieredstore.objects import LOG_PREFIX
     from tieredstore.plugin import Tiering, attach
 
     store = open_store(str(tmp_path / "d"), **tiered_config(str(tmp_path / "tiered"), **{"tieredstore.retention_ms": 1}))
@@ -190,13 +192,14 @@ def test_tiered_retention_never_passes_a_retention_hold(tmp_path: Path) -> None:
         for i in range(40):
             send(store, "t", [b"%04d" % i + b"h" * 4000] * 4)
         tiering = next(p.__self__ for p in store._status_providers if isinstance(getattr(p, "__self__", None), Tiering))
-        wait_for(lambda: store.watermarks.confirm_offset - tiering.uploaded_offset() < 512, what="upload")
+        wait_until(lambda: store.watermarks.confirm_offset - tiering.uploaded_offset() < 512, what="upload")
         tiering.uploader.stop()
         objs = objects(tiering.backend)
         hold = objs[len(objs) // 2].start + 1  # inside the middle object
         low_hold = store.retention.hold(hold)
         store.retention.hold(hold + 10**9)  # only the lowest hold counts
-        time.sleep(0.01)
+        wait_until(lambda: all((time.time() - o.modified_s) * 1000 >= 1 for o in tiering.backend.list(LOG_PREFIX)),
+                   what="every object older than tieredstore.retention_ms (1 ms)", poll_s=0.001)
         deleted = tiering.uploader.enforce_retention()
         left = objects(tiering.backend)
         assert deleted == objs[: len(objs) // 2] and left == objs[len(objs) // 2 :]

@@ -20,6 +20,7 @@ from broker.logformat import batch as bf
 from broker.timers import snapshot as snaps
 from tests.crashutil import drop_unsynced_bytes
 from tests.procs import DaemonProcess
+from tests.waits import wait_until
 
 CONFIG = {"checkpoint.interval_ms": 50, "timer.snapshot_interval_ms": 200, "timer.precision_ms": 100,
           "commitlog.segment_bytes": 256 * 1024, "timer.log_segment_bytes": 64 * 1024}
@@ -66,15 +67,11 @@ def _fired_events(address: str) -> Counter[int]:
 def _wait_all_fired(address: str, timers: dict[int, int], timeout_s: float = 60, expect: int | None = None) -> None:
     """Until nothing is pending, every due time has passed and as many deliveries as timers are
     readable (the counts and the queues become visible in the same round, not the same instant)."""
-    deadline = time.monotonic() + timeout_s
+    want = len(timers) if expect is None else expect
     with BrokerClient(address) as c:
-        while time.monotonic() < deadline:
-            st = c.status()
-            if (st["timer_pending"] == 0 and time.time() * 1000 > max(timers.values()) + 300
-                    and len(_delivered(address)) >= (len(timers) if expect is None else expect)):
-                return
-            time.sleep(0.2)
-        raise AssertionError(f"timers still pending: {c.status()['timer_pending']}")
+        wait_until(lambda: (c.status()["timer_pending"] == 0 and time.time() * 1000 > max(timers.values()) + 300
+                            and len(_delivered(address)) >= want), timeout_s, f"{want} timers fired", poll_s=0.2,
+                   observe=lambda: {"timers pending": c.status()["timer_pending"], "delivered": len(_delivered(address))})
 
 
 def _check_exactly_once(address: str, timers: dict[int, int]) -> None:
@@ -129,11 +126,11 @@ def test_corrupt_newest_snapshot_falls_back_to_the_older_one(spawn: Callable[...
     d, _ = _setup(spawn, tmp_path)
     timers = _schedule(d.address, 2000, 3000, lead_ms=4000)
     snap_dir = os.path.join(d.data_dir, "timer", "snapshots")
-    deadline = time.monotonic() + 10
-    while _newest_snapshot_pending(snap_dir) != len(timers):  # a snapshot holds them all, none fired yet
-        assert time.monotonic() < deadline, "no wheel snapshot of the pending timers was written"
-        time.sleep(0.05)
-    time.sleep(0.3)  # and a second copy (the next interval)
+    wait_until(lambda: _newest_snapshot_pending(snap_dir) == len(timers), 10,  # none fired yet
+               "a wheel snapshot of all the pending timers", transient=lambda exc: isinstance(exc, FileNotFoundError))
+    first = snaps.positions(snap_dir)[0]
+    wait_until(lambda: os.path.exists(snaps.path_for(snap_dir, first) + ".bak") or snaps.positions(snap_dir)[0] != first,
+               10, "a second copy of it (the next interval)")
     d.kill9()
     positions = snaps.positions(snap_dir)
     newest = snaps.path_for(snap_dir, positions[0])
@@ -202,8 +199,7 @@ def test_cancels_racing_with_firing_never_do_both(spawn: Callable[..., DaemonPro
 
     def cancel_some(part: list[int]) -> None:
         with BrokerClient(d.address) as cc:
-            while time.time() * 1000 < due - 30:
-                time.sleep(0.001)
+            wait_until(lambda: time.time() * 1000 >= due - 30, 10, "30 ms before the timers are due", poll_s=0.001)
             for off in part:
                 try:
                     cc.cancel_timer(off)
@@ -280,10 +276,8 @@ def test_promoted_slave_fires_exactly_what_had_not_fired(spawn: Callable[..., Da
     m = spawn("m", config=pair, env={"TIDEMARK_FAILPOINTS": "timer_after_fire=exit@4"})
     s = spawn("s", config={**pair, "node.role": "slave", "node.master": m.address})
     with BrokerClient(m.address) as c:
-        deadline = time.monotonic() + 15
-        while not all(r["in_sync"] for r in c.status()["replicas"] or [{"in_sync": False}]):
-            assert time.monotonic() < deadline, "the slave never got in sync"
-            time.sleep(0.1)
+        wait_until(lambda: all(r["in_sync"] for r in c.status()["replicas"] or [{"in_sync": False}]), 15,
+                   "the slave in sync", poll_s=0.1, observe=lambda: c.status()["replicas"])
         c.create_topic("t", queues=QUEUES)  # min_insync_replicas = 2: only once the slave is in sync
     timers = _schedule(m.address, 2000, 2000)
     assert m.proc is not None and m.proc.wait(60) == -9
@@ -302,10 +296,8 @@ def test_a_slave_bootstrapped_with_pending_timers_fires_them_after_promotion(spa
     timers = _schedule(m.address, 1000, 1000, lead_ms=3000)
     s = spawn("s", config={**CONFIG, "node.role": "slave", "node.master": m.address})
     with BrokerClient(s.address) as c:
-        deadline = time.monotonic() + 15
-        while c.status()["timer_pending"] != len(timers):
-            assert time.monotonic() < deadline, "the slave never learned the pending timers"
-            time.sleep(0.05)
+        wait_until(lambda: c.status()["timer_pending"] == len(timers), 15, "the slave knowing every pending timer",
+                   observe=lambda: c.status()["timer_pending"])
         assert c.status()["timer_wheel"]["pending"] == len(timers)
     m.kill9()
     with BrokerClient(s.address) as c:

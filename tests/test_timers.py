@@ -169,11 +169,16 @@ def test_restart_restores_the_wheel_from_the_newest_snapshot_and_tail(tmp_path: 
     s2.stop()  # type: ignore[attr-defined]
 
 
-def test_a_corrupt_newest_snapshot_is_quarantined_and_the_older_one_used(tmp_path: Path) -> None:
-    s, _ = _busy_store(str(tmp_path / "d"))
+def _crashed_busy_store(path: Path) -> tuple[tuple[np.ndarray, np.ndarray, list[int]], str]:
+    """A ``_busy_store`` at ``path``, crashed: its wheel state before the crash, and its snapshot directory."""
+    s, _ = _busy_store(str(path))
     before = _wheel_state(s)
     s.crash_close()  # type: ignore[attr-defined]
-    snap_dir = str(tmp_path / "d" / "timer" / "snapshots")
+    return before, str(path / "timer" / "snapshots")
+
+
+def test_a_corrupt_newest_snapshot_is_quarantined_and_the_older_one_used(tmp_path: Path) -> None:
+    before, snap_dir = _crashed_busy_store(tmp_path / "d")
     newest, older = snaps.positions(snap_dir)[:2]
     path = snaps.path_for(snap_dir, newest)
     with open(path, "r+b") as f:
@@ -187,10 +192,7 @@ def test_a_corrupt_newest_snapshot_is_quarantined_and_the_older_one_used(tmp_pat
 
 
 def test_without_any_snapshot_the_wheel_is_rebuilt_from_the_timer_log(tmp_path: Path) -> None:
-    s, _ = _busy_store(str(tmp_path / "d"))
-    before = _wheel_state(s)
-    s.crash_close()  # type: ignore[attr-defined]
-    snap_dir = str(tmp_path / "d" / "timer" / "snapshots")
+    before, snap_dir = _crashed_busy_store(tmp_path / "d")
     for name in os.listdir(snap_dir):
         os.unlink(os.path.join(snap_dir, name))
     _reopen_same_wheel(tmp_path / "d", before, "timer log rebuild").stop()  # type: ignore[attr-defined]

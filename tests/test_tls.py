@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ from broker.security.auth import ALWAYS_OPEN, READ_ONLY
 from proto import tidemark_pb2 as pb
 from tests.certs import CA, Leaf
 from tests.procs import DaemonProcess, free_port
+from tests.waits import wait_until
 
 Spawn = Callable[..., DaemonProcess]
 TOKEN = "t0ken-" + "a1b2c3d4e5f6a7b8c9d0"
@@ -69,15 +69,6 @@ def _code(fn: Callable[[], Any]) -> grpc.StatusCode:
 def _tls_config(pki: PKI, **extra: object) -> dict[str, object]:
     return {"tls.cert_file": pki.server.cert, "tls.key_file": pki.server.key,
             "replication.listen": f"127.0.0.1:{free_port()}", **extra}
-
-
-def _wait(predicate: Callable[[], bool], timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.1)
-    return False
 
 
 # -- client port -----------------------------------------------------------------------------------
@@ -159,10 +150,12 @@ def test_replication_mutual_tls_refuses_unknown_slaves(spawn: Spawn, pki: PKI) -
     no_cert = spawn("nocert", config=_slave_config(master, None, None))
     good = spawn("good", config=_slave_config(master, pki.slave_repl, pki.ca))
     with BrokerClient(good.address) as g:
-        assert _wait(lambda: g.status()["max_offset"] == master_end and g.status()["confirm_offset"] == master_end)
+        wait_until(lambda: g.status()["max_offset"] == master_end and g.status()["confirm_offset"] == master_end, 20,
+                   "the good slave confirming the master's end", observe=g.status)
         assert [m.body for m in g.pull("t", 0, 0)] == [b"m%d" % i for i in range(10)]
         good_id = g.status()["node_id"]
-    time.sleep(1.0)  # several reconnect attempts of the refused slaves (backoff cap 200 ms)
+    wait_until(lambda: all(Path(r.log_path).read_text().count("master_unreachable") >= 3 for r in (rogue, no_cert)),
+               20, "several reconnect attempts of the refused slaves (backoff cap 200 ms)")
     for refused in (rogue, no_cert):
         with BrokerClient(refused.address) as r:
             st = r.status()
@@ -195,7 +188,8 @@ def test_replication_carries_the_token(spawn: Spawn, tmp_path: Path) -> None:
     good = spawn("good", config={**slave_cfg, **token})
     bad = spawn("bad", config=slave_cfg)
     with BrokerClient(good.address) as g:
-        assert _wait(lambda: g.status()["confirm_offset"] == end)
+        wait_until(lambda: g.status()["confirm_offset"] == end, 20, "the slave with the token confirming the end",
+                   observe=g.status)
     assert "snapshot_installed" in Path(good.log_path).read_text()  # Snapshot carried the token as well
     with BrokerClient(bad.address) as b:
         st = b.status()
@@ -203,7 +197,8 @@ def test_replication_carries_the_token(spawn: Spawn, tmp_path: Path) -> None:
     no_role = spawn("no-role", config={**slave_cfg, "auth.tokens_file": _tokens_file(
         tmp_path, [f"ops read,write,admin,system {TOKEN}", f"peer replication {TOKEN}-other"], name="tokens-other")})
     with BrokerClient(no_role.address) as n:  # its replication token is not one the master knows
-        assert _wait(lambda: n.status()["replication"]["error"].startswith("PERMISSION_DENIED"))
+        wait_until(lambda: n.status()["replication"]["error"].startswith("PERMISSION_DENIED"), 30,
+                   what="the slave to be refused", observe=n.status)
         assert n.status()["max_offset"] == 0
 
 
@@ -248,7 +243,7 @@ def test_token_guards_every_write_and_admin_call(spawn: Spawn, tmp_path: Path) -
     with BrokerClient(d.address) as anon:  # reads need no token
         assert [m.body for m in anon.pull("t", 0, 0)] == [b"hello"]
         assert "t" in anon.list_topics() and anon.status()["role"] == "master"
-        assert _wait(lambda: anon.committed_offset("g", "t", 0) == 1)
+        wait_until(lambda: anon.committed_offset("g", "t", 0) == 1, 20, "the committed offset readable")
         assert anon.offset_for_time("t", 0, 0) == 0
         assert _code(lambda: anon.send("t", [Message(body=b"no")], ack="flush")) == grpc.StatusCode.UNAUTHENTICATED
         assert _code(lambda: anon.commit_offset("g", "t", 0, 0)) == grpc.StatusCode.UNAUTHENTICATED
@@ -275,7 +270,7 @@ def test_token_rotates_on_sighup(spawn: Spawn, tmp_path: Path) -> None:
     Path(path).write_text(new + "\n")
     assert d.proc is not None
     d.proc.send_signal(signal.SIGHUP)
-    assert _wait(lambda: "token_rotated=True" in Path(d.log_path).read_text(), 10)
+    wait_until(lambda: "token_rotated=True" in Path(d.log_path).read_text(), 10, "the token rotation logged")
     with BrokerClient(d.address, token=TOKEN) as old:
         assert _code(lambda: old.create_topic("x")) == grpc.StatusCode.PERMISSION_DENIED
     with BrokerClient(d.address, token=new) as c:
