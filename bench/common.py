@@ -35,6 +35,9 @@ GiB = 1 << 30
 if REPO_DIR not in sys.path:  # the venv installs the package editable; this covers a bare checkout
     sys.path.insert(0, REPO_DIR)
 
+import grpc  # noqa: E402
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
+
 from broker.client import BrokerClient  # noqa: E402
 from tests.procs import DaemonProcess, free_port  # noqa: E402
 
@@ -347,8 +350,6 @@ def start_timed(d: DaemonProcess, timeout_s: float = 600.0) -> float:
 
 def wait_serving(d: DaemonProcess, t0: float, timeout_s: float = 600.0) -> float:
     """Seconds from ``t0`` (when ``d`` was spawned) until its health check says SERVING (see ``start_timed``)."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     with grpc.insecure_channel(d.address, options=FAST_RECONNECT) as ch:
         stub = health_pb2_grpc.HealthStub(ch)

@@ -21,9 +21,14 @@ import time
 from typing import Any
 
 import common
+import grpc
 import load
 from common import KiB, Results, log
 from measure import quantile
+
+from broker.client import BrokerClient
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 
 TOPIC = "bench-load"
 IDLE = "bench-idle"
@@ -32,10 +37,7 @@ QUEUES = 4
 
 def holder(address: str, count: int, ready: Any, stop: Any) -> None:
     """Keep ``count`` long-polls parked on the idle topic (over 8 channels) until ``stop`` is set."""
-    import grpc
 
-    from proto import tidemark_pb2 as pb
-    from proto import tidemark_pb2_grpc as pb_grpc
 
     channels = [grpc.insecure_channel(address) for _ in range(8)]
     stubs = [pb_grpc.BrokerStub(ch) for ch in channels]
@@ -58,7 +60,6 @@ def holder(address: str, count: int, ready: Any, stop: Any) -> None:
 
 
 def probe_status(address: str, stop: threading.Event, out: list[float]) -> None:
-    from broker.client import BrokerClient
 
     with BrokerClient(address) as c:
         while not stop.is_set():
@@ -69,7 +70,6 @@ def probe_status(address: str, stop: threading.Event, out: list[float]) -> None:
 
 
 def one_run(workdir: str, polls: int, producers: int, batch: int, warmup_s: float, seconds: float) -> dict[str, Any]:
-    from broker.client import BrokerClient
 
     ctx = mp.get_context("spawn")
     with common.temp_dir(f"tm-longpoll-{polls}-", workdir) as wd, common.running_daemon(wd) as d:
@@ -101,7 +101,6 @@ def one_run(workdir: str, polls: int, producers: int, batch: int, warmup_s: floa
 
 
 def many_run(workdir: str, polls: int) -> dict[str, Any]:
-    from broker.client import BrokerClient
 
     ctx = mp.get_context("spawn")
     with common.temp_dir(f"tm-longpoll-many-{polls}-", workdir) as wd, common.running_daemon(wd) as d:

@@ -20,15 +20,17 @@ import time
 from typing import Any
 
 import common
+import crc32c
 import load
 from common import Results, log
+
+from broker.client import BrokerClient, Message
 
 QUEUES = 4
 
 
 def keys_for_queues(queues: int) -> list[str]:
     """One key per queue: the client maps ``crc32c(key) % queues``."""
-    import crc32c
 
     out: dict[int, str] = {}
     i = 0
@@ -39,7 +41,6 @@ def keys_for_queues(queues: int) -> list[str]:
 
 
 def creator(address: str, names: list[str], out: Any) -> None:
-    from broker.client import BrokerClient
 
     t0 = time.time()
     with BrokerClient(address) as c:
@@ -49,7 +50,6 @@ def creator(address: str, names: list[str], out: Any) -> None:
 
 
 def sender(address: str, names: list[str], out: Any) -> None:
-    from broker.client import BrokerClient, Message
 
     keys = keys_for_queues(QUEUES)
     with BrokerClient(address) as c:
@@ -60,7 +60,6 @@ def sender(address: str, names: list[str], out: Any) -> None:
 
 
 def reader(address: str, names: list[str], out: Any) -> None:
-    from broker.client import BrokerClient
 
     got: list[bytes] = []
     with BrokerClient(address) as c:
@@ -84,7 +83,6 @@ def vm_rss(pid: int) -> int:
 
 
 def main() -> int:
-    from broker.client import BrokerClient
 
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--topics", type=int, default=None, help="default 25,000 (quick 2,000)")

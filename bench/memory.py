@@ -19,6 +19,8 @@ import load
 from common import MiB, Results, log
 from measure import Sampler
 
+from broker.client import BrokerClient
+
 TOPIC = "bench-memory"
 TARGET_BYTES = 300 * 1000 * 1000
 
@@ -41,7 +43,6 @@ def main() -> int:
     parent = a.workdir or "/tmp"
     common.require_free_disk(parent, int(messages * (a.body + 8) * 1.3) + (512 << 20))
 
-    from broker.client import BrokerClient
 
     with common.temp_dir("tm-memory-", parent) as wd, common.running_daemon(wd, timeout_s=600) as daemon:
         idle = daemon.rss_anon_bytes()

@@ -21,12 +21,13 @@ import common
 import load
 from common import KiB, Results, log
 
+from broker.client import BrokerClient
+
 TOPIC = "bench-pull"
 TARGET_MSG_S = 200_000
 
 
 def consumer(address: str, end: int, max_messages: int, mode: str, out: Any) -> None:
-    from broker.client import BrokerClient
 
     total = 0
     body_bytes = 0
@@ -68,7 +69,6 @@ def main() -> int:
     parent = a.workdir or "/tmp"
     common.require_free_disk(parent, int(messages * (a.body + 64) * 1.5) + (256 << 20))
 
-    from broker.client import BrokerClient
 
     with common.temp_dir("tm-pull-", parent) as wd, common.running_daemon(wd) as daemon:
         assert daemon.proc is not None

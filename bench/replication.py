@@ -46,6 +46,7 @@ import bisect
 import contextlib
 import functools
 import itertools
+import json
 import os
 import random
 import re
@@ -58,10 +59,11 @@ from typing import Any
 
 import common
 import load
+import redis
 from common import GiB, KiB, MiB, Results, log
 from measure import CpuTimes, Sampler, Spy, quantile, redo_while_disturbed
 
-from broker.client import BrokerClient, Message
+from broker.client import BrokerClient, BrokerError, Message
 from tests.procs import DaemonProcess
 
 TOPIC = "bench-repl"
@@ -293,7 +295,6 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
     flushed = [x for x in per_send_f if x is not None]
     miss_a, miss_f = len(per_send_a) - len(appended), len(per_send_f) - len(flushed)
     if a.dump_lags:
-        import json
 
         with open(a.dump_lags, "w") as f:
             json.dump({"window_start": r["window_start"], "sends": [[t - r["window_start"], off, la, lf] for (t, off), la, lf
@@ -330,7 +331,6 @@ def part_lag(res: Results, a: Any, workdir: str, max_flush_rate: float) -> None:
 # -- part 3: metadata visibility on the slave ---------------------------------------------------------
 def _poll_until(cond: Callable[[], bool], timeout_s: float = 10.0) -> float | None:
     """time.monotonic() when ``cond`` first held (polled back to back with 1 ms pauses), None on timeout."""
-    from broker.client import BrokerError
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -518,7 +518,6 @@ def _bootstrap_once(a: Any, wd: str, m: DaemonProcess, attempt: int, log_bytes: 
 
 
 def _fill_redis(port: int, keys: int) -> float:
-    import redis
 
     t0 = time.monotonic()
     r = redis.Redis(host="127.0.0.1", port=port)
@@ -534,7 +533,6 @@ def _fill_redis(port: int, keys: int) -> float:
 
 
 def bootstrap_redis(a: Any, workdir: str, volume: int) -> dict[str, Any]:
-    import redis
 
     primary = common.RedisServer(workdir, "everysec")
     try:

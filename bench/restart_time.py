@@ -32,6 +32,7 @@ import common
 import load
 from common import GiB, KiB, MiB, Results, log
 
+from broker.client import BrokerClient, BrokerError, Message
 from tests.procs import DaemonProcess
 
 TOPIC = "bench-restart"
@@ -41,7 +42,6 @@ TARGET_S = 2.0
 
 def load_producer(address: str, batch: int, body_bytes: int, stop: Any, out: Any) -> None:
     """Send until ``stop`` is set; report the highest acknowledged queue offset per queue."""
-    from broker.client import BrokerClient, BrokerError, Message
 
     body = os.urandom(body_bytes)
     messages = [Message(body=body) for _ in range(batch)]
@@ -61,7 +61,6 @@ def load_producer(address: str, batch: int, body_bytes: int, stop: Any, out: Any
 
 
 def fill_to(daemon: DaemonProcess, target_bytes: int, batch: int, body: int) -> float:
-    from broker.client import BrokerClient
 
     with BrokerClient(daemon.address) as c:
         have = int(c.status()["log_bytes"])
@@ -79,7 +78,6 @@ def fill_to(daemon: DaemonProcess, target_bytes: int, batch: int, body: int) -> 
 
 
 def run_size(res: Results, daemon: DaemonProcess, size: int, label: str, a: Any) -> None:
-    from broker.client import BrokerClient
 
     ctx = mp.get_context("spawn")
     fill_to(daemon, size, a.fill_batch, a.body)
@@ -190,7 +188,6 @@ def main() -> int:
     parent = a.workdir or "/tmp"
     common.require_free_disk(parent, int(max(sizes) * 1.3) + 2 * GiB)
     with common.temp_dir("tm-restart-", parent) as wd:
-        from broker.client import BrokerClient
 
         with common.running_daemon(wd, config={"commitlog.segment_bytes": segment}, timeout_s=600) as daemon:
             res.add("commitlog.segment_bytes", segment / MiB, "MiB", note="the default" if segment == 1 << 30 else "not the default")

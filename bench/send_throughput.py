@@ -21,8 +21,11 @@ from typing import Any
 
 import common
 import load
+import redis
 from common import KiB, Results, log
 from measure import redo_while_disturbed
+
+from broker.client import BrokerClient
 
 TOPIC = "bench-send"
 QUEUES = 4
@@ -32,7 +35,6 @@ REDIS_PIPELINE = 128
 def redis_producer(port: int, index: int, body_bytes: int, start_at: float, warmup_s: float, seconds: float,
                    out: Any) -> None:
     """Pipelines of ``REDIS_PIPELINE`` XADD on stream ``stream-{index % 4}`` through one window (``load.send_window``)."""
-    import redis
 
     body = os.urandom(body_bytes)
     stream = f"stream-{index % QUEUES}"
@@ -72,7 +74,6 @@ def run_producers(target: Any, args_for: list[tuple[Any, ...]], warmup_s: float,
 
 def bench_tidemark(workdir: str, ack: str, producers: int, batch: int, body: int, warmup_s: float,
                    seconds: float) -> dict[str, Any]:
-    from broker.client import BrokerClient
 
     with common.temp_dir(f"tm-send-{ack}-", workdir) as wd, common.running_daemon(wd) as daemon:
         assert daemon.proc is not None

@@ -32,7 +32,16 @@ from typing import Any
 
 import common
 import load
+import numpy as np
+import pyarrow as pa
 from common import KiB, Results, log
+from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
+
+import spark_connector
+from broker.client import BrokerClient, Message
+from spark_connector.schema import TIMESTAMP_ARROW, arrow_schema, spark_schema
 
 TOPIC = "bench-spark"
 WARMUP_TOPIC = "bench-spark-warmup"
@@ -45,7 +54,6 @@ BATCH_ROWS = 16384  # rows per Arrow batch in the generator, as spark_connector.
 
 # -- filling the daemon ---------------------------------------------------------------------------
 def fill_producer(address: str, topic: str, count: int, seed: int, batch: int, body_bytes: int, out: Any) -> None:
-    from broker.client import BrokerClient, Message
 
     pool = os.urandom(POOL_BYTES)
     sent = 0
@@ -79,12 +87,7 @@ def generator_source() -> type:
 
     Defined in a function so that cloudpickle ships the classes by value to the Python workers.
     """
-    import numpy as np
-    import pyarrow as pa
-    from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-    from pyspark.sql.streaming.datasource import ReadAllAvailable, SupportsTriggerAvailableNow
 
-    from spark_connector.schema import TIMESTAMP_ARROW, arrow_schema, spark_schema
 
     @dataclass(frozen=True)
     class Range(InputPartition):
@@ -228,9 +231,7 @@ def build_session() -> Any:
     """local[2], as the tests: workers run this venv's Python, Spark binds to loopback."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"
-    from pyspark.sql import SparkSession
 
-    import spark_connector
 
     spark = (SparkSession.builder.master("local[2]").appName("tidemark-bench").config("spark.ui.enabled", "false")
              .config("spark.sql.shuffle.partitions", "2").config("spark.ui.showConsoleProgress", "false").getOrCreate())
@@ -254,7 +255,6 @@ def main() -> int:
     common.preflight(res, a.max_wait_quiet, a.malloc_tuned)
     parent = a.workdir or "/tmp"
 
-    from broker.client import BrokerClient
 
     with common.temp_dir("tm-spark-", parent) as wd, common.running_daemon(wd) as daemon:
         assert daemon.proc is not None

@@ -35,7 +35,10 @@ import common
 import load
 from common import GiB, KiB, MiB, Results, log
 
+from broker.client import BrokerClient, Message
 from tests.procs import DaemonProcess
+from tests.s3server import ACCESS_KEY, SECRET_KEY, RadosGateway, s3_config
+from tieredstore.s3 import S3Backend
 
 TOPIC = "bench-tiered"
 TARGET_POSIX_MBPS = 300.0
@@ -46,7 +49,6 @@ SEGMENT_BYTES = 64 * MiB
 
 
 def consumer(address: str, end: int, out: Any) -> None:
-    from broker.client import BrokerClient
 
     total = body_bytes = 0
     with BrokerClient(address) as client:
@@ -65,7 +67,6 @@ def consumer(address: str, end: int, out: Any) -> None:
 
 
 def paced_producer(address: str, mbps: float, seconds: float, out: Any) -> None:
-    from broker.client import BrokerClient, Message
 
     messages = [Message(body=os.urandom(KiB)) for _ in range(100)]
     per_send = 100 * KiB
@@ -95,7 +96,6 @@ def wait_uploaded(d: DaemonProcess, timeout_s: float = 1800) -> tuple[float, dic
 
 
 def fill(workdir: str, nbytes: int) -> tuple[str, int]:
-    from broker.client import BrokerClient
 
     d = DaemonProcess(os.path.join(workdir, "node"), config={"commitlog.segment_bytes": SEGMENT_BYTES,
                                                              "tieredstore.backend": "none"})
@@ -137,8 +137,6 @@ def upload_run(res: Results, data_dir: str, label: str, config: dict[str, Any], 
 
 def boto3_put_rate(endpoint: str, object_bytes: int, count: int, tag: str) -> float:
     """boto3's own single-stream put_object rate (MB/s), with the backend's client settings."""
-    from tests.s3server import ACCESS_KEY, SECRET_KEY
-    from tieredstore.s3 import S3Backend
 
     bucket = f"baseline-{tag}"
     b = S3Backend(bucket=bucket, endpoint=endpoint, region="us-east-1", access_key_id=ACCESS_KEY,
@@ -153,7 +151,6 @@ def boto3_put_rate(endpoint: str, object_bytes: int, count: int, tag: str) -> fl
 
 
 def lag_run(res: Results, workdir: str, mbps: float, seconds: float) -> None:
-    from broker.client import BrokerClient
 
     root = os.path.join(workdir, "lag-tiered")
     d = DaemonProcess(os.path.join(workdir, "lag"), config={"tieredstore.root": root})
@@ -224,7 +221,6 @@ def main() -> int:
             shutil.copytree(data_dir, s3_dir)
         upload_run(res, data_dir, "posix", {"tieredstore.root": root}, TARGET_POSIX_MBPS)
         if not a.no_radosgw:
-            from tests.s3server import RadosGateway, s3_config
 
             gw = RadosGateway(wd)
             try:

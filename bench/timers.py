@@ -29,6 +29,8 @@ import common
 import load
 from common import Results, log
 
+from broker.client import BrokerClient, Message
+from broker.timers import snapshot as snaps
 from tests.procs import DaemonProcess
 
 TOPIC = "bench-timers"
@@ -39,7 +41,6 @@ HOUR_MS = 3_600_000
 def producer(address: str, count: int, batch: int, body_bytes: int, start_ms: int, window_ms: int, first: int,
              total: int, out: Any) -> None:
     """Schedule timers ``first .. first+count`` of ``total``, due evenly over [start, start+window)."""
-    from broker.client import BrokerClient, Message
 
     body = os.urandom(body_bytes)
     sent = 0
@@ -66,14 +67,12 @@ def schedule(address: str, total: int, batch: int, body_bytes: int, start_ms: in
 
 
 def wait_applied(d: DaemonProcess) -> dict[str, Any]:
-    from broker.client import BrokerClient
 
     with BrokerClient(d.address) as c:
         return common.wait_applied(c)
 
 
 def newest_snapshot_covers(d: DaemonProcess) -> bool:
-    from broker.timers import snapshot as snaps
 
     snap_dir = os.path.join(d.data_dir, "timer", "snapshots")
     positions = snaps.positions(snap_dir)
@@ -85,7 +84,6 @@ def newest_snapshot_covers(d: DaemonProcess) -> bool:
 def restart_phase(res: Results, a: Any, workdir: str) -> None:
     d = DaemonProcess(os.path.join(workdir, "restart"), config={"timer.precision_ms": 100}).start()
     try:
-        from broker.client import BrokerClient
 
         with BrokerClient(d.address) as c:
             c.create_topic(TOPIC, queues=QUEUES)
@@ -138,7 +136,6 @@ def restart_phase(res: Results, a: Any, workdir: str) -> None:
 def lateness_phase(res: Results, a: Any, workdir: str, lead_s: float) -> None:
     d = DaemonProcess(os.path.join(workdir, "lateness"), config={"timer.precision_ms": 100}).start()
     try:
-        from broker.client import BrokerClient
 
         with BrokerClient(d.address) as c:
             c.create_topic(TOPIC, queues=QUEUES)

@@ -25,18 +25,23 @@ import sys
 import tempfile
 from typing import Any
 
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:
+if REPO not in sys.path:  # run from a checkout: the project's packages (and tests' helpers) import from here
     sys.path.insert(0, REPO)
+
+import spark_connector  # noqa: E402
+from broker.client import BrokerClient, Message  # noqa: E402
+from tests.procs import DaemonProcess  # noqa: E402
 
 
 def session() -> Any:
     """A local[2] session with the tidemark source registered."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # workers must run this venv's Python
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
 
-    import spark_connector
 
     spark = (SparkSession.builder.master("local[2]").appName("tidemark-topic-counts")
              .config("spark.ui.enabled", "false").config("spark.sql.shuffle.partitions", "2")
@@ -49,7 +54,6 @@ def session() -> Any:
 def start_counts(spark: Any, broker: str, topics: str, out: str, checkpoint: str, *, once: bool,
                  max_offsets_per_trigger: int | None = None) -> Any:
     """Start the pipeline; returns the StreamingQuery."""
-    from pyspark.sql import functions as F
 
     reader = (spark.readStream.format("tidemark").option("broker", broker).option("subscribe", topics)
               .option("startingOffsets", "earliest"))
@@ -81,8 +85,6 @@ def totals(spark: Any, out: str) -> dict[str, int]:
 
 def demo() -> int:
     """Start a daemon, send to two topics, run the pipeline twice (availableNow), print totals."""
-    from broker.client import BrokerClient, Message
-    from tests.procs import DaemonProcess
 
     with tempfile.TemporaryDirectory(prefix="tm-example-") as tmp:
         daemon = DaemonProcess(os.path.join(tmp, "node")).start()

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.procs import DaemonProcess
+from tests.s3server import MotoS3, RadosGateway
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,7 +39,6 @@ def daemon(spawn: Callable[..., DaemonProcess]) -> DaemonProcess:
 @pytest.fixture(scope="session")
 def moto_s3() -> Iterator[Any]:
     """moto's S3 server on a free loopback port, shared by the session."""
-    from tests.s3server import MotoS3
 
     server = MotoS3().start()
     yield server
@@ -48,7 +48,6 @@ def moto_s3() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def radosgw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real S3 server: Ceph radosgw on a one-node cluster (installed with apt-get if missing)."""
-    from tests.s3server import RadosGateway
 
     gw = RadosGateway(str(tmp_path_factory.mktemp("ceph")))
     try:

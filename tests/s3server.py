@@ -19,6 +19,8 @@ import urllib.request
 import uuid
 from typing import Any
 
+from moto.server import ThreadedMotoServer
+
 from tests.procs import free_port
 from tests.waits import wait_until
 
@@ -29,7 +31,6 @@ PACKAGES = ("radosgw", "ceph-mon", "ceph-osd")
 
 class MotoS3:
     def __init__(self) -> None:
-        from moto.server import ThreadedMotoServer
 
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"

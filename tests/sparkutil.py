@@ -13,6 +13,10 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
+from pyspark.sql import SparkSession
+
+import spark_connector
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPARK_ENV = {"PYSPARK_PYTHON": sys.executable, "SPARK_LOCAL_IP": "127.0.0.1"}
 OUTPUT_COLUMNS = ("key", "value", "topic", "partition", "offset", "timestamp")
@@ -29,9 +33,7 @@ def build_session(app: str = "tidemark-tests") -> Any:
     """A small local[2] session with the tidemark source registered."""
     for key, value in SPARK_ENV.items():
         os.environ[key] = value
-    from pyspark.sql import SparkSession
 
-    import spark_connector
 
     spark = (SparkSession.builder.master("local[2]").appName(app)
              .config("spark.ui.enabled", "false")

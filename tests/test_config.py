@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from broker.config import Config, ConfigError
+from broker.config import KEYS, Config, ConfigError, _flatten
 
 
 def test_defaults_and_layers() -> None:
@@ -70,9 +71,7 @@ def test_serve_with_bad_flag_exits_2(tmp_path: Path) -> None:
 
 def test_deploy_toml_documents_every_key_with_its_default() -> None:
     """deploy/tidemark.toml lists exactly the keys the code knows, each with its default."""
-    import tomllib
 
-    from broker.config import KEYS, _flatten
 
     root = Path(__file__).resolve().parent.parent
     with open(root / "deploy" / "tidemark.toml", "rb") as f:

@@ -5,10 +5,14 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import crc32c
 import pytest
 
 from broker.invariant import StartupRefused
-from broker.store import Store
+from broker.logformat import batch as bf
+from broker.storage import atomic_file
+from broker.store import IncomingBatch, Store
+from broker.views import producer_state
 from tests.storeutil import create_topic, open_store, read_all, send, wait_views_applied
 
 
@@ -212,12 +216,7 @@ def test_damage_below_applied_views_is_never_truncated(tmp_path: Path) -> None:
 
 def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:
     """A validly framed but unusable producer checkpoint is rebuilt from the log, keeping dedup."""
-    import crc32c
 
-    from broker.logformat import batch as bf
-    from broker.storage import atomic_file
-    from broker.store import IncomingBatch
-    from broker.views import producer_state
 
     s = open_store(str(tmp_path))
     create_topic(s, "t")

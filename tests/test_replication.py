@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
+import crc32c
 import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
+from broker.logformat import batch as bf
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from tests.crashutil import Producer, check_history, read_everything
 from tests.nodeutil import log_bytes, offsets_recorded
 from tests.nodeutil import status as _status
-from tests.procs import DaemonProcess
+from tests.procs import DaemonProcess, free_port
 from tests.tcpproxy import TcpProxy
 from tests.waits import wait_until
 
@@ -80,11 +87,7 @@ def test_writes_to_a_slave_are_redirected(spawn: Callable[..., DaemonProcess]) -
     with BrokerClient(m.address) as c:
         c.create_topic("t")
     _wait(lambda: _converged(m, s), what="topic on the slave")
-    import crc32c
 
-    from broker.logformat import batch as bf
-    from proto import tidemark_pb2 as pb
-    from proto import tidemark_pb2_grpc as pb_grpc
 
     records, _ = bf.encode_records([(b"x", b"", b"")])
     stub = pb_grpc.BrokerStub(grpc.insecure_channel(s.address))
@@ -306,7 +309,6 @@ def test_empty_slave_joins_a_master_with_1gib_of_log(spawn: Callable[..., Daemon
 
 def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
     """With replication.listen set, slaves follow through that port."""
-    from tests.procs import free_port
 
     rport = free_port()
     m = spawn("m", config={**FAST, "replication.listen": f"127.0.0.1:{rport}"})
@@ -351,9 +353,6 @@ def test_master_learning_a_higher_epoch_fences_itself(spawn: Callable[..., Daemo
 
 def test_consumer_resumes_from_its_committed_offset_after_failover(spawn: Callable[..., DaemonProcess]) -> None:
     """Offsets committed on the old master are there on the promoted slave (promoted via the CLI)."""
-    import json
-    import subprocess
-    import sys
 
     # the slave counts itself in sync for max_lag_ms after it last heard from the master: long enough
     # for the CLI to start on a loaded machine (1 s was not)

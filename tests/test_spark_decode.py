@@ -16,6 +16,7 @@ import pytest
 
 from broker.client import BrokerClient, Message, PullResult
 from broker.logformat import batch as bf
+from broker.logformat import scan
 from spark_connector import decode as dc
 from spark_connector import schema as sc
 from spark_connector.batches import pull_batch, raw_batch
@@ -47,7 +48,6 @@ def items(count: int, *, uniform: bool, start: int = 0) -> list[Item]:
 
 def test_constants_match_the_broker_format() -> None:
     """The decoder keeps no copy of the framing: batches go through broker.logformat.scan."""
-    from broker.logformat import scan
 
     assert dc.scan_bytes is scan.scan_bytes and dc.RECORD_HEAD_BYTES == bf.RECORD_HEAD_BYTES
     assert not any(hasattr(dc, name) for name in ("HEADER", "HEADER_BYTES", "MAGIC", "VERSION"))

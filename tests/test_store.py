@@ -9,6 +9,7 @@ import pytest
 
 from broker.errors import BrokerError
 from broker.logformat import batch as bf
+from broker.logformat import system_records
 from broker.store import IncomingBatch
 from tests.storeutil import create_topic, open_store, read_all
 
@@ -76,7 +77,6 @@ def test_pull_respects_its_byte_budget(tmp_path: Path) -> None:
 
 def test_send_after_unapplied_delete_is_refused(tmp_path: Path) -> None:
     """Once a topic delete is appended, sends to it fail even before the views applied it."""
-    from broker.logformat import system_records
 
     s = open_store(str(tmp_path))
     create_topic(s, "t")

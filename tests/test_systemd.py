@@ -11,10 +11,14 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from broker.cli.main import _parser
+from broker.client import BrokerClient, Message
+from broker.config import Config
 from tests.aptutil import require_tool
+from tests.certs import CA
 from tests.procs import DaemonProcess, free_port
 from tests.waits import wait_until
 
@@ -134,10 +138,7 @@ class _MdweDaemon(DaemonProcess):
 
 def test_daemon_works_under_memory_deny_write_execute(tmp_path: Path) -> None:
     """With W^X enforced by the kernel, the daemon serves TLS, tokens and replication (grpc, lmdb, crc32c)."""
-    import grpc
 
-    from broker.client import BrokerClient, Message
-    from tests.certs import CA
 
     ca = CA.create(tmp_path, "ca")
     leaf = ca.issue("node")
@@ -175,7 +176,6 @@ def test_daemon_works_under_memory_deny_write_execute(tmp_path: Path) -> None:
 def test_example_config_fits_its_unit(role: str) -> None:
     """deploy/etc/ROLE.toml is valid, says its role, and keeps its data directory *inside* the unit's
     StateDirectory: bundle staging (<dir>.bootstrap) and move-aside (<dir>.old-*) need a writable parent."""
-    from broker.config import Config
 
     cfg = Config.load(str(ROOT / "deploy" / "etc" / f"{role}.toml"))
     state = _directives(f"tidemark-{role}.service")["StateDirectory"][0]

@@ -14,6 +14,7 @@ import pytest
 
 from broker.invariant import CorruptionError
 from broker.logformat import batch as bf
+from tests.procs import free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY
 from tieredstore.backend import Backend, BackendError, ObjectExists, ObjectMissing
 from tieredstore.objects import TieredObject, describe, object_key, parse_key, runs, whole_batches
@@ -90,7 +91,6 @@ def test_posix_interrupted_put_leaves_no_object(tmp_path: Path) -> None:
 
 def test_s3_retries_with_backoff_then_fails() -> None:
     """An unreachable endpoint is retried with growing delays, counted per op, then reported."""
-    from tests.procs import free_port
 
     retried: list[str] = []
     b = S3Backend(bucket="b", endpoint=f"http://127.0.0.1:{free_port()}", region="us-east-1", access_key_id="a",

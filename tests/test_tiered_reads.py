@@ -6,17 +6,23 @@ import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
+from spark_connector.partition import QueueRange, read_partition
+from spark_connector.topics import earliest_offsets
 from tests.nodeutil import log_bytes, status
 from tests.procs import DaemonProcess, free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY, s3_config
+from tests.storeutil import create_topic, open_store, send
 from tests.tieredutil import Sender, caught_up, check_chain, objects, promote_while_sending, read_all, tiered_config
 from tests.waits import wait_until
 from tieredstore.backend import Backend
+from tieredstore.objects import LOG_PREFIX
+from tieredstore.plugin import Tiering, attach
 from tieredstore.posix import PosixBackend
 from tieredstore.s3 import S3Backend
 
@@ -82,8 +88,6 @@ def test_every_message_reads_back_after_local_retention(spawn: Callable[..., Dae
 
 def _spark_partitions_read_everything(address: str, sent: list[bytes]) -> None:
     """What Spark's executors run (the connector's planning and read_partition) reads the offloaded range too."""
-    from spark_connector.partition import QueueRange, read_partition
-    from spark_connector.topics import earliest_offsets
 
     with BrokerClient(address) as c:
         ends = {("t", q): c.list_topics()["t"]["max_offsets"][q] for q in range(QUEUES)}
@@ -176,11 +180,7 @@ def test_empty_slave_starts_its_log_at_the_uploaded_offset(spawn: Callable[..., 
 
 def test_tiered_retention_never_passes_a_retention_hold(tmp_path: Path) -> None:
     """An object holding an offset at or above the retention read floor stays (a pending timer's body)."""
-    from types import SimpleNamespace
 
-    from tests.storeutil import create_topic, open_store, send
-    from tieredstore.objects import LOG_PREFIX
-    from tieredstore.plugin import Tiering, attach
 
     store = open_store(str(tmp_path / "d"), **tiered_config(str(tmp_path / "tiered"), **{"tieredstore.retention_ms": 1}))
     daemon = SimpleNamespace(store=store, config=store.config, on_start=[], on_stop=[])

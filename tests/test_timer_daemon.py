@@ -4,6 +4,7 @@ racing with firing, a promoted slave. Each checks: every timer fired exactly onc
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,11 +14,16 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
+import crc32c
+import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
 from broker.logformat import batch as bf
+from broker.storage import atomic_file
 from broker.timers import snapshot as snaps
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from tests.crashutil import drop_unsynced_bytes
 from tests.procs import DaemonProcess
 from tests.waits import wait_until
@@ -151,7 +157,6 @@ def test_corrupt_newest_snapshot_falls_back_to_the_older_one(spawn: Callable[...
 
 
 def _newest_snapshot_pending(snap_dir: str) -> int:
-    from broker.storage import atomic_file
 
     positions = snaps.positions(snap_dir)
     if not positions:
@@ -235,11 +240,7 @@ def test_bad_timer_requests_get_clear_statuses(daemon: DaemonProcess) -> None:
             c.send("t", [Message(body=b"x", properties={"__topic": "y"}, deliver_at_ms=int(time.time() * 1000) + 5000)])
         r = c.send("t", [Message(body=b"now", deliver_at_ms=int(time.time() * 1000) - 10)])[0]
         assert r.timer_offset is None and r.queue_offset == 0  # already due: straight to its topic
-    import crc32c
-    import grpc
 
-    from proto import tidemark_pb2 as pb
-    from proto import tidemark_pb2_grpc as pb_grpc
 
     records, _ = bf.encode_records([(b"body", b"", bf.encode_props({"a": "b"}))])  # no __deliver_at_ms
     with grpc.insecure_channel(daemon.address) as ch:
@@ -258,7 +259,6 @@ def test_cli_send_delay_and_cancel(daemon: DaemonProcess) -> None:
     assert cli("topic", "create", "t", "--broker", daemon.address).returncode == 0
     sent = cli("send", "t", "--broker", daemon.address, "--delay-ms", "60000", stdin="a\nb\n")
     assert sent.returncode == 0, sent.stderr
-    import json
 
     receipts = [json.loads(line) for line in sent.stdout.splitlines()]
     assert len(receipts) == 2 and all(r["deliver_at_ms"] > time.time() * 1000 + 50_000 for r in receipts)

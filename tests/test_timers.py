@@ -9,8 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+from broker import metrics
 from broker.errors import BrokerError
+from broker.logformat import system_records
 from broker.store.watermarks import AloneRule
 from broker.timers import snapshot as snaps
 from broker.timers import timerlog as tl
@@ -91,7 +94,6 @@ def test_cancel_before_fire_and_clear_refusals(tmp_path: Path) -> None:
 
 
 def test_deleted_topic_drops_its_timers(tmp_path: Path) -> None:
-    from broker.logformat import system_records
 
     s = timer_store(str(tmp_path / "d"))
     create_topic(s, "gone")
@@ -234,9 +236,7 @@ def test_view_counts_match_the_metadata_counts(tmp_path: Path) -> None:
 
 
 def test_bulk_lateness_histogram_equals_one_observe_per_value() -> None:
-    from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-    from broker import metrics
 
     bounds = metrics.TIMER_LATENESS_BOUNDS
     one, bulk = CollectorRegistry(), CollectorRegistry()
