@@ -216,14 +216,33 @@ def test_damage_below_applied_views_is_never_truncated(tmp_path: Path) -> None:
 
 def test_bad_producer_checkpoint_rebuilds_dedup_state(tmp_path: Path) -> None:
     """A validly framed but unusable producer checkpoint is rebuilt from the log, keeping dedup."""
+    _dedup_survives_a_checkpoint_of(tmp_path, b'{"applied_offset": 350}')
 
 
+def test_producer_checkpoint_of_the_wrong_shape_rebuilds_dedup_state(tmp_path: Path) -> None:
+    """A checkpoint whose fields have the wrong types (a TypeError, not a ValueError) is rebuilt too."""
+    _dedup_survives_a_checkpoint_of(tmp_path, b'{"applied_offset": 350, "producers": 5}')
+
+
+def _dedup_survives_a_checkpoint_of(tmp_path: Path, payload: bytes) -> None:
+    """A producer's batch, then the producer-state checkpoint replaced by ``payload``: the retried
+    batch is still answered as a duplicate after the restart."""
     s = open_store(str(tmp_path))
     create_topic(s, "t")
     records, _ = bf.encode_records([(b"once", b"", b"")])
     batch = IncomingBatch("t", 0, records, 1, crc32c.crc32c(records), producer_id=5, base_sequence=0)
     first, end = s.appender.append([batch])
     s.watermarks.wait_ack(end, "flush", 5000)
+    s.stop()
+    ckpt = str(tmp_path / "checkpoints" / "producer_state.ckpt")
+    for suffix in ("", ".bak"):
+        if Path(ckpt + suffix).exists():
+            Path(ckpt + suffix).unlink()
+    atomic_file.persist(ckpt, producer_state.CHECKPOINT_MAGIC, producer_state.CHECKPOINT_VERSION, payload)
+    s = open_store(str(tmp_path))
+    again, _ = s.appender.append([batch])
+    assert again[0].duplicate and again[0].commit_offset == first[0].commit_offset
+    assert read_all(s, "t") == [b"once"]
     s.stop()
     ckpt = str(tmp_path / "checkpoints" / "producer_state.ckpt")
     for suffix in ("", ".bak"):

@@ -374,3 +374,26 @@ def test_consumer_resumes_from_its_committed_offset_after_failover(spawn: Callab
         for q, n in got.items():
             assert c.committed_offset("g", "t", q) == n - 1
             assert len(c.pull("t", q, n - 1, 1000)) == 1  # exactly the one unconsumed message again
+
+
+def test_a_slave_behind_a_new_epoch_records_where_it_really_began(spawn: Callable[..., DaemonProcess]) -> None:
+    """A slave far behind a master that started a new epoch learns the epoch from the first batch
+    that carries it, not at its own log end when a message merely names it: after catching up its
+    epoch history equals the master's (a wrong start would make a later reconnect cut good bytes)."""
+    m = spawn("m", config={**FAST, "replication.chunk_bytes": 64 * 1024})
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": m.address})
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(b"before")], ack="replica")
+    wait_until(lambda: _converged(m, s), 30, what="the slave to catch up")
+    s.kill9()
+    with BrokerClient(m.address) as c:
+        for _ in range(20):  # ~1 MB in epoch 1 that the slave has not seen: many 64 KiB chunks
+            c.send("t", [Message(b"e1" * 500)] * 50, ack="flush")
+        c.demote(master=f"127.0.0.1:{free_port()}")  # nobody there: it stays a slave, then
+        assert c.promote(unclean=True) == 2  # starts epoch 2 at its own log end
+        c.send("t", [Message(b"e2")] * 10, ack="flush")
+        master_epochs = c.status()["epochs"]
+    s.start()
+    wait_until(lambda: _converged(m, s), 60, what="the slave to catch up again", observe=lambda: _status(s)["epochs"])
+    assert _status(s)["epochs"] == master_epochs
