@@ -39,7 +39,11 @@ import grpc  # noqa: E402
 from grpc_health.v1 import health_pb2, health_pb2_grpc  # noqa: E402
 
 from broker.client import BrokerClient  # noqa: E402
-from tests.procs import DaemonProcess, free_port  # noqa: E402
+
+try:
+    from tests.procs import DaemonProcess, free_port
+except ImportError:  # an older revision (benchmarked with these scripts copied into its checkout)
+    from broker.procs import DaemonProcess, free_port  # type: ignore[no-redef]
 
 
 def log(text: str) -> None:
