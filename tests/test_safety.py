@@ -17,6 +17,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import BrokerClient, BrokerError, Message
+from broker.store.incidents import Incidents
+from broker.store.offset_buffer import OffsetBuffer
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.procs import DaemonProcess, free_port
@@ -476,3 +478,29 @@ def test_the_readme_runbook_never_makes_two_masters(tmp_path: Path) -> None:
     finally:
         for n in nodes:
             n.kill9()
+
+
+def test_a_failing_background_flush_is_visible_then_clears() -> None:
+    """The consumer-offset flusher's failures are recorded (status errors, a metric), never swallowed;
+    the offsets stay buffered and go out on the next try; success clears the error."""
+    incidents = Incidents()
+    written: list[list[tuple[str, str, int, int]]] = []
+    fail = [True]
+
+    def write(entries: list[tuple[str, str, int, int]]) -> None:
+        if fail[0]:
+            raise OSError(28, "No space left on device")
+        written.append(entries)
+
+    buffer = OffsetBuffer(10, 100, write, incidents.report_to("offsets"))
+    buffer.start()
+    try:
+        buffer.commit([("g", "t", 0, 5)])
+        wait_until(lambda: incidents.snapshot().get("offsets", {}).get("active"), 5, what="the failure to be recorded")
+        assert "No space left" in str(incidents.snapshot()["offsets"]["error"]) and not written
+        fail[0] = False
+        wait_until(lambda: written, 5, what="the retried flush")
+        assert written == [[("g", "t", 0, 5)]]
+        wait_until(lambda: not incidents.snapshot()["offsets"]["active"], 5, what="the error to clear")
+    finally:
+        buffer.stop()

@@ -103,17 +103,20 @@ class Uploader:
                 self._maybe_retention()
                 backoff_s = 0.1
                 self.last_error = ""
+                self.store.incidents.clear("tiered_uploader")
                 if not uploaded:
                     self._stop.wait(IDLE_WAIT_S)
             except InvariantError as exc:  # a bug: never upload past it; say so loudly and stop
                 self.last_error = f"stopped: {exc}"
                 log.critical("tiered_uploader_invariant", error=str(exc))
+                self.store.incidents.record("tiered_uploader", self.last_error)
                 return
             except (BackendError, CorruptionError, BrokerError, OSError) as exc:
                 op = exc.op if isinstance(exc, BackendError) else type(exc).__name__
                 metrics.BACKEND_ERRORS.labels(op).inc()
                 self.last_error = str(exc)
                 log.warning("tiered_upload_failed", error=str(exc), retry_in_s=backoff_s)
+                self.store.incidents.record("tiered_uploader", self.last_error)
                 self.break_point = None  # look at the object store again before the next put
                 self._stop.wait(backoff_s)
                 backoff_s = min(ERROR_BACKOFF_S_MAX, backoff_s * 2)

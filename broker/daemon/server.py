@@ -205,7 +205,9 @@ class Daemon:
                 metrics.SEGMENTS.set(len(self.store.log.segments))
                 metrics.export_status(self.store.status())  # also refreshes replica lag and free disk
             except Exception as exc:
-                log.warning("lag_metrics_failed", error=str(exc))
+                self.store.incidents.record("metrics", f"{type(exc).__name__}: {exc}")
+            else:
+                self.store.incidents.clear("metrics")
 
     def stop(self) -> None:
         """Graceful: refuse new calls, drain in-flight ones, then stop the store cleanly."""

@@ -60,7 +60,9 @@ class _SlotState:
 
 class TimerService:
     def __init__(self, config: Config, view: TimerView, log_: CommitLog, appender: Appender, watermarks: Watermarks,
-                 dispatcher: Dispatcher, reads: Reads, role: Callable[[], str], check_writable: Callable[[], None]) -> None:
+                 dispatcher: Dispatcher, reads: Reads, role: Callable[[], str], check_writable: Callable[[], None],
+                 report: Callable[[str], None] = lambda _message: None) -> None:
+        """``report``: told each round's outcome (a failure's message, or "" when it worked)."""
         self.view = view
         self.log = log_
         self.appender = appender
@@ -69,6 +71,7 @@ class TimerService:
         self.reads = reads
         self.role = role
         self.check_writable = check_writable
+        self.report = report
         self.send_timeout_ms = config["limits.send_timeout_ms"]
         cfg = config
         self.precision_ms = cfg["timer.precision_ms"]
@@ -120,15 +123,19 @@ class TimerService:
                     break
                 else:
                     self.round()
+                if failures:
+                    self.report("")
                 failures = 0
             except BrokerError as exc:  # e.g. a full disk or a lost role: retry, quietly after the first
                 failures += 1
                 if failures == 1 or failures % 100 == 0:
                     log.warning("timer_round_failed", error=exc.message, failures=failures)
+                self.report(f"{exc.code}: {exc.message}")
                 self._stop.wait(min(1.0, 0.05 * failures))
             except Exception as exc:  # a bug must not take the daemon down; keep trying
                 failures += 1
                 log.exception("timer_round_failed", error=str(exc), failures=failures)
+                self.report(f"{type(exc).__name__}: {exc}")
                 self._stop.wait(1.0)
 
     def _catch_up(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
@@ -57,6 +58,10 @@ class Incidents:
                 return
             inc.active = False
         log.info("background_recovered", component=component)
+
+    def report_to(self, component: str) -> Callable[[str], None]:
+        """A callback for a loop of ``component``: a message records a failure, "" a success."""
+        return lambda message: self.record(component, message) if message else self.clear(component)
 
     def snapshot(self) -> dict[str, dict[str, object]]:
         with self._lock:

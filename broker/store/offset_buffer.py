@@ -9,7 +9,6 @@ the consumer re-reads at most that much.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 from collections.abc import Callable
 
@@ -22,8 +21,11 @@ class OffsetBuffer:
         flush_interval_ms: int,
         entries_max: int,
         write: Callable[[list[tuple[str, str, int, int]]], None],
+        on_error: Callable[[str], None] = lambda _message: None,
     ) -> None:
+        """``on_error``: told each background flush's outcome (a message when it failed, "" when it worked)."""
         self.flush_interval_ms = flush_interval_ms
+        self.on_error = on_error
         self.entries_max = entries_max
         self._write = write
         self._lock = threading.Lock()
@@ -84,8 +86,12 @@ class OffsetBuffer:
             self._wake.clear()
             if self._stop.is_set():
                 break
-            with contextlib.suppress(Exception):
+            try:
                 self.flush()
+            except Exception as exc:  # kept in the buffer and retried next interval; never silent
+                self.on_error(f"{type(exc).__name__}: {exc}")
+            else:
+                self.on_error("")
 
     def stop(self) -> None:
         self._stop.set()

@@ -92,14 +92,14 @@ class Store:
         self.watermarks = Watermarks(config, log_, self._stop, lambda: self.role, flushed_offset=recovered.flushed_offset,
                                      confirm_offset=recovered.confirm_offset, applied_offset=recovered.applied_offset)
         self.offsets = OffsetBuffer(config["offsets.flush_interval_ms"], config["offsets.buffer_entries_max"],
-                                    self._write_offsets)
+                                    self._write_offsets, self.incidents.report_to("offsets"))
         self.appender = Appender(config, log_, epochs, views, recovered.tail, self.watermarks, self.disk,
                                  self.check_writable, self.offsets.drop_topic)
         self.dispatcher = Dispatcher(config, log_, views, self.watermarks)
         self.retention = Retention(config, log_, views, self.dispatcher.checkpoint_floor)
         self.reads = Reads(log_, views, self.watermarks, lambda: self.closing)
         self.timers = TimerService(config, views.timers, log_, self.appender, self.watermarks, self.dispatcher,
-                                   self.reads, lambda: self.role, self.check_writable)
+                                   self.reads, lambda: self.role, self.check_writable, self.incidents.report_to("timers"))
         self._role_listeners.append(self.timers.on_role)
 
     # -- ports (broker/ports.py) -----------------------------------------------------------------
