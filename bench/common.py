@@ -442,12 +442,17 @@ def require_free_disk(path: str, needed: int) -> None:
         raise SystemExit(f"not enough free disk at {path}: {free / GiB:.1f} GiB free, need {needed / GiB:.1f} GiB")
 
 
-def rss_anon_of(pid: int) -> int:
+def proc_status_bytes(pid: int, field: str) -> int:
+    """A ``kB`` field of ``/proc/PID/status`` (``RssAnon``, ``VmRSS``...) in bytes (0 when absent)."""
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            if line.startswith("RssAnon:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return 0
+
+
+def rss_anon_of(pid: int) -> int:
+    return proc_status_bytes(pid, "RssAnon")
 
 
 # -- Redis ---------------------------------------------------------------------------------------

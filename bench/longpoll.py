@@ -14,10 +14,12 @@ Usage: .venv/bin/python bench/longpoll.py [--quick] [--polls 1000] [--many 10000
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import common
@@ -69,19 +71,26 @@ def probe_status(address: str, stop: threading.Event, out: list[float]) -> None:
             stop.wait(0.05)
 
 
-def one_run(workdir: str, polls: int, producers: int, batch: int, warmup_s: float, seconds: float) -> dict[str, Any]:
-
+@contextlib.contextmanager
+def parked_polls(address: str, polls: int) -> Iterator[None]:
+    """``polls`` idle long-polls held by a separate process for the duration of the block."""
     ctx = mp.get_context("spawn")
-    with common.temp_dir(f"tm-longpoll-{polls}-", workdir) as wd, common.running_daemon(wd) as d:
+    ready, stop = ctx.Event(), ctx.Event()
+    hold = ctx.Process(target=holder, args=(address, polls, ready, stop))
+    hold.start()
+    try:
+        ready.wait(300)
+        _wait_parked(address, polls)
+        yield
+    finally:
+        stop.set()
+        hold.join(60)
+
+
+def one_run(workdir: str, polls: int, producers: int, batch: int, warmup_s: float, seconds: float) -> dict[str, Any]:
+    with common.temp_dir(f"tm-longpoll-{polls}-", workdir) as wd, common.running_daemon(wd) as d, \
+            _topics(d.address, TOPIC, IDLE), parked_polls(d.address, polls):
         assert d.proc is not None
-        with BrokerClient(d.address) as c:
-            c.create_topic(TOPIC, queues=QUEUES)
-            c.create_topic(IDLE)
-        ready, stop = ctx.Event(), ctx.Event()
-        hold = ctx.Process(target=holder, args=(d.address, polls, ready, stop))
-        hold.start()
-        ready.wait(120)
-        _wait_parked(d.address, polls)
         status_s: list[float] = []
         probe_stop = threading.Event()
         prober = threading.Thread(target=probe_status, args=(d.address, probe_stop, status_s))
@@ -92,35 +101,31 @@ def one_run(workdir: str, polls: int, producers: int, batch: int, warmup_s: floa
         prober.join()
         with BrokerClient(d.address) as c:
             parked = c.status().get("long_polls", -1)  # -1: a revision that does not count them
-        stop.set()
-        hold.join(30)
         lat = w["latencies"]
     return {"rate": w["rate"], "p99_ms": 1000 * quantile(lat, 0.99), "p50_ms": 1000 * quantile(lat, 0.5),
             "status_p99_ms": 1000 * quantile(sorted(status_s), 0.99), "parked": parked}
 
 
 def many_run(workdir: str, polls: int) -> dict[str, Any]:
-
-    ctx = mp.get_context("spawn")
-    with common.temp_dir(f"tm-longpoll-many-{polls}-", workdir) as wd, common.running_daemon(wd) as d:
+    with common.temp_dir(f"tm-longpoll-many-{polls}-", workdir) as wd, common.running_daemon(wd) as d, \
+            _topics(d.address, IDLE), parked_polls(d.address, polls):
         assert d.proc is not None
-        with BrokerClient(d.address) as c:
-            c.create_topic(IDLE)
-        ready, stop = ctx.Event(), ctx.Event()
-        hold = ctx.Process(target=holder, args=(d.address, polls, ready, stop))
-        hold.start()
-        ready.wait(300)
-        _wait_parked(d.address, polls)
         with BrokerClient(d.address) as c:
             t0 = time.perf_counter()
             c.status()
             status_ms = 1000 * (time.perf_counter() - t0)
             parked = c.status().get("long_polls", -1)
-        rss = _vm_rss(d.proc.pid)
+        rss = common.proc_status_bytes(d.proc.pid, "VmRSS")
         alive = d.proc.poll() is None
-        stop.set()
-        hold.join(60)
     return {"rss_bytes": rss, "alive": alive, "parked": parked, "status_ms": status_ms}
+
+
+@contextlib.contextmanager
+def _topics(address: str, *names: str) -> Iterator[None]:
+    with BrokerClient(address) as c:
+        for name in names:
+            c.create_topic(name, queues=QUEUES if name == TOPIC else 1)
+    yield
 
 
 def _wait_parked(address: str, polls: int) -> None:
@@ -132,14 +137,6 @@ def _wait_parked(address: str, polls: int) -> None:
             time.sleep(5)
             return
         common.wait_for(lambda: c.status()["long_polls"] >= polls, 300, f"{polls} parked pulls")
-
-
-def _vm_rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
 
 
 def main() -> int:

@@ -74,14 +74,6 @@ def read_all(address: str, shares: list[list[str]]) -> list[bytes]:
     return sorted(b for r in results for b in r)
 
 
-def vm_rss(pid: int) -> int:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 def main() -> int:
 
     p = common.base_parser(__doc__.splitlines()[0])
@@ -119,7 +111,7 @@ def main() -> int:
         target, ok = common.at_most(files["open"], files["max"])
         res.add("open segment and queue files", files["open"], "files", target=target, ok=ok, limit=files["max"])
         res.add("open descriptors of the process (sockets, LMDB, logs included)", fds, "fds")
-        rss = vm_rss(d.proc.pid)
+        rss = common.proc_status_bytes(d.proc.pid, "VmRSS")
         target, ok = common.at_most(rss / 1e6, 500)
         res.add(f"RSS with {topics * QUEUES} queues", rss / 1e6, "MB", target=target, ok=ok)
         d.kill9()

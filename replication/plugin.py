@@ -11,7 +11,6 @@ from typing import Any
 
 import grpc
 
-from broker.invariant import StartupRefused
 from broker.security import auth, tls
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
@@ -33,12 +32,7 @@ def attach(daemon: Any) -> None:
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
                              options=[("grpc.max_send_message_length", 1 << 30)], interceptors=[auth.AuthInterceptor(authz)])
         pb_grpc.add_ReplicationServicer_to_server(master_side, server)
-        try:
-            bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise StartupRefused(f"replication.listen: cannot listen on {listen}")
+        tls.listen_on(server, "replication.listen", listen, creds)
         server.start()
         daemon.on_stop.append(lambda: server.stop(1).wait())
     else:

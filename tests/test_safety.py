@@ -262,19 +262,6 @@ def test_bad_requests_get_invalid_argument_and_short_echoes(daemon: DaemonProces
 
 
 # -- a slave whose disk fills ------------------------------------------------------------------------------
-@pytest.fixture
-def small_fs(tmp_path: Path) -> Iterator[Path]:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mnt)], check=True)
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
-
-
 @pytest.mark.root
 @pytest.mark.parametrize("min_free_bytes", [4 << 20, 0])
 def test_a_slave_whose_disk_fills_catches_up_when_space_returns(spawn: Callable[..., DaemonProcess], small_fs: Path,

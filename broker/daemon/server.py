@@ -104,14 +104,7 @@ class Daemon:
         for plugin in entry_points(group="tidemark.plugins"):
             plugin.load()(self)
             log.info("plugin_attached", plugin=plugin.name)
-        creds = tls.client_port_credentials(self.config)
-        listen = self.config["node.listen"]
-        try:
-            bound = server.add_secure_port(listen, creds) if creds else server.add_insecure_port(listen)
-        except RuntimeError:
-            bound = 0
-        if bound == 0:
-            raise StartupRefused(f"node.listen: cannot listen on {listen}")
+        tls.listen_on(server, "node.listen", self.config["node.listen"], tls.client_port_credentials(self.config))
         self.aio.call(server.start())
         for hook in self.on_start:
             hook()

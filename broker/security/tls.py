@@ -6,9 +6,12 @@ file is a configuration error naming its key, so ``tidemark config check`` repor
 
 from __future__ import annotations
 
+from typing import Any
+
 import grpc
 
 from broker.config import Config, ConfigError
+from broker.invariant import StartupRefused
 
 
 def read_pem(config: Config, key: str) -> bytes:
@@ -50,6 +53,17 @@ def replication_channel_credentials(config: Config) -> grpc.ChannelCredentials |
         private_key=read_pem(config, "replication.tls_key_file"),
         certificate_chain=read_pem(config, "replication.tls_cert_file"),
     )
+
+
+def listen_on(server: Any, key: str, address: str, credentials: grpc.ServerCredentials | None) -> None:
+    """Bind a gRPC server (thread-pool or asyncio) to ``address``, with TLS when ``credentials``;
+    a port that cannot be bound refuses the start in one line naming ``key``."""
+    try:
+        bound = server.add_secure_port(address, credentials) if credentials else server.add_insecure_port(address)
+    except RuntimeError:
+        bound = 0
+    if bound == 0:
+        raise StartupRefused(f"{key}: cannot listen on {address}")
 
 
 def check_files(config: Config) -> None:
