@@ -45,8 +45,9 @@ class LongPolls:
             fut.cancel()
 
     async def wait(self, fut: asyncio.Future[None], timeout_s: float) -> None:
-        """Until the queue grows or ``timeout_s`` passes."""
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+        """Until the queue grows or ``timeout_s`` passes. A cancelled call (the client went away)
+        raises ``CancelledError`` here, ending the pull."""
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(fut), timeout_s)
 
     def notify_threadsafe(self, keys: set[QueueKey] | None) -> None:

@@ -48,6 +48,7 @@ from proto import tidemark_pb2 as pb
 log = structlog.get_logger("server")
 GRACE_S = 5.0
 STREAMS_MAX = 32  # blocking streams served at once (slaves and snapshot downloads)
+PENDING_CALLS_MAX = 50_000  # calls gRPC core holds for the server before it refuses new ones
 FD_RESERVE = 256  # descriptors beyond limits.open_files_max: client sockets, LMDB, logs, the lock
 MAIN_LOOP_S = 1.0  # the main loop wakes at least this often (more often for the watchdog)
 UMASK = 0o077  # files and directories the daemon creates are private to its user
@@ -93,6 +94,10 @@ class Daemon:
             ("grpc.max_receive_message_length", limit),
             ("grpc.max_send_message_length", send_limit),
             ("grpc.so_reuseport", 0),
+            # calls received but not yet taken by the asyncio server: beyond gRPC's default soft limit
+            # (1,000) a burst of new long-polls made unrelated calls fail CANCELLED; still bounded
+            ("grpc.server.max_pending_requests", PENDING_CALLS_MAX),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_CALLS_MAX),
         ]
         server = self.aio.call(self._make_server(options))
         self.grpc_server = server
@@ -215,6 +220,7 @@ class Daemon:
             self.aio.call(self.grpc_server.stop(GRACE_S))
         self.aio.close()
         self.read_pool.shutdown(wait=False)
+        self.stream_pool.shutdown(wait=False)
         self.store.stop()
         log.info("stopped", clean=True)
 
