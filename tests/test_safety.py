@@ -333,8 +333,9 @@ def test_many_queues_under_a_low_descriptor_limit(spawn: Callable[..., DaemonPro
 
 # -- long-polls hold no thread -------------------------------------------------------------------------------
 def test_a_thousand_idle_long_polls_starve_nothing(daemon: DaemonProcess) -> None:
-    """1,000 pulls parked on an empty queue: health, status and ack=flush sends still answer at once;
-    one message then wakes every pull; a pull beyond the end is refused at once, not after its wait."""
+    """2,000 pulls parked on an empty queue (a burst beyond gRPC's default pending-call limit): health,
+    status and ack=flush sends still answer at once; one message then wakes every pull; a pull beyond
+    the end is refused at once, not after its wait."""
     with BrokerClient(daemon.address) as c:
         c.create_topic("idle")
         c.create_topic("busy")
@@ -342,9 +343,9 @@ def test_a_thousand_idle_long_polls_starve_nothing(daemon: DaemonProcess) -> Non
     try:
         stubs = [pb_grpc.BrokerStub(ch) for ch in channels]
         polls = [stubs[i % 4].Pull.future(pb.PullRequest(topic="idle", queue_id=0, offset=0, max_messages=10,
-                                                         max_wait_ms=30_000), timeout=60) for i in range(1000)]
+                                                         max_wait_ms=30_000), timeout=60) for i in range(2000)]
         with BrokerClient(daemon.address) as c:
-            wait_until(lambda: c.status()["long_polls"] >= 1000, 30, what="1,000 parked pulls")
+            wait_until(lambda: c.status()["long_polls"] >= 2000, 30, what="2,000 parked pulls")
         with BrokerClient(daemon.address) as c:
             t0 = time.monotonic()
             health = health_pb2_grpc.HealthStub(channels[0]).Check(health_pb2.HealthCheckRequest(), timeout=5)
