@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import crc32c
+import lmdb
 import pytest
 
 from broker.invariant import StartupRefused
@@ -255,3 +256,27 @@ def _dedup_survives_a_checkpoint_of(tmp_path: Path, payload: bytes) -> None:
     assert again[0].duplicate and again[0].commit_offset == first[0].commit_offset
     assert read_all(s, "t") == [b"once"]
     s.stop()
+
+
+def test_an_unusable_metadata_database_that_cannot_be_rebuilt_is_left_intact(tmp_path: Path) -> None:
+    """A malformed LMDB value when retention already removed the log's head: start-up is refused, and
+    the database (topics, consumer offsets) is still all there for the operator, not wiped first."""
+    s = _store_over_retention(tmp_path, 64 * 1024)
+    s.offsets.commit([("g", "t", 0, 7)])
+    s.offsets.flush()
+    s.dispatcher.checkpoint_views()
+    s.dispatcher.checkpoint_views()
+    assert s.retention.enforce() and s.log.min_offset > 0
+    s.stop()
+    env = lmdb.open(str(tmp_path / "metadata"), max_dbs=8, subdir=True)
+    with env.begin(write=True) as txn:
+        txn.put(b"t", b"{not json", db=env.open_db(b"topics", txn=txn))
+    env.close()
+    with pytest.raises(StartupRefused, match="metadata: checkpoint unusable"):
+        open_store(str(tmp_path))
+    env = lmdb.open(str(tmp_path / "metadata"), max_dbs=8, subdir=True, readonly=True)
+    with env.begin() as txn:
+        offsets = list(txn.cursor(db=env.open_db(b"offsets", txn=txn)))
+        topics = list(txn.cursor(db=env.open_db(b"topics", txn=txn)))
+    env.close()
+    assert len(offsets) == 1 and len(topics) == 1

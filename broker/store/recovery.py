@@ -5,9 +5,9 @@ view's newest valid checkpoint, then replay the log from there up to the confirm
 1. Identity (``load_identity``, run first of all by ``Store.open``): load ``identity`` or create
    it in a new directory; refuse a non-new directory without a valid one.
 2. Segment chain: every segment must start where the previous one ends.
-3. View checkpoints: load each view's newest valid checkpoint (``View.load``); an unusable one is
-   forgotten (``View.reset``). A view without one is rebuilt from offset 0 when the log still
-   starts at 0; otherwise start-up is refused. A missing epoch history is rebuilt from the log.
+3. View checkpoints: load each view's newest valid checkpoint (``View.load``). A view without a
+   usable one is rebuilt from offset 0 (``View.reset``) when the log still starts at 0; otherwise
+   start-up is refused *before* anything is reset. A missing epoch history is rebuilt from the log.
 4. Log tail: after a clean shutdown (a valid ``clean_shutdown`` marker matching the log end) no
    scan is needed. Otherwise every batch from the lowest view checkpoint to the end is verified
    (``broker.logformat.scan``, torn-tail mode); a torn tail is saved to ``quarantine/`` and
@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,19 +93,23 @@ def recover(data_dir: str, *, is_new: bool, role: str, log_: CommitLog, views: V
 
     # 3. view checkpoints, epoch history
     for view in views.all:
+        unusable = ""
         try:
             ok = view.load()
-        except (CorruptionError, ValueError, KeyError, TypeError) as exc:  # a checkpoint of the wrong shape too
-            log.warning("view_checkpoint_unusable", view=view.name, error=str(exc))
-            ok = False
-            view.reset()
+        except (CorruptionError, ValueError, KeyError, TypeError, struct.error) as exc:  # a wrong shape too
+            unusable, ok = str(exc), False
         if not ok and not is_new:
-            if log_min > 0:
+            if log_min > 0:  # decided before anything is reset: what cannot be rebuilt is never wiped
                 raise StartupRefused(
-                    f"view {view.name}: no valid checkpoint and the log starts at {log_min} (older records were "
-                    "removed by retention), so it cannot be rebuilt; restore the data directory from backup"
+                    f"view {view.name}: {'checkpoint unusable (' + unusable + ')' if unusable else 'no valid checkpoint'} "
+                    f"and the log starts at {log_min} (older records were removed by retention), so it cannot be "
+                    "rebuilt; restore the data directory from backup"
                 )
             log.warning("view_rebuild_from_log", view=view.name)
+        if unusable:
+            log.warning("view_checkpoint_unusable", view=view.name, error=unusable)
+        if not ok:
+            view.reset()  # rebuilt from offset 0
     for view in views.all:
         if view.applied_offset < log_min:
             raise StartupRefused(f"view {view.name} needs the log from {view.applied_offset} but it starts at {log_min}")

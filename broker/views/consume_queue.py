@@ -197,8 +197,7 @@ class ConsumeQueueView(View):
         """Load the newest valid checkpoint; False when none exists (fresh view at offset 0)."""
         loaded = atomic_file.load(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION)
         if loaded is None:
-            self.reset()
-            return False
+            return False  # recovery resets the view (or refuses to start)
         state = json.loads(loaded.payload)
         self.applied_offset = int(state["applied_offset"])
         self.topics = {name: TopicInfo(int(t["id"]), int(t["queues"])) for name, t in state["topics"].items()}
