@@ -269,8 +269,9 @@ def is_loopback(address: str) -> bool:
 def insecure_exposures(values: Mapping[str, Any]) -> list[str]:
     """The listen keys serving a non-loopback address with nothing to protect them (DESIGN §10)."""
     tokens = bool(values["auth.token_file"] or values["auth.tokens_file"])
+    client_certificates = bool(values["tls.cert_file"] and values["tls.client_ca_file"])  # TLS alone authenticates nobody
     out = []
-    if not is_loopback(values["node.listen"]) and not (values["tls.cert_file"] or tokens):
+    if not is_loopback(values["node.listen"]) and not (tokens or client_certificates):
         out.append("node.listen")
     repl = values["replication.listen"]
     if repl and not is_loopback(repl) and not (values["replication.tls_cert_file"] or values["auth.tokens_file"]):
@@ -283,7 +284,8 @@ def _check_exposure(values: Mapping[str, Any]) -> None:
     exposed = insecure_exposures(values)
     if exposed and not values["security.insecure_network"]:
         name = exposed[0]
-        fix = ("tls.cert_file and tls.key_file, or auth.tokens_file" if name == "node.listen"
+        fix = ("auth.tokens_file, or client certificates (tls.cert_file, tls.key_file, tls.client_ca_file)"
+               if name == "node.listen"
                else "replication.tls_cert_file, replication.tls_key_file and replication.tls_ca_file, or auth.tokens_file")
         raise ConfigError(f"{name}: {values[name]} is not a loopback address and nothing protects it: set {fix} "
                           "(or security.insecure_network = true to serve it unprotected)")

@@ -28,7 +28,7 @@ REPLICA_LAG = Gauge("tidemark_replica_lag_bytes", "Master log end minus the repl
                     registry=REGISTRY)
 GROUP_LAG = Gauge(
     "tidemark_consumer_group_lag_messages", "Queue ends minus the group's committed offsets, summed over a topic's "
-    "queues (beyond LABEL_VALUES_MAX series, the rest in group=topic=\"other\")", ["group", "topic"], registry=REGISTRY,
+    "queues (beyond LABEL_VALUES_MAX series, the rest in group=topic=\"__other__\")", ["group", "topic"], registry=REGISTRY,
 )
 LABEL_VALUES_MAX = 100  # series per per-topic metric: topic names are users' data, and series cost memory
 
@@ -70,20 +70,26 @@ def export_status(st: Mapping[str, Any]) -> None:
 
 
 TIMER_PENDING = Gauge("tidemark_timer_pending", "Pending timer messages per target topic (beyond LABEL_VALUES_MAX "
-                      "topics, the rest in topic=\"other\")", ["topic"], registry=REGISTRY)
+                      "topics, the rest in topic=\"__other__\")", ["topic"], registry=REGISTRY)
+
+
+OTHER = "__other__"  # the overflow series' label: "__" starts no user topic name
 
 
 def set_bounded(gauge: Gauge, values: Mapping[tuple[str, ...], float], limit: int = LABEL_VALUES_MAX) -> None:
-    """Replace every series of ``gauge``: the ``limit`` largest label sets keep their own series, the
-    rest are summed into one whose every label is \"other\" (bounded label sets, DESIGN §10)."""
+    """Bring ``gauge``'s series to ``values``: the ``limit`` largest label sets keep their own series,
+    the rest are summed into one whose every label is ``OTHER`` (bounded label sets, DESIGN §10).
+    Series are set before stale ones are removed, so a scrape never sees the gauge empty."""
     ranked = sorted(values.items(), key=lambda kv: -kv[1])
-    kept = dict(ranked[:limit])
-    rest = sum(v for _, v in ranked[limit:])
-    gauge.clear()
-    for labels, value in kept.items():
-        gauge.labels(*labels).set(value)
+    wanted = dict(ranked[:limit])
     if len(ranked) > limit:
-        gauge.labels(*(["other"] * len(ranked[0][0]))).set(rest)
+        wanted[tuple([OTHER] * len(ranked[0][0]))] = sum(v for _, v in ranked[limit:])
+    for labels, value in wanted.items():
+        gauge.labels(*labels).set(value)
+    for sample in [s for metric in gauge.collect() for s in metric.samples]:
+        labels = tuple(sample.labels[name] for name in gauge._labelnames)
+        if labels not in wanted:
+            gauge.remove(*labels)
 TIMER_FIRED = Counter("tidemark_timer_fired", "Timer messages delivered to their topics", registry=REGISTRY)
 TIMER_LATENESS_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0, 2.0, 5.0, 30.0)
 TIMER_LATENESS = Histogram(

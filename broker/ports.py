@@ -77,7 +77,7 @@ class Truncation(enum.Enum):
 
     NOTHING = "nothing"  # the log already ended at or below the point
     CUT = "cut"  # the unconfirmed tail above the point is gone
-    BELOW_APPLIED = "below_applied"  # the point is below what the views applied: re-bootstrap (unclean)
+    BELOW_APPLIED = "below_applied"  # below what this node applied or confirmed: re-bootstrap (unclean)
 
 
 @dataclass(slots=True)

@@ -27,7 +27,7 @@ import grpc
 import structlog
 
 from broker.storage import atomic_file, epochs, identity
-from broker.storage.dirlock import DirLock, only_lock_inside
+from broker.storage.dirlock import LOCK_NAME, DirLock, only_lock_inside
 from broker.storage.failpoints import fsync_dir
 from broker.storage.segment import segment_name
 from broker.store import Store
@@ -133,8 +133,14 @@ def install(master: str, data_dir: str, lock: DirLock, cluster_id: str = "", tim
     if not only_lock_inside(data_dir):
         raise BundleError(f"{data_dir} is not empty: a bundle is only installed into an empty directory")
     staging = data_dir.rstrip("/") + ".bootstrap"
-    shutil.rmtree(staging, ignore_errors=True)
-    staged_lock = DirLock.acquire(staging)  # the new directory is ours from its first byte
+    staged_lock = DirLock.acquire(staging)  # ours before we touch it: a second bootstrap is refused here
+    for name in os.listdir(staging):  # what an interrupted earlier attempt left
+        if name != LOCK_NAME:
+            path = os.path.join(staging, name)
+            if os.path.isdir(path):
+                shutil.rmtree(path)
+            else:
+                os.unlink(path)
     try:
         manifest = _fetch_and_install(master, data_dir, staging, cluster_id, timeout_s, channel, metadata)
     except BaseException:

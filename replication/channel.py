@@ -1,5 +1,6 @@
-"""How a slave reaches its master: mutual TLS when ``replication.tls_*`` are set, plus the
-bearer token (``auth.token_file``) on every call. Used by the follower and the bootstrap."""
+"""How a slave reaches its master: mutual TLS when ``replication.tls_*`` are set, plus its
+replication token (the first token of ``auth.tokens_file`` with the ``replication`` role) on every
+call. Used by the follower and the bootstrap."""
 
 from __future__ import annotations
 

@@ -23,6 +23,7 @@ import structlog
 from broker.config import Config
 
 log = structlog.get_logger("replication.confirm")
+REPLICAS_MAX = 16  # beyond this, replicas that left (disconnected, out of sync) are forgotten
 
 
 @dataclass
@@ -49,10 +50,16 @@ class InSyncSet:
         self._lock = threading.Lock()
         self.replicas: dict[str, Replica] = {}
         self.master_confirm = 0  # as a slave: the confirm offset our master last sent
+        self._last_role = ""
 
     # -- the rule -----------------------------------------------------------------------------
     def confirm(self, flushed_offset: int) -> int:
-        if self._role() != "master":
+        role = self._role()
+        if role != self._last_role:  # a node that stops being master knows nothing of a master's confirm
+            if role != "master":     # offset yet (a value from an earlier time as a slave is stale)
+                self.master_confirm = 0
+            self._last_role = role
+        if role != "master":
             return min(flushed_offset, self.master_confirm)
         with self._lock:
             self._refresh_all()
@@ -89,6 +96,10 @@ class InSyncSet:
         replica = Replica(node_id, address, acked_offset=acked_offset)
         with self._lock:
             self.replicas[node_id] = replica
+            if len(self.replicas) > REPLICAS_MAX:  # node ids come from peers: keep the set bounded
+                self._refresh_all()
+                for gone in [k for k, r in self.replicas.items() if not r.connected and not r.in_sync]:
+                    del self.replicas[gone]
         return replica
 
     def sent_to_end(self, replica: Replica, log_end: int) -> None:
@@ -109,15 +120,16 @@ class InSyncSet:
             self._refresh(replica, time.monotonic())
 
     def evict(self, replica: Replica, why: str) -> None:
-        """A replica broke the protocol: out of the in-sync set at once, its stream ends."""
+        """A replica broke the protocol: its stream ends and its claim is not believed. It leaves the
+        in-sync set as a disconnected replica does (after ``max_lag_ms``, having never counted past what
+        it was really sent), because a genuine slave cut off at that moment still believes itself in
+        sync and promotable until then."""
         with self._lock:
             replica.evicted = why
             replica.connected = False
-            replica.in_sync = False
             replica.acked_offset = min(replica.acked_offset, replica.sent_end)
-            if self.replicas.get(replica.node_id) is replica:
-                del self.replicas[replica.node_id]
-        log.warning("replica_evicted", node=replica.node_id)
+            self._refresh(replica, time.monotonic())
+        log.warning("replica_evicted", node=replica.node_id, reason=why)
 
     def describe(self) -> list[dict[str, object]]:
         """The replicas as ``status()["replicas"]`` shows them (lag rules re-evaluated now)."""
@@ -131,6 +143,7 @@ class InSyncSet:
     # -- events of the slave's follower -----------------------------------------------------------
     def follow(self, known_confirmed: int) -> None:
         """Start following a master; ``known_confirmed`` is what this node knows was confirmed."""
+        self._last_role = "slave"
         self.master_confirm = known_confirmed
 
     def master_confirmed(self, offset: int) -> bool:

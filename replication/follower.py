@@ -99,6 +99,8 @@ class Follower:
                 if code == grpc.StatusCode.OUT_OF_RANGE:  # the master no longer has our position
                     restart_for_bootstrap(self.store.data_dir, self.error)
                 if code == grpc.StatusCode.FAILED_PRECONDITION:
+                    if "protocol violation" in (exc.details() or ""):  # type: ignore[attr-defined]
+                        self.in_sync_when_heard = False  # the master no longer counts us: never promote cleanly on it
                     log.warning("master_refused", master=self.master, error=self.error)
                 elif not self._stop.is_set():
                     log.info("master_unreachable", master=self.master, error=self.error)
@@ -127,6 +129,9 @@ class Follower:
         store = self.store
         acks: queue.Queue[object] = queue.Queue(maxsize=1024)
         ident = store.identity
+        # the master counts our log end as acknowledged (flushed) from the Hello on: make it so first
+        # (after a failed stream, bytes we appended may not be synced yet)
+        store.watermarks.sync_log()
         hello = pb.Hello(protocol_version=PROTOCOL_VERSION, cluster_id=ident.cluster_id, node_id=ident.node_id,
                          epochs=epochs_to_pb(store.epochs.snapshot()), log_end=store.log.max_offset,
                          address=self.own_address)
@@ -172,8 +177,9 @@ class Follower:
         if theirs and theirs[-1][0] < store.epoch:
             raise FollowError(f"master {self.master} is at epoch {theirs[-1][0]}, behind ours {store.epoch}: not following a stale master")
         if w.truncate_to < store.log.max_offset and store.appender.truncate_to(w.truncate_to) is Truncation.BELOW_APPLIED:
-            raise Diverged(f"divergence at {w.truncate_to} is below offset {store.views.applied_max()} that the views "
-                           "applied: this node must re-bootstrap (unclean)")
+            raise Diverged(f"divergence at {w.truncate_to} is below what this node applied or confirmed "
+                           f"({max(store.views.applied_max(), store.watermarks.confirm_offset)}): it must re-bootstrap "
+                           "(unclean)")
         store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
         log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
 

@@ -45,8 +45,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
         replicas = self.insync.describe()
         if self.store.role == "master":
             st["replicas"] = replicas
-        for r in replicas:
-            metrics.REPLICA_LAG.labels(str(r["node_id"])).set(int(r["lag_bytes"]))  # type: ignore[call-overload]
+        metrics.set_bounded(metrics.REPLICA_LAG, {(str(r["node_id"]),): float(r["lag_bytes"]) for r in replicas})  # type: ignore[arg-type]
 
     def Snapshot(self, request: pb.SnapshotRequest, context: grpc.ServicerContext) -> Iterator[pb.SnapshotChunk]:
         yield from stream_bundle(self.store, request, context)

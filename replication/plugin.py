@@ -10,12 +10,15 @@ from concurrent import futures
 from typing import Any
 
 import grpc
+import structlog
 
 from broker.security import auth, tls
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
 from replication.master import MasterSide
 from replication.roles import RoleController
+
+log = structlog.get_logger("replication")
 
 
 def attach(daemon: Any) -> None:
@@ -25,7 +28,6 @@ def attach(daemon: Any) -> None:
     master_side = MasterSide(store, config, insync)
     listen = config["replication.listen"]
     if listen:
-        # the same token check as the client port: a slave's calls carry auth.token_file's token
         creds = tls.replication_server_credentials(config)  # mutual TLS: unknown slaves fail the handshake
         # with mutual TLS the handshake is the credential; without it, a token with the replication role
         authz = auth.Authorizer(daemon.tokens, config["auth.require_for_reads"], peer_certified=creds is not None)
@@ -38,6 +40,10 @@ def attach(daemon: Any) -> None:
     else:
         daemon.add_blocking_servicer(pb_grpc.add_ReplicationServicer_to_server, master_side,
                                      {"Stream": True, "Snapshot": False})
+    if config["auth.token_file"] and not config["auth.tokens_file"] and not config["replication.tls_cert_file"]:
+        log.warning("replication_credential_missing",
+                    note="auth.token_file's token has every role but replication: a slave needs a token with the "
+                         "replication role (auth.tokens_file) or mutual TLS on replication.listen to follow this node")
     controller = RoleController(store, config, insync, config["node.listen"])
     store.register_role_controller(controller)
     daemon.on_start.append(controller.start)

@@ -50,6 +50,7 @@ GRACE_S = 5.0
 STREAMS_MAX = 32  # blocking streams served at once (slaves and snapshot downloads)
 PENDING_CALLS_MAX = 50_000  # calls gRPC core holds for the server before it refuses new ones
 FD_RESERVE = 256  # descriptors beyond limits.open_files_max: client sockets, LMDB, logs, the lock
+SOCKETS_WANTED = 65536  # the soft RLIMIT_NOFILE is raised this far above the files when the hard limit allows
 MAIN_LOOP_S = 1.0  # the main loop wakes at least this often (more often for the watchdog)
 UMASK = 0o077  # files and directories the daemon creates are private to its user
 
@@ -262,8 +263,10 @@ def bound_open_files(limit: int) -> int:
     less and say so. Returns the limit in force."""
     want = limit + FD_RESERVE
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        new_soft = want if hard == resource.RLIM_INFINITY else min(want, hard)
+    if soft != resource.RLIM_INFINITY and soft < max(want, SOCKETS_WANTED):
+        # room for the files, and for many client sockets beyond them (each long-poll's connection)
+        goal = max(want, SOCKETS_WANTED + limit)
+        new_soft = goal if hard == resource.RLIM_INFINITY else min(goal, hard)
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (new_soft, hard))
         soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]

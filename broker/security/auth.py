@@ -247,8 +247,11 @@ def _as_caller(handler: grpc.RpcMethodHandler, caller: Caller) -> grpc.RpcMethod
             return unary(behavior)
 
         def run(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
-            _CALLER.set(caller)  # the stream runs in this thread's context until it ends
-            yield from behavior(request, context)
+            token = _CALLER.set(caller)  # the stream runs in this thread's context until it ends
+            try:
+                yield from behavior(request, context)
+            finally:
+                _CALLER.reset(token)
         return run
 
     kwargs = {"request_deserializer": handler.request_deserializer, "response_serializer": handler.response_serializer}

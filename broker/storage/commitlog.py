@@ -133,7 +133,7 @@ class CommitLog:
                 if seg.path == self._pinned:
                     HANDLES.unpin(seg.path)
                     self._pinned = ""
-                seg.close_later()
+                seg.close()
                 os.unlink(seg.path)
             if self._segments:
                 seg = self._segments[-1]
@@ -149,7 +149,7 @@ class CommitLog:
             while len(self._segments) > 1 and self._segments[0].end_offset <= offset:
                 seg = self._segments.pop(0)
                 self._starts.pop(0)
-                seg.close_later()
+                seg.close()
                 os.unlink(seg.path)
                 removed.append(seg.path)
         if removed:

@@ -60,8 +60,31 @@ class DirLock:
 
 
 def holder(data_dir: str) -> int | None:
-    """The pid of the daemon holding ``data_dir``, or None; opens the lock file read-only."""
+    """The pid of the daemon holding ``data_dir``, or None. Looks the flock up in ``/proc/locks``
+    rather than taking one (a probe that locks, even shared and briefly, could make a daemon starting
+    at that instant refuse); opens nothing for writing."""
     path = os.path.join(data_dir, LOCK_NAME)
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    try:
+        with open("/proc/locks", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return _probe(path)
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6 or parts[1] != "FLOCK" or parts[0].endswith("->"):
+            continue
+        major, minor, inode = parts[5].split(":")
+        if (int(major, 16), int(minor, 16), int(inode)) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino):
+            return int(parts[4])
+    return None
+
+
+def _probe(path: str) -> int | None:
+    """Without ``/proc/locks``: try a shared lock (released at once)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:

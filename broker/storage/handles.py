@@ -98,15 +98,6 @@ class FileHandles:
             else:
                 os.close(handle.fd)
 
-    def close_all(self) -> None:
-        with self._lock:
-            for handle in self._open.values():
-                if handle.users:
-                    handle.doomed = True
-                else:
-                    os.close(handle.fd)
-            self._open.clear()
-
     @property
     def open_count(self) -> int:
         with self._lock:

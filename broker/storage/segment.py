@@ -94,8 +94,5 @@ class Segment:
         note_truncated(size_bytes, self.path)
 
     def close(self) -> None:
-        HANDLES.forget(self.path)
-
-    def close_later(self) -> None:
-        """The file is being deleted: its descriptor closes once no reader holds it."""
+        """Give its descriptor back; when the file is being deleted, that happens once no reader holds it."""
         HANDLES.forget(self.path)

@@ -61,8 +61,12 @@ class TailState:
         tail = cls()
         for (topic, q), qf in queues._files.items():
             tail.queue_next[(topic, q)] = qf.next_queue_offset
-            if qf.entries:  # store times never go back, even if the clock did while we were down
-                tail.last_store_time_ms = max(tail.last_store_time_ms, qf.entry(qf.entries - 1).store_time_ms)
+        # store times never go back, even if the clock did while we were down
+        tail.last_store_time_ms = queues.last_store_time_ms
+        if not tail.last_store_time_ms:  # a checkpoint from before it was kept: the newest entry of any queue
+            for qf in queues._files.values():
+                if qf.entries:
+                    tail.last_store_time_ms = max(tail.last_store_time_ms, qf.entry(qf.entries - 1).store_time_ms)
         tail.producers = producers.producers.copy()
         tail.topics = {t for t in queues.topics if not t.startswith(system_records.SYSTEM_PREFIX)}
         start = min(queues.applied_offset, producers.applied_offset)
@@ -295,9 +299,11 @@ class Appender:
         with self.lock:
             if offset >= self.log.max_offset:
                 return Truncation.NOTHING
-            applied = self.views.applied_max()
-            if offset < applied:
-                log.error("divergence_below_applied", offset=offset, applied=applied,
+            # below what the views applied, or below what this node already confirmed (the dispatcher
+            # may not have applied it yet): cutting there would take back confirmed records
+            floor = max(self.views.applied_max(), self.watermarks.confirm_offset)
+            if offset < floor:
+                log.error("divergence_below_confirmed", offset=offset, confirmed=floor,
                           note="this node must re-bootstrap (unclean)")
                 return Truncation.BELOW_APPLIED
             failpoint("replication_before_truncate")

@@ -55,6 +55,7 @@ class Watermarks:
         self.applied_offset = applied_offset
         self.rule: ConfirmRule = AloneRule(role)
         self._flush_wanted = False
+        self._truncations = 0  # bumped by every truncation: an fsync that overlapped one publishes nothing
 
     def register_rule(self, rule: ConfirmRule) -> None:
         with self.cond:
@@ -75,6 +76,8 @@ class Watermarks:
     def sync_log(self) -> None:
         """fsync the log, then publish the flushed offset and what it confirms."""
         t0 = time.perf_counter()
+        with self.cond:
+            generation = self._truncations
         try:
             target = self.log.sync()
         except OSError as exc:  # after a failed fsync the page cache can no longer be trusted
@@ -82,7 +85,9 @@ class Watermarks:
             os._exit(1)
         metrics.FSYNC_SECONDS.observe(time.perf_counter() - t0)
         with self.cond:
-            if target > self.flushed_offset:
+            # a truncation during the fsync makes ``target`` name bytes that may be gone (or
+            # rewritten, not yet synced): publish nothing from it; the next sync counts
+            if target > self.flushed_offset and generation == self._truncations:
                 self.flushed_offset = target
                 self._advance_confirm()
             self.cond.notify_all()
@@ -100,7 +105,9 @@ class Watermarks:
     def truncated(self, offset: int) -> None:
         """The log was cut at ``offset`` (above the confirm offset: nothing confirmed moves)."""
         with self.cond:
+            self._truncations += 1
             self.flushed_offset = min(self.flushed_offset, offset)
+            self.confirm_offset = min(self.confirm_offset, offset)
 
     def publish_applied(self, offset: int) -> None:
         with self.cond:

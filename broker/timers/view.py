@@ -91,6 +91,7 @@ class TimerView(View):
             self._relink_all()
             self.loaded_from = f"timer log rebuild ({scan.valid_end - start}B)"
         self._marked_offset = self.applied_offset
+        self._body_hold = self.body_hold()
         log.info("timer_view_loaded", source=self.loaded_from, applied_offset=self.applied_offset,
                  pending=self.index.pending, timer_log_end=self.log.max_offset)
         return True
@@ -128,6 +129,7 @@ class TimerView(View):
         self.wheel.restore(np.zeros(0, dtype=snaps.SLOT_DTYPE))
         self.index = TimerIndex()
         self.applied_offset = 0
+        self._body_hold = None
 
     # -- apply ------------------------------------------------------------------------------------
     def apply(self, header: bf.BatchHeader, batch: memoryview) -> None:
@@ -136,6 +138,8 @@ class TimerView(View):
                 self._apply_events(header, batch)
             else:
                 self._apply_scheduled(header, batch)
+                if self._body_hold is None:  # the first pending body since the last checkpoint
+                    self._body_hold = header.base_offset
         elif header.flags & bf.FLAG_TIMER_DELIVERY:
             offs = np.array(tr.leading_offsets(batch, header, skip_first=False), dtype=np.uint64)
             self._finish(offs, tl.DELIVERED, PENDING)
@@ -299,8 +303,10 @@ class TimerView(View):
         return self.recovery_floor()
 
     def read_floor(self) -> int | None:
-        """Pending timers' bodies stay readable (locally, or in tiered storage)."""
-        return self._body_hold if self._body_hold is not None else self.body_hold()
+        """Pending timers' bodies stay readable (locally, or in tiered storage): the oldest pending one
+        as of the last checkpoint (or load), read without touching the live index, which only the
+        dispatcher changes. A timer scheduled since is above it: its body is newer still."""
+        return self._body_hold
 
     def recovery_floor(self) -> int:
         """The lowest commit offset a restart may replay from: the oldest kept snapshot's."""

@@ -112,12 +112,6 @@ class QueueFile:
         self._pending_count = 0
         self.dirty = True
 
-    def sync(self) -> None:
-        if self.dirty:
-            with HANDLES.use(self.path) as fd:  # a reopened descriptor still reports unseen write errors
-                durable_sync(fd, self.path)
-            self.dirty = False
-
     def entry(self, index: int) -> Entry:
         data = self._pread(ENTRY_BYTES, index * ENTRY_BYTES)
         if len(data) != ENTRY_BYTES:
@@ -189,6 +183,7 @@ class ConsumeQueueView(View):
         self._round: set[QueueFile] = set()
         self._grown: set[tuple[str, int]] = set()
         self._unsynced_dirs: set[str] = set()
+        self.last_store_time_ms = 0  # of the newest batch applied (store times never go back)
         self._doomed: list[str] = []  # dirs of deleted topics, removed once a checkpoint forgets them
         self._lock = threading.Lock()  # guards topics/_files against concurrent readers
 
@@ -205,6 +200,7 @@ class ConsumeQueueView(View):
             self.topics.setdefault(name, info)
         lengths: dict[str, int] = state["files"]
         nexts: dict[str, int] = state.get("next", {})  # absent in checkpoints written before it existed
+        self.last_store_time_ms = int(state.get("last_store_time_ms", 0))
         expected = {self._topic_dir(n) for n in self.topics}
         for entry in os.listdir(self.directory):  # topic dirs the checkpoint does not know: newer than it
             if entry not in expected:
@@ -242,6 +238,7 @@ class ConsumeQueueView(View):
         self.topics = _system_topics()
         for name in self.topics:
             self._create_files(name)
+        self.last_store_time_ms = 0
 
     def _topic_dir(self, name: str) -> str:
         return f"{name}.{self.topics[name].topic_id}"  # topic names are file-name safe
@@ -259,6 +256,7 @@ class ConsumeQueueView(View):
 
     # -- apply --------------------------------------------------------------------------------
     def apply(self, header: BatchHeader, batch: memoryview) -> None:
+        self.last_store_time_ms = max(self.last_store_time_ms, header.store_time_ms)
         qf = self._files.get((header.topic, header.queue_id))
         if qf is not None:
             qf.add(header)
@@ -307,8 +305,9 @@ class ConsumeQueueView(View):
             files = [(f"{self._topic_dir(name)}/{q}.cq", qf) for (name, q), qf in self._files.items()]
             topics = {n: {"id": t.topic_id, "queues": t.queues} for n, t in self.topics.items()}
         dirty = [qf for _, qf in files if qf.dirty]
-        dirs, self._unsynced_dirs = sorted(self._unsynced_dirs), set()
+        dirs = sorted(self._unsynced_dirs)
         durable_sync_many([qf.path for qf in dirty], dirs, self.directory)
+        self._unsynced_dirs.difference_update(dirs)  # only once durable: a failed sync is retried whole
         for qf in dirty:
             qf.dirty = False
         failpoint("cq_before_checkpoint")
@@ -317,6 +316,7 @@ class ConsumeQueueView(View):
             "topics": topics,
             "files": {rel: qf.entries * ENTRY_BYTES for rel, qf in files},
             "next": {rel: qf.next_queue_offset for rel, qf in files if qf.entries},
+            "last_store_time_ms": self.last_store_time_ms,
         }
         atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, json.dumps(state).encode())
         failpoint("cq_after_checkpoint")
