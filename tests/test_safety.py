@@ -496,3 +496,15 @@ def test_a_failing_background_flush_is_visible_then_clears() -> None:
         wait_until(lambda: not incidents.snapshot()["offsets"]["active"], 5, what="the error to clear")
     finally:
         buffer.stop()
+
+
+def test_a_cancelled_long_poll_ends_at_once(daemon: DaemonProcess) -> None:
+    """A client that gives up on a long-poll frees it: the daemon stops counting (and re-reading) it."""
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("idle")
+        with grpc.insecure_channel(daemon.address) as ch:
+            poll = pb_grpc.BrokerStub(ch).Pull.future(pb.PullRequest(topic="idle", queue_id=0, offset=0, max_messages=1,
+                                                                     max_wait_ms=30_000), timeout=60)
+            wait_until(lambda: c.status()["long_polls"] == 1, 10, what="the pull to park")
+            poll.cancel()
+            wait_until(lambda: c.status()["long_polls"] == 0, 5, what="the cancelled pull to end")
