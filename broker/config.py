@@ -90,6 +90,8 @@ KEYS: dict[str, Key] = {
     "auth.tokens_file": Key("", str),
     "auth.require_for_reads": Key(False, bool),
     "security.insecure_network": Key(False, bool),
+    # -- automatic failover (issue 14; DESIGN §11) ----------------------------------------------
+    "coordinator.advertise": Key("", str),
     "replication.tls_cert_file": Key("", str),
     "replication.tls_key_file": Key("", str),
     "replication.tls_ca_file": Key("", str),
@@ -196,7 +198,7 @@ class Config:
                     raise ConfigError(f"{name}: unknown key")
                 values[name] = _coerce(name, key, value)
         _check_address("node.listen", values["node.listen"])
-        for addr_key in ("node.metrics_listen", "replication.listen", "node.master"):
+        for addr_key in ("node.metrics_listen", "replication.listen", "node.master", "coordinator.advertise"):
             if values[addr_key]:
                 _check_address(addr_key, values[addr_key])
         if values["node.role"] == "slave" and not values["node.master"]:

@@ -285,18 +285,20 @@ class SlaveMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., ack: _Optional[_Union[ReplicaAck, _Mapping]] = ...) -> None: ...
 
 class Welcome(_message.Message):
-    __slots__ = ("cluster_id", "node_id", "epochs", "truncate_to", "log_start")
+    __slots__ = ("cluster_id", "node_id", "epochs", "truncate_to", "log_start", "client_address")
     CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCHS_FIELD_NUMBER: _ClassVar[int]
     TRUNCATE_TO_FIELD_NUMBER: _ClassVar[int]
     LOG_START_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     cluster_id: str
     node_id: str
     epochs: _containers.RepeatedCompositeFieldContainer[EpochEntry]
     truncate_to: int
     log_start: int
-    def __init__(self, cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., truncate_to: _Optional[int] = ..., log_start: _Optional[int] = ...) -> None: ...
+    client_address: str
+    def __init__(self, cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., truncate_to: _Optional[int] = ..., log_start: _Optional[int] = ..., client_address: _Optional[str] = ...) -> None: ...
 
 class Data(_message.Message):
     __slots__ = ("start_offset", "batches", "confirm_offset", "epoch", "master_end")

@@ -155,6 +155,7 @@ class Follower:
                 kind = msg.WhichOneof("kind")
                 if kind == "welcome":
                     self._welcome(msg.welcome)
+                    store.redirect_address = msg.welcome.client_address  # writers go to its client port
                     self.connected = True
                     self.error = ""
                     self.store.incidents.clear("follower")

@@ -89,7 +89,9 @@ class MasterSide(pb_grpc.ReplicationServicer):
         reader.start()
         yield pb.MasterMessage(welcome=pb.Welcome(cluster_id=ident.cluster_id, node_id=ident.node_id,
                                                   epochs=epochs_to_pb(ours), truncate_to=start,
-                                                  log_start=store.log.min_offset))
+                                                  log_start=store.log.min_offset,
+                                                  client_address=self.config["coordinator.advertise"]
+                                                  or self.config["node.listen"]))
         try:
             yield from self._ship(replica, start, context)
             if replica.evicted:

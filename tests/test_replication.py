@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -320,6 +321,21 @@ def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
     assert log_bytes(m) == log_bytes(s)
 
 
+def test_a_slave_redirects_writers_to_the_masters_client_port(spawn: Callable[..., DaemonProcess]) -> None:
+    """With a separate replication port, a write sent to the slave is redirected to the master's
+    client address (from its Welcome), not to the replication port the slave follows."""
+    rport = free_port()
+    m = spawn("m", config={**FAST, "replication.listen": f"127.0.0.1:{rport}"})
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": f"127.0.0.1:{rport}"})
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+    wait_until(lambda: _converged(m, s), 30, what="the slave to hold the topic")
+    with BrokerClient(s.address) as c:  # only the slave's address: the client follows the redirect
+        receipt = c.send("t", [Message(body=b"via the redirect")], ack="replica")[0]
+        assert c.addresses[-1] == m.address
+    assert receipt.queue_offset == 0
+
+
 PAIR_TOKEN = "pair-token-0123456789"
 
 
@@ -397,3 +413,38 @@ def test_a_slave_behind_a_new_epoch_records_where_it_really_began(spawn: Callabl
     s.start()
     wait_until(lambda: _converged(m, s), 60, what="the slave to catch up again", observe=lambda: _status(s)["epochs"])
     assert _status(s)["epochs"] == master_epochs
+
+
+def test_repeated_pause_promote_resume_demote_keeps_both_nodes_serving(spawn: Callable[..., DaemonProcess]) -> None:
+    """Seven times: pause the master, promote the slave, resume the old master, demote it to follow
+    the new one. Each time the old master truncates to the divergence point and follows (it used to
+    apply past a stale confirm offset and lose its dispatcher: "no whole batch readable"); every
+    acknowledged ack=replica send survives."""
+    cfg = {**FAST, "replication.max_lag_ms": 10_000}
+    a = spawn("a", config=cfg)
+    b = spawn("b", config={**cfg, "node.role": "slave", "node.master": a.address})
+    with BrokerClient(a.address) as c:
+        c.create_topic("t", queues=2)
+    producer = Producer([a.address, b.address], "t", "p", ack="replica", batch=20, retry=True, pause_s=0.01)
+    producer.start()
+    master, slave = a, b
+    try:
+        for round_no in range(7):
+            wait_until(lambda s=slave: _status(s)["role"] == "slave" and _status(s)["replication"]["in_sync"], 30,
+                       what=f"round {round_no}: the slave in sync")
+            assert master.proc is not None
+            master.proc.send_signal(signal.SIGSTOP)
+            with BrokerClient(slave.address) as c:
+                c.promote()
+            master.proc.send_signal(signal.SIGCONT)
+            with BrokerClient(master.address) as c:
+                c.demote(master=slave.address)
+            master, slave = slave, master
+            wait_until(lambda s=slave: _status(s)["role"] == "slave", 10, what=f"round {round_no}: the demoted node answers")
+    finally:
+        producer.stop.set()
+        producer.join(30)
+    wait_until(lambda: _converged(master, slave), 30, what="the last demoted node to catch up")
+    assert "thread_failed" not in Path(a.log_path).read_text() + Path(b.log_path).read_text()
+    assert len(producer.acked) > 0
+    check_history(producer.acked, read_everything(master.address, "t", 2))

@@ -79,7 +79,8 @@ class Store:
         self.epochs = epochs
         self.recovery_report = recovered.report
         self.role = config["node.role"]
-        self.master_address = config["node.master"]  # where a slave sends writers (redirects)
+        self.master_address = config["node.master"]  # the master a slave follows (its replication address)
+        self.redirect_address = ""  # the master's *client* address, as its Welcome says: where writers go
         self.fenced_reason = ""
         self.closing = False
         self._stop = threading.Event()
@@ -184,11 +185,17 @@ class Store:
         with self.appender.lock:
             self.role = role
             self.master_address = master_address
+            self.redirect_address = ""
             if role == "master":
                 self.fenced_reason = ""
         log.info("role_changed", role=role, epoch=self.epoch, master=master_address)
         for listener in self._role_listeners:
             listener(role)
+
+    def writers_address(self) -> str:
+        """Where a refused writer should go: the master's client address once known, else the
+        address this node follows (the same unless replication has a port of its own)."""
+        return self.redirect_address or self.master_address
 
     def fence(self, reason: str) -> None:
         """Stop taking writes until a new epoch starts here (a higher epoch exists elsewhere)."""
@@ -203,7 +210,8 @@ class Store:
             raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}")
         if self.role != "master":
             raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; send writes to the master at "
-                              f"{self.master_address or '(unknown)'}", metadata=(("tidemark-master", self.master_address),))
+                              f"{self.writers_address() or '(unknown)'}",
+                              metadata=(("tidemark-master", self.writers_address()),))
         self.check_free_space()
 
     def check_free_space(self) -> None:
