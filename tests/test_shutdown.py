@@ -65,6 +65,7 @@ def test_sigterm_under_load_loses_nothing_and_restarts_clean(spawn: Spawn) -> No
     assert len(acked) >= 500, len(acked)
     assert errors and set(errors) <= {"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED"}, errors  # sends were in flight
     assert "stopped" in d.tail_log(5) and "clean=True" in d.tail_log(5)
+    assert "Traceback" not in d.tail_log(10_000), "the stop printed a traceback"
 
     d.start()
     with BrokerClient(d.address) as c:

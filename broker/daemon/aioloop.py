@@ -8,6 +8,7 @@ coroutine's result) or ``soon`` (fire and forget).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
@@ -25,11 +26,27 @@ class LoopThread:
         asyncio.set_event_loop(self.loop)
         self.loop.run_forever()
 
+    @staticmethod
+    async def _cancel_pending(drain_s: float) -> None:
+        current = asyncio.current_task()
+        pending = [t for t in asyncio.all_tasks() if t is not current]
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.wait(pending, timeout=drain_s)
+
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result (from any other thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 5.0) -> None:
+        """Cancel what is still pending on the loop, wait for it to end, then stop the loop.
+
+        A servicer still running in a worker thread after the gRPC server's grace period ends on
+        its own later; its task must be cancelled first, or the loop is stopped under it and the
+        interpreter prints "Task was destroyed but it is pending!" with tracebacks at exit."""
+        with contextlib.suppress(Exception):  # a loop that no longer runs has nothing left to drain
+            self.call(self._cancel_pending(drain_s), drain_s + 1.0)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(10)
         if not self._thread.is_alive():
