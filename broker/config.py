@@ -30,7 +30,8 @@ class Key:
 KEYS: dict[str, Key] = {
     "node.data_dir": Key("./tidemark-data", str),
     "node.listen": Key("127.0.0.1:7600", str),
-    "node.role": Key("master", str, choices=("master", "slave")),
+    # auto: the coordinator's election decides (DESIGN §11); without coordinator.endpoints it means master
+    "node.role": Key("auto", str, choices=("auto", "master", "slave")),
     "node.master": Key("", str),
     "node.metrics_listen": Key("", str),
     "node.cluster_id": Key("", str),
@@ -90,8 +91,19 @@ KEYS: dict[str, Key] = {
     "auth.tokens_file": Key("", str),
     "auth.require_for_reads": Key(False, bool),
     "security.insecure_network": Key(False, bool),
-    # -- automatic failover (issue 14; DESIGN §11) ----------------------------------------------
+    # -- automatic failover on etcd (DESIGN §11) ------------------------------------------------
+    "coordinator.endpoints": Key((), tuple),
+    "coordinator.cluster": Key("tidemark", str),
+    "coordinator.lease_ttl_ms": Key(2000, int, minimum=2000, maximum=600_000),
     "coordinator.advertise": Key("", str),
+    "coordinator.unclean_election": Key(False, bool),
+    "coordinator.request_timeout_ms": Key(0, int, minimum=0, maximum=60_000),
+    "coordinator.tls_ca_file": Key("", str),
+    "coordinator.tls_cert_file": Key("", str),
+    "coordinator.tls_key_file": Key("", str),
+    "coordinator.tls_server_name": Key("", str),
+    "coordinator.username": Key("", str),
+    "coordinator.password_file": Key("", str),
     "replication.tls_cert_file": Key("", str),
     "replication.tls_key_file": Key("", str),
     "replication.tls_ca_file": Key("", str),
@@ -107,6 +119,12 @@ class ConfigError(Exception):
 
 
 def _coerce(name: str, key: Key, value: Any) -> Any:
+    if key.kind is tuple:  # a list of strings; from the environment or a flag: comma-separated
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(f"{name}: expected a list of strings, got {value!r}")
+        return tuple(value)
     if key.kind is bool:
         if isinstance(value, str) and value.lower() in _BOOL_WORDS:
             return _BOOL_WORDS[value.lower()]
@@ -201,8 +219,7 @@ class Config:
         for addr_key in ("node.metrics_listen", "replication.listen", "node.master", "coordinator.advertise"):
             if values[addr_key]:
                 _check_address(addr_key, values[addr_key])
-        if values["node.role"] == "slave" and not values["node.master"]:
-            raise ConfigError("node.master: required when node.role is slave")
+        _check_roles(values)
         _check_security(values)
         if values["tieredstore.backend"] == "s3" and not values["tieredstore.s3_bucket"]:
             raise ConfigError("tieredstore.s3_bucket: required when tieredstore.backend is s3")
@@ -232,6 +249,51 @@ def _check_address(name: str, value: str) -> None:
     host, sep, port = value.rpartition(":")
     if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise ConfigError(f"{name}: {value!r} is not HOST:PORT")
+
+
+CLUSTER_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def _check_roles(values: dict[str, Any]) -> None:
+    """``auto`` is the election with a coordinator and a master without one; with a coordinator
+    no fixed role is accepted (a node that makes itself master beside the elected one would be a
+    second master)."""
+    endpoints = values["coordinator.endpoints"]
+    if not endpoints:
+        if values["node.role"] == "auto":
+            values["node.role"] = "master"
+        if values["node.role"] == "slave" and not values["node.master"]:
+            raise ConfigError("node.master: required when node.role is slave")
+        return
+    if values["node.role"] != "auto":
+        raise ConfigError(f"node.role: {values['node.role']!r} with coordinator.endpoints set; the election decides "
+                          "(use auto, or clear coordinator.endpoints for manual roles)")
+    if values["node.master"]:
+        raise ConfigError("node.master: not used with coordinator.endpoints (the elected master is in etcd); remove it")
+    for endpoint in endpoints:
+        scheme, sep, rest = endpoint.partition("://")
+        if not sep or scheme not in ("http", "https"):
+            raise ConfigError(f"coordinator.endpoints: {endpoint!r} is not http://HOST:PORT or https://HOST:PORT")
+        _check_address("coordinator.endpoints", rest.rstrip("/"))
+    schemes = {e.partition("://")[0] for e in endpoints}
+    if len(schemes) > 1:
+        raise ConfigError("coordinator.endpoints: mixes http and https; use one scheme for every endpoint")
+    if "https" in schemes and not values["coordinator.tls_ca_file"]:
+        raise ConfigError("coordinator.tls_ca_file: required with https endpoints")
+    if values["coordinator.tls_ca_file"] and "https" not in schemes:
+        raise ConfigError("coordinator.endpoints: coordinator.tls_ca_file is set but the endpoints are http://")
+    if bool(values["coordinator.tls_cert_file"]) != bool(values["coordinator.tls_key_file"]):
+        missing = "coordinator.tls_key_file" if values["coordinator.tls_cert_file"] else "coordinator.tls_cert_file"
+        raise ConfigError(f"{missing}: required for a client certificate to etcd (the other half is set)")
+    if bool(values["coordinator.username"]) != bool(values["coordinator.password_file"]):
+        missing = "coordinator.password_file" if values["coordinator.username"] else "coordinator.username"
+        raise ConfigError(f"{missing}: etcd authentication needs both coordinator.username and coordinator.password_file")
+    cluster = values["coordinator.cluster"]
+    if not cluster or not set(cluster) <= CLUSTER_NAME_CHARS or len(cluster) > 100:
+        raise ConfigError(f"coordinator.cluster: {cluster[:100]!r} must be 1-100 letters, digits, '-', '_' or '.'")
+    if values["coordinator.lease_ttl_ms"] % 1000:
+        raise ConfigError(f"coordinator.lease_ttl_ms: {values['coordinator.lease_ttl_ms']} is not whole seconds "
+                          "(etcd leases are granted in seconds)")
 
 
 _TLS_GROUPS = {

@@ -271,10 +271,12 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., log_end: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
-    __slots__ = ("flushed_offset",)
+    __slots__ = ("flushed_offset", "coordinator_unreachable_ms")
     FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
     flushed_offset: int
-    def __init__(self, flushed_offset: _Optional[int] = ...) -> None: ...
+    coordinator_unreachable_ms: int
+    def __init__(self, flushed_offset: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ...) -> None: ...
 
 class SlaveMessage(_message.Message):
     __slots__ = ("hello", "ack")

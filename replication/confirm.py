@@ -8,6 +8,11 @@ hearing from us, so we must not confirm alone before that time has passed.
 As master, the confirm offset is min(flushed, acked offset of every in-sync replica); with none in
 sync the master confirms alone. As slave, it is min(flushed, the master's confirm offset).
 The streams (``master.py``, ``follower.py``) only report events here.
+
+With a coordinator (DESIGN §11) the in-sync set recorded in etcd decides who may be elected, so a
+replica recorded there is *pinned*: the confirm offset waits for it even once it falls out of sync
+here, until the coordinator has removed it from etcd (``unpin``). A replica is pinned before it is
+added to etcd. So whatever is confirmed is on every node that etcd lets be elected.
 """
 
 from __future__ import annotations
@@ -36,6 +41,8 @@ class Replica:
     in_sync: bool = False
     sent_end: int = 0  # the log end shipped to it so far
     evicted: str = ""  # why it was thrown out (a protocol violation)
+    last_ack_at: float = 0.0  # monotonic
+    coordinator_unreachable_ms: int = 0  # as its last ack said: how long it has not reached etcd
     # (log end reached by a send, when it was sent): acking past it means caught up at that time
     sent_to_end: collections.deque[tuple[int, float]] = field(default_factory=collections.deque)
 
@@ -51,6 +58,7 @@ class InSyncSet:
         self.replicas: dict[str, Replica] = {}
         self.master_confirm = 0  # as a slave: the confirm offset our master last sent
         self._last_role = ""
+        self.pinned: set[str] = set()  # node ids in etcd's in-sync set: confirm waits for them
 
     # -- the rule -----------------------------------------------------------------------------
     def confirm(self, flushed_offset: int) -> int:
@@ -63,8 +71,22 @@ class InSyncSet:
             return min(flushed_offset, self.master_confirm)
         with self._lock:
             self._refresh_all()
-            acked = [r.acked_offset for r in self.replicas.values() if r.in_sync]
+            acked = [r.acked_offset for r in self.replicas.values() if r.in_sync or r.node_id in self.pinned]
+            acked += [0 for node_id in self.pinned if node_id not in self.replicas]  # pinned, never connected
         return min([flushed_offset, *acked])
+
+    # -- the coordinator's pins -----------------------------------------------------------------
+    def pin(self, node_id: str) -> None:
+        with self._lock:
+            self.pinned.add(node_id)
+
+    def unpin(self, node_id: str) -> None:
+        with self._lock:
+            self.pinned.discard(node_id)
+
+    def set_pins(self, node_ids: set[str]) -> None:
+        with self._lock:
+            self.pinned = set(node_ids)
 
     def insync_replicas(self) -> int:
         with self._lock:
@@ -107,8 +129,10 @@ class InSyncSet:
         with self._lock:
             replica.sent_to_end.append((log_end, time.monotonic()))
 
-    def acked(self, replica: Replica, flushed_offset: int) -> None:
+    def acked(self, replica: Replica, flushed_offset: int, coordinator_unreachable_ms: int = 0) -> None:
         with self._lock:
+            replica.last_ack_at = time.monotonic()
+            replica.coordinator_unreachable_ms = coordinator_unreachable_ms
             replica.acked_offset = max(replica.acked_offset, flushed_offset)
             while replica.sent_to_end and replica.sent_to_end[0][0] <= flushed_offset:
                 replica.caught_up_at = replica.sent_to_end.popleft()[1]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import structlog
@@ -47,6 +47,7 @@ class Follower:
         self.in_sync_when_heard = False
         self.connected = False
         self.error = ""
+        self.coordinator_unreachable_ms: Callable[[], int] = lambda: 0  # set by the coordinator, when there is one
         self._stop = threading.Event()
         self._channel: grpc.Channel | None = None
         self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
@@ -193,7 +194,10 @@ class Follower:
                 raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
             end = self._append(d.batches)
             store.watermarks.wait_ack(end, "flush", 30_000)
-            acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset)))
+        # every message is answered, heartbeats too: the master learns we are alive and whether we
+        # reach etcd (its failsafe, DESIGN §11)
+        acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset,
+                                                   coordinator_unreachable_ms=self.coordinator_unreachable_ms())))
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it

@@ -107,7 +107,8 @@ class MasterSide(pb_grpc.ReplicationServicer):
         window = self.config["replication.window_bytes"]
         last_sent = 0.0
         last_confirm = -1
-        while context.is_active() and replica.connected and store.role == "master" and not store.closing:
+        while (context.is_active() and replica.connected and store.role == "master" and not store.closing
+               and not store.fenced_reason):
             end = store.log.max_offset
             if pos < end and pos - replica.acked_offset < window:
                 data = read_whole_batches(store, pos, chunk)
@@ -139,7 +140,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
                     _violation(replica.node_id, replica.address, why)
                     self.insync.evict(replica, why)
                     break
-                self.insync.acked(replica, msg.ack.flushed_offset)
+                self.insync.acked(replica, msg.ack.flushed_offset, msg.ack.coordinator_unreachable_ms)
                 self.store.watermarks.advance_confirm()
         except grpc.RpcError:
             pass

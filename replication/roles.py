@@ -4,11 +4,15 @@ promote (slave → master): refused unless this slave is known to be in sync (or
 stop following, start a new epoch at our log end, take writes, serve slaves.
 demote (master → slave): stop taking writes at once, then follow the given master; the
 handshake truncates whatever this node wrote that the new master does not have.
+With a coordinator both go through etcd instead (a switchover, ``coordination/coordinator.py``);
+the coordinator uses the same steps (``become_master``, ``follow``).
 """
 
 from __future__ import annotations
 
 import threading
+import time
+from typing import Any
 
 import structlog
 
@@ -29,6 +33,7 @@ class RoleController:
         self.insync = insync
         self.own_address = own_address
         self.follower: Follower | None = None
+        self.coordinator: Any = None  # replication.coordination.coordinator.Coordinator, when configured
         self._lock = threading.Lock()
         store.register_status_provider(self._status)
 
@@ -37,14 +42,18 @@ class RoleController:
             self.follower.add_status(st)
 
     def start(self) -> None:
-        if self.store.role == "slave":
+        if self.store.role == "slave" and self.store.master_address:
             self._follow(self.store.master_address)
 
     def _follow(self, master: str) -> None:
         self.follower = Follower(self.store, self.config, master, self.own_address, self.insync)
+        if self.coordinator is not None:
+            self.follower.coordinator_unreachable_ms = self.coordinator.unreachable_ms
         self.follower.start()
 
     def promote(self, unclean: bool) -> int:
+        if self.coordinator is not None:  # a switchover through etcd (DESIGN §11)
+            return self.coordinator.promote_here(unclean)
         with self._lock:
             store = self.store
             if store.role == "master" and not store.fenced_reason:
@@ -56,28 +65,48 @@ class RoleController:
                     "this slave is not known to be in sync with its master (disconnected or lagging): promoting "
                     "it could lose confirmed data; use --unclean to force",
                 )
-            if follower is not None:
-                follower.stop()
-                self.follower = None
             epoch = max(store.epoch, *(e for e, _ in store.epochs.snapshot()), 0) + 1
-            store.epochs.start(epoch, store.log.max_offset)
-            store.set_role("master", "")  # lifts a fence: this is a new epoch
+            self.become_master(epoch)
             role_record.record(store.data_dir, "master", "", epoch)
-            store.watermarks.advance_confirm()
             log.info("promoted", epoch=epoch, log_end=store.log.max_offset, unclean=unclean)
             return epoch
 
     def demote(self, master: str) -> None:
+        if not master:
+            raise BrokerError("INVALID_ARGUMENT", "demote needs the new master's address")
+        if self.coordinator is not None:
+            self.coordinator.demote_here(master)
+            return
         with self._lock:
-            store = self.store
-            if not master:
-                raise BrokerError("INVALID_ARGUMENT", "demote needs the new master's address")
-            if self.follower is not None:
-                self.follower.stop()
-            store.set_role("slave", master)  # writes are refused from here on
-            role_record.record(store.data_dir, "slave", master, store.epoch)
-            self._follow(master)
+            self.follow(master)
+            role_record.record(self.store.data_dir, "slave", master, self.store.epoch)
             log.info("demoted", master=master)
+
+    # -- the steps, shared by the manual commands and the coordinator ------------------------------
+    def become_master(self, epoch: int) -> None:
+        """Stop following, start ``epoch`` at our log end, take writes."""
+        store = self.store
+        self.stop_following()
+        store.epochs.start(epoch, store.log.max_offset)
+        store.set_role("master", "")  # lifts a fence: this is a new epoch
+        store.watermarks.advance_confirm()
+
+    def follow(self, master: str) -> None:
+        """Stop taking writes at once, then follow ``master`` (its replication address); the
+        handshake truncates whatever this node wrote that the master does not have."""
+        self.stop_following()
+        self.store.set_role("slave", master)
+        self._follow(master)
+
+    def stop_following(self) -> None:
+        if self.follower is not None:
+            self.follower.stop()
+            self.follower = None
+
+    def following_live_master(self, silence_ms: float) -> bool:
+        """Streaming from a master that spoke within ``silence_ms``."""
+        f = self.follower
+        return f is not None and f.connected and (time.monotonic() - f.last_heard) * 1000 <= silence_ms
 
     def stop(self) -> None:
         if self.follower is not None:

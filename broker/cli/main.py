@@ -89,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--config")
     s.add_argument("--data-dir")
     s.add_argument("--listen")
-    s.add_argument("--role", choices=("master", "slave"))
+    s.add_argument("--role", choices=("auto", "master", "slave"))
     s.add_argument("--master")
     s.add_argument("--metrics-listen")
 

@@ -44,6 +44,7 @@ from broker.store.dispatcher import Dispatcher
 from broker.store.firing import TimerService
 from broker.store.incidents import Incidents
 from broker.store.offset_buffer import OffsetBuffer
+from broker.store.permit import WritePermit
 from broker.store.reads import Reads
 from broker.store.retention import Retention
 from broker.store.viewset import ViewSet
@@ -64,7 +65,8 @@ class Store:
         log_ = CommitLog(os.path.join(data_dir, "log"), config["commitlog.segment_bytes"])
         views = ViewSet.open(config, data_dir)
         epochs = EpochHistory(data_dir)
-        recovered = recovery.recover(data_dir, is_new=is_new, role=config["node.role"], log_=log_, views=views,
+        role = "slave" if config["node.role"] == "auto" else config["node.role"]  # auto: a slave until elected
+        recovered = recovery.recover(data_dir, is_new=is_new, role=role, log_=log_, views=views,
                                      epochs=epochs)
         metrics.RECOVERY_SECONDS.set(time.monotonic() - t0)
         return cls(config, data_dir, identity, log_, views, epochs, recovered)
@@ -78,10 +80,11 @@ class Store:
         self.views = views
         self.epochs = epochs
         self.recovery_report = recovered.report
-        self.role = config["node.role"]
+        self.role = "slave" if config["node.role"] == "auto" else config["node.role"]  # auto: until elected
         self.master_address = config["node.master"]  # the master a slave follows (its replication address)
         self.redirect_address = ""  # the master's *client* address, as its Welcome says: where writers go
         self.fenced_reason = ""
+        self.permit = WritePermit()  # the coordinator's lease, when there is one (DESIGN §11)
         self.closing = False
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -206,13 +209,21 @@ class Store:
     def check_writable(self) -> None:
         if self.closing:
             raise BrokerError("UNAVAILABLE", "the broker is shutting down; retry against it or another node")
+        self.check_still_master()
+        self.check_free_space()
+
+    def check_still_master(self) -> None:
+        """Checked again just before a write is acknowledged: a node that stopped being master (or
+        lost its write permit) while the write waited acknowledges nothing; the client retries on the
+        master with the same producer sequence (stored once either way)."""
         if self.fenced_reason:
-            raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}")
+            raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}",
+                              metadata=(("tidemark-master", self.redirect_address),) if self.redirect_address else ())
         if self.role != "master":
             raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; send writes to the master at "
                               f"{self.writers_address() or '(unknown)'}",
                               metadata=(("tidemark-master", self.writers_address()),))
-        self.check_free_space()
+        self.permit.check(self.redirect_address)
 
     def check_free_space(self) -> None:
         """RESOURCE_EXHAUSTED below ``storage.min_free_bytes`` (client writes and replicated appends alike)."""

@@ -1,0 +1,199 @@
+"""The etcd operations the coordinator uses, each one request with a deadline (``etcd3aio``).
+
+Why ``etcd3aio``: it speaks etcd's gRPC API on ``grpc.aio`` (which we already run), takes several
+endpoints, TLS with client certificates, and user/password auth with token refresh, and its
+transactions take etcd's own compare and request messages. ``etcd3`` 0.12 breaks on protobuf ≥ 4,
+``aetcd`` has neither TLS nor several endpoints, ``etcd3gw`` goes through the JSON gateway.
+
+Every read is one transaction of range requests, so the coordinator decides from one consistent
+revision; every write is one transaction whose compares make it a compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+
+from etcd3aio import Etcd3Client, EtcdError, TokenRefresher
+from etcd3aio.kv import KVService, prefix_range_end
+
+from broker.config import Config
+from replication.coordination import records as rec
+
+
+class Unreachable(Exception):
+    """etcd did not answer in time (or refused): nothing is known about the request's outcome."""
+
+
+@dataclass
+class Entry:
+    value: bytes
+    version: int  # 0: absent
+    create_revision: int = 0
+    lease: int = 0
+
+
+ABSENT = Entry(b"", 0)
+
+
+@dataclass
+class View:
+    """The coordinator's keys at one etcd revision."""
+
+    revision: int
+    leader: Entry
+    epoch: Entry
+    insync: Entry
+    switchover: Entry
+    nodes: dict[str, Entry] = field(default_factory=dict)
+
+
+def _read_file(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Etcd:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.prefix = rec.prefix(config["coordinator.cluster"])
+        timeout_ms = config["coordinator.request_timeout_ms"] or config["coordinator.lease_ttl_ms"] // 4
+        self.timeout_s = timeout_ms / 1000.0
+        self._client: Etcd3Client | None = None
+        self._refresher: TokenRefresher | None = None
+
+    def key(self, name: str) -> bytes:
+        return (self.prefix + name).encode()
+
+    # -- connection -------------------------------------------------------------------------------
+    async def connect(self) -> None:
+        c = self.config
+        tls: dict[str, bytes | None] = {}
+        if c["coordinator.tls_ca_file"]:
+            tls["ca_cert"] = _read_file(c["coordinator.tls_ca_file"])
+            if c["coordinator.tls_cert_file"]:
+                tls["cert_chain"] = _read_file(c["coordinator.tls_cert_file"])
+                tls["cert_key"] = _read_file(c["coordinator.tls_key_file"])
+        endpoints = [e.partition("://")[2].rstrip("/") for e in c["coordinator.endpoints"]]
+        server_name: str | None = c["coordinator.tls_server_name"] or None
+        self._client = Etcd3Client(endpoints, rpc_max_attempts=1, tls_server_name=server_name, **tls)  # type: ignore[arg-type]
+        await self._client.connect()
+
+    async def authenticate(self) -> None:
+        """Log in (when configured); the token is refreshed in the background from then on."""
+        c = self.config
+        if not c["coordinator.username"] or self._refresher is not None or self._client is None:
+            return
+        password = _read_file(c["coordinator.password_file"]).decode().strip()
+        refresher = self._client.token_refresher(c["coordinator.username"], password)
+        await self._call(refresher.__aenter__())
+        self._refresher = refresher
+
+    async def close(self) -> None:
+        if self._refresher is not None:
+            with contextlib.suppress(Exception):
+                await self._refresher.__aexit__(None, None, None)
+        if self._client is not None:
+            await self._client.close()
+
+    async def _call(self, coro):  # type: ignore[no-untyped-def]
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                return await coro
+        except (TimeoutError, EtcdError, OSError) as exc:
+            raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from None
+
+    @property
+    def _kv(self) -> KVService:
+        assert self._client is not None and self._client.kv is not None
+        return self._client.kv
+
+    # -- leases -----------------------------------------------------------------------------------
+    async def grant(self, ttl_s: int) -> int:
+        assert self._client is not None and self._client.lease is not None
+        resp = await self._call(self._client.lease.grant(ttl_s))
+        return int(resp.ID)
+
+    async def renew(self, lease_id: int) -> int:
+        """One keep-alive round trip; the TTL etcd gives the lease now (0: it is gone)."""
+        assert self._client is not None and self._client.lease is not None
+        call = self._client.lease.keep_alive(lease_id)
+        try:
+            resp = await self._call(call.read())
+        finally:
+            call.cancel()
+        if resp is None or not hasattr(resp, "TTL"):
+            raise Unreachable("the keep-alive stream ended without an answer")
+        return int(resp.TTL)
+
+    async def revoke(self, lease_id: int) -> None:
+        assert self._client is not None and self._client.lease is not None
+        with contextlib.suppress(Unreachable):
+            await self._call(self._client.lease.revoke(lease_id))
+
+    # -- reads ------------------------------------------------------------------------------------
+    async def view(self) -> View:
+        kv = self._kv
+        names = ("leader", "epoch", "insync", "switchover")
+        ops = [kv.txn_op_get(self.key(n)) for n in names]
+        nodes = self.key("nodes/")
+        ops.append(kv.txn_op_get(nodes, range_end=prefix_range_end(nodes)))
+        resp = await self._call(kv.txn([], ops))
+        entries: list[Entry] = []
+        for r in resp.responses[:len(names)]:
+            kvs = r.response_range.kvs
+            entries.append(Entry(kvs[0].value, kvs[0].version, kvs[0].create_revision, kvs[0].lease) if kvs else ABSENT)
+        node_entries = {kv_.key.decode()[len(nodes):]: Entry(kv_.value, kv_.version, kv_.create_revision, kv_.lease)
+                        for kv_ in resp.responses[len(names)].response_range.kvs}
+        leader, epoch, insync, switchover = entries
+        return View(resp.header.revision, leader, epoch, insync, switchover, nodes=node_entries)
+
+    # -- writes (each a compare-and-swap; the answer says whether it applied) -----------------------
+    async def campaign(self, view: View, leader: rec.Leader, lease_id: int, insync: rec.InSync | None) -> bool:
+        """Take the leader key with ``leader.epoch``: only if nobody holds it and neither the epoch
+        nor the in-sync set changed since ``view`` (so the eligibility we checked still holds)."""
+        kv = self._kv
+        compare = [kv.txn_compare_create_revision(self.key("leader"), 0),
+                   kv.txn_compare_version(self.key("epoch"), view.epoch.version),
+                   kv.txn_compare_version(self.key("insync"), view.insync.version),
+                   kv.txn_compare_version(self.key("switchover"), view.switchover.version)]
+        success = [kv.txn_op_put(self.key("leader"), rec.encode(leader), lease=lease_id),
+                   kv.txn_op_put(self.key("epoch"), str(leader.epoch).encode())]
+        if insync is not None:
+            success.append(kv.txn_op_put(self.key("insync"), rec.encode(insync)))
+        if view.switchover.version:
+            success.append(kv.txn_op_delete(self.key("switchover")))
+        resp = await self._call(kv.txn(compare, success))
+        return bool(resp.succeeded)
+
+    async def set_insync(self, leader_revision: int, insync: rec.InSync) -> bool:
+        """Write the in-sync set, only while our leader key (``leader_revision``) still stands."""
+        kv = self._kv
+        resp = await self._call(kv.txn([kv.txn_compare_create_revision(self.key("leader"), leader_revision)],
+                                       [kv.txn_op_put(self.key("insync"), rec.encode(insync))]))
+        return bool(resp.succeeded)
+
+    async def resign(self, leader_revision: int, insync: rec.InSync | None = None) -> bool:
+        """Give up the leader key (a switchover), with the in-sync set the successor must be in."""
+        kv = self._kv
+        success = [kv.txn_op_delete(self.key("leader"))]
+        if insync is not None:
+            success.append(kv.txn_op_put(self.key("insync"), rec.encode(insync)))
+        resp = await self._call(kv.txn([kv.txn_compare_create_revision(self.key("leader"), leader_revision)], success))
+        return bool(resp.succeeded)
+
+    async def register(self, node: rec.Node, lease_id: int) -> None:
+        await self._call(self._kv.put(self.key(f"nodes/{node.node_id}"), rec.encode(node), lease=lease_id))
+
+    async def request_switchover(self, switchover: rec.Switchover, lease_id: int) -> bool:
+        """Ask for a handover; refused while another request stands."""
+        kv = self._kv
+        resp = await self._call(kv.txn([kv.txn_compare_create_revision(self.key("switchover"), 0)],
+                                       [kv.txn_op_put(self.key("switchover"), rec.encode(switchover), lease=lease_id)]))
+        return bool(resp.succeeded)
+
+    async def cancel_switchover(self, version: int) -> None:
+        kv = self._kv
+        await self._call(kv.txn([kv.txn_compare_version(self.key("switchover"), version)],
+                                [kv.txn_op_delete(self.key("switchover"))]))

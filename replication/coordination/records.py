@@ -1,0 +1,97 @@
+"""What lives in etcd under ``/tidemark/<cluster>/`` (spec: docs/formats/etcd-keys.md).
+
+``leader``      bound to the master's lease: who is master, in which epoch, at which addresses.
+``epoch``       the highest epoch ever taken (no lease): raised in the transaction that writes
+                ``leader``, so two masters can never share an epoch.
+``insync``      the in-sync set (no lease): the nodes that hold everything confirmed; only they may
+                be elected (unless ``unclean_election``). Written only by the master, compared
+                against its ``leader`` key.
+``nodes/<id>``  bound to each node's lease: its addresses and what it holds (max epoch, log end),
+                for the first election of a new cluster and for switchovers.
+``switchover``  bound to the requester's lease: hand the mastership to ``target``.
+
+Values are JSON objects, one per key; unknown fields are ignored (a newer node may add some).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+FORMAT_VERSION = 1
+
+
+def prefix(cluster: str) -> str:
+    return f"/tidemark/{cluster}/"
+
+
+@dataclass(frozen=True)
+class Leader:
+    node_id: str
+    epoch: int
+    client: str  # where writers go
+    replication: str  # where slaves follow
+
+
+@dataclass(frozen=True)
+class InSync:
+    epoch: int  # the epoch of the master that wrote it
+    members: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Node:
+    node_id: str
+    client: str
+    replication: str
+    max_epoch: int = 0
+    log_end: int = 0
+
+
+@dataclass(frozen=True)
+class Switchover:
+    target: str  # node id that should become master
+    epoch: int  # the epoch it replaces (a stale request for an older epoch is ignored)
+
+
+def encode(record: Leader | InSync | Node | Switchover) -> bytes:
+    body: dict[str, Any] = {"v": FORMAT_VERSION, **asdict(record)}
+    if isinstance(record, InSync):
+        body["members"] = sorted(record.members)
+    return json.dumps(body, sort_keys=True).encode()
+
+
+class RecordError(ValueError):
+    """A value in etcd that is not what this version writes (shown to the operator, never trusted)."""
+
+
+def _fields(raw: bytes, names: tuple[str, ...]) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise RecordError(f"not JSON: {exc}") from None
+    if not isinstance(body, dict) or any(n not in body for n in names):
+        raise RecordError(f"expected an object with {', '.join(names)}")
+    return body
+
+
+def decode_leader(raw: bytes) -> Leader:
+    b = _fields(raw, ("node_id", "epoch", "client", "replication"))
+    return Leader(str(b["node_id"]), int(b["epoch"]), str(b["client"]), str(b["replication"]))
+
+
+def decode_insync(raw: bytes) -> InSync:
+    b = _fields(raw, ("epoch", "members"))
+    return InSync(int(b["epoch"]), tuple(str(m) for m in b["members"]))
+
+
+def decode_node(raw: bytes) -> Node:
+    b = _fields(raw, ("node_id", "client", "replication"))
+    return Node(str(b["node_id"]), str(b["client"]), str(b["replication"]), int(b.get("max_epoch", 0)),
+                int(b.get("log_end", 0)))
+
+
+def decode_switchover(raw: bytes) -> Switchover:
+    b = _fields(raw, ("target", "epoch"))
+    return Switchover(str(b["target"]), int(b["epoch"]))
