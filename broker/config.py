@@ -47,6 +47,7 @@ KEYS: dict[str, Key] = {
     "retention.check_interval_ms": Key(10_000, int, minimum=10, maximum=3_600_000),
     "replication.min_insync_replicas": Key(1, int, minimum=1, maximum=2),
     "replication.listen": Key("", str),
+    "replication.advertise": Key("", str),
     "replication.max_lag_bytes": Key(256 * MiB, int, minimum=1),
     "replication.max_lag_ms": Key(5000, int, minimum=10, maximum=3_600_000),
     "replication.chunk_bytes": Key(1 * MiB, int, minimum=64 * 1024, maximum=64 * MiB),
@@ -216,7 +217,8 @@ class Config:
                     raise ConfigError(f"{name}: unknown key")
                 values[name] = _coerce(name, key, value)
         _check_address("node.listen", values["node.listen"])
-        for addr_key in ("node.metrics_listen", "replication.listen", "node.master", "coordinator.advertise"):
+        for addr_key in ("node.metrics_listen", "replication.listen", "replication.advertise", "node.master",
+                         "coordinator.advertise"):
             if values[addr_key]:
                 _check_address(addr_key, values[addr_key])
         _check_roles(values)

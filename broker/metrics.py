@@ -42,6 +42,14 @@ INSYNC_REPLICAS = Gauge("tidemark_insync_replicas", "Slaves in the master's in-s
                         registry=REGISTRY)
 FOLLOWER_CONNECTED = Gauge("tidemark_follower_connected", "1 while a slave streams from its master (slave only)",
                            registry=REGISTRY)
+ROLE = Gauge("tidemark_role", "1 for this node's current role (master, slave), 0 for the other", ["role"],
+             registry=REGISTRY)
+COORDINATOR_CONNECTED = Gauge("tidemark_coordinator_connected", "1 while etcd answers this node (0 also without a "
+                              "coordinator)", registry=REGISTRY)
+LEASE_REMAINING_MS = Gauge("tidemark_lease_remaining_ms", "How long this master may still acknowledge writes "
+                           "without renewing its etcd lease (0 on a slave)", registry=REGISTRY)
+FAILOVERS = Counter("tidemark_failovers", "Elections this node won through etcd (each starts a new epoch)",
+                    registry=REGISTRY)
 INSECURE_NETWORK = Gauge("tidemark_insecure_network", "1 when a non-loopback port serves without TLS or tokens "
                          "(security.insecure_network = true)", registry=REGISTRY)
 REPLICATION_VIOLATIONS = Counter("tidemark_replication_violations", "Replica claims refused (acks beyond what "
@@ -64,6 +72,11 @@ def export_status(st: Mapping[str, Any]) -> None:
     FENCED.set(1 if st.get("fenced") else 0)
     IS_MASTER.set(1 if master and not st.get("fenced") else 0)
     EPOCH.set(int(st.get("epoch") or 0))
+    ROLE.labels("master").set(1 if master else 0)
+    ROLE.labels("slave").set(0 if master else 1)
+    coordinator = st.get("coordinator") or {}
+    COORDINATOR_CONNECTED.set(1 if coordinator.get("connected") else 0)
+    LEASE_REMAINING_MS.set(float(coordinator.get("lease_remaining_ms") or 0) if master else 0)
     INSYNC_REPLICAS.set(sum(1 for r in st.get("replicas") or [] if r.get("in_sync")) if master else 0)
     follower = st.get("replication") or {}
     FOLLOWER_CONNECTED.set(1 if not master and follower.get("connected") else 0)

@@ -15,6 +15,7 @@ import structlog
 from broker.security import auth, tls
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
+from replication.coordination.coordinator import Coordinator
 from replication.master import MasterSide
 from replication.roles import RoleController
 
@@ -48,3 +49,20 @@ def attach(daemon: Any) -> None:
     store.register_role_controller(controller)
     daemon.on_start.append(controller.start)
     daemon.on_stop.insert(0, controller.stop)
+    if config["coordinator.endpoints"]:
+        coordinator = Coordinator(store, config, insync, controller, replication_address(config))
+        controller.coordinator = coordinator
+        daemon.on_start.append(coordinator.start)
+        daemon.on_stop.insert(0, coordinator.stop)
+
+
+def replication_address(config: Any) -> str:
+    """Where slaves reach this node's replication service, as told to others through etcd: the
+    replication port (or the client port) on the advertised host when it listens on a wildcard."""
+    if config["replication.advertise"]:
+        return str(config["replication.advertise"])
+    listen = config["replication.listen"] or config["node.listen"]
+    host, _, port = listen.rpartition(":")
+    if host in ("0.0.0.0", "[::]", "::", ""):
+        host = (config["coordinator.advertise"] or config["node.listen"]).rpartition(":")[0]
+    return f"{host}:{port}"

@@ -30,6 +30,8 @@ def record(data_dir: str, role: str, master: str, epoch: int) -> None:
 def check(config: Config) -> None:
     """Refuse a start whose ``node.role``/``node.master`` contradict the last runtime role change."""
     path = os.path.join(config["node.data_dir"], FILE_NAME)
+    if config["coordinator.endpoints"]:  # the election decides the role; a manual change is history
+        return
     if not atomic_file.exists_any(path):
         return
     loaded = atomic_file.load(path, MAGIC, VERSION)

@@ -98,6 +98,13 @@ class RoleController:
         self.store.set_role("slave", master)
         self._follow(master)
 
+    def step_down(self, why: str) -> None:
+        """Stop being master without a master to follow yet (the coordinator finds one)."""
+        self.stop_following()
+        if self.store.role == "master":
+            self.store.set_role("slave", "")
+            log.warning("stepped_down", reason=why, epoch=self.store.epoch)
+
     def stop_following(self) -> None:
         if self.follower is not None:
             self.follower.stop()

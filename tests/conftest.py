@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from broker.cli.etcd_process import EtcdProcess
+from tests.aptutil import require_tool
 from tests.procs import DaemonProcess
 from tests.s3server import MotoS3, RadosGateway
 
@@ -71,3 +73,12 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdProcess]:
+    """A real single-member etcd on free loopback ports (Debian's etcd-server, installed if missing)."""
+    require_tool("etcd", "etcd-server")
+    server = EtcdProcess(str(tmp_path / "etcd")).start()
+    yield server
+    server.kill9()

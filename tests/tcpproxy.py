@@ -1,4 +1,8 @@
-"""A loopback TCP proxy whose link a test can cut and heal (for replication tests)."""
+"""A loopback TCP proxy whose link a test can cut and heal (for replication and failover tests).
+
+``cut()`` resets every connection and refuses new ones (a process that died); ``silence()``
+keeps connections open but drops every byte, and takes new connections without ever connecting
+them (a network partition: the peer learns nothing until its own timeouts fire)."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ class TcpProxy:
         self.address = f"127.0.0.1:{self.port}"
         self._open = threading.Event()
         self._open.set()
+        self.silent = False
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -31,6 +36,11 @@ class TcpProxy:
             if not self._open.is_set():
                 client.close()
                 continue
+            if self.silent:
+                with self._lock:
+                    self._conns.append(client)
+                threading.Thread(target=self._drain, args=(client,), daemon=True).start()
+                continue
             try:
                 upstream = socket.create_connection(("127.0.0.1", self.target_port))
             except OSError:
@@ -42,10 +52,16 @@ class TcpProxy:
                 threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
 
     @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _drain(src: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while src.recv(65536):
+                pass
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                dst.sendall(data)
+                if not self.silent:
+                    dst.sendall(data)
         except OSError:
             pass
         finally:
@@ -62,7 +78,16 @@ class TcpProxy:
                 c.shutdown(socket.SHUT_RDWR)
             c.close()
 
+    def silence(self) -> None:
+        """Drop every byte from now on, on open and new connections alike, without closing any."""
+        self.silent = True
+
     def heal(self) -> None:
+        """Back to normal. Connections that were silenced stay broken (bytes were lost), as TCP
+        after a long partition: they are reset, so both ends reconnect."""
+        if self.silent:
+            self.silent = False
+            self.cut()
         self._open.set()
 
     def close(self) -> None:

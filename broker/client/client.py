@@ -32,7 +32,15 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 # For Send the request is idempotent (producer id + sequences), so an unknown outcome is retried too.
 SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit sequence runs out
-RETRIES_MAX = 5
+RETRIES_MAX = 5  # attempts with a single address; with several, retries go on until the call's deadline
+CONNECT_S = 1.0  # with several addresses, a node that takes no connection within this is skipped
+BACKOFF_MIN_S = 0.02
+BACKOFF_MAX_S = 0.25
+# a ping every 500 ms, answered within 500 ms: a call on a node that falls silent ends within ~1 s
+KEEPALIVE = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 500),
+             ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+             # a BDP ping in flight (60 s timeout by default) would hold the keepalive pings back
+             ("grpc.http2.bdp_probe", 0), ("grpc.http2.ping_timeout_ms", 500)]
 REQUEST_BYTES_TARGET = 8 << 20
 MESSAGE_BYTES_MAX = 256 << 20
 T = TypeVar("T")
@@ -44,16 +52,17 @@ class _Producer:
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
-def _redirect(exc: grpc.RpcError) -> str:
-    """The master's address a slave put in the trailing metadata of a refused write, if any."""
+def _redirect(exc: grpc.RpcError) -> str | None:
+    """A write refused because this node is not (or no longer) the master carries ``tidemark-master``:
+    the master's client address, or '' while the node does not know it. None: another refusal."""
     try:
         trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
     except Exception:  # not every RpcError carries metadata
-        return ""
+        return None
     for key, value in trailing:
-        if key == "tidemark-master" and value:
+        if key == "tidemark-master":
             return str(value)
-    return ""
+    return None
 
 
 def _request(cls: Callable[..., T], **fields: Any) -> T:
@@ -102,6 +111,7 @@ class BrokerClient:
         tls_ca_file: str | None = None,
         tls_cert_file: str | None = None,
         tls_key_file: str | None = None,
+        follow_master: bool = True,
     ) -> None:
         """TLS when ``tls_ca_file`` (or ``root_certificates``, the CA's PEM bytes) is given; a client
         certificate with ``tls_cert_file`` + ``tls_key_file``; ``token`` is sent as a bearer token."""
@@ -111,6 +121,7 @@ class BrokerClient:
         if bool(tls_cert_file) != bool(tls_key_file):
             raise ValueError("tls_cert_file and tls_key_file go together")
         self.timeout_s = timeout_s
+        self.follow_master = follow_master  # False: a refusal by a node that is not the master is an error
         self._credentials = _channel_credentials(root_certificates, tls_ca_file, tls_cert_file, tls_key_file)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._current = 0
@@ -129,7 +140,9 @@ class BrokerClient:
             self._channel.close()
         self._current = index % len(self.addresses)
         address = self.addresses[self._current]
-        options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX)]
+        options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+                   *KEEPALIVE]
+        self._checked = False  # whether this channel connected once
         if self._credentials is not None:
             self._channel = grpc.secure_channel(address, self._credentials, options=options)
         else:
@@ -149,28 +162,54 @@ class BrokerClient:
 
     def _call(self, method: str, request: Any, *, retry: bool = True, timeout_s: float | None = None,
               retryable: tuple[grpc.StatusCode, ...] = RETRYABLE) -> Any:
-        attempts = RETRIES_MAX if retry else 1
-        delay = 0.05
-        for attempt in range(attempts):
+        """One call within ``timeout_s`` overall, whatever happens to the nodes (DESIGN §11).
+
+        A write refused by a node that is not the master (it names the master, or '' while there
+        is none yet) was not executed: it goes to the named master or the next address. With
+        several addresses a node that does not accept a connection within ``CONNECT_S`` is skipped,
+        and keepalive pings end a call on a node that falls silent within about a second; failures
+        in ``retryable`` are retried until the deadline (with one address: ``RETRIES_MAX`` times)."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        delay = BACKOFF_MIN_S
+        attempt = 0
+        while True:
+            attempt += 1
+            left = deadline - time.monotonic()
+            if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
+                self._connect(self._current + 1)
+                continue
             assert self._stub is not None
             try:
-                return getattr(self._stub, method)(request, timeout=timeout_s or self.timeout_s, metadata=self._metadata)
+                result = getattr(self._stub, method)(request, timeout=max(left, 0.001), metadata=self._metadata)
+                self._checked = True
+                return result
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
-                master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION else ""
-                if master and attempt + 1 < attempts:  # a slave names its master: follow it
-                    if master not in self.addresses:
-                        self.addresses.append(master)
-                    self._connect(self.addresses.index(master))
-                    continue
-                if code in retryable and attempt + 1 < attempts:
-                    if len(self.addresses) > 1:
-                        self._connect(self._current + 1)
-                    time.sleep(delay)
-                    delay = min(delay * 2, 1.0)
-                    continue
-                raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
-        raise AssertionError("unreachable")
+                master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION and self.follow_master else None
+                more = deadline - time.monotonic() > 0 and (len(self.addresses) > 1 or attempt < RETRIES_MAX)
+                if master is not None and more:  # not executed here: to the master, or the next node
+                    if master and master != self.addresses[self._current]:
+                        if master not in self.addresses:
+                            self.addresses.append(master)
+                        self._connect(self.addresses.index(master))
+                        continue
+                elif not (retry and code in retryable and more):
+                    raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
+                if len(self.addresses) > 1:
+                    self._connect(self._current + 1)
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, BACKOFF_MAX_S)
+
+    def _unready(self, wait_s: float) -> bool:
+        """With several addresses: the current node did not take a connection within ``wait_s``."""
+        if self._checked or len(self.addresses) < 2 or wait_s <= 0:
+            return False
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=wait_s)
+        except grpc.FutureTimeoutError:
+            return True
+        self._checked = True
+        return False
 
     # -- topics --------------------------------------------------------------------------------
     def create_topic(self, name: str, queues: int = 1) -> None:

@@ -99,6 +99,10 @@ class Daemon:
             # (1,000) a burst of new long-polls made unrelated calls fail CANCELLED; still bounded
             ("grpc.server.max_pending_requests", PENDING_CALLS_MAX),
             ("grpc.server.max_pending_requests_hard_limit", 2 * PENDING_CALLS_MAX),
+            # clients ping every 500 ms to notice a silent node within about 1 s (DESIGN §11)
+            ("grpc.http2.min_recv_ping_interval_without_data_ms", 400),
+            ("grpc.http2.max_ping_strikes", 0),
+            ("grpc.keepalive_permit_without_calls", 1),
         ]
         server = self.aio.call(self._make_server(options))
         self.grpc_server = server

@@ -46,7 +46,7 @@ class WritePermit:
         reason = self.reason or "this node's coordinator lease ran out (it cannot reach etcd)"
         raise BrokerError("FAILED_PRECONDITION", f"this node may not acknowledge writes: {reason}"
                           + (f"; the master is at {redirect}" if redirect else ""),
-                          metadata=(("tidemark-master", redirect),) if redirect else ())
+                          metadata=(("tidemark-master", redirect),))  # empty: not known yet
 
     def effective_ack(self, ack: str) -> str:
         return "replica" if self.strict else ack

@@ -1,0 +1,160 @@
+"""Pairs of daemons under a real etcd, and a producer that keeps sending through every fault."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from broker.cli.etcd_process import EtcdProcess
+from broker.cli.node_process import free_port
+from broker.client import BrokerClient, BrokerError, Message
+from tests.procs import DaemonProcess
+from tests.tcpproxy import TcpProxy
+from tests.waits import wait_until
+
+Spawn = Callable[..., DaemonProcess]
+TOPIC = "orders"
+
+
+def coordinated(etcd_endpoint: str, **extra: object) -> dict[str, object]:
+    return {"coordinator.endpoints": etcd_endpoint, "replication.max_lag_ms": 2000, **extra}
+
+
+def status(d: DaemonProcess, timeout_s: float = 2.0) -> dict[str, Any]:
+    with BrokerClient(d.address, timeout_s=timeout_s) as c:
+        return c.status()
+
+
+def is_master(d: DaemonProcess) -> bool:
+    """Master as etcd and the node itself both see it, with a write permit."""
+    try:
+        st = status(d)
+    except BrokerError:
+        return False
+    coord = st.get("coordinator") or {}
+    return bool(st["role"] == "master" and coord.get("leader") == st["node_id"] and not st["fenced"])
+
+
+def wait_master(nodes: list[DaemonProcess], timeout_s: float = 30.0,
+                among: list[DaemonProcess] | None = None) -> DaemonProcess:
+    candidates = among or nodes
+
+    def probe() -> DaemonProcess | None:
+        return next((d for d in candidates if d.proc is not None and d.proc.poll() is None and is_master(d)), None)
+
+    found = wait_until(probe, timeout_s, "a master elected through etcd",
+                       observe=lambda: [_safe_status(d) for d in nodes])
+    assert found is not None
+    return found
+
+
+def _safe_status(d: DaemonProcess) -> object:
+    try:
+        st = status(d, 1.0)
+        return {k: st.get(k) for k in ("role", "epoch", "max_offset", "fenced", "coordinator", "replication")}
+    except Exception as exc:
+        return f"{d.address}: {exc}"
+
+
+def in_sync(master: DaemonProcess, slave: DaemonProcess) -> bool:
+    try:
+        m, s = status(master), status(slave)
+    except BrokerError:
+        return False
+    return bool(s["role"] == "slave" and s["max_offset"] == m["max_offset"] and s["node_id"] in
+                (m.get("coordinator") or {}).get("insync", []))
+
+
+class Pair:
+    """Two coordinated nodes ``a`` and ``b``; with ``proxies``, each node reaches etcd and serves
+    replication through a TcpProxy a test can cut or silence (an isolation)."""
+
+    def __init__(self, spawn: Spawn, etcd: EtcdProcess, *, proxies: bool = False, **extra: object) -> None:
+        self.proxies: dict[str, dict[str, TcpProxy]] = {}
+        self.nodes: list[DaemonProcess] = []
+        for name in ("a", "b"):
+            config = coordinated(etcd.endpoint, **extra)
+            if proxies:
+                repl_port = free_port()
+                to_etcd, to_repl = TcpProxy(etcd.client_port), TcpProxy(repl_port)
+                self.proxies[name] = {"etcd": to_etcd, "replication": to_repl}
+                config.update({"coordinator.endpoints": f"http://127.0.0.1:{to_etcd.port}",
+                               "replication.listen": f"127.0.0.1:{repl_port}",
+                               "replication.advertise": to_repl.address})
+            self.nodes.append(spawn(name, config=config))
+        self.a, self.b = self.nodes
+
+    def isolate(self, d: DaemonProcess) -> None:
+        """``d`` loses etcd and its slave (or master) silently; clients still reach it."""
+        name = "a" if d is self.a else "b"
+        for proxy in self.proxies[name].values():
+            proxy.silence()
+        other = "b" if name == "a" else "a"
+        self.proxies[other]["replication"].silence()  # d as a slave cannot stream from the other either
+
+    def heal(self) -> None:
+        for proxies in self.proxies.values():
+            for proxy in proxies.values():
+                proxy.heal()
+
+    def close(self) -> None:
+        for proxies in self.proxies.values():
+            for proxy in proxies.values():
+                proxy.close()
+
+    def other(self, d: DaemonProcess) -> DaemonProcess:
+        return self.b if d is self.a else self.a
+
+
+class Producer:
+    """Sends batches with ack=replica to both addresses until stopped, keeping every receipt."""
+
+    def __init__(self, addresses: list[str], *, batch: int = 20, ack: str = "replica", name: str = "p",
+                 timeout_s: float = 30.0) -> None:
+        self.addresses, self.batch, self.ack, self.name, self.timeout_s = addresses, batch, ack, name, timeout_s
+        self.acked: dict[bytes, tuple[int, int]] = {}
+        self.ack_times: list[float] = []  # monotonic, one per acknowledged call
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Producer:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        i = 0
+        with BrokerClient(self.addresses, timeout_s=self.timeout_s) as c:
+            while not self._stop.is_set():
+                bodies = [f"{self.name}-{i + k}".encode() for k in range(self.batch)]
+                try:
+                    receipts = c.send(TOPIC, [Message(body=b, key=b.decode()) for b in bodies], ack=self.ack)
+                except BrokerError as exc:
+                    self.errors.append(f"{exc.code.name}: {exc}"[:300])
+                    continue  # a new batch (the failed one may be stored or not; it was not acknowledged)
+                now = time.monotonic()
+                for b, r in zip(bodies, receipts, strict=True):
+                    self.acked[b] = (r.queue_id, r.queue_offset)
+                self.ack_times.append(now)
+                i += self.batch
+
+    def acked_after(self, t: float) -> float | None:
+        """The first acknowledgement at or after monotonic ``t``."""
+        return next((x for x in list(self.ack_times) if x >= t), None)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def missing(address: str, acked: dict[bytes, tuple[int, int]], queues: int) -> list[bytes]:
+    """Acknowledged messages not found at their receipts on the node at ``address``."""
+    found: dict[bytes, tuple[int, int]] = {}
+    with BrokerClient(address) as c:
+        for q in range(queues):
+            for res in c.iter_pull(TOPIC, q, 0, max_messages=10_000):
+                for m in res:
+                    found[m.body] = (m.queue_id, m.queue_offset)
+    return [b for b, where in acked.items() if found.get(b) != where]
