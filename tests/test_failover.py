@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import time
 
@@ -10,7 +11,7 @@ import pytest
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, Message
 from tests.failoverutil import TOPIC, Pair, Producer, Spawn, in_sync, missing, status, wait_master
-from tests.waits import wait_until
+from tests.waits import holds_for, wait_until
 
 QUEUES = 2
 
@@ -67,3 +68,113 @@ def test_paused_master_is_replaced_acknowledges_nothing_after_and_rejoins(spawn:
     assert st["role"] == "slave" and st["epoch"] > old_epoch
     assert not missing(new.address, producer.acked, QUEUES)
     assert not missing(master.address, producer.acked, QUEUES)
+
+
+def test_a_slave_outside_the_in_sync_set_is_never_elected(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The slave dies; the master shrinks the set in etcd and goes on alone; the master dies too. The
+    old slave restarted alone must not be elected (it lacks acknowledged writes); the old master is."""
+    pair = Pair(spawn, etcd)
+    master, slave = _setup(pair)
+    slave.kill9()
+    with BrokerClient(master.address) as c:
+        wait_until(lambda: status(master)["coordinator"]["insync"] == [status(master)["node_id"]], 30,
+                   "the dead slave removed from etcd's in-sync set")
+        receipts = c.send(TOPIC, [Message(body=b"only on the master", key="k")], ack="replica")
+    master.kill9()
+    slave.start()
+    refused = wait_until(lambda: status(slave)["coordinator"]["error"], 10, "the slave saying why it waits",
+                         accept=lambda why: "in-sync set" in why)
+    assert "unclean_election is off" in refused
+    holds_for(lambda: status(slave)["role"] == "slave", 5, "the out-of-sync slave stays a slave")
+    master.start()
+    new = wait_master(pair.nodes, 30)
+    assert new is master
+    wait_until(lambda: in_sync(master, slave), 30, "the slave caught up")
+    assert not missing(slave.address, {b"only on the master": (receipts[0].queue_id, receipts[0].queue_offset)}, QUEUES)
+
+
+def test_etcd_paused_changes_no_role_and_sends_go_on(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """etcd unreachable for both nodes: the master keeps serving while its in-sync slave follows
+    (failsafe); nobody is elected; afterwards the master re-takes the key at its own epoch."""
+    pair = Pair(spawn, etcd)
+    master, slave = _setup(pair)
+    epoch = status(master)["epoch"]
+    producer = Producer([pair.a.address, pair.b.address]).start()
+    wait_until(lambda: len(producer.ack_times) >= 10, 30, "sends acknowledged before the fault")
+    etcd.pause()
+    paused_at = time.monotonic()
+    wait_until(lambda: status(master)["coordinator"]["failsafe"], 10, "the master in failsafe")
+    holds_for(lambda: status(master)["role"] == "master" and status(slave)["role"] == "slave", 8,
+              "the roles unchanged while etcd is paused")
+    etcd.resume()
+    wait_until(lambda: not status(master)["coordinator"]["failsafe"] and status(master)["coordinator"]["connected"],
+               20, "the master back on its lease", observe=lambda: status(master)["coordinator"])
+    producer.stop()
+    during = [t for t in producer.ack_times if t >= paused_at]
+    gaps = [b - a for a, b in itertools.pairwise(during)]
+    assert len(during) > 20 and max(gaps) < 1.0, (len(during), max(gaps, default=None), producer.errors[-3:])
+    assert status(master)["epoch"] == epoch and status(slave)["role"] == "slave"
+    assert not missing(master.address, producer.acked, QUEUES)
+
+
+def test_both_nodes_killed_at_once_the_in_sync_member_leads_after_restart(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """RocketMQ #7689: master and slave die together; after restart a member of the recorded
+    in-sync set becomes master and nothing acknowledged is lost."""
+    pair = Pair(spawn, etcd)
+    master, slave = _setup(pair)
+    producer = Producer([pair.a.address, pair.b.address]).start()
+    wait_until(lambda: len(producer.ack_times) >= 30, 30, "sends acknowledged before the fault")
+    master.kill9()
+    slave.kill9()
+    producer.stop()
+    for d in (slave, master):
+        d.start()
+    new = wait_master(pair.nodes, 30)
+    wait_until(lambda: in_sync(new, pair.other(new)), 30, "both nodes in sync again")
+    for d in pair.nodes:
+        assert not missing(d.address, producer.acked, QUEUES)
+
+
+def test_isolated_master_fences_itself_and_rejoins_when_healed(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The master loses etcd and its slave at once (clients still reach it): it stops acknowledging
+    within the lease, the slave is elected, and after the heal the old master follows it."""
+    pair = Pair(spawn, etcd, proxies=True)
+    master, slave = _setup(pair)
+    producer = Producer([pair.a.address, pair.b.address]).start()
+    wait_until(lambda: len(producer.ack_times) >= 20, 30, "sends acknowledged before the fault")
+    pair.isolate(master)
+    cut_at = time.monotonic()
+    new = wait_master(pair.nodes, 30, among=[slave])
+    wait_until(lambda: producer.acked_after(cut_at), 30, "a send acknowledged by the new master")
+    st = status(master)
+    assert st["role"] == "slave" or st["coordinator"]["lease_remaining_ms"] in (0, None), st["coordinator"]
+    with BrokerClient(master.address, follow_master=False) as direct, pytest.raises(BrokerError) as refused:
+        direct.send(TOPIC, [Message(body=b"to the isolated master")], ack="leader")
+    assert refused.value.code.name == "FAILED_PRECONDITION"
+    pair.heal()
+    wait_until(lambda: in_sync(new, master), 30, "the old master in sync as a slave", observe=lambda: status(master))
+    producer.stop()
+    pair.close()
+    for d in pair.nodes:
+        assert not missing(d.address, producer.acked, QUEUES)
+
+
+def test_promote_under_a_coordinator_is_a_switchover_without_loss(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """`promote` on the slave: the master stops taking writes, waits until the slave holds its whole
+    log, hands the key over; the old master follows; nothing acknowledged is lost."""
+    pair = Pair(spawn, etcd)
+    master, slave = _setup(pair)
+    producer = Producer([pair.a.address, pair.b.address]).start()
+    wait_until(lambda: len(producer.ack_times) >= 20, 30, "sends acknowledged before the switchover")
+    with BrokerClient(slave.address) as c:
+        epoch = c.promote()
+    assert status(slave)["role"] == "master" and status(slave)["epoch"] == epoch
+    wait_until(lambda: in_sync(slave, master), 30, "the old master following the new one")
+    t = time.monotonic()
+    wait_until(lambda: producer.acked_after(t), 30, "sends acknowledged after the switchover")
+    producer.stop()
+    with BrokerClient(slave.address) as c:  # and back, with demote on the master
+        c.demote(master.address)
+    wait_until(lambda: in_sync(master, slave), 30, "roles swapped back")
+    for d in pair.nodes:
+        assert not missing(d.address, producer.acked, QUEUES)

@@ -18,6 +18,7 @@ import crc32c
 import grpc
 import pytest
 
+from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, Message
 from broker.logformat import batch as bf
 from broker.storage import atomic_file
@@ -25,6 +26,7 @@ from broker.timers import snapshot as snaps
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.crashutil import drop_unsynced_bytes
+from tests.failoverutil import coordinated, in_sync, wait_master
 from tests.procs import DaemonProcess
 from tests.waits import wait_until
 
@@ -284,6 +286,25 @@ def test_promoted_slave_fires_exactly_what_had_not_fired(spawn: Callable[..., Da
     with BrokerClient(s.address) as c:
         assert c.status()["timer_pending"] > 0, "the master should die before everything fired"
         c.promote()
+    _wait_all_fired(s.address, timers)
+    _check_exactly_once(s.address, timers)
+
+
+def test_automatic_failover_fires_exactly_what_had_not_fired(spawn: Callable[..., DaemonProcess],
+                                                             etcd: EtcdProcess) -> None:
+    """The elected master dies in the middle of firing; etcd elects the slave, which fires the rest."""
+    config = coordinated(etcd.endpoint, **CONFIG, **{"replication.min_insync_replicas": 2})
+    m = spawn("m", config=config, env={"TIDEMARK_FAILPOINTS": "timer_after_fire=exit@4"})
+    wait_master([m])  # alone in a new cluster: elected after a lease's time
+    s = spawn("s", config=config)
+    with BrokerClient(m.address) as c:
+        wait_until(lambda: in_sync(m, s), 30, "the slave in sync", observe=lambda: c.status()["replicas"])
+        c.create_topic("t", queues=QUEUES)
+    timers = _schedule(m.address, 2000, 2000)
+    assert m.proc is not None and m.proc.wait(60) == -9
+    wait_master([m, s], among=[s])
+    with BrokerClient(s.address) as c:
+        assert c.status()["epoch"] == 2
     _wait_all_fired(s.address, timers)
     _check_exactly_once(s.address, timers)
 

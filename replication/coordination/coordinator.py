@@ -68,7 +68,7 @@ class Coordinator:
         self.ttl_s = config["coordinator.lease_ttl_ms"] / 1000.0
         self.margin_s = self.ttl_s / 5
         self.tick_s = min(0.25, self.ttl_s / 8)
-        self.etcd = Etcd(config)
+        self.etcd = Etcd(config)  # a fresh client for every run of the loop (see _main)
         # state, written by the loop thread; read by status and the permit
         self.lease_id = 0
         self.renewed_at = 0.0  # monotonic: when the last successful keep-alive (or grant) was sent
@@ -103,15 +103,19 @@ class Coordinator:
         self._thread.join(5)
 
     def _run(self) -> None:
-        try:
-            asyncio.run(self._main())
-        except Exception as exc:  # never silently: the node cannot be master without this thread
-            log.exception("thread_failed", thread="coordinator", error=str(exc))
-            self.store.permit.withdraw(f"the coordinator thread failed: {exc}")
-            self.store.incidents.record("coordinator", f"thread failed: {type(exc).__name__}: {exc}")
+        backoff_s = 0.1
+        while not self._stop.is_set():
+            try:
+                asyncio.run(self._main())
+            except Exception as exc:  # never silently: logged, counted, shown, and started again
+                log.exception("thread_failed", thread="coordinator", error=str(exc), retry_in_s=backoff_s)
+                self.store.incidents.record("coordinator", f"thread failed: {type(exc).__name__}: {exc}")
+                self._stop.wait(backoff_s)
+                backoff_s = min(backoff_s * 2, self.ttl_s)
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self.etcd = Etcd(self.config)
         permit = asyncio.ensure_future(self._permit_loop())
         try:
             await self.etcd.connect()

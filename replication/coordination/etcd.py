@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 
+import grpc
 from etcd3aio import Etcd3Client, EtcdError, TokenRefresher
 from etcd3aio.kv import KVService, prefix_range_end
 
@@ -101,7 +102,7 @@ class Etcd:
         try:
             async with asyncio.timeout(self.timeout_s):
                 return await coro
-        except (TimeoutError, EtcdError, OSError) as exc:
+        except (TimeoutError, EtcdError, OSError, grpc.RpcError) as exc:
             raise Unreachable(f"{type(exc).__name__}: {exc}"[:300]) from None
 
     @property
