@@ -16,6 +16,7 @@ from tests.waits import wait_until
 
 Spawn = Callable[..., DaemonProcess]
 TOPIC = "orders"
+QUEUES_DEFAULT = 2
 
 
 def coordinated(etcd_endpoint: str, **extra: object) -> dict[str, object]:
@@ -67,6 +68,21 @@ def in_sync(master: DaemonProcess, slave: DaemonProcess) -> bool:
                 (m.get("coordinator") or {}).get("insync", []))
 
 
+def create_topic(master: DaemonProcess, nodes: list[DaemonProcess], queues: int = QUEUES_DEFAULT) -> None:
+    """Create the producers' topic on the master and wait until every node knows it."""
+    with BrokerClient(master.address) as c:
+        c.create_topic(TOPIC, queues=queues)
+
+    def known_everywhere() -> bool:
+        for d in nodes:
+            with BrokerClient(d.address) as c:
+                if TOPIC not in c.list_topics():
+                    return False
+        return True
+
+    wait_until(known_everywhere, 30, f"topic {TOPIC} known on every node")
+
+
 class Pair:
     """Two coordinated nodes ``a`` and ``b``; with ``proxies``, each node reaches etcd and serves
     replication through a TcpProxy a test can cut or silence (an isolation)."""
@@ -116,6 +132,7 @@ class Producer:
         self.addresses, self.batch, self.ack, self.name, self.timeout_s = addresses, batch, ack, name, timeout_s
         self.acked: dict[bytes, tuple[int, int]] = {}
         self.ack_times: list[float] = []  # monotonic, one per acknowledged call
+        self.ack_nodes: list[str] = []  # the address that acknowledged each
         self.errors: list[str] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -137,20 +154,34 @@ class Producer:
                 now = time.monotonic()
                 for b, r in zip(bodies, receipts, strict=True):
                     self.acked[b] = (r.queue_id, r.queue_offset)
+                self.ack_nodes.append(c.current_address)
                 self.ack_times.append(now)
                 i += self.batch
 
-    def acked_after(self, t: float) -> float | None:
-        """The first acknowledgement at or after monotonic ``t``."""
-        return next((x for x in list(self.ack_times) if x >= t), None)
+    def acked_after(self, t: float, by: str = "") -> float | None:
+        """The first acknowledgement at or after monotonic ``t`` (by the node at ``by``, if given)."""
+        n = len(self.ack_times)  # ack_nodes is appended first: both hold n entries
+        return next((x for x, a in zip(self.ack_times[:n], self.ack_nodes[:n], strict=True)
+                     if x >= t and (not by or a == by)), None)
 
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(60)
 
 
-def missing(address: str, acked: dict[bytes, tuple[int, int]], queues: int) -> list[bytes]:
-    """Acknowledged messages not found at their receipts on the node at ``address``."""
+def missing(address: str, acked: dict[bytes, tuple[int, int]], queues: int, settle_s: float = 10.0) -> list[bytes]:
+    """Acknowledged messages not found at their receipts on the node at ``address`` (a slave
+    serves what its master confirmed: the last sends can take a heartbeat to show; up to
+    ``settle_s`` is allowed for that)."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        lost = _missing_now(address, acked, queues)
+        if not lost or time.monotonic() > deadline:
+            return lost
+        time.sleep(0.1)
+
+
+def _missing_now(address: str, acked: dict[bytes, tuple[int, int]], queues: int) -> list[bytes]:
     found: dict[bytes, tuple[int, int]] = {}
     with BrokerClient(address) as c:
         for q in range(queues):

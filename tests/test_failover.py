@@ -10,7 +10,7 @@ import pytest
 
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, Message
-from tests.failoverutil import TOPIC, Pair, Producer, Spawn, in_sync, missing, status, wait_master
+from tests.failoverutil import TOPIC, Pair, Producer, Spawn, create_topic, in_sync, missing, status, wait_master
 from tests.waits import holds_for, wait_until
 
 QUEUES = 2
@@ -19,8 +19,7 @@ QUEUES = 2
 def _setup(pair: Pair) -> tuple[object, object]:
     master = wait_master(pair.nodes)
     slave = pair.other(master)
-    with BrokerClient(master.address) as c:
-        c.create_topic(TOPIC, queues=QUEUES)
+    create_topic(master, pair.nodes, QUEUES)
     wait_until(lambda: in_sync(master, slave), 30, "the slave in sync and in etcd's in-sync set",
                observe=lambda: (status(master).get("coordinator"), status(slave).get("replication")))
     return master, slave
@@ -35,7 +34,7 @@ def test_kill9_master_elects_the_slave_and_loses_nothing(spawn: Spawn, etcd: Etc
     master.kill9()
     killed_at = time.monotonic()
     new = wait_master(pair.nodes, 30, among=[slave])
-    wait_until(lambda: producer.acked_after(killed_at), 30, "a send acknowledged by the new master")
+    wait_until(lambda: producer.acked_after(killed_at, slave.address), 30, "a send acknowledged by the new master")
     producer.stop()
     assert status(new)["epoch"] > epoch_before
     assert not missing(new.address, producer.acked, QUEUES), "acknowledged sends lost"
@@ -56,7 +55,7 @@ def test_paused_master_is_replaced_acknowledges_nothing_after_and_rejoins(spawn:
     master.proc.send_signal(signal.SIGSTOP)
     paused_at = time.monotonic()
     new = wait_master(pair.nodes, 30, among=[slave])
-    wait_until(lambda: producer.acked_after(paused_at), 30, "a send acknowledged by the new master")
+    wait_until(lambda: producer.acked_after(paused_at, slave.address), 30, "a send acknowledged by the new master")
     master.proc.send_signal(signal.SIGCONT)  # its permit ran out while it slept: it refuses at once
     with BrokerClient(master.address, follow_master=False) as direct, pytest.raises(BrokerError) as refused:
         direct.send(TOPIC, [Message(body=b"to the old master")], ack="leader")
@@ -145,7 +144,7 @@ def test_isolated_master_fences_itself_and_rejoins_when_healed(spawn: Spawn, etc
     pair.isolate(master)
     cut_at = time.monotonic()
     new = wait_master(pair.nodes, 30, among=[slave])
-    wait_until(lambda: producer.acked_after(cut_at), 30, "a send acknowledged by the new master")
+    wait_until(lambda: producer.acked_after(cut_at, slave.address), 30, "a send acknowledged by the new master")
     st = status(master)
     assert st["role"] == "slave" or st["coordinator"]["lease_remaining_ms"] in (0, None), st["coordinator"]
     with BrokerClient(master.address, follow_master=False) as direct, pytest.raises(BrokerError) as refused:
@@ -154,9 +153,9 @@ def test_isolated_master_fences_itself_and_rejoins_when_healed(spawn: Spawn, etc
     pair.heal()
     wait_until(lambda: in_sync(new, master), 30, "the old master in sync as a slave", observe=lambda: status(master))
     producer.stop()
-    pair.close()
     for d in pair.nodes:
         assert not missing(d.address, producer.acked, QUEUES)
+    pair.close()
 
 
 def test_promote_under_a_coordinator_is_a_switchover_without_loss(spawn: Spawn, etcd: EtcdProcess) -> None:

@@ -35,7 +35,8 @@ SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit seq
 RETRIES_MAX = 5  # attempts with a single address; with several, retries go on until the call's deadline
 CONNECT_S = 1.0  # with several addresses, a node that takes no connection within this is skipped
 BACKOFF_MIN_S = 0.02
-BACKOFF_MAX_S = 0.25
+BACKOFF_MAX_S = 0.1
+FAILED_MEMORY_S = 5.0  # a node that failed us this lately is tried last (and redirects to it are not followed)
 # a ping every 500 ms, answered within 500 ms: a call on a node that falls silent ends within ~1 s
 KEEPALIVE = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 500),
              ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
@@ -125,6 +126,7 @@ class BrokerClient:
         self._credentials = _channel_credentials(root_certificates, tls_ca_file, tls_cert_file, tls_key_file)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
         self._current = 0
+        self._failed: dict[str, float] = {}  # address -> when it last failed us (monotonic)
         self._channel: grpc.Channel | None = None
         self._stub: pb_grpc.BrokerStub | None = None
         self._lock = threading.Lock()
@@ -176,19 +178,23 @@ class BrokerClient:
             attempt += 1
             left = deadline - time.monotonic()
             if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
-                self._connect(self._current + 1)
+                self._failed[self.addresses[self._current]] = time.monotonic()
+                self._rotate()
                 continue
             assert self._stub is not None
             try:
                 result = getattr(self._stub, method)(request, timeout=max(left, 0.001), metadata=self._metadata)
                 self._checked = True
+                self._failed.pop(self.addresses[self._current], None)
                 return result
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
                 master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION and self.follow_master else None
                 more = deadline - time.monotonic() > 0 and (len(self.addresses) > 1 or attempt < RETRIES_MAX)
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    self._failed[self.addresses[self._current]] = time.monotonic()
                 if master is not None and more:  # not executed here: to the master, or the next node
-                    if master and master != self.addresses[self._current]:
+                    if master and master != self.addresses[self._current] and not self._failed_lately(master):
                         if master not in self.addresses:
                             self.addresses.append(master)
                         self._connect(self.addresses.index(master))
@@ -196,9 +202,31 @@ class BrokerClient:
                 elif not (retry and code in retryable and more):
                     raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
                 if len(self.addresses) > 1:
-                    self._connect(self._current + 1)
+                    self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, BACKOFF_MAX_S)
+
+    @property
+    def current_address(self) -> str:
+        """The node this client talks to now (the last call's, after redirects and retries)."""
+        return self.addresses[self._current]
+
+    def _rotate(self) -> None:
+        """To the next address that has not failed us lately (if all have, the one that failed
+        longest ago); with one address, reconnect to it."""
+        n = len(self.addresses)
+        order = [(self._current + k) % n for k in range(1, n + 1)]
+        fresh = [i for i in order if not self._failed_lately(self.addresses[i])]
+        if fresh:
+            index = fresh[0]
+        else:
+            index = min(order, key=lambda i: self._failed.get(self.addresses[i], 0.0))
+        if index != self._current or n == 1:
+            self._connect(index)
+
+    def _failed_lately(self, address: str) -> bool:
+        """``address`` just failed us: a node that names it as the master has not noticed yet."""
+        return time.monotonic() - self._failed.get(address, -FAILED_MEMORY_S) < FAILED_MEMORY_S
 
     def _unready(self, wait_s: float) -> bool:
         """With several addresses: the current node did not take a connection within ``wait_s``."""

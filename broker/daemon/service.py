@@ -79,7 +79,8 @@ class BrokerService(pb_grpc.BrokerServicer):
             raise
         timeout_ms = request.timeout_ms or self.config["limits.send_timeout_ms"]
         self.store.watermarks.wait_ack(wait_offset, self.store.permit.effective_ack(ack),
-                                       min(timeout_ms, self.config["limits.send_timeout_ms"]))
+                                       min(timeout_ms, self.config["limits.send_timeout_ms"]),
+                                       give_up=self.store.lost_mastership)
         self.store.check_still_master()  # a permit that lapsed while we waited: no acknowledgement
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
@@ -204,7 +205,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.store.watermarks.check_replica_ack_possible()
         end = self.store.appender.append_system([(change, fields)])
         timeout_ms = self.config["limits.send_timeout_ms"]
-        self.store.watermarks.wait_ack(end, "replica", timeout_ms)
+        self.store.watermarks.wait_ack(end, "replica", timeout_ms, give_up=self.store.lost_mastership)
         self.store.check_still_master()
         if not self.store.wait_metadata_applied(end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", f"{change} written but not yet applied within {timeout_ms} ms")

@@ -225,6 +225,11 @@ class Store:
                               metadata=(("tidemark-master", self.writers_address()),))
         self.permit.check(self.redirect_address)
 
+    def lost_mastership(self) -> bool:
+        """No longer the master, or no longer allowed to acknowledge (a write waiting for its ack
+        stops waiting; ``check_still_master`` then says why)."""
+        return bool(self.fenced_reason) or self.role != "master" or not self.permit.valid()
+
     def check_free_space(self) -> None:
         """RESOURCE_EXHAUSTED below ``storage.min_free_bytes`` (client writes and replicated appends alike)."""
         free = self.disk.free_bytes()

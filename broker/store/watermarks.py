@@ -27,6 +27,9 @@ log = structlog.get_logger("store")
 ACKS = ("leader", "flush", "replica")
 
 
+GIVE_UP_POLL_S = 0.05
+
+
 class AloneRule:
     """No replication: a master confirms what it flushed; a slave confirms nothing by itself."""
 
@@ -129,23 +132,31 @@ class Watermarks:
             metrics.OFFSET.labels("confirm").set(self.confirm_offset)
 
     # -- acknowledgements -----------------------------------------------------------------------
-    def wait_ack(self, offset: int, ack: str, timeout_ms: int) -> None:
+    def wait_ack(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
         """Return once ``offset`` is acknowledged in mode ``ack`` (leader: at once; flush:
-        fsynced here; replica: confirmed, with enough replicas past it)."""
+        fsynced here; replica: confirmed, with enough replicas past it) -- or as soon as ``give_up``
+        says so (checked every ``GIVE_UP_POLL_S``: a master that lost its permit stops waiting for a
+        slave that no longer follows it; the caller then refuses the write)."""
         if ack == "leader" or offset == 0:
             return
         deadline = time.monotonic() + timeout_ms / 1000.0
         need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
+        if ack == "flush":
+            def done() -> bool:
+                return self.flushed_offset >= offset
+        else:
+            def done() -> bool:
+                return self.confirm_offset >= offset and self.rule.replicas_acked(offset) >= need
         with self.cond:
             self._flush_wanted = True
             self.cond.notify_all()
-            if ack == "flush":
-                ok = self.cond.wait_for(lambda: self.flushed_offset >= offset, deadline - time.monotonic())
-            else:
-                ok = self.cond.wait_for(
-                    lambda: self.confirm_offset >= offset and self.rule.replicas_acked(offset) >= need,
-                    deadline - time.monotonic(),
-                )
+            while True:
+                left = deadline - time.monotonic()
+                ok = self.cond.wait_for(done, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
+                if ok or left <= 0 or (give_up is not None and give_up()):
+                    break
+        if give_up is not None and give_up():
+            return
         if not ok:
             raise BrokerError("DEADLINE_EXCEEDED", f"not acknowledged ({ack}) within {timeout_ms} ms; the records may still be stored")
 

@@ -67,7 +67,7 @@ class Coordinator:
         self.replication_address = replication_address
         self.ttl_s = config["coordinator.lease_ttl_ms"] / 1000.0
         self.margin_s = self.ttl_s / 5
-        self.tick_s = min(0.25, self.ttl_s / 8)
+        self.tick_s = min(0.1, self.ttl_s / 20)  # a view and a keep-alive 10 times a second: ~200 B each
         self.etcd = Etcd(config)  # a fresh client for every run of the loop (see _main)
         # state, written by the loop thread; read by status and the permit
         self.lease_id = 0
