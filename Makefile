@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench chaos clean venv
+.PHONY: demo test lint proto bench chaos clean venv sysdeps
 
 venv: $(STAMP)
 
@@ -16,10 +16,18 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# Debian packages the demo and the tests run for real: etcd (the coordinator). The tests install
+# radosgw and prometheus themselves when they first need them (tests/aptutil.py).
+sysdeps:
+	@command -v etcd >/dev/null || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; }; }
+
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iproto=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tidemark.proto
 
-demo: venv
+demo: venv sysdeps
 	$(BIN)/tidemark demo
 
 lint: venv
@@ -27,10 +35,10 @@ lint: venv
 	$(BIN)/mypy broker replication tieredstore spark_connector
 	$(BIN)/lint-imports
 
-test: venv lint
+test: venv sysdeps lint
 	$(BIN)/python -m pytest -q tests
 
-bench: venv
+bench: venv sysdeps
 	$(BIN)/python bench/run_all.py
 
 chaos: venv

@@ -46,6 +46,8 @@ ROLE = Gauge("tidemark_role", "1 for this node's current role (master, slave), 0
              registry=REGISTRY)
 COORDINATOR_CONNECTED = Gauge("tidemark_coordinator_connected", "1 while etcd answers this node (0 also without a "
                               "coordinator)", registry=REGISTRY)
+COORDINATOR_CONFIGURED = Gauge("tidemark_coordinator_configured", "1 when coordinator.endpoints is set (automatic "
+                               "failover through etcd)", registry=REGISTRY)
 LEASE_REMAINING_MS = Gauge("tidemark_lease_remaining_ms", "How long this master may still acknowledge writes "
                            "without renewing its etcd lease (0 on a slave)", registry=REGISTRY)
 FAILOVERS = Counter("tidemark_failovers", "Elections this node won through etcd (each starts a new epoch)",
@@ -75,6 +77,7 @@ def export_status(st: Mapping[str, Any]) -> None:
     ROLE.labels("master").set(1 if master else 0)
     ROLE.labels("slave").set(0 if master else 1)
     coordinator = st.get("coordinator") or {}
+    COORDINATOR_CONFIGURED.set(1 if coordinator else 0)
     COORDINATOR_CONNECTED.set(1 if coordinator.get("connected") else 0)
     LEASE_REMAINING_MS.set(float(coordinator.get("lease_remaining_ms") or 0) if master else 0)
     INSYNC_REPLICAS.set(sum(1 for r in st.get("replicas") or [] if r.get("in_sync")) if master else 0)

@@ -5,10 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+from tests.aptutil import require_tool
+
 
 def test_demo_runs_and_loses_nothing() -> None:
     """The demo's failover, rejoin and restarts all succeed (exit 0, no message lost, a clean restart)."""
+    require_tool("etcd", "etcd-server")
     r = subprocess.run([sys.executable, "-m", "broker.cli", "demo"], capture_output=True, text=True, timeout=300,
                        check=False)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    assert "(none lost)" in r.stdout and "converged" in r.stdout and "(clean=True)" in r.stdout, r.stdout
+    assert "(none lost)" in r.stdout and "rejoined as a slave by itself" in r.stdout and "(clean=True)" in r.stdout, r.stdout
+    assert "etcd elected node-b" in r.stdout and "(each once)" in r.stdout and "is a switchover" in r.stdout, r.stdout

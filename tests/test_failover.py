@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import itertools
+import re
 import signal
 import time
+import urllib.request
 
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
+from broker.cli.node_process import free_port
 from broker.client import BrokerClient, BrokerError, Message
-from tests.failoverutil import TOPIC, Pair, Producer, Spawn, create_topic, in_sync, missing, status, wait_master
+from tests.failoverutil import TOPIC, Pair, Producer, Spawn, coordinated, create_topic, in_sync, missing, status, wait_master
 from tests.waits import holds_for, wait_until
 
 QUEUES = 2
@@ -177,3 +180,26 @@ def test_promote_under_a_coordinator_is_a_switchover_without_loss(spawn: Spawn, 
     wait_until(lambda: in_sync(master, slave), 30, "roles swapped back")
     for d in pair.nodes:
         assert not missing(d.address, producer.acked, QUEUES)
+
+
+def test_status_and_metrics_show_the_coordinator(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """status()["coordinator"] on both nodes; the master's lease and role gauges; a failover counted."""
+    ports = {"a": free_port(), "b": free_port()}
+    nodes = [spawn(n, config=coordinated(etcd.endpoint, **{"node.metrics_listen": f"127.0.0.1:{p}"}))
+             for n, p in ports.items()]
+    master = wait_master(nodes)
+    slave = nodes[1] if master is nodes[0] else nodes[0]
+    wait_until(lambda: len(status(master)["coordinator"]["insync"]) == 2, 30, "both nodes in the in-sync set")
+    m, s = status(master)["coordinator"], status(slave)["coordinator"]
+    assert m["connected"] and s["connected"] and m["leader"] == s["leader"] == status(master)["node_id"]
+    assert 0 < m["lease_remaining_ms"] <= 2000 and m["epoch"] == s["epoch"] == 1 and not m["failsafe"]
+    port = ports["a"] if master is nodes[0] else ports["b"]
+
+    def gauges() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return {k: float(v) for k, v in re.findall(r"^(tidemark_[\w{}=\"]+) (\S+)$", text, re.M)}
+
+    g = wait_until(gauges, 15, "the coordinator gauges exported",
+                   accept=lambda g: g.get("tidemark_coordinator_connected") == 1)
+    assert g['tidemark_role{role="master"}'] == 1 and g["tidemark_coordinator_configured"] == 1
+    assert 0 < g["tidemark_lease_remaining_ms"] <= 2000 and g["tidemark_failovers_total"] == 1

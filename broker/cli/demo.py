@@ -1,7 +1,7 @@
 """``tidemark demo``: the main job on embedded defaults, with real daemon processes.
 
-A master/slave pair in a temporary directory; shows every capability that exists so far and
-prints a short readable summary.
+A master/slave pair under a real etcd (automatic failover) in a temporary directory; shows every
+capability that exists so far and prints a short readable summary.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from broker.cli.etcd_process import EtcdMissing, EtcdProcess
 from broker.cli.node_process import NodeProcess
 from broker.client import BrokerClient, Message, Receipt
 
@@ -51,16 +52,38 @@ def _restart(node: NodeProcess, stop: Callable[[], object]) -> dict[str, Any]:
         return dict(c.status()["recovery"])
 
 
+def _leader(address: str) -> str:
+    """The node id etcd names as master, as the node at ``address`` sees it ('' if none or down)."""
+    try:
+        with BrokerClient(address, timeout_s=1) as c:
+            st = c.status()
+    except Exception:
+        return ""
+    coordinator = st.get("coordinator") or {}
+    return str(coordinator.get("leader", "")) if st["role"] == "master" else ""
+
+
 def run_demo() -> int:
     work = tempfile.mkdtemp(prefix="tidemark-demo-")
-    tiered = {"tieredstore.root": f"{work}/objects", "tieredstore.object_bytes": 4 << 20,
-              "tieredstore.upload_interval_ms": 200}  # both nodes share one object store (a directory here)
-    master = NodeProcess(f"{work}/node-a", config=tiered)
-    slave = NodeProcess(f"{work}/node-b", config={**tiered, "node.role": "slave", "node.master": master.address})
+    try:
+        etcd = EtcdProcess(f"{work}/etcd").start()
+    except EtcdMissing as exc:
+        print(f"tidemark demo: {exc}", flush=True)
+        shutil.rmtree(work, ignore_errors=True)
+        return 2
+    common = {"tieredstore.root": f"{work}/objects", "tieredstore.object_bytes": 4 << 20,
+              "tieredstore.upload_interval_ms": 200,  # both nodes share one object store (a directory here)
+              "coordinator.endpoints": etcd.endpoint}  # node.role is auto: etcd's election decides
+    master = NodeProcess(f"{work}/node-a", config=common)
+    slave = NodeProcess(f"{work}/node-b", config=common)
     try:
         master.start()
+        _wait(lambda: _leader(master.address))  # alone in a new cluster: elected after one lease TTL
         slave.start()
-        _say(f"1. master on {master.address}, slave on {slave.address} (data under {work})")
+        with BrokerClient(master.address) as c:
+            _wait(lambda: len(c.status()["coordinator"]["insync"]) == 2)
+        _say(f"1. etcd at {etcd.endpoint}; node-a ({master.address}) was elected master, node-b ({slave.address}) "
+             f"follows it and is in etcd's in-sync set (data under {work})")
         with BrokerClient(master.address) as c:
             c.create_topic("orders", queues=4)
             t0 = time.perf_counter()
@@ -102,13 +125,17 @@ def run_demo() -> int:
                  f"{a.status()['tiered_uploaded_offset']} as {_objects(work)} objects; the slave knows it too "
                  f"({b.status()['tiered_uploaded_offset']})")
         master.kill9()
-        _say("7. killed the master with SIGKILL")
-        with BrokerClient(slave.address) as c:
-            epoch = c.promote()
+        killed = time.monotonic()
+        _say("7. killed the master with SIGKILL; nobody types promote")
+        with BrokerClient([master.address, slave.address]) as c:  # a client that knows both addresses
             c.send("orders", [Message(body=b"after failover")], ack="replica")
+            rto = time.monotonic() - killed
+            epoch = c.status()["epoch"] if c.current_address == slave.address else -1
+        with BrokerClient(slave.address) as c:
             n = _count(c, "orders", 4)
             verdict = "none lost" if n == MESSAGES + 2 else f"EXPECTED {MESSAGES + 2}"
-            _say(f"8. promoted the slave: epoch {epoch}; it takes writes; {n} messages ({verdict})")
+            _say(f"8. etcd elected node-b when node-a's lease ran out: epoch {epoch}; the client's next ack=replica "
+                 f"send was acknowledged {rto:.2f}s after the kill; {n} messages ({verdict})")
             _wait(lambda: c.status()["timer_pending"] == 0 and time.time() * 1000 > due + TIMERS + 200)
             fired = [m for q in range(2) for r in c.iter_pull("reminders", q, 0, max_messages=5000) for m in r]
             once = len({m.timer_offset for m in fired}) == len(fired) == TIMERS - CANCELLED
@@ -120,17 +147,19 @@ def run_demo() -> int:
             _say(f"8c. the new master resumed uploading at the break point found in the object store: uploaded "
                  f"offset {c.status()['tiered_uploaded_offset']} of {c.status()['confirm_offset']}, "
                  f"{_objects(work)} objects")
-        # as the runbook says (docs/operations.md): make the runtime role change permanent in each
-        # node's configuration; a restart that contradicts it is refused
-        slave.config = dict(tiered)
-        master.config = {**tiered, "node.role": "slave", "node.master": slave.address}
-        master.start()
+        master.start()  # the same command line as before: the election, not the config, decides the role
         with BrokerClient(master.address) as a, BrokerClient(slave.address) as b:
             _wait(lambda: a.status()["max_offset"] == b.status()["max_offset"] == a.status()["confirm_offset"])
-            _say(f"9. the old master rejoined as a slave and converged: both at offset {a.status()['max_offset']}, "
-                 f"{_count(a, 'orders', 4)} messages on each")
+            _say(f"9. node-a restarted with its unchanged configuration and rejoined as a slave by itself: both at "
+                 f"offset {a.status()['max_offset']}, {_count(a, 'orders', 4)} messages on each")
+            t0 = time.monotonic()
+            epoch = a.promote()  # a switchover through etcd: node-b stops, waits for node-a, hands over
+            _say(f"9b. promote on node-a is a switchover: node-b handed over after node-a held its whole log; "
+                 f"epoch {epoch} in {time.monotonic() - t0:.2f}s")
+            a.demote(slave.address)
+            _wait(lambda: b.status()["role"] == "master")
         rec = _restart(slave, slave.kill9)
-        _say(f"10. kill -9 and restart of the new master: ready in {slave.ready_seconds:.2f}s; recovery scanned "
+        _say(f"10. kill -9 and restart of node-b (master again after the demote; etcd elects node-a meanwhile): ready in {slave.ready_seconds:.2f}s; recovery scanned "
              f"{rec['scanned_bytes']} bytes and replayed {rec['replayed_bytes']} (only above the view checkpoints)")
         rec = _restart(slave, slave.stop)
         _say(f"11. after a clean stop (SIGTERM) the restart replayed {rec['replayed_bytes']} bytes (clean={rec['clean']})")
@@ -139,4 +168,5 @@ def run_demo() -> int:
     finally:
         master.kill9()
         slave.kill9()
+        etcd.kill9()
         shutil.rmtree(work, ignore_errors=True)
