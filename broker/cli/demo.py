@@ -159,7 +159,8 @@ def run_demo() -> int:
             a.demote(slave.address)
             _wait(lambda: b.status()["role"] == "master")
         rec = _restart(slave, slave.kill9)
-        _say(f"10. kill -9 and restart of node-b (master again after the demote; etcd elects node-a meanwhile): ready in {slave.ready_seconds:.2f}s; recovery scanned "
+        _say(f"10. kill -9 and restart of node-b (master again after the demote; etcd elects node-a meanwhile): "
+             f"ready in {slave.ready_seconds:.2f}s; recovery scanned "
              f"{rec['scanned_bytes']} bytes and replayed {rec['replayed_bytes']} (only above the view checkpoints)")
         rec = _restart(slave, slave.stop)
         _say(f"11. after a clean stop (SIGTERM) the restart replayed {rec['replayed_bytes']} bytes (clean={rec['clean']})")
