@@ -173,9 +173,9 @@ class BrokerClient:
         in ``retryable`` are retried until the deadline (with one address: ``RETRIES_MAX`` times)."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         delay = BACKOFF_MIN_S
-        attempt = 0
+        failures = 0  # retryable failures; refusals by a node that is not the master do not count
+        redirects = 0
         while True:
-            attempt += 1
             left = deadline - time.monotonic()
             if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
                 self._failed[self.addresses[self._current]] = time.monotonic()
@@ -190,17 +190,24 @@ class BrokerClient:
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
                 master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION and self.follow_master else None
-                more = deadline - time.monotonic() > 0 and (len(self.addresses) > 1 or attempt < RETRIES_MAX)
+                in_time = deadline - time.monotonic() > 0
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self._failed[self.addresses[self._current]] = time.monotonic()
-                if master is not None and more:  # not executed here: to the master, or the next node
+                if master is not None and in_time:  # not executed here: to the master, or wait for one
+                    redirects += 1
                     if master and master != self.addresses[self._current] and not self._failed_lately(master):
                         if master not in self.addresses:
                             self.addresses.append(master)
+                        if redirects > 1:  # two nodes naming each other (views in flux): not in a tight loop
+                            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                            delay = min(delay * 2, BACKOFF_MAX_S)
                         self._connect(self.addresses.index(master))
                         continue
-                elif not (retry and code in retryable and more):
-                    raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
+                else:
+                    failures += 1
+                    if not (retry and code in retryable and in_time
+                            and (len(self.addresses) > 1 or failures < RETRIES_MAX)):
+                        raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
                 if len(self.addresses) > 1:
                     self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
