@@ -19,10 +19,10 @@ $(STAMP): requirements.lock pyproject.toml
 # Debian packages the demo and the tests run for real: etcd (the coordinator). The tests install
 # radosgw and prometheus themselves when they first need them (tests/aptutil.py).
 sysdeps:
-	@command -v etcd >/dev/null || { \
+	@command -v etcd >/dev/null && command -v etcdctl >/dev/null || { \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends etcd-server >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends etcd-server >/dev/null; }; }
+	  apt-get install -y -q --no-install-recommends etcd-server etcd-client >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends etcd-server etcd-client >/dev/null; }; }
 
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iproto=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tidemark.proto

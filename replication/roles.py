@@ -110,6 +110,11 @@ class RoleController:
             self.follower.stop()
             self.follower = None
 
+    def following(self, master: str) -> bool:
+        """A follower of ``master`` runs (it may be between reconnects)."""
+        f = self.follower
+        return f is not None and f.master == master and self.store.role == "slave" and self.store.master_address == master
+
     def following_live_master(self, silence_ms: float) -> bool:
         """Streaming from a master that spoke within ``silence_ms``."""
         f = self.follower

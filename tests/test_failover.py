@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import random
 import re
 import signal
 import time
@@ -13,7 +14,8 @@ import pytest
 from broker.cli.etcd_process import EtcdProcess
 from broker.cli.node_process import free_port
 from broker.client import BrokerClient, BrokerError, Message
-from tests.failoverutil import TOPIC, Pair, Producer, Spawn, coordinated, create_topic, in_sync, missing, status, wait_master
+from tests.failoverutil import TOPIC, Pair, Producer, Spawn, coordinated, create_topic, in_sync, is_master, missing, status, wait_master
+from tests.nodeutil import log_bytes
 from tests.waits import holds_for, wait_until
 
 QUEUES = 2
@@ -203,3 +205,84 @@ def test_status_and_metrics_show_the_coordinator(spawn: Spawn, etcd: EtcdProcess
                    accept=lambda g: g.get("tidemark_coordinator_connected") == 1)
     assert g['tidemark_role{role="master"}'] == 1 and g["tidemark_coordinator_configured"] == 1
     assert 0 < g["tidemark_lease_remaining_ms"] <= 2000 and g["tidemark_failovers_total"] == 1
+
+
+@pytest.mark.parametrize("fault", ["kill9", "sigstop", "isolate"])
+def test_a_failed_slave_leaves_the_in_sync_set_and_rejoins_it(spawn: Spawn, etcd: EtcdProcess, fault: str) -> None:
+    """The master removes a dead, paused or cut-off slave from etcd's in-sync set and goes on
+    acknowledging (min_insync_replicas = 1); the slave comes back in sync by itself; no role change."""
+    pair = Pair(spawn, etcd, proxies=fault == "isolate")
+    master, slave = _setup(pair)
+    assert slave.proc is not None
+    producer = Producer([master.address]).start()
+    wait_until(lambda: len(producer.ack_times) >= 10, 30, "sends acknowledged before the fault")
+    if fault == "kill9":
+        slave.kill9()
+    elif fault == "sigstop":
+        slave.proc.send_signal(signal.SIGSTOP)
+    else:
+        pair.isolate(slave)
+    master_id = status(master)["node_id"]
+    wait_until(lambda: status(master)["coordinator"]["insync"] == [master_id], 30, "the slave out of the in-sync set")
+    t = time.monotonic()
+    wait_until(lambda: producer.acked_after(t), 30, "sends acknowledged without the slave")
+    if fault == "kill9":
+        slave.start()
+    elif fault == "sigstop":
+        slave.proc.send_signal(signal.SIGCONT)
+    else:
+        pair.heal()
+    wait_until(lambda: in_sync(master, slave), 30, "the slave back in the in-sync set", observe=lambda: status(slave))
+    producer.stop()
+    assert is_master(master) and status(slave)["role"] == "slave"
+    assert not missing(slave.address, producer.acked, QUEUES)
+    pair.close()
+
+
+def test_etcd_killed_and_restarted_changes_no_role(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """etcd dies (kill -9) and comes back from its data directory: the pair serves throughout."""
+    pair = Pair(spawn, etcd)
+    master, slave = _setup(pair)
+    epoch = status(master)["epoch"]
+    producer = Producer([pair.a.address, pair.b.address]).start()
+    wait_until(lambda: len(producer.ack_times) >= 10, 30, "sends acknowledged before the fault")
+    etcd.kill9()
+    killed_at = time.monotonic()
+    wait_until(lambda: status(master)["coordinator"]["failsafe"], 10, "the master in failsafe")
+    in_failsafe = time.monotonic()
+    wait_until(lambda: producer.acked_after(in_failsafe), 10, "sends acknowledged while etcd is down")
+    etcd.start()
+    wait_until(lambda: status(master)["coordinator"]["connected"] and not status(master)["coordinator"]["failsafe"],
+               30, "the master back on its lease", observe=lambda: status(master)["coordinator"])
+    producer.stop()
+    during = [t for t in producer.ack_times if t >= killed_at]
+    assert max(b - a for a, b in itertools.pairwise(during)) < 1.0
+    assert status(master)["epoch"] == epoch and is_master(master) and status(slave)["role"] == "slave"
+    assert not missing(slave.address, producer.acked, QUEUES)
+
+
+def test_a_flapping_network_ends_with_one_master_converged_logs_and_nothing_lost(
+        spawn: Spawn, etcd: EtcdProcess) -> None:
+    """For a minute the current master is isolated and healed every 1-3 s while a producer sends:
+    afterwards one master, both logs equal, every acknowledged send on both nodes."""
+    pair = Pair(spawn, etcd, proxies=True)
+    _setup(pair)
+    producer = Producer([pair.a.address, pair.b.address]).start()
+    rng = random.Random(7)
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        victim = next((d for d in pair.nodes if is_master(d)), pair.a)
+        pair.isolate(victim)
+        time.sleep(rng.uniform(1, 3))
+        pair.heal()
+        time.sleep(rng.uniform(1, 3))
+    master = wait_master(pair.nodes, 30)
+    slave = pair.other(master)
+    wait_until(lambda: in_sync(master, slave), 30, "the logs converged", observe=lambda: status(slave))
+    producer.stop()
+    assert [is_master(d) for d in pair.nodes].count(True) == 1
+    assert log_bytes(master) == log_bytes(slave)
+    for d in pair.nodes:
+        assert not missing(d.address, producer.acked, QUEUES)
+    assert len(producer.acked) > 1000
+    pair.close()

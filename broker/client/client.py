@@ -175,8 +175,11 @@ class BrokerClient:
         delay = BACKOFF_MIN_S
         failures = 0  # retryable failures; refusals by a node that is not the master do not count
         redirects = 0
+        refused: grpc.RpcError | None = None  # the last "not the master" refusal
         while True:
             left = deadline - time.monotonic()
+            if left <= 0 and refused is not None:  # the deadline passed waiting for a master: say why
+                raise BrokerError(refused.code(), refused.details() or "") from None  # type: ignore[attr-defined]
             if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
                 self._failed[self.addresses[self._current]] = time.monotonic()
                 self._rotate()
@@ -194,6 +197,7 @@ class BrokerClient:
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                     self._failed[self.addresses[self._current]] = time.monotonic()
                 if master is not None and in_time:  # not executed here: to the master, or wait for one
+                    refused = exc
                     redirects += 1
                     if master and master != self.addresses[self._current] and not self._failed_lately(master):
                         if master not in self.addresses:

@@ -28,19 +28,25 @@ class LoopThread:
 
     @staticmethod
     async def _cancel_pending(drain_s: float) -> None:
+        """Let pending tasks end on their own (a servicer in a worker thread finishes its call), and
+        cancel only those still pending after ``drain_s``: gRPC prints a traceback for each call
+        it sees cancelled."""
         current = asyncio.current_task()
         pending = [t for t in asyncio.all_tasks() if t is not current]
-        for task in pending:
+        if not pending:
+            return
+        _, still = await asyncio.wait(pending, timeout=drain_s)
+        for task in still:
             task.cancel()
-        if pending:
-            await asyncio.wait(pending, timeout=drain_s)
+        if still:
+            await asyncio.wait(still, timeout=1.0)
 
     def call(self, coro: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
         """Run ``coro`` on the loop and wait for its result (from any other thread)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout_s)
 
     def close(self, drain_s: float = 5.0) -> None:
-        """Cancel what is still pending on the loop, wait for it to end, then stop the loop.
+        """Wait for what is still pending on the loop (cancel it after ``drain_s``), then stop the loop.
 
         A servicer still running in a worker thread after the gRPC server's grace period ends on
         its own later; its task must be cancelled first, or the loop is stopped under it and the

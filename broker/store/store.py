@@ -218,7 +218,7 @@ class Store:
         master with the same producer sequence (stored once either way)."""
         if self.fenced_reason:
             raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}",
-                              metadata=(("tidemark-master", self.redirect_address),))  # empty: not known
+                              metadata=(("tidemark-master", self.redirect_address),) if self.redirect_address else ())
         if self.role != "master":
             raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; send writes to the master at "
                               f"{self.writers_address() or '(unknown)'}",

@@ -33,6 +33,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -115,6 +116,7 @@ class Coordinator:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._steps = asyncio.Lock()
         self.etcd = Etcd(self.config)
         permit = asyncio.ensure_future(self._permit_loop())
         try:
@@ -185,7 +187,12 @@ class Coordinator:
         else:
             if self.holding is not None:
                 self._lost_key(f"{leader.node_id} holds the leader key")
-            self._follow(leader)
+            await self._follow(leader)
+
+    async def _step(self, step: Callable[..., None], *args: Any) -> None:
+        """A role step (they block: a follower stop joins its thread) off the loop, one at a time."""
+        async with self._steps:
+            await asyncio.to_thread(step, *args)
 
     async def _register(self, view: View) -> None:
         now = time.monotonic()
@@ -199,11 +206,11 @@ class Coordinator:
         self._last_register = now
 
     # -- as a slave --------------------------------------------------------------------------------
-    def _follow(self, leader: rec.Leader) -> None:
+    async def _follow(self, leader: rec.Leader) -> None:
         store = self.store
-        if store.role != "slave" or store.master_address != leader.replication:
+        if not self.roles.following(leader.replication):
             log.info("following", leader=leader.node_id, epoch=leader.epoch, address=leader.replication)
-            self.roles.follow(leader.replication)
+            await self._step(self.roles.follow, leader.replication)
         store.redirect_address = leader.client
 
     def _eligible(self, view: View) -> str:
@@ -243,7 +250,7 @@ class Coordinator:
             await self._campaign(view, store.epoch, retake=True)  # our own epoch: nobody was elected meanwhile
             return
         if store.role == "master":  # a newer epoch exists, or we left the in-sync set: not ours to retake
-            self.roles.step_down(f"etcd's epoch {epoch_in_etcd} is not ours ({store.epoch})")
+            await self._step(self.roles.step_down, f"etcd's epoch {epoch_in_etcd} is not ours ({store.epoch})")
         why = self._eligible(view)
         if why:
             if why != self._waiting:
@@ -258,18 +265,18 @@ class Coordinator:
         leader = rec.Leader(self.node_id, epoch, self.client_address, self.replication_address)
         sent = self.renewed_at
         if not retake:
-            self.roles.stop_following()  # our log must not move under the epoch we are about to start
+            await self._step(self.roles.stop_following)  # our log must not move under the new epoch
         insync = None if retake else rec.InSync(epoch, (self.node_id,))
-        won = await self.etcd.campaign(view, leader, self.lease_id, insync)
-        if not won:
+        revision = await self.etcd.campaign(view, leader, self.lease_id, insync)
+        if not revision:
             log.info("campaign_lost", epoch=epoch)
             return
-        after = await self.etcd.view()
-        self.leader_revision = after.leader.create_revision
-        self.members = rec.decode_insync(after.insync.value).members if after.insync.version else (self.node_id,)
+        self.leader_revision = revision
+        if not retake:
+            self.members = (self.node_id,)
         self.insync.set_pins({m for m in self.members if m != self.node_id})
         if not retake:
-            self.roles.become_master(epoch)
+            await self._step(self.roles.become_master, epoch)
             metrics.FAILOVERS.inc()
         self.holding = leader
         self.unclean_once = False
@@ -321,7 +328,7 @@ class Coordinator:
             if await self.etcd.resign(self.leader_revision, rec.InSync(store.epoch, members)):
                 self._handing_over_since = 0.0
                 self.holding = None
-                self.roles.step_down(f"handed over to {request.target}")
+                await self._step(self.roles.step_down, f"handed over to {request.target}")
                 log.info("handed_over", target=request.target, log_end=store.log.max_offset)
             return True
         if now - self._handing_over_since > SWITCHOVER_CATCH_UP_S:
@@ -376,18 +383,20 @@ class Coordinator:
     async def _permit_loop(self) -> None:
         while True:
             await asyncio.sleep(PERMIT_TICK_S)
-            self._check_permit()
+            if self._check_permit():
+                await self._step(self.roles.step_down, "lease lapsed")
 
-    def _check_permit(self) -> None:
+    def _check_permit(self) -> bool:
+        """Grant (failsafe) or withdraw the permit; True when this master must step down."""
         store, permit = self.store, self.store.permit
         if self.holding is None:
             if store.role == "master":
                 permit.withdraw(permit.reason or "this node does not hold the leader key")
-            return
+            return False
         now = time.monotonic()
         normal_until = self.renewed_at + self.ttl_s - self.margin_s
         if now < normal_until:
-            return  # the etcd loop grants it; nothing to do
+            return False  # the etcd loop grants it; nothing to do
         acks = [r.last_ack_at for r in self.insync.replicas.values()
                 if r.node_id in self.insync.pinned and r.connected and not r.evicted]
         last_ack = max(acks, default=0.0)
@@ -396,13 +405,13 @@ class Coordinator:
                 log.warning("failsafe", note="etcd unreachable: acknowledging only what the in-sync slave holds")
             self.failsafe = True
             permit.grant(last_ack + FAILSAFE_ACK_S, strict=True)
-            return
+            return False
         if self.failsafe or permit.valid() or not permit.reason:
             log.warning("self_fenced", reason="lease not renewed and no in-sync slave acknowledging")
         self.failsafe = False
         self.holding = None
         permit.withdraw("this master could not renew its etcd lease and no in-sync slave is acknowledging")
-        self.roles.step_down("lease lapsed")
+        return True
 
     # -- switchover (tidemark promote / demote under a coordinator) ---------------------------------
     def promote_here(self, unclean: bool) -> int:

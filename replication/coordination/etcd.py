@@ -151,9 +151,10 @@ class Etcd:
         return View(resp.header.revision, leader, epoch, insync, switchover, nodes=node_entries)
 
     # -- writes (each a compare-and-swap; the answer says whether it applied) -----------------------
-    async def campaign(self, view: View, leader: rec.Leader, lease_id: int, insync: rec.InSync | None) -> bool:
+    async def campaign(self, view: View, leader: rec.Leader, lease_id: int, insync: rec.InSync | None) -> int:
         """Take the leader key with ``leader.epoch``: only if nobody holds it and neither the epoch
-        nor the in-sync set changed since ``view`` (so the eligibility we checked still holds)."""
+        nor the in-sync set changed since ``view`` (so the eligibility we checked still holds).
+        Returns the key's create revision (the transaction's revision), 0 when it did not apply."""
         kv = self._kv
         compare = [kv.txn_compare_create_revision(self.key("leader"), 0),
                    kv.txn_compare_version(self.key("epoch"), view.epoch.version),
@@ -166,7 +167,7 @@ class Etcd:
         if view.switchover.version:
             success.append(kv.txn_op_delete(self.key("switchover")))
         resp = await self._call(kv.txn(compare, success))
-        return bool(resp.succeeded)
+        return int(resp.header.revision) if resp.succeeded else 0
 
     async def set_insync(self, leader_revision: int, insync: rec.InSync) -> bool:
         """Write the in-sync set, only while our leader key (``leader_revision``) still stands."""
