@@ -18,11 +18,14 @@ RTO = from the fault to the first send the new master acknowledged (the client k
 answered; a send the old master acknowledged just after the fault had its slave's ack before it). After every kind the
 acknowledged messages are read back from both nodes: 0 lost is the target.
 
+``switchover``: ``promote`` on the slave (a planned handover through etcd), ``--faults`` times; the
+write pause is the longest gap between two acknowledgements around it (target ≤ 1 s).
+
 Then etcd itself is paused (SIGSTOP) for ``--etcd-pause-s`` (30 s) while both nodes run: sends must
 go on (the failsafe: the master acknowledges what its in-sync slave holds) with no gap over 1 s,
 and no role or epoch changes.
 
-Usage: .venv/bin/python bench/failover.py [--quick] [--faults 20] [--kinds kill9,sigstop,isolate]
+Usage: .venv/bin/python bench/failover.py [--quick] [--faults 20] [--kinds kill9,sigstop,isolate,switchover]
        [--etcd-pause-s 30]
 """
 
@@ -30,7 +33,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import sys
 import time
 from typing import Any
@@ -44,7 +46,7 @@ from broker.client import BrokerClient, BrokerError, Message
 from tests.failoverutil import QUEUES_DEFAULT, TOPIC, Pair, Producer, create_topic, in_sync, missing, status, wait_master
 from tests.procs import DaemonProcess
 
-KINDS = ("kill9", "sigstop", "isolate")
+KINDS = ("kill9", "sigstop", "isolate", "switchover")
 RTO_P99_TARGET_S = 3.0
 REJOIN_TARGET_S = 10.0
 
@@ -74,12 +76,7 @@ def one_fault(pair: Pair, producer: Producer, kind: str) -> dict[str, Any]:
     epoch = status(master)["epoch"]
     assert master.proc is not None
     t0 = time.monotonic()
-    if kind == "kill9":
-        master.kill9()
-    elif kind == "sigstop":
-        master.proc.send_signal(signal.SIGSTOP)
-    else:
-        pair.isolate(master)
+    pair.fault(master, kind)
     common.wait_for(lambda: producer.acked_after(t0, slave.address) is not None, 60,
                     "a send acknowledged by the new master")
     first = producer.acked_after(t0, slave.address)
@@ -88,14 +85,12 @@ def one_fault(pair: Pair, producer: Producer, kind: str) -> dict[str, Any]:
     new = wait_master(pair.nodes, 60, among=[slave])
     refused = True
     t_back = time.monotonic()
-    if kind == "kill9":
-        master.start()
-    elif kind == "sigstop":
-        master.proc.send_signal(signal.SIGCONT)
+    if kind == "sigstop":
+        pair.restore(master, kind)  # it wakes with its permit run out: it must refuse at once
+    if kind != "kill9":
         refused = _old_master_refuses(master)
-    else:
-        refused = _old_master_refuses(master)
-        pair.heal()
+    if kind != "sigstop":
+        pair.restore(master, kind)  # restarted, or the network heals
     common.wait_for(lambda: in_sync(new, master), 60, "the old master back in sync as a slave")
     rejoin_s = time.monotonic() - t_back
     new_epoch = status(new)["epoch"]
@@ -143,6 +138,49 @@ def run_kind(workdir: str, etcd: EtcdProcess, kind: str, faults: int, res: Resul
     errors = len(producer.errors)
     res.add(f"{kind}: sends that failed after their 30 s deadline", errors, "calls",
             note="; ".join(producer.errors[:2])[:200])
+
+
+def one_switchover(pair: Pair, producer: Producer) -> float:
+    master = wait_master(pair.nodes, 60)
+    slave = pair.other(master)
+    common.wait_for(lambda: in_sync(master, slave), 60, "the slave in sync")
+    common.wait_for(lambda: producer.acked_after(time.monotonic() - 0.2) is not None, 30, "sends flowing")
+    t0 = time.monotonic()
+    with BrokerClient(slave.address) as c:
+        c.promote()
+    common.wait_for(lambda: producer.acked_after(t0, slave.address) is not None, 30, "a send on the new master")
+    t1 = producer.acked_after(t0, slave.address) or t0
+    window = [t for t in list(producer.ack_times) if t0 - 1.0 <= t <= t1]
+    return max((b - a for a, b in itertools.pairwise(window)), default=t1 - t0)
+
+
+def run_switchovers(workdir: str, etcd: EtcdProcess, count: int, res: Results) -> None:
+    """``promote`` on the slave, ``count`` times, while the producer sends: the write pause is the
+    longest gap between two acknowledgements around each switchover."""
+    wd = os.path.join(workdir, "switchover")
+    os.makedirs(wd)
+    pair = Pair(_spawner(wd), etcd, **{"coordinator.cluster": "switchover"})
+    pauses: list[float] = []
+    try:
+        master = wait_master(pair.nodes, 60)
+        common.wait_for(lambda: in_sync(master, pair.other(master)), 60, "the slave in sync")
+        create_topic(master, pair.nodes)
+        producer = Producer([pair.a.address, pair.b.address], batch=10).start()
+        for i in range(count):
+            pauses.append(one_switchover(pair, producer))
+            log(f"switchover #{i + 1}: write pause {pauses[-1]:.3f} s")
+        producer.stop()
+        lost = max(len(missing(d.address, producer.acked, QUEUES_DEFAULT)) for d in pair.nodes)
+    finally:
+        for d in pair.nodes:
+            d.kill9()
+    pauses.sort()
+    res.add("switchover: write pause p50", quantile(pauses, 0.5), "s", switchovers=count)
+    target, ok = common.at_most(pauses[-1], 1.0)
+    res.add("switchover: write pause max", pauses[-1], "s", target=target, ok=ok, switchovers=count)
+    target, ok = common.at_most(lost, 0)
+    res.add(f"switchover: acknowledged messages lost ({len(producer.acked)} acknowledged)", lost, "msgs",
+            target=target, ok=ok)
 
 
 def run_etcd_pause(workdir: str, etcd: EtcdProcess, pause_s: float, res: Results) -> None:
@@ -203,7 +241,10 @@ def main() -> int:
         etcd = EtcdProcess(os.path.join(wd, "etcd")).start()
         try:
             for kind in kinds:
-                run_kind(wd, etcd, kind, faults, res)
+                if kind == "switchover":
+                    run_switchovers(wd, etcd, faults, res)
+                else:
+                    run_kind(wd, etcd, kind, faults, res)
             if pause_s > 0:
                 run_etcd_pause(wd, etcd, pause_s, res)
         finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -123,6 +124,26 @@ class Pair:
     def other(self, d: DaemonProcess) -> DaemonProcess:
         return self.b if d is self.a else self.a
 
+    def fault(self, d: DaemonProcess, kind: str) -> None:
+        """``kill9``, ``sigstop`` or ``isolate`` node ``d``."""
+        if kind == "kill9":
+            d.kill9()
+        elif kind == "sigstop":
+            assert d.proc is not None
+            d.proc.send_signal(signal.SIGSTOP)
+        else:
+            self.isolate(d)
+
+    def restore(self, d: DaemonProcess, kind: str) -> None:
+        """Undo ``fault``: restart (same configuration), SIGCONT, or heal the network."""
+        if kind == "kill9":
+            d.start()
+        elif kind == "sigstop":
+            assert d.proc is not None
+            d.proc.send_signal(signal.SIGCONT)
+        else:
+            self.heal()
+
 
 class Producer:
     """Sends batches with ack=replica to both addresses until stopped, keeping every receipt."""
@@ -167,6 +188,9 @@ class Producer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(60)
+
+    def wait_flowing(self, count: int = 10) -> None:
+        wait_until(lambda: len(self.ack_times) >= count, 30, f"{count} sends acknowledged")
 
 
 def missing(address: str, acked: dict[bytes, tuple[int, int]], queues: int, settle_s: float = 10.0) -> list[bytes]:

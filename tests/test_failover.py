@@ -104,7 +104,7 @@ def test_etcd_paused_changes_no_role_and_sends_go_on(spawn: Spawn, etcd: EtcdPro
     master, slave = _setup(pair)
     epoch = status(master)["epoch"]
     producer = Producer([pair.a.address, pair.b.address]).start()
-    wait_until(lambda: len(producer.ack_times) >= 10, 30, "sends acknowledged before the fault")
+    producer.wait_flowing()
     etcd.pause()
     paused_at = time.monotonic()
     wait_until(lambda: status(master)["coordinator"]["failsafe"], 10, "the master in failsafe")
@@ -215,23 +215,13 @@ def test_a_failed_slave_leaves_the_in_sync_set_and_rejoins_it(spawn: Spawn, etcd
     master, slave = _setup(pair)
     assert slave.proc is not None
     producer = Producer([master.address]).start()
-    wait_until(lambda: len(producer.ack_times) >= 10, 30, "sends acknowledged before the fault")
-    if fault == "kill9":
-        slave.kill9()
-    elif fault == "sigstop":
-        slave.proc.send_signal(signal.SIGSTOP)
-    else:
-        pair.isolate(slave)
+    producer.wait_flowing()
+    pair.fault(slave, fault)
     master_id = status(master)["node_id"]
     wait_until(lambda: status(master)["coordinator"]["insync"] == [master_id], 30, "the slave out of the in-sync set")
     t = time.monotonic()
     wait_until(lambda: producer.acked_after(t), 30, "sends acknowledged without the slave")
-    if fault == "kill9":
-        slave.start()
-    elif fault == "sigstop":
-        slave.proc.send_signal(signal.SIGCONT)
-    else:
-        pair.heal()
+    pair.restore(slave, fault)
     wait_until(lambda: in_sync(master, slave), 30, "the slave back in the in-sync set", observe=lambda: status(slave))
     producer.stop()
     assert is_master(master) and status(slave)["role"] == "slave"
@@ -245,7 +235,7 @@ def test_etcd_killed_and_restarted_changes_no_role(spawn: Spawn, etcd: EtcdProce
     master, slave = _setup(pair)
     epoch = status(master)["epoch"]
     producer = Producer([pair.a.address, pair.b.address]).start()
-    wait_until(lambda: len(producer.ack_times) >= 10, 30, "sends acknowledged before the fault")
+    producer.wait_flowing()
     etcd.kill9()
     killed_at = time.monotonic()
     wait_until(lambda: status(master)["coordinator"]["failsafe"], 10, "the master in failsafe")
