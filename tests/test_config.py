@@ -24,6 +24,9 @@ def test_defaults_and_layers() -> None:
     assert cfg["commitlog.segment_bytes"] == 1 << 30
 
 
+ETCD = {"endpoints": ["http://127.0.0.1:2379"]}
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -35,14 +38,14 @@ def test_defaults_and_layers() -> None:
         ({"node": {"role": "slave"}}, "node.master: required"),
         ({"tieredstore": {"backend": "s3"}}, "tieredstore.s3_bucket: required"),
         ({"tieredstore": {"backend": "gcs"}}, "tieredstore.backend: 'gcs' is not one of"),
-        ({"node": {"role": "master"}, "coordinator": {"endpoints": ["http://127.0.0.1:2379"]}}, "node.role: 'master' with coordinator.endpoints set"),
-        ({"node": {"master": "127.0.0.1:1"}, "coordinator": {"endpoints": ["http://127.0.0.1:2379"]}}, "node.master: not used with coordinator.endpoints"),
+        ({"node": {"role": "master"}, "coordinator": {**ETCD}}, "node.role: 'master' with coordinator.endpoints set"),
+        ({"node": {"master": "127.0.0.1:1"}, "coordinator": {**ETCD}}, "node.master: not used with coordinator.endpoints"),
         ({"coordinator": {"endpoints": ["127.0.0.1:2379"]}}, "coordinator.endpoints: '127.0.0.1:2379' is not http"),
         ({"coordinator": {"endpoints": ["https://127.0.0.1:2379"]}}, "coordinator.tls_ca_file: required"),
-        ({"coordinator": {"endpoints": ["http://127.0.0.1:2379"], "username": "tm"}}, "coordinator.password_file: etcd authentication needs both"),
-        ({"coordinator": {"endpoints": ["http://127.0.0.1:2379"], "cluster": "a/b"}}, "coordinator.cluster: 'a/b' must be"),
-        ({"coordinator": {"endpoints": ["http://127.0.0.1:2379"], "lease_ttl_ms": 2500}}, "coordinator.lease_ttl_ms: 2500 is not whole seconds"),
-        ({"coordinator": {"endpoints": ["http://127.0.0.1:2379"], "lease_ttl_ms": 1000}}, "coordinator.lease_ttl_ms: 1000 is below the minimum"),
+        ({"coordinator": {**ETCD, "username": "tm"}}, "coordinator.password_file: etcd authentication needs both"),
+        ({"coordinator": {**ETCD, "cluster": "a/b"}}, "coordinator.cluster: 'a/b' must be"),
+        ({"coordinator": {**ETCD, "lease_ttl_ms": 2500}}, "coordinator.lease_ttl_ms: 2500 is not whole seconds"),
+        ({"coordinator": {**ETCD, "lease_ttl_ms": 1000}}, "coordinator.lease_ttl_ms: 1000 is below the minimum"),
     ],
 )
 def test_errors_name_the_key(values: dict[str, object], message: str) -> None:

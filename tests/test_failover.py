@@ -90,11 +90,30 @@ def test_a_slave_outside_the_in_sync_set_is_never_elected(spawn: Spawn, etcd: Et
                          accept=lambda why: "in-sync set" in why)
     assert "unclean_election is off" in refused
     holds_for(lambda: status(slave)["role"] == "slave", 5, "the out-of-sync slave stays a slave")
+    with BrokerClient(slave.address) as c, pytest.raises(BrokerError, match="--unclean"):
+        c.promote()  # refused at once: not a member
     master.start()
     new = wait_master(pair.nodes, 30)
     assert new is master
     wait_until(lambda: in_sync(master, slave), 30, "the slave caught up")
     assert not missing(slave.address, {b"only on the master": (receipts[0].queue_id, receipts[0].queue_offset)}, QUEUES)
+
+
+def test_unclean_promote_elects_a_slave_outside_the_in_sync_set(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The operator accepts the loss: `promote --unclean` on the out-of-sync slave while no member is
+    alive elects it; the old master, back, follows it and loses what only it had."""
+    pair = Pair(spawn, etcd)
+    master, slave = _setup(pair)
+    slave.kill9()
+    master_id = status(master)["node_id"]
+    wait_until(lambda: status(master)["coordinator"]["insync"] == [master_id], 30, "the slave out of the set")
+    master.kill9()
+    slave.start()
+    with BrokerClient(slave.address) as c:
+        epoch = c.promote(unclean=True)
+    assert is_master(slave) and epoch >= 2
+    master.start()
+    wait_until(lambda: in_sync(slave, master), 30, "the old master following the unclean master")
 
 
 def test_etcd_paused_changes_no_role_and_sends_go_on(spawn: Spawn, etcd: EtcdProcess) -> None:

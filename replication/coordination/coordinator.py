@@ -218,8 +218,10 @@ class Coordinator:
         store = self.store
         if view.switchover.version:  # the master handed over (and stopped streaming) to its target
             target = rec.decode_switchover(view.switchover.value).target
-            return "" if target == self.node_id else f"a switchover to {target} is under way"
-        if self.roles.following_live_master(self.ttl_s * 1000 / 4):
+            if target != self.node_id:
+                return f"a switchover to {target} is under way"
+            # the target: the resigning master put it in the in-sync set; membership still decides
+        elif self.roles.following_live_master(self.ttl_s * 1000 / 4):
             return "it still hears a live master"
         if self.members:
             if self.node_id in self.members:
@@ -418,6 +420,9 @@ class Coordinator:
         """Ask the master to hand over to this node; returns the new epoch once we are master."""
         if self.store.role == "master" and self.holding is not None:
             raise BrokerError("FAILED_PRECONDITION", "already the master")
+        if self.leader is None and self.members and self.node_id not in self.members and not unclean:
+            raise BrokerError("FAILED_PRECONDITION", f"this node is not in the in-sync set {list(self.members)} "
+                              "recorded in etcd: electing it could lose acknowledged writes; use --unclean to force")
         if unclean:
             self.unclean_once = True
         self._call(self._request_switchover(self.node_id))
