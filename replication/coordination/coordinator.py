@@ -280,7 +280,7 @@ class Coordinator:
         if not retake:
             await self._step(self.roles.become_master, epoch)
             metrics.FAILOVERS.inc()
-        self.holding = leader
+        self.holding = self.leader = leader
         self.unclean_once = False
         self.store.redirect_address = ""
         self._grant(sent)
@@ -345,6 +345,8 @@ class Coordinator:
         """Shrink the recorded set (then unpin) for a member that stopped keeping up; grow it (pin
         first) for a slave that caught up."""
         members = set(self.members) | {self.node_id}
+        # the pins follow what etcd says (an earlier change whose answer was lost is settled here)
+        self.insync.set_pins(members - {self.node_id})
         now = time.monotonic()
         replicas = {r.node_id: r for r in self.insync.replicas.values()}
         out_of_sync = set()
@@ -352,13 +354,23 @@ class Coordinator:
             r = replicas.get(m)
             if r is None or not r.in_sync or (not r.connected and now - r.last_ack_at > self.ttl_s / 2):
                 out_of_sync.add(m)
+        wm = self.store.watermarks
         caught_up = {r.node_id for r in replicas.values()
                      if r.node_id not in members and r.connected and r.in_sync and not r.evicted
-                     and r.acked_offset >= self.store.watermarks.flushed_offset - self.config["replication.max_lag_bytes"]}
+                     and r.acked_offset >= wm.confirm_offset}
+        for m in caught_up:
+            self.insync.pin(m)  # from now on nothing is confirmed past what it acknowledged ...
+        # ... and it holds everything confirmed before: only then may etcd let it be elected. The
+        # confirm offset is computed under the watermark lock: recomputing it here waits out any
+        # computation that started before the pin
+        if caught_up:
+            wm.advance_confirm()
+        lagging = {m for m in caught_up if replicas[m].acked_offset < wm.confirm_offset}
+        for m in lagging:
+            self.insync.unpin(m)
+        caught_up -= lagging
         if not out_of_sync and not caught_up:
             return
-        for m in caught_up:
-            self.insync.pin(m)
         wanted = tuple(sorted((members - out_of_sync) | caught_up))
         if await self.etcd.set_insync(self.leader_revision, rec.InSync(self.store.epoch, wanted)):
             self.members = wanted
