@@ -11,7 +11,7 @@ from broker.errors import BrokerError
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.store import IncomingBatch
-from tests.storeutil import create_topic, open_store, read_all
+from tests.storeutil import create_topic, open_store, read_all, send
 
 
 def _batch(seq: int, bodies: list[bytes], pid: int = 11) -> IncomingBatch:
@@ -88,4 +88,28 @@ def test_send_after_unapplied_delete_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BrokerError) as again:
         s.appender.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
     assert again.value.code == "NOT_FOUND"
+    s.stop()
+
+
+def test_topic_creates_touch_no_queue_files_until_the_first_entry(tmp_path: Path) -> None:
+    """A created topic has no queue files (nor a directory) until a queue gets its first entry; a
+    restart keeps such topics, and their queues take sends after it."""
+
+    s = open_store(str(tmp_path), **{"checkpoint.interval_ms": 10})
+    for i in range(20):
+        create_topic(s, f"t{i}", queues=4)
+    cq = tmp_path / "cq"
+    assert not [p for p in cq.iterdir() if p.name.startswith("t")]
+    send(s, "t3", [b"a"], queue=2)
+    assert read_all(s, "t3", 2) == [b"a"]
+    assert sorted(p.name for p in cq.glob("t3.*/*")) == ["2.cq"]
+    s.stop()
+    s = open_store(str(tmp_path))
+    assert sorted(s.views.metadata.list_topics()) == sorted(f"t{i}" for i in range(20))
+    assert read_all(s, "t3", 2) == [b"a"] and read_all(s, "t7", 1) == []
+    send(s, "t7", [b"b"], queue=1)
+    assert read_all(s, "t7", 1) == [b"b"]
+    s.crash_close()
+    s = open_store(str(tmp_path))  # after a crash: the view replays from its checkpoint
+    assert read_all(s, "t7", 1) == [b"b"] and read_all(s, "t9", 0) == []
     s.stop()
