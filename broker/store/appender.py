@@ -93,8 +93,8 @@ class TailState:
         deleted: list[str] = []
         for change, fields in changes:
             name = str(fields["topic"])
-            for key in [k for k in self.queue_next if k[0] == name]:
-                del self.queue_next[key]
+            for q in range(system_records.QUEUES_MAX):  # not a scan of every queue: 100,000 of them cost ms
+                self.queue_next.pop((name, q), None)
             if change == system_records.TOPIC_CREATE:
                 self.topics.add(name)
             elif change == system_records.TOPIC_DELETE:
