@@ -252,12 +252,16 @@ class Appender:
         return end
 
     def _check_topic_changes(self, changes: TopicChanges) -> None:
+        """Each change against the topics as the ones before it in the same batch leave them."""
+        exists: dict[str, bool] = {}  # names this batch creates (True) or deletes (False)
         for change, fields in changes:
             name = str(fields["topic"])
-            if change == system_records.TOPIC_CREATE and name in self.tail.topics:
+            present = exists.get(name, name in self.tail.topics)
+            if change == system_records.TOPIC_CREATE and present:
                 raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
-            if change == system_records.TOPIC_DELETE and name not in self.tail.topics:
+            if change == system_records.TOPIC_DELETE and not present:
                 raise not_found(f"unknown topic {shown(name)}")
+            exists[name] = change == system_records.TOPIC_CREATE
 
     # -- replicated writes (slave side) -------------------------------------------------------------
     def append_replicated(self, data: bytes) -> int:
