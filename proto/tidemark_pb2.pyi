@@ -176,6 +176,18 @@ class CreateTopicResponse(_message.Message):
     topic: TopicInfo
     def __init__(self, topic: _Optional[_Union[TopicInfo, _Mapping]] = ...) -> None: ...
 
+class CreateTopicsRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[CreateTopicRequest]
+    def __init__(self, topics: _Optional[_Iterable[_Union[CreateTopicRequest, _Mapping]]] = ...) -> None: ...
+
+class CreateTopicsResponse(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedCompositeFieldContainer[TopicInfo]
+    def __init__(self, topics: _Optional[_Iterable[_Union[TopicInfo, _Mapping]]] = ...) -> None: ...
+
 class ListTopicsRequest(_message.Message):
     __slots__ = ("include_system",)
     INCLUDE_SYSTEM_FIELD_NUMBER: _ClassVar[int]

@@ -64,6 +64,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.CreateTopicRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.CreateTopicResponse.FromString,
                 _registered_method=True)
+        self.CreateTopics = channel.unary_unary(
+                '/tidemark.v1.Broker/CreateTopics',
+                request_serializer=proto_dot_tidemark__pb2.CreateTopicsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.CreateTopicsResponse.FromString,
+                _registered_method=True)
         self.ListTopics = channel.unary_unary(
                 '/tidemark.v1.Broker/ListTopics',
                 request_serializer=proto_dot_tidemark__pb2.ListTopicsRequest.SerializeToString,
@@ -130,6 +135,12 @@ class BrokerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def CreateTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def CreateTopics(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -203,6 +214,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.CreateTopic,
                     request_deserializer=proto_dot_tidemark__pb2.CreateTopicRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.CreateTopicResponse.SerializeToString,
+            ),
+            'CreateTopics': grpc.unary_unary_rpc_method_handler(
+                    servicer.CreateTopics,
+                    request_deserializer=proto_dot_tidemark__pb2.CreateTopicsRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.CreateTopicsResponse.SerializeToString,
             ),
             'ListTopics': grpc.unary_unary_rpc_method_handler(
                     servicer.ListTopics,
@@ -397,6 +413,33 @@ class Broker:
             '/tidemark.v1.Broker/CreateTopic',
             proto_dot_tidemark__pb2.CreateTopicRequest.SerializeToString,
             proto_dot_tidemark__pb2.CreateTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CreateTopics(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/CreateTopics',
+            proto_dot_tidemark__pb2.CreateTopicsRequest.SerializeToString,
+            proto_dot_tidemark__pb2.CreateTopicsResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -137,6 +137,27 @@ def test_bad_requests_get_status_codes_and_daemon_survives(daemon: DaemonProcess
         assert [m.body for m in c.pull("t", 0, 0)] + [m.body for m in c.pull("t", 1, 0)] == [b"x"]
 
 
+def test_create_topics_all_or_none(daemon: DaemonProcess) -> None:
+    """CreateTopics creates every topic of the call at once, visible on return; an existing or
+    repeated name, or a bad one, fails the whole call and creates nothing."""
+    stub = _stub(daemon)
+
+    def topics(*names: str) -> pb.CreateTopicsRequest:
+        return pb.CreateTopicsRequest(topics=[pb.CreateTopicRequest(name=n, queues=2) for n in names])
+
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("old")
+        resp = stub.CreateTopics(topics("a", "b", "c"))
+        assert [(t.name, t.queues) for t in resp.topics] == [("a", 2), ("b", 2), ("c", 2)]
+        c.send("b", [Message(b"at once", key="k")], ack="flush")  # the metadata view applied the batch
+        assert _code(lambda: stub.CreateTopics(topics("d", "old"))) == grpc.StatusCode.ALREADY_EXISTS
+        assert _code(lambda: stub.CreateTopics(topics("e", "e"))) == grpc.StatusCode.INVALID_ARGUMENT
+        assert _code(lambda: stub.CreateTopics(topics("f", "__g"))) == grpc.StatusCode.INVALID_ARGUMENT
+        assert _code(lambda: stub.CreateTopics(topics())) == grpc.StatusCode.INVALID_ARGUMENT
+        c.create_topics({f"m{i}": 1 for i in range(1000)})
+        assert sorted(c.list_topics()) == sorted(["old", "a", "b", "c", *(f"m{i}" for i in range(1000))])
+
+
 def test_long_poll_pull_wakes_on_new_data(daemon: DaemonProcess) -> None:
     """A pull at the queue end waits up to max_wait_ms and returns as soon as data arrives."""
     with BrokerClient(daemon.address) as c:

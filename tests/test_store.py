@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import crc32c
@@ -11,7 +12,9 @@ from broker.errors import BrokerError
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.store import IncomingBatch
-from tests.storeutil import create_topic, open_store, read_all
+from broker.store.waiters import OffsetWaiters
+from tests.storeutil import create_topic, open_store, read_all, send
+from tests.waits import wait_until
 
 
 def _batch(seq: int, bodies: list[bytes], pid: int = 11) -> IncomingBatch:
@@ -88,4 +91,47 @@ def test_send_after_unapplied_delete_is_refused(tmp_path: Path) -> None:
     with pytest.raises(BrokerError) as again:
         s.appender.append_system([(system_records.TOPIC_DELETE, {"topic": "t"})])
     assert again.value.code == "NOT_FOUND"
+    s.stop()
+
+
+def test_offset_waiters_wake_only_at_their_offset() -> None:
+    """A waiter parked for offset 10 stays parked when the offset reaches 5 and goes on at 10."""
+
+    waiters = OffsetWaiters()
+    offset = [0]
+    result: list[bool] = []
+    t = threading.Thread(target=lambda: result.append(waiters.wait(lambda: offset[0] >= 10, 10, 30.0)))
+    t.start()
+    wait_until(lambda: waiters.parked == 1, 10, "the waiter to park", poll_s=0.001)
+    offset[0] = 5
+    waiters.wake(5)
+    assert waiters.parked == 1 and not result
+    offset[0] = 10
+    waiters.wake(10)
+    t.join()
+    assert result == [True] and waiters.parked == 0
+    assert waiters.wait(lambda: False, 20, 0.0) is False and waiters.parked == 0  # a timeout leaves nothing behind
+
+
+def test_topic_creates_touch_no_queue_files_until_the_first_entry(tmp_path: Path) -> None:
+    """A created topic has no queue files (nor a directory) until a queue gets its first entry; a
+    restart keeps such topics, and their queues take sends after it."""
+
+    s = open_store(str(tmp_path), **{"checkpoint.interval_ms": 10})
+    for i in range(20):
+        create_topic(s, f"t{i}", queues=4)
+    cq = tmp_path / "cq"
+    assert not [p for p in cq.iterdir() if p.name.startswith("t")]
+    send(s, "t3", [b"a"], queue=2)
+    assert read_all(s, "t3", 2) == [b"a"]
+    assert sorted(p.name for p in cq.glob("t3.*/*")) == ["2.cq"]
+    s.stop()
+    s = open_store(str(tmp_path))
+    assert sorted(s.views.metadata.list_topics()) == sorted(f"t{i}" for i in range(20))
+    assert read_all(s, "t3", 2) == [b"a"] and read_all(s, "t7", 1) == []
+    send(s, "t7", [b"b"], queue=1)
+    assert read_all(s, "t7", 1) == [b"b"]
+    s.crash_close()
+    s = open_store(str(tmp_path))  # after a crash: the view replays from its checkpoint
+    assert read_all(s, "t7", 1) == [b"b"] and read_all(s, "t9", 0) == []
     s.stop()

@@ -98,7 +98,8 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("topic", help="create, list or delete topics")
     tsub = t.add_subparsers(dest="topic_command", required=True)
     tc = tsub.add_parser("create", parents=[conn])
-    tc.add_argument("name")
+    tc.add_argument("name", nargs="+", help="one or more names (many: CreateTopics calls of up to "
+                    f"{system_records.CREATE_TOPICS_MAX}, each all or none)")
     tc.add_argument("--queues", type=_positive, default=1, help=f"1..{system_records.QUEUES_MAX}")
     tl = tsub.add_parser("list", parents=[conn])
     tl.add_argument("--all", action="store_true", help="include system topics")
@@ -234,8 +235,13 @@ def _client(args: argparse.Namespace) -> Any:
 def _topic(args: argparse.Namespace) -> int:
     with _client(args) as c:
         if args.topic_command == "create":
-            c.create_topic(args.name, queues=args.queues)
-            print(json.dumps({"created": args.name, "queues": args.queues}))
+            if len(args.name) == 1:
+                c.create_topic(args.name[0], queues=args.queues)
+            step = system_records.CREATE_TOPICS_MAX
+            for i in range(0, len(args.name) if len(args.name) > 1 else 0, step):
+                c.create_topics(dict.fromkeys(args.name[i : i + step], args.queues))
+            for name in args.name:
+                print(json.dumps({"created": name, "queues": args.queues}))
         elif args.topic_command == "delete":
             c.delete_topic(args.name)
             print(json.dumps({"deleted": args.name}))

@@ -255,6 +255,12 @@ class BrokerClient:
         self._call("CreateTopic", _request(pb.CreateTopicRequest, name=name, queues=queues), retry=False)
         self._queues[name] = queues
 
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        """Create every topic of ``topics`` (name → queues) in one call, all or none (at most 1,000)."""
+        request = pb.CreateTopicsRequest(topics=[_request(pb.CreateTopicRequest, name=n, queues=q) for n, q in topics.items()])
+        self._call("CreateTopics", request, retry=False)
+        self._queues.update(topics)
+
     def delete_topic(self, name: str) -> None:
         self._call("DeleteTopic", _request(pb.DeleteTopicRequest, name=name), retry=False)
         self._queues.pop(name, None)

@@ -179,37 +179,58 @@ class BrokerService(pb_grpc.BrokerServicer):
             highs.append(qf.next_queue_offset if qf else 0)
         return pb.TopicInfo(name=name, queues=queues, queue_max_offsets=highs)
 
+    @staticmethod
+    def _new_topic(request: pb.CreateTopicRequest) -> tuple[str, dict[str, Any]]:
+        """The ``topic.create`` change a request asks for (INVALID_ARGUMENT for a bad name or count)."""
+        err = system_records.topic_name_error(request.name)
+        if err:
+            raise invalid(err)
+        queues = request.queues or 1
+        if not 1 <= queues <= system_records.QUEUES_MAX:
+            raise invalid(f"queues must be 1..{system_records.QUEUES_MAX}, got {queues}")
+        return system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues}
+
     def CreateTopic(self, request: pb.CreateTopicRequest, context: grpc.ServicerContext) -> pb.CreateTopicResponse:
         def run() -> pb.CreateTopicResponse:
-            err = system_records.topic_name_error(request.name)
-            if err:
-                raise invalid(err)
-            queues = request.queues or 1
-            if not 1 <= queues <= system_records.QUEUES_MAX:
-                raise invalid(f"queues must be 1..{system_records.QUEUES_MAX}, got {queues}")
+            change = self._new_topic(request)
             # the appender checks "already exists" against its own topic set, under its lock: concurrent
             # creates are safe and share one group commit
-            self._write_metadata(system_records.TOPIC_CREATE, {"topic": request.name, "queues": queues})
-            return pb.CreateTopicResponse(topic=self._topic_info(request.name, queues))
+            self._write_metadata([change])
+            return pb.CreateTopicResponse(topic=self._topic_info(request.name, change[1]["queues"]))
+        return _handle(context, run)
+
+    def CreateTopics(self, request: pb.CreateTopicsRequest, context: grpc.ServicerContext) -> pb.CreateTopicsResponse:
+        """Many topics, all or none: one metadata batch, one wait for its ack and its application."""
+        def run() -> pb.CreateTopicsResponse:
+            if not 1 <= len(request.topics) <= system_records.CREATE_TOPICS_MAX:
+                raise invalid(f"a CreateTopics call takes 1..{system_records.CREATE_TOPICS_MAX} topics, "
+                              f"got {len(request.topics)}")
+            changes = [self._new_topic(t) for t in request.topics]
+            if len({t.name for t in request.topics}) != len(changes):
+                raise invalid("a topic name appears more than once in the request")
+            self._write_metadata(changes)
+            return pb.CreateTopicsResponse(topics=[self._topic_info(f["topic"], f["queues"]) for _, f in changes])
         return _handle(context, run)
 
     def DeleteTopic(self, request: pb.DeleteTopicRequest, context: grpc.ServicerContext) -> pb.DeleteTopicResponse:
         def run() -> pb.DeleteTopicResponse:
             if request.name.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"system topic {shown(request.name)} cannot be deleted")
-            self._write_metadata(system_records.TOPIC_DELETE, {"topic": request.name})
+            self._write_metadata([(system_records.TOPIC_DELETE, {"topic": request.name})])
             return pb.DeleteTopicResponse()
         return _handle(context, run)
 
-    def _write_metadata(self, change: str, fields: dict[str, Any]) -> None:
+    def _write_metadata(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
+        """Append ``changes`` as one batch; return once it is acknowledged (ack=replica) and applied."""
         self.store.watermarks.check_replica_ack_possible()
-        end = self.store.appender.append_system([(change, fields)])
+        end = self.store.appender.append_system(changes)
         timeout_ms = self.config["limits.send_timeout_ms"]
         self.store.watermarks.wait_ack(end, "replica", timeout_ms, give_up=self.store.lost_mastership)
         self.store.check_still_master()
         if not self.store.wait_metadata_applied(end, timeout_ms / 1000.0):
-            raise BrokerError("DEADLINE_EXCEEDED", f"{change} written but not yet applied within {timeout_ms} ms")
-        log.info("metadata_changed", change=change, **fields)
+            raise BrokerError("DEADLINE_EXCEEDED", f"{changes[0][0]} written but not yet applied within {timeout_ms} ms")
+        for change, fields in changes:
+            log.info("metadata_changed", change=change, **fields)
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:

@@ -29,6 +29,7 @@ TIERED_UPLOADED = "tiered.uploaded"
 TOPIC_CHANGE_KEYS = (TOPIC_CREATE.encode(), TOPIC_DELETE.encode())
 _TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,126}")  # matched whole (fullmatch)
 QUEUES_MAX = 1024
+CREATE_TOPICS_MAX = 1000  # topics per CreateTopics call: one metadata batch of at most ~100 KiB
 
 
 def topic_name_error(name: str) -> str | None:

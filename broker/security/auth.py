@@ -56,6 +56,7 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/CommitOffset": "write",
     "/tidemark.v1.Broker/CancelTimer": "write",
     "/tidemark.v1.Broker/CreateTopic": "admin",
+    "/tidemark.v1.Broker/CreateTopics": "admin",
     "/tidemark.v1.Broker/DeleteTopic": "admin",
     "/tidemark.v1.Broker/Promote": "admin",
     "/tidemark.v1.Broker/Demote": "admin",

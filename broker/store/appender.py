@@ -93,8 +93,8 @@ class TailState:
         deleted: list[str] = []
         for change, fields in changes:
             name = str(fields["topic"])
-            for key in [k for k in self.queue_next if k[0] == name]:
-                del self.queue_next[key]
+            for q in range(system_records.QUEUES_MAX):  # not a scan of every queue: 100,000 of them cost ms
+                self.queue_next.pop((name, q), None)
             if change == system_records.TOPIC_CREATE:
                 self.topics.add(name)
             elif change == system_records.TOPIC_DELETE:
@@ -252,12 +252,16 @@ class Appender:
         return end
 
     def _check_topic_changes(self, changes: TopicChanges) -> None:
+        """Each change against the topics as the ones before it in the same batch leave them."""
+        exists: dict[str, bool] = {}  # names this batch creates (True) or deletes (False)
         for change, fields in changes:
             name = str(fields["topic"])
-            if change == system_records.TOPIC_CREATE and name in self.tail.topics:
+            present = exists.get(name, name in self.tail.topics)
+            if change == system_records.TOPIC_CREATE and present:
                 raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
-            if change == system_records.TOPIC_DELETE and name not in self.tail.topics:
+            if change == system_records.TOPIC_DELETE and not present:
                 raise not_found(f"unknown topic {shown(name)}")
+            exists[name] = change == system_records.TOPIC_CREATE
 
     # -- replicated writes (slave side) -------------------------------------------------------------
     def append_replicated(self, data: bytes) -> int:

@@ -57,7 +57,7 @@ class Dispatcher:
     def apply_until(self, end: int) -> None:
         """Apply every view up to ``end``, publish the new applied offset, tell queue listeners."""
         apply_views(self.log, self.views.all, end)
-        self.watermarks.publish_applied(self.views.applied_min())
+        self.watermarks.publish_applied(self.views.applied_min(), {v.name: v.applied_offset for v in self.views.all})
         grown = self.views.queues.take_grown()
         if grown:
             for listener in self.queue_listeners:
@@ -65,7 +65,7 @@ class Dispatcher:
 
     def wait_applied(self, view: View, offset: int, timeout_s: float) -> bool:
         """Wait until ``view`` applied everything below ``offset``."""
-        return self.watermarks.wait_until(lambda: view.applied_offset >= offset, timeout_s)
+        return self.watermarks.wait_view(view.name, lambda: view.applied_offset, offset, timeout_s)
 
     def loop(self, after_round: list[Callable[[], None]]) -> None:
         """The dispatcher thread. ``after_round``: callables run after each round (retention)."""

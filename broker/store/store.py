@@ -167,16 +167,14 @@ class Store:
 
     def _stop_threads(self) -> None:
         self._stop.set()
-        with self.watermarks.cond:
-            self.watermarks.cond.notify_all()
+        self.watermarks.wake_all()
         for t in self._threads:
             t.join()
 
     def begin_close(self) -> None:
         """Stop taking writes and wake long-polls before the gRPC server drains its calls."""
         self.closing = True
-        with self.watermarks.cond:
-            self.watermarks.cond.notify_all()
+        self.watermarks.wake_all()
 
     # -- role and fencing -------------------------------------------------------------------------
     @property

@@ -4,8 +4,11 @@
 the flusher runs at least every ``commitlog.flush_interval_ms``). ``confirm_offset`` is what the
 registered ``ConfirmRule`` allows, never above ``flushed_offset`` and never backwards.
 ``applied_offset`` is the lowest applied offset of the views (the dispatcher publishes it).
-Every waiter in the store (acks, long-polls, the dispatcher, views catching up) waits on
-``cond`` and is woken whenever one of them moves.
+
+Who waits where: acknowledgements (``wait_ack``) and reads of a write's effect (``wait_view``)
+park in ``OffsetWaiters`` (broker/store/waiters.py) and are released only when their offset is
+reached; the flusher waits on a condition of its own; the dispatcher and long-polls wait on
+``cond``, notified whenever an offset moves. ``wake_all`` wakes every one of them (stop, close).
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import structlog
 
@@ -22,6 +25,7 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.ports import ConfirmRule
 from broker.storage.commitlog import CommitLog
+from broker.store.waiters import OffsetWaiters
 
 log = structlog.get_logger("store")
 ACKS = ("leader", "flush", "replica")
@@ -57,24 +61,32 @@ class Watermarks:
         self.confirm_offset = confirm_offset
         self.applied_offset = applied_offset
         self.rule: ConfirmRule = AloneRule(role)
+        self._flush_cond = threading.Condition()  # the flusher waits here for ``_flush_wanted``
         self._flush_wanted = False
         self._truncations = 0  # bumped by every truncation: an fsync that overlapped one publishes nothing
+        self._flushed_waiters = OffsetWaiters()  # ack=flush
+        self._confirm_waiters = OffsetWaiters()  # ack=replica
+        self._view_waiters: dict[str, OffsetWaiters] = {}  # per view name: a write's effect visible
 
     def register_rule(self, rule: ConfirmRule) -> None:
         with self.cond:
             self.rule = rule
+        self._confirm_waiters.wake(self.confirm_offset)  # their replica count is the new rule's now
 
-    def wait_until(self, predicate: Callable[[], bool], timeout_s: float) -> bool:
-        """Wait on ``cond`` until ``predicate`` holds (True) or the timeout or a stop (False)."""
+    def wake_all(self) -> None:
+        """Every waiter looks again (stop, close)."""
         with self.cond:
-            self.cond.wait_for(lambda: predicate() or self.stop.is_set(), timeout_s)
-            return predicate()
+            self.cond.notify_all()
+        with self._flush_cond:
+            self._flush_cond.notify_all()
+        for waiters in (self._flushed_waiters, self._confirm_waiters, *list(self._view_waiters.values())):
+            waiters.wake_all()
 
     # -- group commit ---------------------------------------------------------------------------
     def want_flush(self) -> None:
-        with self.cond:
+        with self._flush_cond:
             self._flush_wanted = True
-            self.cond.notify_all()
+            self._flush_cond.notify()
 
     def sync_log(self) -> None:
         """fsync the log, then publish the flushed offset and what it confirms."""
@@ -94,6 +106,9 @@ class Watermarks:
                 self.flushed_offset = target
                 self._advance_confirm()
             self.cond.notify_all()
+            flushed, confirm = self.flushed_offset, self.confirm_offset
+        self._flushed_waiters.wake(flushed)
+        self._confirm_waiters.wake(confirm)
 
     def _advance_confirm(self) -> None:
         confirm = min(self.rule.confirm(self.flushed_offset), self.flushed_offset)
@@ -104,6 +119,8 @@ class Watermarks:
         with self.cond:
             self._advance_confirm()
             self.cond.notify_all()
+            confirm = self.confirm_offset
+        self._confirm_waiters.wake(confirm)  # also when it did not move: a replica count may have
 
     def truncated(self, offset: int) -> None:
         """The log was cut at ``offset`` (above the confirm offset: nothing confirmed moves)."""
@@ -112,17 +129,29 @@ class Watermarks:
             self.flushed_offset = min(self.flushed_offset, offset)
             self.confirm_offset = min(self.confirm_offset, offset)
 
-    def publish_applied(self, offset: int) -> None:
+    def publish_applied(self, offset: int, views: Mapping[str, int] | None = None) -> None:
+        """``offset``: the lowest applied offset of the views; ``views``: each one's, by name."""
         with self.cond:
             self.applied_offset = offset
             self.cond.notify_all()
+        for name, applied in (views or {}).items():
+            waiters = self._view_waiters.get(name)
+            if waiters is not None:
+                waiters.wake(applied)
+
+    def wait_view(self, name: str, applied: Callable[[], int], offset: int, timeout_s: float) -> bool:
+        """Wait until the view ``name`` (its applied offset: ``applied()``) passed ``offset``; False
+        after ``timeout_s`` or a stop."""
+        waiters = self._view_waiters.setdefault(name, OffsetWaiters())
+        waiters.wait(lambda: applied() >= offset or self.stop.is_set(), offset, timeout_s)
+        return applied() >= offset
 
     def flush_loop(self) -> None:
         """The flusher thread: fsync whenever someone waits, and every flush interval."""
         interval_s = self.config["commitlog.flush_interval_ms"] / 1000.0
         while not self.stop.is_set():
-            with self.cond:
-                self.cond.wait_for(lambda: self._flush_wanted or self.stop.is_set(), interval_s)
+            with self._flush_cond:
+                self._flush_cond.wait_for(lambda: self._flush_wanted or self.stop.is_set(), interval_s)
                 self._flush_wanted = False
             if self.log.max_offset > self.flushed_offset:
                 self.sync_log()
@@ -139,22 +168,24 @@ class Watermarks:
         slave that no longer follows it; the caller then refuses the write)."""
         if ack == "leader" or offset == 0:
             return
-        deadline = time.monotonic() + timeout_ms / 1000.0
         need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        self.want_flush()
         if ack == "flush":
+            waiters = self._flushed_waiters
+
             def done() -> bool:
                 return self.flushed_offset >= offset
         else:
+            waiters = self._confirm_waiters
+
             def done() -> bool:
                 return self.confirm_offset >= offset and self.rule.replicas_acked(offset) >= need
-        with self.cond:
-            self._flush_wanted = True
-            self.cond.notify_all()
-            while True:
-                left = deadline - time.monotonic()
-                ok = self.cond.wait_for(done, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
-                if ok or left <= 0 or (give_up is not None and give_up()):
-                    break
+        while True:
+            left = deadline - time.monotonic()
+            ok = waiters.wait(done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
+            if ok or left <= 0 or (give_up is not None and give_up()):
+                break
         if give_up is not None and give_up():
             return
         if not ok:

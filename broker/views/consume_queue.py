@@ -8,7 +8,8 @@ Entries are ordered by queue offset, commit offset and store time alike (the mas
 times monotonically), so one binary search answers "where is queue offset q" and another "which
 offset was stored at time t": the entries are also the time index. Files live in
 ``cq/<topic>.<topic id>/<queue>.cq``; the topic id is the commit offset of the record that created
-it, so a deleted and re-created topic never reuses a file.
+it, so a deleted and re-created topic never reuses a file. A file (and its topic's directory) is
+created with the queue's first entry: creating a topic touches no file here.
 
 Checkpoint (atomic file ``consume_queue.ckpt``, JSON payload): applied offset, topics known to
 this view, and each file's length. Recovery truncates files to those lengths and replays.
@@ -47,24 +48,29 @@ class Entry:
     store_time_ms: int
 
 
+_FILE_FLAGS = os.O_RDWR | os.O_APPEND
+
+
 class QueueFile:
     """One queue's entry file. Written by the dispatcher thread, read by any thread. Its descriptor
-    comes from the bounded set of open files (``storage.handles``), opened again when evicted."""
+    comes from the bounded set of open files (``storage.handles``), opened again when evicted.
 
-    def __init__(self, path: str, *, create: bool, key: tuple[str, int] = ("", 0),
+    The file is created with its first entry (``publish``): a queue without entries has no file,
+    so creating a topic touches no file system (docs/formats/consume-queue.md, "Files")."""
+
+    def __init__(self, path: str, *, exists: bool, key: tuple[str, int] = ("", 0), rel: str = "",
                  known: tuple[int, int] | None = None) -> None:
-        """``known``: (size in bytes, next queue offset) from a checkpoint, so that opening a queue at
+        """``exists``: whether the file is on disk (else it is created at the first ``publish``).
+        ``rel``: its name in the checkpoint (``<topic dir>/<queue>.cq``).
+        ``known``: (size in bytes, next queue offset) from a checkpoint, so that opening a queue at
         start costs no descriptor (100,000 queues start in a second, not in 100,000 opens)."""
         self.path = path
         self.key = key  # (topic, queue)
-        flags = os.O_RDWR | os.O_APPEND
-        if create:
-            fd = os.open(path, flags | os.O_CREAT | os.O_CLOEXEC, 0o600)
-            note_created(path)
-            HANDLES.register(path, flags, fd)
-        else:
-            HANDLES.register(path, flags)
-        size = known[0] if known is not None else os.stat(path).st_size
+        self.rel = rel
+        self.exists = exists  # set once, by the dispatcher, before the first entry is published
+        if exists:
+            HANDLES.register(path, _FILE_FLAGS)
+        size = known[0] if known is not None else os.stat(path).st_size if exists else 0
         invariant(size % ENTRY_BYTES == 0, f"{path}: size {size} is not a multiple of {ENTRY_BYTES}")
         self.entries = size // ENTRY_BYTES  # published: visible to readers
         self._pending = bytearray()
@@ -100,6 +106,8 @@ class QueueFile:
     def publish(self) -> None:
         if not self._pending:
             return
+        if not self.exists:
+            self._create()
         with HANDLES.use(self.path) as fd:
             written = os.write(fd, self._pending)
             if written != len(self._pending):  # never leave a partial entry; the pending ones stay queued
@@ -111,6 +119,13 @@ class QueueFile:
         self._pending_entries = 0
         self._pending_count = 0
         self.dirty = True
+
+    def _create(self) -> None:
+        """Create the file (its directory exists); made durable with the next checkpoint."""
+        fd = os.open(self.path, _FILE_FLAGS | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        note_created(self.path)
+        HANDLES.register(self.path, _FILE_FLAGS, fd)
+        self.exists = True
 
     def entry(self, index: int) -> Entry:
         data = self._pread(ENTRY_BYTES, index * ENTRY_BYTES)
@@ -205,9 +220,11 @@ class ConsumeQueueView(View):
         for entry in os.listdir(self.directory):  # topic dirs the checkpoint does not know: newer than it
             if entry not in expected:
                 shutil.rmtree(os.path.join(self.directory, entry))
+        present = set(os.listdir(self.directory))
         for name, info in self.topics.items():
-            tdir = os.path.join(self.directory, self._topic_dir(name))
-            os.makedirs(tdir, exist_ok=True)
+            if self._topic_dir(name) not in present:  # no entries yet: no directory, no file (lazy)
+                self._add_lazy_files(name, lengths)
+                continue
             for q in range(info.queues):
                 rel = f"{self._topic_dir(name)}/{q}.cq"
                 path = os.path.join(self.directory, rel)
@@ -221,12 +238,21 @@ class ConsumeQueueView(View):
                 if size is None and want:
                     raise CorruptionError(f"consume queue missing ({want} bytes checkpointed)", path=path)
                 if size is not None and size > want:  # entries the checkpoint does not cover: replay writes them again
-                    qf = QueueFile(path, create=False, key=(name, q))
+                    qf = QueueFile(path, exists=True, key=(name, q))
                     qf.truncate(want // ENTRY_BYTES)
                     qf.close()
                 known = (want, int(nexts[rel])) if rel in nexts else None
-                self._files[(name, q)] = QueueFile(path, create=size is None, key=(name, q), known=known)
+                self._add_file(name, q, exists=size is not None, known=known)
         return True
+
+    def _add_lazy_files(self, name: str, lengths: dict[str, int]) -> None:
+        """A checkpointed topic without a directory: every queue must be empty (created lazily)."""
+        for q in range(self.topics[name].queues):
+            rel = f"{self._topic_dir(name)}/{q}.cq"
+            if int(lengths.get(rel, 0)):
+                raise CorruptionError(f"consume queue missing ({lengths[rel]} bytes checkpointed)",
+                                      path=os.path.join(self.directory, rel))
+            self._add_file(name, q, exists=False)
 
     def reset(self) -> None:
         for qf in self._files.values():
@@ -244,15 +270,15 @@ class ConsumeQueueView(View):
         return f"{name}.{self.topics[name].topic_id}"  # topic names are file-name safe
 
     def _create_files(self, name: str) -> None:
-        info = self.topics[name]
-        tdir = os.path.join(self.directory, self._topic_dir(name))
-        os.makedirs(tdir, exist_ok=True)
-        for q in range(info.queues):
-            path = os.path.join(tdir, f"{q}.cq")
-            self._files[(name, q)] = QueueFile(path, create=True, key=(name, q))
-        # made durable at the next checkpoint, all new directories at once: recovery removes topic
-        # directories a checkpoint does not know, so nothing relies on them before that
-        self._unsynced_dirs.update((tdir, self.directory))
+        """The queues of a new topic: in memory only; each file (and the topic's directory) is
+        created with the queue's first entry (``_publish_round``)."""
+        for q in range(self.topics[name].queues):
+            self._add_file(name, q, exists=False)
+
+    def _add_file(self, name: str, q: int, *, exists: bool, known: tuple[int, int] | None = None) -> None:
+        rel = f"{self._topic_dir(name)}/{q}.cq"
+        self._files[(name, q)] = QueueFile(os.path.join(self.directory, rel), exists=exists, key=(name, q), rel=rel,
+                                           known=known)
 
     # -- apply --------------------------------------------------------------------------------
     def apply(self, header: BatchHeader, batch: memoryview) -> None:
@@ -287,9 +313,24 @@ class ConsumeQueueView(View):
 
     def _publish_round(self) -> None:
         for qf in self._round:
+            if not qf.exists:
+                self._make_dir_for(qf)
             qf.publish()
             self._grown.add(qf.key)
         self._round.clear()
+
+    def _make_dir_for(self, qf: QueueFile) -> None:
+        """Before a queue's first file is created: its topic directory. Both entries (the file's in
+        the topic directory, the directory's in ``cq/``) are made durable at the next checkpoint,
+        all at once: recovery removes topic directories a checkpoint does not know and truncates
+        files to their checkpointed lengths, so nothing relies on them before that."""
+        tdir = os.path.dirname(qf.path)
+        try:
+            os.mkdir(tdir)
+            self._unsynced_dirs.add(self.directory)
+        except FileExistsError:
+            pass
+        self._unsynced_dirs.add(tdir)
 
     def take_grown(self) -> set[tuple[str, int]]:
         """The queues that received entries since the last call (long-polls wait for these)."""
@@ -302,9 +343,10 @@ class ConsumeQueueView(View):
 
     def checkpoint(self) -> None:
         with self._lock:
-            files = [(f"{self._topic_dir(name)}/{q}.cq", qf) for (name, q), qf in self._files.items()]
+            # queues without entries are left out: an absent file counts as 0 bytes (and may not exist)
+            files = [qf for qf in self._files.values() if qf.entries]
             topics = {n: {"id": t.topic_id, "queues": t.queues} for n, t in self.topics.items()}
-        dirty = [qf for _, qf in files if qf.dirty]
+        dirty = [qf for qf in files if qf.dirty]
         dirs = sorted(self._unsynced_dirs)
         durable_sync_many([qf.path for qf in dirty], dirs, self.directory)
         self._unsynced_dirs.difference_update(dirs)  # only once durable: a failed sync is retried whole
@@ -314,8 +356,8 @@ class ConsumeQueueView(View):
         state = {
             "applied_offset": self.applied_offset,
             "topics": topics,
-            "files": {rel: qf.entries * ENTRY_BYTES for rel, qf in files},
-            "next": {rel: qf.next_queue_offset for rel, qf in files if qf.entries},
+            "files": {qf.rel: qf.entries * ENTRY_BYTES for qf in files},
+            "next": {qf.rel: qf.next_queue_offset for qf in files},
             "last_store_time_ms": self.last_store_time_ms,
         }
         atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, json.dumps(state).encode())
@@ -330,7 +372,8 @@ class ConsumeQueueView(View):
         with self._lock:
             files = list(self._files.values())
         for qf in files:
-            copy_prefix(qf.path, data_dir, staging, qf.entries * ENTRY_BYTES)
+            if qf.exists:  # a queue without entries may have no file
+                copy_prefix(qf.path, data_dir, staging, qf.entries * ENTRY_BYTES)
 
     # -- reads --------------------------------------------------------------------------------
     def queue(self, topic: str, queue_id: int) -> QueueFile | None:
