@@ -53,6 +53,15 @@ class _Producer:
     sequences: dict[tuple[str, int], int] = field(default_factory=dict)
 
 
+def _answered(exc: grpc.RpcError) -> bool:
+    """The node itself answered (a refusal after the append, outcome unknown): it is alive."""
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:
+        return False
+    return any(key == "tidemark-outcome" for key, _ in trailing)
+
+
 def _redirect(exc: grpc.RpcError) -> str | None:
     """A write refused because this node is not (or no longer) the master carries ``tidemark-master``:
     the master's client address, or '' while the node does not know it. None: another refusal."""
@@ -194,7 +203,7 @@ class BrokerClient:
                 code = exc.code()  # type: ignore[attr-defined]
                 master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION and self.follow_master else None
                 in_time = deadline - time.monotonic() > 0
-                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _answered(exc):
                     self._failed[self.addresses[self._current]] = time.monotonic()
                 if master is not None and in_time:  # not executed here: to the master, or wait for one
                     refused = exc

@@ -78,10 +78,12 @@ class BrokerService(pb_grpc.BrokerServicer):
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
         timeout_ms = request.timeout_ms or self.config["limits.send_timeout_ms"]
-        self.store.watermarks.wait_ack(wait_offset, self.store.permit.effective_ack(ack),
-                                       min(timeout_ms, self.config["limits.send_timeout_ms"]),
-                                       give_up=self.store.lost_mastership)
-        self.store.check_still_master()  # a permit that lapsed while we waited: no acknowledgement
+        timeout_ms = min(timeout_ms, self.config["limits.send_timeout_ms"])
+        used = self.store.permit.effective_ack(ack)
+        self.store.watermarks.wait_ack(wait_offset, used, timeout_ms, give_up=self.store.lost_mastership)
+        if self.store.permit.strict and used != "replica":  # the failsafe began while we waited
+            self.store.watermarks.wait_ack(wait_offset, "replica", timeout_ms, give_up=self.store.lost_mastership)
+        self.store.check_still_master_after_append()  # a permit that lapsed while we waited: no ack
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(sum(len(b.records) for b in batches))
@@ -226,7 +228,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         end = self.store.appender.append_system(changes)
         timeout_ms = self.config["limits.send_timeout_ms"]
         self.store.watermarks.wait_ack(end, "replica", timeout_ms, give_up=self.store.lost_mastership)
-        self.store.check_still_master()
+        self.store.check_still_master_after_append()
         if not self.store.wait_metadata_applied(end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", f"{changes[0][0]} written but not yet applied within {timeout_ms} ms")
         for change, fields in changes:

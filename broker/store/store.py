@@ -48,7 +48,7 @@ from broker.store.permit import WritePermit
 from broker.store.reads import Reads
 from broker.store.retention import Retention
 from broker.store.viewset import ViewSet
-from broker.store.watermarks import Watermarks
+from broker.store.watermarks import OUTCOME_UNKNOWN, Watermarks
 
 log = structlog.get_logger("store")
 
@@ -222,6 +222,14 @@ class Store:
                               f"{self.writers_address() or '(unknown)'}",
                               metadata=(("tidemark-master", self.writers_address()),))
         self.permit.check(self.redirect_address)
+
+    def check_still_master_after_append(self) -> None:
+        """Just before an appended write is acknowledged: if this node stopped being the master (or
+        lost its permit) meanwhile, the write is not acknowledged -- and it may be stored, so the
+        refusal is UNAVAILABLE (outcome unknown), not a redirect that says "not executed"."""
+        if self.lost_mastership():
+            raise BrokerError("UNAVAILABLE", "this node stopped being the master before acknowledging the write: "
+                              "outcome unknown (a retried send is stored once)", metadata=OUTCOME_UNKNOWN)
 
     def lost_mastership(self) -> bool:
         """No longer the master, or no longer allowed to acknowledge (a write waiting for its ack

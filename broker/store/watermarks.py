@@ -32,6 +32,8 @@ ACKS = ("leader", "flush", "replica")
 
 
 GIVE_UP_POLL_S = 0.05
+# trailing metadata of a refusal after the append: the node answered (it is alive), the write may be stored
+OUTCOME_UNKNOWN = (("tidemark-outcome", "unknown"),)
 
 
 class AloneRule:
@@ -163,9 +165,9 @@ class Watermarks:
     # -- acknowledgements -----------------------------------------------------------------------
     def wait_ack(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
         """Return once ``offset`` is acknowledged in mode ``ack`` (leader: at once; flush:
-        fsynced here; replica: confirmed, with enough replicas past it) -- or as soon as ``give_up``
-        says so (checked every ``GIVE_UP_POLL_S``: a master that lost its permit stops waiting for a
-        slave that no longer follows it; the caller then refuses the write)."""
+        fsynced here; replica: confirmed, with enough replicas past it). Gives up (UNAVAILABLE: the
+        outcome is unknown) as soon as ``give_up`` says so, checked every ``GIVE_UP_POLL_S``: a
+        master that lost its permit stops waiting for a slave that no longer follows it."""
         if ack == "leader" or offset == 0:
             return
         need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
@@ -186,8 +188,10 @@ class Watermarks:
             ok = waiters.wait(done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
             if ok or left <= 0 or (give_up is not None and give_up()):
                 break
-        if give_up is not None and give_up():
-            return
+        if not ok and give_up is not None and give_up():
+            raise BrokerError("UNAVAILABLE", "this node stopped being the master while the write waited for its "
+                              "acknowledgement: not acknowledged, outcome unknown (a retried send is stored once)",
+                              metadata=OUTCOME_UNKNOWN)
         if not ok:
             raise BrokerError("DEADLINE_EXCEEDED", f"not acknowledged ({ack}) within {timeout_ms} ms; the records may still be stored")
 

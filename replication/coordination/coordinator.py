@@ -85,6 +85,7 @@ class Coordinator:
         self.unclean_once = False
         self._last_register = 0.0
         self._handing_over_since = 0.0
+        self._lost_at = 0.0  # monotonic: when this master lost the leader key
         self._waiting = ""  # why we do not campaign (logged when it changes)
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -132,10 +133,16 @@ class Coordinator:
                 except BrokerError as exc:  # a role step refused (a full disk, ...): next round again
                     self.error = exc.message
                     self.store.incidents.record("coordinator", exc.message)
+                except (rec.RecordError, ValueError) as exc:  # a value in etcd we do not understand: never trusted
+                    self.error = f"a value under {self.etcd.prefix} is not understood: {exc}"[:300]
+                    self.store.incidents.record("coordinator", self.error)
                 await asyncio.sleep(max(0.0, self.tick_s - (time.monotonic() - t0)))
         finally:
             permit.cancel()
+            if self.holding is not None:  # stop acknowledging before the lease (and the key) goes
+                self._lost_key("the coordinator loop ended")
             await self._resign_on_stop()
+            self.lease_id = 0
             await self.etcd.close()
 
     async def _resign_on_stop(self) -> None:
@@ -154,7 +161,7 @@ class Coordinator:
         if not self.last_ok:
             return int((time.monotonic() - self.started_at) * 1000)
         since = time.monotonic() - self.last_ok
-        return 0 if since <= self.ttl_s / 2 else int(since * 1000)
+        return 0 if since <= max(3 * self.tick_s, self.ttl_s / 4) else int(since * 1000)
 
     # -- one round --------------------------------------------------------------------------------
     async def _round(self) -> None:
@@ -218,7 +225,7 @@ class Coordinator:
         store = self.store
         if view.switchover.version:  # the master handed over (and stopped streaming) to its target
             target = rec.decode_switchover(view.switchover.value).target
-            if target != self.node_id:
+            if target != self.node_id and target in view.nodes:  # a target whose lease ended is gone
                 return f"a switchover to {target} is under way"
             # the target: the resigning master put it in the in-sync set; membership still decides
         elif self.roles.following_live_master(self.ttl_s * 1000 / 4):
@@ -248,7 +255,8 @@ class Coordinator:
     async def _maybe_campaign(self, view: View) -> None:
         store = self.store
         epoch_in_etcd = int(view.epoch.value or b"0") if view.epoch.version else 0
-        if store.role == "master" and store.epoch == epoch_in_etcd and self.node_id in (self.members or (self.node_id,)):
+        if (store.role == "master" and store.epoch == epoch_in_etcd and not view.switchover.version
+                and self.node_id in (self.members or (self.node_id,))):
             await self._campaign(view, store.epoch, retake=True)  # our own epoch: nobody was elected meanwhile
             return
         if store.role == "master":  # a newer epoch exists, or we left the in-sync set: not ours to retake
@@ -290,6 +298,16 @@ class Coordinator:
     # -- as the master -------------------------------------------------------------------------------
     async def _lead(self, view: View, leader: rec.Leader) -> None:
         store = self.store
+        known = max([store.epoch, *(e for e, _ in store.epochs.snapshot())])
+        if self.holding is None and store.role == "slave" and leader.epoch > known:
+            log.info("campaign_answer_lost", epoch=leader.epoch, note="the key is ours: finishing the election")
+            self.leader_revision = view.leader.create_revision
+            self.insync.set_pins({m for m in self.members if m != self.node_id})
+            await self._step(self.roles.become_master, leader.epoch)
+            metrics.FAILOVERS.inc()
+            self.holding = self.leader = leader
+            self._grant(self.renewed_at)
+            return
         if self.holding is None or store.role != "master" or store.epoch != leader.epoch:
             # our key from before a restart of the loop state, at an epoch we no longer lead: let it go
             log.warning("releasing_stale_key", epoch=leader.epoch, our_epoch=store.epoch, role=store.role)
@@ -326,7 +344,7 @@ class Coordinator:
             store.redirect_address = rec.decode_node(node.value).client if node else ""
         store.permit.withdraw(f"handing the mastership over to {request.target}")
         if target.acked_offset >= store.log.max_offset:
-            members = tuple(sorted({*self.members, request.target} - {self.node_id}))
+            members = tuple(sorted({*self.members, request.target, self.node_id}))  # we hold it all too
             if await self.etcd.resign(self.leader_revision, rec.InSync(store.epoch, members)):
                 self._handing_over_since = 0.0
                 self.holding = None
@@ -392,6 +410,8 @@ class Coordinator:
             return
         log.warning("leadership_lost", reason=why, epoch=self.holding.epoch)
         self.holding = None
+        self._lost_at = time.monotonic()
+        self._handing_over_since = 0.0
         self.store.permit.withdraw(f"this node lost the leader key ({why})")
 
     async def _permit_loop(self) -> None:
@@ -406,11 +426,21 @@ class Coordinator:
         if self.holding is None:
             if store.role == "master":
                 permit.withdraw(permit.reason or "this node does not hold the leader key")
+                # not re-taken within a lease's time (etcd unreachable): stop streaming, so that the
+                # slave, which still hears us, may campaign
+                return time.monotonic() - self._lost_at > self.ttl_s
             return False
         now = time.monotonic()
         normal_until = self.renewed_at + self.ttl_s - self.margin_s
-        if now < normal_until:
-            return False  # the etcd loop grants it; nothing to do
+        if now < normal_until - 2 * PERMIT_TICK_S:
+            return False  # the etcd loop grants it; nothing to do (the failsafe takes over just before it ends)
+        if self._handing_over_since:  # a hand-over withdrew the permit: it stays withdrawn
+            return False
+        # the failsafe holds while an in-sync slave acknowledges. Whether that slave reaches etcd or
+        # not, it does not campaign while it hears us; if it stops hearing us it stops acknowledging,
+        # and every ack mode waits for it: what we acknowledge is on the node that could be elected.
+        # (Requiring the slave to have lost etcd too made a master that reconnected to a restarted
+        # etcd more slowly than its slave step down for nothing.)
         acks = [r.last_ack_at for r in self.insync.replicas.values()
                 if r.node_id in self.insync.pinned and r.connected and not r.evicted]
         last_ack = max(acks, default=0.0)
@@ -418,7 +448,7 @@ class Coordinator:
             if not self.failsafe:
                 log.warning("failsafe", note="etcd unreachable: acknowledging only what the in-sync slave holds")
             self.failsafe = True
-            permit.grant(last_ack + FAILSAFE_ACK_S, strict=True)
+            permit.grant(max(normal_until, last_ack + FAILSAFE_ACK_S), strict=True)
             return False
         if self.failsafe or permit.valid() or not permit.reason:
             log.warning("self_fenced", reason="lease not renewed and no in-sync slave acknowledging")
@@ -435,15 +465,17 @@ class Coordinator:
         if self.leader is None and self.members and self.node_id not in self.members and not unclean:
             raise BrokerError("FAILED_PRECONDITION", f"this node is not in the in-sync set {list(self.members)} "
                               "recorded in etcd: electing it could lose acknowledged writes; use --unclean to force")
-        if unclean:
-            self.unclean_once = True
-        self._call(self._request_switchover(self.node_id))
-        deadline = time.monotonic() + SWITCHOVER_WAIT_S
-        while time.monotonic() < deadline:
-            if self.store.role == "master" and self.holding is not None:
-                return self.store.epoch
-            time.sleep(0.05)
-        raise BrokerError("DEADLINE_EXCEEDED", f"not elected within {SWITCHOVER_WAIT_S:.0f} s: {self.error or 'unknown'}")
+        self.unclean_once = unclean
+        try:
+            self._call(self._request_switchover(self.node_id))
+            deadline = time.monotonic() + SWITCHOVER_WAIT_S
+            while time.monotonic() < deadline:
+                if self.store.role == "master" and self.holding is not None:
+                    return self.store.epoch
+                time.sleep(0.05)
+            raise BrokerError("DEADLINE_EXCEEDED", f"not elected within {SWITCHOVER_WAIT_S:.0f} s: {self.error or 'unknown'}")
+        finally:
+            self.unclean_once = False  # the permission to lose data lasts for this one call
 
     def demote_here(self, master: str) -> None:
         """Hand the mastership over to the node at ``master`` (its client or replication address)."""
