@@ -58,6 +58,20 @@ def _spawner(workdir: str) -> Any:
     return make
 
 
+def _sending(pair: Pair) -> tuple[DaemonProcess, Producer]:
+    """The elected master, once its slave is in sync and the topic exists; a producer sending."""
+    master = wait_master(pair.nodes, 60)
+    common.wait_for(lambda: in_sync(master, pair.other(master)), 60, "the slave in sync")
+    create_topic(master, pair.nodes)
+    return master, Producer([pair.a.address, pair.b.address], batch=10).start()
+
+
+def _lost(pair: Pair, producer: Producer) -> int:
+    """Acknowledged messages missing on the node that misses most (the producer stopped first)."""
+    producer.stop()
+    return max(len(missing(d.address, producer.acked, QUEUES_DEFAULT)) for d in pair.nodes)
+
+
 def _old_master_refuses(d: DaemonProcess) -> bool:
     """A send straight to ``d`` (no redirect following) is refused."""
     try:
@@ -102,22 +116,16 @@ def run_kind(workdir: str, etcd: EtcdProcess, kind: str, faults: int, res: Resul
     os.makedirs(wd)
     pair = Pair(_spawner(wd), etcd, proxies=True, **{"coordinator.cluster": kind})
     try:
-        master = wait_master(pair.nodes, 60)
-        common.wait_for(lambda: in_sync(master, pair.other(master)), 60, "the slave in sync")
-        create_topic(master, pair.nodes)
-        producer = Producer([pair.a.address, pair.b.address], batch=10).start()
+        _, producer = _sending(pair)
         runs = []
         for i in range(faults):
             r = one_fault(pair, producer, kind)
             log(f"{kind} #{i + 1}: RTO {r['rto_s']:.2f} s, rejoined in {r['rejoin_s']:.2f} s, "
                 f"epoch {r['epoch_before']} -> {r['epoch_after']}, old master refused: {r['refused']}")
             runs.append(r)
-        producer.stop()
-        lost = max(len(missing(d.address, producer.acked, QUEUES_DEFAULT)) for d in pair.nodes)
+        lost = _lost(pair, producer)
     finally:
-        for d in pair.nodes:
-            d.kill9()
-        pair.close()
+        pair.kill_all()
     rtos = sorted(r["rto_s"] for r in runs)
     res.add(f"{kind}: RTO p50", quantile(rtos, 0.5), "s", faults=faults)
     target, ok = common.at_most(quantile(rtos, 0.99), RTO_P99_TARGET_S)
@@ -162,18 +170,13 @@ def run_switchovers(workdir: str, etcd: EtcdProcess, count: int, res: Results) -
     pair = Pair(_spawner(wd), etcd, **{"coordinator.cluster": "switchover"})
     pauses: list[float] = []
     try:
-        master = wait_master(pair.nodes, 60)
-        common.wait_for(lambda: in_sync(master, pair.other(master)), 60, "the slave in sync")
-        create_topic(master, pair.nodes)
-        producer = Producer([pair.a.address, pair.b.address], batch=10).start()
+        _, producer = _sending(pair)
         for i in range(count):
             pauses.append(one_switchover(pair, producer))
             log(f"switchover #{i + 1}: write pause {pauses[-1]:.3f} s")
-        producer.stop()
-        lost = max(len(missing(d.address, producer.acked, QUEUES_DEFAULT)) for d in pair.nodes)
+        lost = _lost(pair, producer)
     finally:
-        for d in pair.nodes:
-            d.kill9()
+        pair.kill_all()
     pauses.sort()
     res.add("switchover: write pause p50", quantile(pauses, 0.5), "s", switchovers=count)
     target, ok = common.at_most(pauses[-1], 1.0)
@@ -188,11 +191,8 @@ def run_etcd_pause(workdir: str, etcd: EtcdProcess, pause_s: float, res: Results
     os.makedirs(wd)
     pair = Pair(_spawner(wd), etcd, **{"coordinator.cluster": "etcd-pause"})
     try:
-        master = wait_master(pair.nodes, 60)
+        master, producer = _sending(pair)
         slave = pair.other(master)
-        common.wait_for(lambda: in_sync(master, slave), 60, "the slave in sync")
-        create_topic(master, pair.nodes)
-        producer = Producer([pair.a.address, pair.b.address], batch=10).start()
         common.wait_for(lambda: len(producer.ack_times) > 50, 30, "sends flowing")
         epoch = status(master)["epoch"]
         etcd.pause()
@@ -213,8 +213,7 @@ def run_etcd_pause(workdir: str, etcd: EtcdProcess, pause_s: float, res: Results
         epoch_after = status(master)["epoch"]
         role_after = status(master)["role"]
     finally:
-        for d in pair.nodes:
-            d.kill9()
+        pair.kill_all()
     res.add(f"etcd paused {pause_s:.0f} s: sends acknowledged during the pause", len(during) * 10, "msgs",
             target="> 0", ok=len(during) > 0)
     target, ok = common.at_most(gap, 1.0)

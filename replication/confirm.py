@@ -161,7 +161,8 @@ class InSyncSet:
             self._refresh_all()
             log_end = self._log_end()
             return [{"node_id": r.node_id, "address": r.address, "acked_offset": r.acked_offset, "in_sync": r.in_sync,
-                     "connected": r.connected, "lag_bytes": max(0, log_end - r.acked_offset)}
+                     "connected": r.connected, "lag_bytes": max(0, log_end - r.acked_offset),
+                     "coordinator_unreachable_ms": r.coordinator_unreachable_ms}
                     for r in self.replicas.values()]
 
     # -- events of the slave's follower -----------------------------------------------------------

@@ -121,6 +121,12 @@ class Pair:
             for proxy in proxies.values():
                 proxy.close()
 
+    def kill_all(self) -> None:
+        """kill -9 both nodes and close the proxies (a bench's teardown)."""
+        for d in self.nodes:
+            d.kill9()
+        self.close()
+
     def other(self, d: DaemonProcess) -> DaemonProcess:
         return self.b if d is self.a else self.a
 
