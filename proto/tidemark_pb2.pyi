@@ -12,9 +12,20 @@ class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACK_REPLICA: _ClassVar[Ack]
     ACK_LEADER: _ClassVar[Ack]
     ACK_FLUSH: _ClassVar[Ack]
+
+class ResetTo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RESET_EARLIEST: _ClassVar[ResetTo]
+    RESET_LATEST: _ClassVar[ResetTo]
+    RESET_TIME: _ClassVar[ResetTo]
+    RESET_OFFSET: _ClassVar[ResetTo]
 ACK_REPLICA: Ack
 ACK_LEADER: Ack
 ACK_FLUSH: Ack
+RESET_EARLIEST: ResetTo
+RESET_LATEST: ResetTo
+RESET_TIME: ResetTo
+RESET_OFFSET: ResetTo
 
 class ProduceBatch(_message.Message):
     __slots__ = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "records", "delayed")
@@ -257,6 +268,282 @@ class StatusResponse(_message.Message):
     JSON_FIELD_NUMBER: _ClassVar[int]
     json: str
     def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class QueueRef(_message.Message):
+    __slots__ = ("topic", "queue_id")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
+
+class HeartbeatRequest(_message.Message):
+    __slots__ = ("group", "member_id", "topics", "owned", "session_timeout_ms", "leave", "max_wait_ms", "client_id")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    OWNED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    member_id: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    owned: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    session_timeout_ms: int
+    leave: bool
+    max_wait_ms: int
+    client_id: str
+    def __init__(self, group: _Optional[str] = ..., member_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., owned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., leave: _Optional[bool] = ..., max_wait_ms: _Optional[int] = ..., client_id: _Optional[str] = ...) -> None: ...
+
+class HeartbeatResponse(_message.Message):
+    __slots__ = ("member_id", "assigned", "heartbeat_interval_ms", "generation")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_MS_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    assigned: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    heartbeat_interval_ms: int
+    generation: int
+    def __init__(self, member_id: _Optional[str] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
+
+class PopRequest(_message.Message):
+    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    START_EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    max_messages: int
+    invisible_ms: int
+    max_wait_ms: int
+    start_earliest: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ...) -> None: ...
+
+class PoppedMessage(_message.Message):
+    __slots__ = ("queue_id", "queue_offset", "commit_offset", "store_time_ms", "record", "receipt_handle", "delivery_count")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    store_time_ms: int
+    record: bytes
+    receipt_handle: str
+    delivery_count: int
+    def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., store_time_ms: _Optional[int] = ..., record: _Optional[bytes] = ..., receipt_handle: _Optional[str] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+
+class PopResponse(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[PoppedMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ...) -> None: ...
+
+class HandleResult(_message.Message):
+    __slots__ = ("receipt_handle", "code", "message")
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    code: int
+    message: str
+    def __init__(self, receipt_handle: _Optional[str] = ..., code: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class AckRequest(_message.Message):
+    __slots__ = ("group", "receipt_handles")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AckResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[HandleResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[HandleResult, _Mapping]]] = ...) -> None: ...
+
+class NackRequest(_message.Message):
+    __slots__ = ("group", "receipt_handles", "delay_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
+    DELAY_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    delay_ms: int
+    def __init__(self, group: _Optional[str] = ..., receipt_handles: _Optional[_Iterable[str]] = ..., delay_ms: _Optional[int] = ...) -> None: ...
+
+class NackResponse(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[HandleResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[HandleResult, _Mapping]]] = ...) -> None: ...
+
+class ChangeInvisibleRequest(_message.Message):
+    __slots__ = ("group", "receipt_handle", "invisible_ms")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    receipt_handle: str
+    invisible_ms: int
+    def __init__(self, group: _Optional[str] = ..., receipt_handle: _Optional[str] = ..., invisible_ms: _Optional[int] = ...) -> None: ...
+
+class ChangeInvisibleResponse(_message.Message):
+    __slots__ = ("receipt_handle",)
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    receipt_handle: str
+    def __init__(self, receipt_handle: _Optional[str] = ...) -> None: ...
+
+class ListGroupsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GroupSummary(_message.Message):
+    __slots__ = ("name", "members", "topics", "lag")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    members: int
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    lag: int
+    def __init__(self, name: _Optional[str] = ..., members: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., lag: _Optional[int] = ...) -> None: ...
+
+class ListGroupsResponse(_message.Message):
+    __slots__ = ("groups",)
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    groups: _containers.RepeatedCompositeFieldContainer[GroupSummary]
+    def __init__(self, groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
+
+class DescribeGroupRequest(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    def __init__(self, group: _Optional[str] = ...) -> None: ...
+
+class GroupMember(_message.Message):
+    __slots__ = ("member_id", "client_id", "topics", "assigned", "session_timeout_ms", "last_heartbeat_ms_ago")
+    MEMBER_ID_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    ASSIGNED_FIELD_NUMBER: _ClassVar[int]
+    SESSION_TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    LAST_HEARTBEAT_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    member_id: str
+    client_id: str
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    assigned: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    session_timeout_ms: int
+    last_heartbeat_ms_ago: int
+    def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., last_heartbeat_ms_ago: _Optional[int] = ...) -> None: ...
+
+class GroupQueue(_message.Message):
+    __slots__ = ("topic", "queue_id", "has_committed", "committed_offset", "end_offset", "lag", "owner", "in_flight", "pop_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    HAS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_FIELD_NUMBER: _ClassVar[int]
+    OWNER_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
+    POP_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    has_committed: bool
+    committed_offset: int
+    end_offset: int
+    lag: int
+    owner: str
+    in_flight: int
+    pop_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., has_committed: _Optional[bool] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., in_flight: _Optional[int] = ..., pop_offset: _Optional[int] = ...) -> None: ...
+
+class GroupDescription(_message.Message):
+    __slots__ = ("name", "generation", "rebalances", "members", "queues", "dlq_messages", "redeliveries")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REBALANCES_FIELD_NUMBER: _ClassVar[int]
+    MEMBERS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DLQ_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    REDELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    generation: int
+    rebalances: int
+    members: _containers.RepeatedCompositeFieldContainer[GroupMember]
+    queues: _containers.RepeatedCompositeFieldContainer[GroupQueue]
+    dlq_messages: int
+    redeliveries: int
+    def __init__(self, name: _Optional[str] = ..., generation: _Optional[int] = ..., rebalances: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., dlq_messages: _Optional[int] = ..., redeliveries: _Optional[int] = ...) -> None: ...
+
+class DescribeGroupResponse(_message.Message):
+    __slots__ = ("group",)
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    group: GroupDescription
+    def __init__(self, group: _Optional[_Union[GroupDescription, _Mapping]] = ...) -> None: ...
+
+class ResetOffsetsRequest(_message.Message):
+    __slots__ = ("group", "topic", "to", "value")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    topic: str
+    to: ResetTo
+    value: int
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., to: _Optional[_Union[ResetTo, str]] = ..., value: _Optional[int] = ...) -> None: ...
+
+class ResetOffsetsResponse(_message.Message):
+    __slots__ = ("offsets",)
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class DescribeTopicRequest(_message.Message):
+    __slots__ = ("name",)
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    def __init__(self, name: _Optional[str] = ...) -> None: ...
+
+class QueueDescription(_message.Message):
+    __slots__ = ("queue_id", "min_offset", "max_offset", "bytes", "local_min_offset", "tiered_end_offset")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIERED_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    bytes: int
+    local_min_offset: int
+    tiered_end_offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., bytes: _Optional[int] = ..., local_min_offset: _Optional[int] = ..., tiered_end_offset: _Optional[int] = ...) -> None: ...
+
+class DescribeTopicResponse(_message.Message):
+    __slots__ = ("name", "topic_id", "queues")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    topic_id: int
+    queues: _containers.RepeatedCompositeFieldContainer[QueueDescription]
+    def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDescription, _Mapping]]] = ...) -> None: ...
 
 class EpochEntry(_message.Message):
     __slots__ = ("epoch", "start_offset")

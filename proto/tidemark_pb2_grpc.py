@@ -99,6 +99,51 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.CancelTimerRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.CancelTimerResponse.FromString,
                 _registered_method=True)
+        self.Heartbeat = channel.unary_unary(
+                '/tidemark.v1.Broker/Heartbeat',
+                request_serializer=proto_dot_tidemark__pb2.HeartbeatRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.HeartbeatResponse.FromString,
+                _registered_method=True)
+        self.Pop = channel.unary_unary(
+                '/tidemark.v1.Broker/Pop',
+                request_serializer=proto_dot_tidemark__pb2.PopRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.PopResponse.FromString,
+                _registered_method=True)
+        self.Ack = channel.unary_unary(
+                '/tidemark.v1.Broker/Ack',
+                request_serializer=proto_dot_tidemark__pb2.AckRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.AckResponse.FromString,
+                _registered_method=True)
+        self.Nack = channel.unary_unary(
+                '/tidemark.v1.Broker/Nack',
+                request_serializer=proto_dot_tidemark__pb2.NackRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.NackResponse.FromString,
+                _registered_method=True)
+        self.ChangeInvisible = channel.unary_unary(
+                '/tidemark.v1.Broker/ChangeInvisible',
+                request_serializer=proto_dot_tidemark__pb2.ChangeInvisibleRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.ChangeInvisibleResponse.FromString,
+                _registered_method=True)
+        self.ListGroups = channel.unary_unary(
+                '/tidemark.v1.Broker/ListGroups',
+                request_serializer=proto_dot_tidemark__pb2.ListGroupsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.ListGroupsResponse.FromString,
+                _registered_method=True)
+        self.DescribeGroup = channel.unary_unary(
+                '/tidemark.v1.Broker/DescribeGroup',
+                request_serializer=proto_dot_tidemark__pb2.DescribeGroupRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.DescribeGroupResponse.FromString,
+                _registered_method=True)
+        self.ResetOffsets = channel.unary_unary(
+                '/tidemark.v1.Broker/ResetOffsets',
+                request_serializer=proto_dot_tidemark__pb2.ResetOffsetsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.ResetOffsetsResponse.FromString,
+                _registered_method=True)
+        self.DescribeTopic = channel.unary_unary(
+                '/tidemark.v1.Broker/DescribeTopic',
+                request_serializer=proto_dot_tidemark__pb2.DescribeTopicRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.DescribeTopicResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -182,6 +227,60 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Heartbeat(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Pop(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Ack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Nack(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ChangeInvisible(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListGroups(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeGroup(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResetOffsets(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTopic(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +348,51 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.CancelTimer,
                     request_deserializer=proto_dot_tidemark__pb2.CancelTimerRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.CancelTimerResponse.SerializeToString,
+            ),
+            'Heartbeat': grpc.unary_unary_rpc_method_handler(
+                    servicer.Heartbeat,
+                    request_deserializer=proto_dot_tidemark__pb2.HeartbeatRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.HeartbeatResponse.SerializeToString,
+            ),
+            'Pop': grpc.unary_unary_rpc_method_handler(
+                    servicer.Pop,
+                    request_deserializer=proto_dot_tidemark__pb2.PopRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.PopResponse.SerializeToString,
+            ),
+            'Ack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Ack,
+                    request_deserializer=proto_dot_tidemark__pb2.AckRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.AckResponse.SerializeToString,
+            ),
+            'Nack': grpc.unary_unary_rpc_method_handler(
+                    servicer.Nack,
+                    request_deserializer=proto_dot_tidemark__pb2.NackRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.NackResponse.SerializeToString,
+            ),
+            'ChangeInvisible': grpc.unary_unary_rpc_method_handler(
+                    servicer.ChangeInvisible,
+                    request_deserializer=proto_dot_tidemark__pb2.ChangeInvisibleRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.ChangeInvisibleResponse.SerializeToString,
+            ),
+            'ListGroups': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListGroups,
+                    request_deserializer=proto_dot_tidemark__pb2.ListGroupsRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.ListGroupsResponse.SerializeToString,
+            ),
+            'DescribeGroup': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeGroup,
+                    request_deserializer=proto_dot_tidemark__pb2.DescribeGroupRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.DescribeGroupResponse.SerializeToString,
+            ),
+            'ResetOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResetOffsets,
+                    request_deserializer=proto_dot_tidemark__pb2.ResetOffsetsRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.ResetOffsetsResponse.SerializeToString,
+            ),
+            'DescribeTopic': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTopic,
+                    request_deserializer=proto_dot_tidemark__pb2.DescribeTopicRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.DescribeTopicResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +746,249 @@ class Broker:
             '/tidemark.v1.Broker/CancelTimer',
             proto_dot_tidemark__pb2.CancelTimerRequest.SerializeToString,
             proto_dot_tidemark__pb2.CancelTimerResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Heartbeat(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Heartbeat',
+            proto_dot_tidemark__pb2.HeartbeatRequest.SerializeToString,
+            proto_dot_tidemark__pb2.HeartbeatResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Pop(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Pop',
+            proto_dot_tidemark__pb2.PopRequest.SerializeToString,
+            proto_dot_tidemark__pb2.PopResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Ack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Ack',
+            proto_dot_tidemark__pb2.AckRequest.SerializeToString,
+            proto_dot_tidemark__pb2.AckResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Nack(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Nack',
+            proto_dot_tidemark__pb2.NackRequest.SerializeToString,
+            proto_dot_tidemark__pb2.NackResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ChangeInvisible(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/ChangeInvisible',
+            proto_dot_tidemark__pb2.ChangeInvisibleRequest.SerializeToString,
+            proto_dot_tidemark__pb2.ChangeInvisibleResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListGroups(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/ListGroups',
+            proto_dot_tidemark__pb2.ListGroupsRequest.SerializeToString,
+            proto_dot_tidemark__pb2.ListGroupsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeGroup(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/DescribeGroup',
+            proto_dot_tidemark__pb2.DescribeGroupRequest.SerializeToString,
+            proto_dot_tidemark__pb2.DescribeGroupResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResetOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/ResetOffsets',
+            proto_dot_tidemark__pb2.ResetOffsetsRequest.SerializeToString,
+            proto_dot_tidemark__pb2.ResetOffsetsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTopic(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/DescribeTopic',
+            proto_dot_tidemark__pb2.DescribeTopicRequest.SerializeToString,
+            proto_dot_tidemark__pb2.DescribeTopicResponse.FromString,
             options,
             channel_credentials,
             insecure,
