@@ -109,6 +109,11 @@ KEYS: dict[str, Key] = {
     "replication.tls_key_file": Key("", str),
     "replication.tls_ca_file": Key("", str),
     "replication.tls_server_name": Key("", str),
+    # -- consumer groups (DESIGN §12) -----------------------------------------------------------
+    "groups.session_timeout_ms": Key(10_000, int, minimum=500, maximum=600_000),
+    "groups.heartbeat_interval_ms": Key(3000, int, minimum=50, maximum=60_000),
+    "groups.rejoin_grace_ms": Key(3000, int, minimum=0, maximum=600_000),
+    "groups.members_max": Key(10_000, int, minimum=1, maximum=1_000_000),
 }
 
 ENV_PREFIX = "TIDEMARK_"

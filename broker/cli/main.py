@@ -105,6 +105,9 @@ def _parser() -> argparse.ArgumentParser:
     tl.add_argument("--all", action="store_true", help="include system topics")
     td = tsub.add_parser("delete", parents=[conn])
     td.add_argument("name")
+    tds = tsub.add_parser("describe", parents=[conn], help="queues: min/max offsets, bytes, local and tiered ranges")
+    tds.add_argument("name")
+    tds.add_argument("--json", action="store_true")
 
     se = sub.add_parser("send", parents=[conn], help="send one message per stdin line; print one JSON receipt per line")
     se.add_argument("topic")
@@ -118,10 +121,25 @@ def _parser() -> argparse.ArgumentParser:
 
     co = sub.add_parser("consume", parents=[conn], help="print one JSON object per message")
     co.add_argument("topic")
-    co.add_argument("--group")
-    co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest")
+    co.add_argument("--group", help="consume as a member of this group: its members share the queues, and each "
+                    "starts from the group's committed offsets")
+    co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest",
+                    help="where to start (with --group: where a queue without a committed offset starts)")
+    co.add_argument("--session-timeout-ms", type=_positive, default=10_000, help="with --group: the member's session")
     co.add_argument("--max", type=_non_negative, default=0, help="stop after N messages (0: no limit)")
     co.add_argument("--timeout-ms", type=_non_negative, default=1000, help="stop after this long without messages")
+
+    gr = sub.add_parser("group", help="list, describe consumer groups; reset a group's offsets")
+    gsub = gr.add_subparsers(dest="group_command", required=True)
+    gl = gsub.add_parser("list", parents=[conn])
+    gl.add_argument("--json", action="store_true")
+    gd = gsub.add_parser("describe", parents=[conn])
+    gd.add_argument("group")
+    gd.add_argument("--json", action="store_true")
+    gx = gsub.add_parser("reset-offsets", parents=[conn], help="refused while the group has live members")
+    gx.add_argument("group")
+    gx.add_argument("--topic", required=True)
+    gx.add_argument("--to", required=True, help="earliest | latest | time:MS | offset:N")
 
     pr = sub.add_parser("promote", parents=[conn], help="make a slave the master (a new epoch)")
     pr.add_argument("--unclean", action="store_true", help="even if not known to be in sync (may lose data)")
@@ -178,6 +196,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _send(args)
         if cmd == "consume":
             return _consume(args)
+        if cmd == "group":
+            return _group(args)
         if cmd == "cancel":
             with _client(args) as c:
                 print(json.dumps({"cancelled": c.cancel_timer(args.timer_offset)}))
@@ -242,6 +262,8 @@ def _topic(args: argparse.Namespace) -> int:
                 c.create_topics(dict.fromkeys(args.name[i : i + step], args.queues))
             for name in args.name:
                 print(json.dumps({"created": name, "queues": args.queues}))
+        elif args.topic_command == "describe":
+            _print_described(c.describe_topic(args.name), args.json, "queues")
         elif args.topic_command == "delete":
             c.delete_topic(args.name)
             print(json.dumps({"deleted": args.name}))
@@ -290,8 +312,77 @@ def _body_json(body: bytes) -> dict[str, str]:
         return {"body_base64": base64.b64encode(body).decode()}
 
 
+def _print_described(info: dict[str, Any], as_json: bool, rows: str) -> None:
+    """``--json``: the whole object; else its scalar fields, then one line per row of ``rows``."""
+    if as_json:
+        print(json.dumps(info, indent=2))
+        return
+    print(" ".join(f"{k}={v}" for k, v in info.items() if not isinstance(v, list)))
+    for row in info[rows]:
+        print("  " + " ".join(f"{k}={v}" for k, v in row.items()))
+
+
+def _group(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        if args.group_command == "list":
+            groups = c.list_groups()
+            for g in groups:
+                print(json.dumps(g) if args.json else f"{g['name']} members={g['members']} lag={g['lag']} "
+                      f"topics={','.join(g['topics'])}")
+        elif args.group_command == "describe":
+            info = c.describe_group(args.group)
+            if not args.json:
+                for m in info["members"]:
+                    print(f"member {m['member_id']} client={m['client_id']} queues="
+                          + ",".join(f"{t}/{q}" for t, q in m["assigned"]))
+                info = {k: v for k, v in info.items() if k != "members"}
+            _print_described(info, args.json, "queues")
+        else:
+            try:
+                offsets = c.reset_offsets(args.group, args.topic, args.to)
+            except ValueError as exc:
+                return _fail(str(exc), EXIT_USAGE)
+            for q, o in sorted(offsets.items()):
+                print(json.dumps({"group": args.group, "topic": args.topic, "queue_id": q, "offset": o}))
+    return 0
+
+
+def _message_json(m: Any) -> str:
+    return json.dumps({"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
+                       "commit_offset": m.commit_offset, "key": m.key, "properties": m.properties,
+                       "store_time_ms": m.store_time_ms, **_timer_json(m), **_body_json(m.body)})
+
+
+def _consume_group(args: argparse.Namespace) -> int:
+    """Subscribe mode: a member of ``--group``; commits what it printed after each batch and leaves
+    the group at the end. ``--timeout-ms`` counts from when the member holds its first queue."""
+    with _client(args) as c:
+        c.describe_topic(args.topic)  # NOT_FOUND for an unknown topic, before joining
+        reset = "latest" if args.start == "latest" else "earliest"
+        with c.consumer(args.group, [args.topic], session_timeout_ms=args.session_timeout_ms,
+                        auto_offset_reset=reset) as cons:
+            # the master may hold new grants back briefly after it starts (groups.rejoin_grace_ms)
+            join_deadline = time.monotonic() + (args.session_timeout_ms + 30_000) / 1000.0
+            printed = 0
+            while not args.max or printed < args.max:
+                cons.max_messages = 1000 if not args.max else min(1000, args.max - printed)
+                waiting = not cons.assignment and time.monotonic() < join_deadline
+                msgs = cons.poll(timeout_ms=100 if waiting else args.timeout_ms)
+                if not msgs and not waiting:
+                    break
+                for m in msgs:
+                    print(_message_json(m))
+                printed += len(msgs)
+                sys.stdout.flush()
+                cons.commit()
+        sys.stdout.flush()
+    return 0
+
+
 def _consume(args: argparse.Namespace) -> int:
-    if args.start == "committed" and not args.group:
+    if args.group:
+        return _consume_group(args)
+    if args.start == "committed":
         return _fail("--from committed needs --group", EXIT_USAGE)
     with _client(args) as c:
         topics = c.list_topics(include_system=True)
@@ -302,9 +393,6 @@ def _consume(args: argparse.Namespace) -> int:
         for q in range(queues):
             if args.start == "latest":
                 positions[q] = topics[args.topic]["max_offsets"][q]
-            elif args.start == "committed":
-                committed = c.committed_offset(args.group, args.topic, q)
-                positions[q] = committed if committed is not None else 0
             else:
                 positions[q] = c.pull(args.topic, q, 0, max_messages=1).min_offset
         printed = 0
@@ -317,13 +405,9 @@ def _consume(args: argparse.Namespace) -> int:
                     break
                 res = c.pull(args.topic, q, positions[q], max_messages=want, max_wait_ms=0)
                 for m in res:
-                    print(json.dumps({"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
-                                      "commit_offset": m.commit_offset, "key": m.key, "properties": m.properties,
-                                      "store_time_ms": m.store_time_ms, **_timer_json(m), **_body_json(m.body)}))
+                    print(_message_json(m))
                 got += len(res)
                 printed += len(res)
-                if len(res) and args.group:
-                    c.commit_offset(args.group, args.topic, q, res.next_offset)
                 positions[q] = res.next_offset
             if args.max and printed >= args.max:
                 break

@@ -20,6 +20,8 @@ import crc32c
 import grpc
 
 from broker import alloc
+from broker.client.consumer import Consumer
+from broker.client.errors import BrokerError
 from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.errors import shown
 from broker.logformat import batch as bf
@@ -101,15 +103,6 @@ def _channel_credentials(root_certificates: bytes | None, ca_file: str | None, c
                                         certificate_chain=_read(cert_file) if cert_file else None)
 
 
-class BrokerError(Exception):
-    """A call failed; ``code`` is the gRPC status code."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(f"{code.name}: {message}")
-        self.code = code
-        self.details = message
-
-
 class BrokerClient:
     def __init__(
         self,
@@ -125,6 +118,9 @@ class BrokerClient:
     ) -> None:
         """TLS when ``tls_ca_file`` (or ``root_certificates``, the CA's PEM bytes) is given; a client
         certificate with ``tls_cert_file`` + ``tls_key_file``; ``token`` is sent as a bearer token."""
+        self._options: dict[str, Any] = {"timeout_s": timeout_s, "root_certificates": root_certificates, "token": token,
+                                          "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
+                                          "tls_key_file": tls_key_file, "follow_master": follow_master}
         self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
         if not self.addresses:
             raise ValueError("at least one broker address is needed")
@@ -400,6 +396,64 @@ class BrokerClient:
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         resp = self._call("GetOffset", _request(pb.GetOffsetRequest, group=group, topic=topic, queue_id=queue_id))
         return int(resp.offset) if resp.found else None
+
+    # -- consumer groups (DESIGN §12) ------------------------------------------------------------
+    def clone(self) -> BrokerClient:
+        """A new client with the same addresses and options, on a channel of its own."""
+        return BrokerClient(list(self.addresses), **self._options)
+
+    def consumer(self, group: str, topics: Sequence[str] | str, *, session_timeout_ms: int = 10_000,
+                 auto_offset_reset: str = "latest", max_poll_interval_ms: int = 300_000,
+                 max_messages: int = 1000, client_id: str | None = None,
+                 on_assigned: Callable[[set[tuple[str, int]]], None] | None = None,
+                 on_revoked: Callable[[set[tuple[str, int]]], None] | None = None) -> Consumer:
+        """A subscribe-mode member of ``group``: the master shares the topics' queues among the
+        group's members (see ``broker/client/consumer.py``). Use it as a context manager."""
+        return Consumer(self, group, [topics] if isinstance(topics, str) else list(topics),
+                        session_timeout_ms=session_timeout_ms, auto_offset_reset=auto_offset_reset,
+                        max_poll_interval_ms=max_poll_interval_ms, max_messages=max_messages, client_id=client_id,
+                        on_assigned=on_assigned, on_revoked=on_revoked)
+
+    def list_groups(self) -> list[dict[str, Any]]:
+        """Every group with live members, committed offsets or pop state: name, members, topics, lag."""
+        resp = self._call("ListGroups", pb.ListGroupsRequest())
+        return [{"name": g.name, "members": g.members, "topics": list(g.topics), "lag": g.lag} for g in resp.groups]
+
+    def describe_group(self, group: str) -> dict[str, Any]:
+        """Members and their queues, and per queue: committed offset, end, lag, owner, pop leases."""
+        g = self._call("DescribeGroup", _request(pb.DescribeGroupRequest, group=group)).group
+        return {
+            "name": g.name, "generation": g.generation, "rebalances": g.rebalances,
+            "dlq_messages": g.dlq_messages, "redeliveries": g.redeliveries,
+            "members": [{"member_id": m.member_id, "client_id": m.client_id, "topics": list(m.topics),
+                         "assigned": [(r.topic, r.queue_id) for r in m.assigned],
+                         "session_timeout_ms": m.session_timeout_ms, "last_heartbeat_ms_ago": m.last_heartbeat_ms_ago}
+                        for m in g.members],
+            "queues": [{"topic": q.topic, "queue_id": q.queue_id,
+                        "committed_offset": q.committed_offset if q.has_committed else None,
+                        "end_offset": q.end_offset, "lag": q.lag, "owner": q.owner, "in_flight": q.in_flight,
+                        "pop_offset": q.pop_offset} for q in g.queues],
+        }
+
+    def reset_offsets(self, group: str, topic: str, to: str) -> dict[int, int]:
+        """Commit new offsets for every queue of ``topic``: ``to`` is ``earliest``, ``latest``,
+        ``time:MS`` or ``offset:N``. Refused (FAILED_PRECONDITION) while the group has live members.
+        Returns queue id -> the offset committed."""
+        kind, _, value = to.partition(":")
+        kinds = {"earliest": pb.RESET_EARLIEST, "latest": pb.RESET_LATEST, "time": pb.RESET_TIME, "offset": pb.RESET_OFFSET}
+        if kind not in kinds or (kind in ("time", "offset")) != bool(value) or (value and not value.lstrip("-").isdigit()):
+            raise ValueError(f"reset target must be earliest, latest, time:MS or offset:N, got {to!r}")
+        resp = self._call("ResetOffsets", _request(pb.ResetOffsetsRequest, group=group, topic=topic, to=kinds[kind],
+                                                   value=int(value or 0)), retry=False)
+        return {o.queue_id: o.offset for o in resp.offsets}
+
+    def describe_topic(self, name: str) -> dict[str, Any]:
+        """Queues with their min/max offsets, stored bytes, local and tiered ranges."""
+        resp = self._call("DescribeTopic", _request(pb.DescribeTopicRequest, name=name))
+        return {"name": resp.name, "topic_id": resp.topic_id,
+                "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset,
+                            "bytes": q.bytes, "local_min_offset": q.local_min_offset,
+                            "tiered_end_offset": q.tiered_end_offset} for q in resp.queues]}
 
     # -- timers --------------------------------------------------------------------------------
     def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from broker.config import KEYS, Config, ConfigError, insecure_exposures
 from broker.daemon import logsetup
 from broker.daemon.aioloop import LoopThread
 from broker.daemon.bridge import BridgedServicer
+from broker.daemon.heartbeats import Heartbeats
 from broker.daemon.liveness import FlushProgress
 from broker.daemon.longpoll import LongPolls
 from broker.daemon.sdnotify import Notifier
@@ -107,7 +108,14 @@ class Daemon:
         server = self.aio.call(self._make_server(options))
         self.grpc_server = server
         self.store.register_queue_listener(self.longpolls.notify_threadsafe)
-        add_broker_service(BrokerService(self.store, self.longpolls, self.read_pool), server)
+        self.heartbeats = Heartbeats(self.aio.loop, self._queue_count,
+                                     members_max=self.config["groups.members_max"],
+                                     rejoin_grace_ms=self.config["groups.rejoin_grace_ms"])
+        self.heartbeats.role_changed_threadsafe(self.store.role)
+        self.store.register_role_listener(self.heartbeats.role_changed_threadsafe)
+        self.heartbeats.start()
+        self.service = BrokerService(self.store, self.longpolls, self.read_pool, self.heartbeats)
+        add_broker_service(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, server)
@@ -145,6 +153,10 @@ class Daemon:
         pool = futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"], thread_name_prefix="grpc")
         return grpc.aio.server(migration_thread_pool=pool, options=options,
                                interceptors=[auth.AsyncAuthInterceptor(self.authorizer)])
+
+    def _queue_count(self, topic: str) -> int | None:
+        info = self.store.views.metadata.topic(topic)
+        return int(info["queues"]) if info is not None else None
 
     def _resources_status(self, st: dict[str, object]) -> None:
         st["long_polls"] = self.longpolls.parked
@@ -219,6 +231,7 @@ class Daemon:
         self.aio.call(self.health.enter_graceful_shutdown())
         self.store.begin_close()  # new writes get UNAVAILABLE; in-flight acks still complete
         self.longpolls.notify_threadsafe(None)  # parked pulls answer now
+        self.heartbeats.close()  # parked heartbeats too
         for hook in self.on_stop:
             hook()
         if self.grpc_server is not None:

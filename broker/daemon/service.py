@@ -7,9 +7,11 @@ thread), every other method is a plain function run in the server's thread pool.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
-from collections.abc import Callable
+import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
 from typing import Any, TypeVar
 
@@ -17,6 +19,8 @@ import grpc
 import structlog
 
 from broker import metrics
+from broker.daemon.group_admin import GroupAdmin, check_group
+from broker.daemon.heartbeats import Heartbeats
 from broker.daemon.longpoll import LongPolls
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import MESSAGE_MAX, BrokerError, invalid, shown
@@ -30,7 +34,6 @@ from proto import tidemark_pb2_grpc as pb_grpc
 log = structlog.get_logger("service")
 T = TypeVar("T")
 ACK_NAMES = {pb.ACK_REPLICA: "replica", pb.ACK_LEADER: "leader", pb.ACK_FLUSH: "flush"}
-GROUP_BYTES_MAX = 255
 
 
 def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
@@ -46,12 +49,29 @@ def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
     raise AssertionError("unreachable")
 
 
+async def _handle_async(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
+    """``_handle`` for coroutine handlers (long-polls, parked heartbeats)."""
+    try:
+        return await fn()
+    except BrokerError as exc:
+        failure = exc
+    except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
+        log.exception("request_failed", error=str(exc))
+        failure = BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+    if failure.metadata:
+        context.set_trailing_metadata(failure.metadata)
+    await context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
+    raise AssertionError("unreachable")
+
+
 class BrokerService(pb_grpc.BrokerServicer):
-    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor) -> None:
+    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor, heartbeats: Heartbeats) -> None:
         self.store = store
         self.config = store.config
         self.longpolls = longpolls
         self.read_pool = read_pool  # pull reads; sends and admin calls run in the server's own pool
+        self.heartbeats = heartbeats
+        self.groups = GroupAdmin(store, heartbeats.membership)
 
     # -- data --------------------------------------------------------------------------------
     def Send(self, request: pb.SendRequest, context: grpc.ServicerContext) -> pb.SendResponse:
@@ -100,41 +120,33 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         The read runs in the read pool; a pull that finds nothing parks a future (longpoll.py) and
         holds no thread until its queue grows or ``max_wait_ms`` passes."""
+        return await _handle_async(context, lambda: self._pull(request))
+
+    async def _pull(self, request: pb.PullRequest) -> bytes:
         loop = asyncio.get_running_loop()
-        failure: BrokerError | None = None
-        try:
-            if request.topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
-                raise BrokerError("PERMISSION_DENIED", f"reading the system topic {shown(request.topic)} needs a "
-                                  "token with the system role")
-            max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
-            max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
-            wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
-            read = functools.partial(self.store.reads.pull, request.topic, request.queue_id, request.offset,
-                                     max_messages, max_bytes, 0)
-            key = (request.topic, request.queue_id)
-            deadline = loop.time() + wait_s
-            while True:
-                parked = self.longpolls.park(key) if wait_s > 0 else None
-                try:
-                    r = await loop.run_in_executor(self.read_pool, read)
-                    left = deadline - loop.time()
-                    if r.count or parked is None or left <= 0 or self.store.closing:
-                        return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count,
-                                                   next_offset=r.next_offset, min_offset=r.min_offset,
-                                                   max_offset=r.max_offset)
-                    await self.longpolls.wait(parked, left)
-                finally:
-                    if parked is not None:
-                        self.longpolls.unpark(key, parked)
-        except BrokerError as exc:
-            failure = exc
-        except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
-            log.exception("request_failed", error=str(exc))
-            failure = BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
-        if failure.metadata:
-            context.set_trailing_metadata(failure.metadata)
-        await context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
-        raise AssertionError("unreachable")
+        if request.topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
+            raise BrokerError("PERMISSION_DENIED", f"reading the system topic {shown(request.topic)} needs a "
+                              "token with the system role")
+        max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
+        max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
+        wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
+        read = functools.partial(self.store.reads.pull, request.topic, request.queue_id, request.offset,
+                                 max_messages, max_bytes, 0)
+        key = (request.topic, request.queue_id)
+        deadline = loop.time() + wait_s
+        while True:
+            parked = self.longpolls.park(key) if wait_s > 0 else None
+            try:
+                r = await loop.run_in_executor(self.read_pool, read)
+                left = deadline - loop.time()
+                if r.count or parked is None or left <= 0 or self.store.closing:
+                    return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count,
+                                               next_offset=r.next_offset, min_offset=r.min_offset,
+                                               max_offset=r.max_offset)
+                await self.longpolls.wait(parked, left)
+            finally:
+                if parked is not None:
+                    self.longpolls.unpark(key, parked)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         return _handle(context, lambda: pb.OffsetForTimeResponse(
@@ -170,8 +182,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     @staticmethod
     def _check_group(group: str) -> None:
-        if not group or len(group.encode()) > GROUP_BYTES_MAX or "\0" in group:
-            raise invalid(f"invalid group name {shown(group)}")
+        check_group(group)
 
     # -- topics --------------------------------------------------------------------------------
     def _topic_info(self, name: str, queues: int) -> pb.TopicInfo:
@@ -255,6 +266,62 @@ class BrokerService(pb_grpc.BrokerServicer):
         if self.store.role_controller is None:
             raise BrokerError("UNIMPLEMENTED", "replication is not available in this daemon")
         return self.store.role_controller
+
+    # -- consumer groups: subscribe mode and operator views (DESIGN §12) ---------------------------
+    async def Heartbeat(self, request: pb.HeartbeatRequest, context: grpc.aio.ServicerContext) -> pb.HeartbeatResponse:
+        """Join, stay, or leave. A member with nothing to do parks (no thread) until its answer changes
+        or ``max_wait_ms`` (at most the heartbeat interval, and a third of its session) passes."""
+        return await _handle_async(context, lambda: self._heartbeat(request))
+
+    async def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
+        self.store.check_still_master()
+        group, topics, owned, session_ms = self.groups.check_heartbeat(request)
+        membership = self.heartbeats.membership
+        interval_ms = min(self.config["groups.heartbeat_interval_ms"], session_ms // 3)
+        if request.leave:
+            membership.leave(group, request.member_id)
+            log.info("member_left", group=group, member=request.member_id)
+            return pb.HeartbeatResponse(member_id=request.member_id, heartbeat_interval_ms=interval_ms)
+        answer = membership.heartbeat(group, request.member_id, topics, owned, session_timeout_ms=session_ms,
+                                      client_id=request.client_id[:200], now=time.monotonic())
+        if not request.member_id:
+            log.info("member_joined", group=group, member=answer.member_id, client=request.client_id[:200])
+        wait_s = min(request.max_wait_ms, interval_ms) / 1000.0
+        if answer.settled and wait_s > 0:
+            key = (group, answer.member_id)
+            parked = self.heartbeats.park(key)
+            try:
+                if not membership.pending(group, answer.member_id, time.monotonic()):
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(parked), wait_s)
+            finally:
+                self.heartbeats.unpark(key, parked)
+            self.store.check_still_master()
+            later = membership.refresh(group, answer.member_id, time.monotonic())
+            if later is None:  # forgotten meanwhile (a role change): rejoin with what it holds
+                raise BrokerError("FAILED_PRECONDITION", f"member {shown(answer.member_id)} is no longer known to "
+                                  "this node (a role change): heartbeat again to rejoin")
+            answer = later
+        return pb.HeartbeatResponse(member_id=answer.member_id, heartbeat_interval_ms=interval_ms,
+                                    generation=answer.generation,
+                                    assigned=[pb.QueueRef(topic=t, queue_id=q) for t, q in sorted(answer.assigned)])
+
+    def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
+        return _handle(context, lambda: pb.ListGroupsResponse(groups=self.groups.list_groups()))
+
+    def DescribeGroup(self, request: pb.DescribeGroupRequest, context: grpc.ServicerContext) -> pb.DescribeGroupResponse:
+        return _handle(context, lambda: pb.DescribeGroupResponse(group=self.groups.describe(request.group)))
+
+    def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: grpc.ServicerContext) -> pb.ResetOffsetsResponse:
+        def run() -> pb.ResetOffsetsResponse:
+            offsets = self.groups.reset_offsets(request.group, request.topic, request.to, request.value)
+            log.info("offsets_reset", group=request.group, topic=request.topic, to=pb.ResetTo.Name(request.to),
+                     value=request.value)
+            return pb.ResetOffsetsResponse(offsets=offsets)
+        return _handle(context, run)
+
+    def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.ServicerContext) -> pb.DescribeTopicResponse:
+        return _handle(context, lambda: self.groups.describe_topic(request.name))
 
     def CancelTimer(self, request: pb.CancelTimerRequest, context: grpc.ServicerContext) -> pb.CancelTimerResponse:
         def run() -> pb.CancelTimerResponse:

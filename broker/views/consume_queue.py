@@ -137,6 +137,17 @@ class QueueFile:
         data = self._pread(count * ENTRY_BYTES, index * ENTRY_BYTES)
         return [Entry(*t) for t in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY_BYTES])]
 
+    def batch_bytes(self, index: int) -> int:
+        """Bytes of the batches of entries ``index`` .. the end (their ``batch_bytes`` summed)."""
+        total = 0
+        step = 1 << 15
+        end = self.entries
+        while index < end:
+            data = self._pread(min(step, end - index) * ENTRY_BYTES, index * ENTRY_BYTES)
+            total += sum(t[2] for t in ENTRY.iter_unpack(data[: len(data) - len(data) % ENTRY_BYTES]))
+            index += step
+        return total
+
     def _search(self, field: int, value: int, count: int) -> int:
         """Index of the first published entry whose ``field`` exceeds ``value`` (bisect_right)."""
         lo, hi = 0, count

@@ -1,0 +1,191 @@
+"""Operator views of consumer groups and topics (DESIGN §12, §8): list and describe groups, reset a
+group's offsets, describe a topic. Request checks live here too, so the service only maps calls."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any, Protocol
+
+from broker.errors import BrokerError, invalid, not_found, shown
+from broker.groups.assignor import QueueKey
+from broker.groups.membership import Membership
+from broker.logformat import system_records
+from broker.store import Store
+from proto import tidemark_pb2 as pb
+
+GROUP_BYTES_MAX = 255
+TOPICS_PER_MEMBER_MAX = 1000
+SESSION_TIMEOUT_MS_MIN = 500
+SESSION_TIMEOUT_MS_MAX = 600_000
+
+
+class PopState(Protocol):
+    """What pop mode shows about a group (its coordinator implements this)."""
+
+    def describe(self, group: str) -> dict[str, Any]: ...
+
+    def groups(self) -> set[str]: ...
+
+
+def check_group(group: str) -> None:
+    if not group or len(group.encode()) > GROUP_BYTES_MAX or "\0" in group or not group.isprintable():
+        raise invalid(f"invalid group name {shown(group)}")
+
+
+class GroupAdmin:
+    def __init__(self, store: Store, membership: Membership) -> None:
+        self.store = store
+        self.membership = membership
+        self.pops: PopState | None = None
+
+    # -- request checks ----------------------------------------------------------------------------
+    def check_heartbeat(self, request: pb.HeartbeatRequest) -> tuple[str, list[str], list[QueueKey], int]:
+        check_group(request.group)
+        if len(request.topics) > TOPICS_PER_MEMBER_MAX or len(request.owned) > system_records.QUEUES_MAX * 64:
+            raise invalid(f"a member subscribes to at most {TOPICS_PER_MEMBER_MAX} topics")
+        topics = list(dict.fromkeys(request.topics))
+        if not request.leave and not topics:
+            raise invalid("a heartbeat names the topics the member subscribes to")
+        for t in topics:
+            if t.startswith(system_records.SYSTEM_PREFIX):
+                raise invalid(f"system topic {shown(t)} cannot be consumed by a group")
+            err = system_records.topic_name_error(t)
+            if err:
+                raise invalid(err)
+        session_ms = request.session_timeout_ms or self.store.config["groups.session_timeout_ms"]
+        if not SESSION_TIMEOUT_MS_MIN <= session_ms <= SESSION_TIMEOUT_MS_MAX:
+            raise invalid(f"session_timeout_ms must be {SESSION_TIMEOUT_MS_MIN}..{SESSION_TIMEOUT_MS_MAX}, "
+                          f"got {session_ms}")
+        owned = [(r.topic, r.queue_id) for r in request.owned]
+        return request.group, topics, owned, session_ms
+
+    # -- reads -------------------------------------------------------------------------------------
+    def _committed(self, group: str) -> dict[QueueKey, int]:
+        out = {(t, q): o for g, t, q, o in self.store.views.metadata.group_offsets() if g == group}
+        for (t, q) in list(out):  # a commit still in the offset buffer is newer than the view
+            buffered = self.store.offsets.get(group, t, q)
+            if buffered is not None:
+                out[(t, q)] = buffered
+        return out
+
+    def _bounds(self, topic: str, queue: int) -> tuple[int, int] | None:
+        try:
+            return self.store.reads.queue_bounds(topic, queue)
+        except BrokerError:  # the topic was deleted
+            return None
+
+    def list_groups(self) -> list[pb.GroupSummary]:
+        members = self.membership.summary()
+        topics: dict[str, set[str]] = {g: set() for g in members}
+        lag: dict[str, int] = dict.fromkeys(members, 0)
+        for g, t, q, o in self.store.views.metadata.group_offsets():
+            topics.setdefault(g, set()).add(t)
+            bounds = self._bounds(t, q)
+            lag[g] = lag.get(g, 0) + (max(0, bounds[1] - o) if bounds else 0)
+        if self.pops is not None:
+            for g in self.pops.groups():
+                topics.setdefault(g, set())
+                for (t, _), info in self.pops.describe(g)["queues"].items():
+                    topics[g].add(t)
+                    lag[g] = lag.get(g, 0) + int(info.get("lag", 0))
+        return [pb.GroupSummary(name=g, members=members.get(g, 0), topics=sorted(topics[g]), lag=lag.get(g, 0))
+                for g in sorted(topics)]
+
+    def describe(self, group: str) -> pb.GroupDescription:
+        check_group(group)
+        live = self.membership.describe(group, time.monotonic())
+        committed = self._committed(group)
+        pop = self.pops.describe(group) if self.pops is not None and group in self.pops.groups() else None
+        if live is None and not committed and pop is None:
+            raise not_found(f"group {shown(group)} has no members, no committed offsets and no pop state")
+        desc = pb.GroupDescription(name=group)
+        owners: dict[QueueKey, str] = {}
+        queues: set[QueueKey] = set(committed)
+        if live is not None:
+            desc.generation, desc.rebalances = live["generation"], live["rebalances"]
+            owners = live["owners"]
+            for m in live["members"]:
+                desc.members.add(member_id=m["member_id"], client_id=m["client_id"], topics=m["topics"],
+                                 assigned=[pb.QueueRef(topic=t, queue_id=q) for t, q in m["assigned"]],
+                                 session_timeout_ms=m["session_timeout_ms"],
+                                 last_heartbeat_ms_ago=m["last_heartbeat_ms_ago"])
+            queues |= self._all_queues(live["topics"])
+        pop_queues: dict[QueueKey, dict[str, int]] = pop["queues"] if pop is not None else {}
+        queues |= set(pop_queues)
+        for t, q in sorted(queues):
+            bounds = self._bounds(t, q)
+            if bounds is None:
+                continue
+            low, high = bounds
+            c = committed.get((t, q))
+            info = pop_queues.get((t, q), {})
+            desc.queues.add(topic=t, queue_id=q, has_committed=c is not None, committed_offset=c or 0,
+                            end_offset=high, lag=max(0, high - (c if c is not None else low)),
+                            owner=owners.get((t, q), ""), in_flight=int(info.get("in_flight", 0)),
+                            pop_offset=int(info.get("pop_offset", 0)))
+        if pop is not None:
+            desc.dlq_messages = int(pop.get("dlq_messages", 0))
+            desc.redeliveries = int(pop.get("redeliveries", 0))
+        return desc
+
+    def _all_queues(self, topics: Iterable[str]) -> set[QueueKey]:
+        out: set[QueueKey] = set()
+        for t in topics:
+            info = self.store.views.metadata.topic(t)
+            if info is not None:
+                out |= {(t, q) for q in range(int(info["queues"]))}
+        return out
+
+    # -- writes ------------------------------------------------------------------------------------
+    def reset_offsets(self, group: str, topic: str, to: int, value: int) -> list[pb.CommittedOffset]:
+        """Commit new offsets for every queue of ``topic``; refused while the group has live members
+        (they would overwrite them, or consume from where they were)."""
+        check_group(group)
+        self.store.check_writable()
+        info = self.store.views.metadata.topic(topic)
+        if info is None:
+            raise not_found(f"topic {shown(topic)} does not exist")
+        if self.membership.has_members(group):
+            raise BrokerError("FAILED_PRECONDITION", f"group {shown(group)} has live members: stop them (or wait for "
+                              "their session to expire) before resetting its offsets")
+        if to not in (pb.RESET_EARLIEST, pb.RESET_LATEST, pb.RESET_TIME, pb.RESET_OFFSET):
+            raise invalid(f"unknown reset target {to}")
+        if to in (pb.RESET_TIME, pb.RESET_OFFSET) and value < 0:
+            raise invalid(f"a reset {'time' if to == pb.RESET_TIME else 'offset'} cannot be negative, got {value}")
+        entries: list[tuple[str, str, int, int]] = []
+        for q in range(int(info["queues"])):
+            low, high = self.store.reads.queue_bounds(topic, q)
+            if to == pb.RESET_EARLIEST:
+                offset = low
+            elif to == pb.RESET_LATEST:
+                offset = high
+            elif to == pb.RESET_TIME:
+                offset = self.store.reads.offset_for_time(topic, q, value)
+            else:
+                offset = min(max(value, low), high)
+            entries.append((group, topic, q, offset))
+        self.store.offsets.commit(entries)
+        return [pb.CommittedOffset(group=g, topic=t, queue_id=q, offset=o) for g, t, q, o in entries]
+
+    def describe_topic(self, name: str) -> pb.DescribeTopicResponse:
+        info = self.store.views.metadata.topic(name)
+        if info is None and name not in system_records.SYSTEM_TOPICS:
+            raise not_found(f"topic {shown(name)} does not exist")
+        queues = int(info["queues"]) if info is not None else 1
+        resp = pb.DescribeTopicResponse(name=name, topic_id=int(info.get("id", 0)) if info is not None else 0)
+        tiered = int(self.store.status().get("tiered_uploaded_offset") or 0)  # type: ignore[call-overload]
+        log_min = self.store.log.min_offset
+        for q in range(queues):
+            low, high = self.store.reads.queue_bounds(name, q)
+            qf = self.store.views.queues.queue(name, q)
+            if qf is None:
+                continue
+            local_i = qf.first_at_commit(log_min) if log_min else 0
+            local_min = qf.entry(local_i).base_queue_offset if local_i < qf.entries else qf.next_queue_offset
+            tiered_i = qf.first_at_commit(tiered) if tiered else 0
+            tiered_end = qf.entry(tiered_i).base_queue_offset if tiered_i < qf.entries else qf.next_queue_offset
+            first = qf.first_at_commit(self.store.reads.readable_min_offset()) if low else 0
+            resp.queues.add(queue_id=q, min_offset=low, max_offset=high, bytes=qf.batch_bytes(first),
+                            local_min_offset=local_min, tiered_end_offset=tiered_end if tiered else 0)
+        return resp
