@@ -357,6 +357,15 @@ class BrokerClient:
                              max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
 
+    def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
+                    max_wait_ms: int = 0) -> grpc.Future:
+        """A pull in flight on the current node (no retries, no redirects): ``result()`` is the raw
+        response, ``cancel()`` ends it. For callers that wait on something else at the same time."""
+        req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                       max_wait_ms=max_wait_ms)
+        assert self._stub is not None
+        return self._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
+
     def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
                   max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True) -> Iterator[PullResult]:
         """Pull continuously from ``offset``, keeping the next request in flight while the caller

@@ -36,12 +36,14 @@ class BrokerClient(Protocol):
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None: ...
     def commit_offsets(self, group: str, offsets: Any) -> None: ...
     def describe_topic(self, name: str) -> dict[str, Any]: ...
+    def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int, max_wait_ms: int) -> Any: ...
     def _call(self, method: str, request: Any, *, retry: bool = ..., timeout_s: float | None = ...) -> Any: ...
     def close(self) -> None: ...
 
 QueueKey = tuple[str, int]
 RESETS = ("latest", "earliest")
-IDLE_WAIT_MS = 100  # a poll that found nothing long-polls one queue this long, then looks again
+IDLE_WAIT_MS = 1000  # a poll that found nothing long-polls one queue up to this long, then looks again
+WAKE_CHECK_S = 0.02  # while it waits, how often it looks for a change of assignment
 FAILURE_BACKOFF_S = 0.2
 
 
@@ -75,6 +77,7 @@ class Consumer:
         self._committed: dict[QueueKey, int] = {}
         self._revoke: set[QueueKey] = set()  # to release inside the next poll
         self._heartbeat_now = threading.Event()
+        self._reassigned = threading.Event()  # wakes a poll that waits: queues to take or to release
         self._closed = threading.Event()
         self._last_poll = time.monotonic()
         self._next = 0  # round-robin over held queues
@@ -122,11 +125,11 @@ class Consumer:
         finally:
             self._closed.set()
             self._heartbeat_now.set()
-            self._thread.join(self._hb.timeout_s)
-            if self.member_id:
+            if self.member_id:  # the master also ends the heartbeat parked for us
                 with contextlib.suppress(Exception):  # leaving is a courtesy: the session expires anyway
                     self._hb._call("Heartbeat", pb.HeartbeatRequest(group=self.group, member_id=self.member_id,
                                                                     leave=True), retry=False, timeout_s=5.0)
+            self._thread.join(self._hb.timeout_s)
             self._hb.close()
 
     def __enter__(self) -> Consumer:
@@ -150,13 +153,23 @@ class Consumer:
         return []
 
     def _idle_wait(self, wait_ms: int) -> None:
+        """Until a message may be there (a long-poll on one held queue answers) or the assignment
+        changes (the heartbeat thread sets ``_reassigned``), at most ``wait_ms``."""
         with self._lock:
             queues = sorted(q for q in self._positions if q not in self._revoke)
-        if not queues:
-            self._heartbeat_now.wait(wait_ms / 1000.0)  # woken early by a new assignment
+            position = self._positions.get(queues[(self._next + 1) % len(queues)]) if queues else None
+        self._reassigned.clear()
+        if position is None:
+            self._reassigned.wait(wait_ms / 1000.0)
             return
         self._next = (self._next + 1) % len(queues)
-        self._pull(queues[self._next % len(queues)], wait_ms, keep=False)
+        q = queues[self._next]
+        fut = self._client.pull_future(q[0], q[1], position, max_messages=1, max_wait_ms=wait_ms)
+        try:
+            while not fut.done() and not self._reassigned.wait(WAKE_CHECK_S):
+                pass
+        finally:
+            fut.cancel()
 
     def _pull(self, q: QueueKey, wait_ms: int, *, keep: bool = True) -> list[PulledMessage]:
         position = self._position(q)
@@ -267,13 +280,13 @@ class Consumer:
                 self._revoke = set(self._positions) - assigned
                 changed = bool(assigned - set(owned))
             self._joined.set()
+            if self._revoke or changed:
+                self._reassigned.set()
             if self._revoke:  # released by the next poll, which wakes us; until then, keep the session
                 self._heartbeat_now.wait(interval_ms / 1000.0)
                 self._heartbeat_now.clear()
                 wait_ms = 0
             elif changed:
-                self._heartbeat_now.set()  # wake a poll waiting for queues
-                self._heartbeat_now.clear()
                 wait_ms = 0  # report the new queues at once
             else:
                 wait_ms = interval_ms  # settled: the master answers when something changes

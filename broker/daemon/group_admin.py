@@ -62,12 +62,13 @@ class GroupAdmin:
 
     # -- reads -------------------------------------------------------------------------------------
     def _committed(self, group: str) -> dict[QueueKey, int]:
-        out = {(t, q): o for g, t, q, o in self.store.views.metadata.group_offsets() if g == group}
-        for (t, q) in list(out):  # a commit still in the offset buffer is newer than the view
-            buffered = self.store.offsets.get(group, t, q)
-            if buffered is not None:
-                out[(t, q)] = buffered
-        return out
+        return {(t, q): o for g, t, q, o in self._all_committed() if g == group}
+
+    def _all_committed(self) -> list[tuple[str, str, int, int]]:
+        """Committed offsets: the metadata view's, overlaid with commits still in the offset buffer."""
+        out = {(g, t, q): o for g, t, q, o in self.store.views.metadata.group_offsets()}
+        out.update(self.store.offsets.buffered())
+        return [(g, t, q, o) for (g, t, q), o in out.items()]
 
     def _bounds(self, topic: str, queue: int) -> tuple[int, int] | None:
         try:
@@ -79,7 +80,7 @@ class GroupAdmin:
         members = self.membership.summary()
         topics: dict[str, set[str]] = {g: set() for g in members}
         lag: dict[str, int] = dict.fromkeys(members, 0)
-        for g, t, q, o in self.store.views.metadata.group_offsets():
+        for g, t, q, o in self._all_committed():
             topics.setdefault(g, set()).add(t)
             bounds = self._bounds(t, q)
             lag[g] = lag.get(g, 0) + (max(0, bounds[1] - o) if bounds else 0)

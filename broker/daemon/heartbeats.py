@@ -79,6 +79,10 @@ class Heartbeats:
         if not fut.done():
             fut.cancel()
 
+    def wake(self, keys: set[MemberKey]) -> None:
+        """Answer these members' parked heartbeats now (on the loop's thread)."""
+        self._wake(keys)
+
     def _wake(self, keys: set[MemberKey]) -> None:
         for key in keys:
             fut = self._parked.get(key)

@@ -280,6 +280,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         interval_ms = min(self.config["groups.heartbeat_interval_ms"], session_ms // 3)
         if request.leave:
             membership.leave(group, request.member_id)
+            self.heartbeats.wake({(group, request.member_id)})  # its own parked heartbeat answers now
             log.info("member_left", group=group, member=request.member_id)
             return pb.HeartbeatResponse(member_id=request.member_id, heartbeat_interval_ms=interval_ms)
         answer = membership.heartbeat(group, request.member_id, topics, owned, session_timeout_ms=session_ms,

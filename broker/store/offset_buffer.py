@@ -61,6 +61,11 @@ class OffsetBuffer:
                 return self._active[key]
             return self._flushing.get(key)
 
+    def buffered(self) -> dict[OffsetKey, int]:
+        """Every commit still in the buffer (newer than the metadata view)."""
+        with self._lock:
+            return {**self._flushing, **self._active}
+
     def flush(self) -> None:
         """Swap and write now (also called at shutdown)."""
         with self._lock:

@@ -1,0 +1,166 @@
+"""Subscribe-mode rebalances (issue 15): how long until every queue is owned again after a change?
+
+One daemon, a topic of ``--queues`` (400) queues, a group of ``--members`` (100) members held by
+``--procs`` worker processes (each member: a real ``BrokerClient.consumer`` polling in a thread).
+Then ``--changes`` (20) membership changes, alternately a member joining and that member leaving
+(``close()``: commit, leave). For each change, the time from the change until the master's view
+(``describe_group``: the queues each member reports holding) shows every queue owned, by exactly
+the members that should (the new member holds its share; the one that left holds nothing).
+Then ``--kills`` (5) times a member in a process of its own is killed with SIGKILL: the time
+until its queues are owned by others, against its session timeout + 1 s.
+
+Figures: join/leave p50 and p99 (target p99 <= 1 s), kill p50/p99 minus the session timeout
+(target <= 1 s).
+
+Usage: .venv/bin/python bench/groups.py [--quick] [--members 100] [--queues 400]
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import common
+from common import Results, log
+from measure import quantile
+
+from broker.client import BrokerClient, BrokerError
+
+TOPIC = "bench-groups"
+GROUP = "g"
+POLL_MS = 200
+
+
+def worker(address: str, names: list[str], session_ms: int, ready: Any, stop: Any) -> None:
+    """Members ``names``, each polling in a thread, until ``stop``."""
+    clients = [BrokerClient(address) for _ in names]
+    consumers = [c.consumer(GROUP, [TOPIC], session_timeout_ms=session_ms, client_id=n) for c, n in zip(clients, names,
+                                                                                                        strict=True)]
+
+    def run(cons: Any) -> None:
+        while not stop.is_set():
+            try:
+                cons.poll(timeout_ms=POLL_MS)
+            except BrokerError as exc:
+                log(f"{cons.client_id}: {exc}")
+                time.sleep(0.5)
+
+    threads = [threading.Thread(target=run, args=(c,), daemon=True) for c in consumers]
+    for t in threads:
+        t.start()
+    ready.set()
+    stop.wait()
+    for c in consumers:
+        c.close()
+
+
+def owners(c: BrokerClient) -> dict[str, int]:
+    """client id -> queues it reports holding ("" for queues nobody holds)."""
+    desc = c.describe_group(GROUP)
+    by_member = {m["member_id"]: m["client_id"] for m in desc["members"]}
+    out: dict[str, int] = {}
+    for q in desc["queues"]:
+        who = by_member.get(q["owner"], "")
+        out[who] = out.get(who, 0) + 1
+    return out
+
+
+def wait_settled(c: BrokerClient, ok: Any, timeout_s: float = 60.0) -> float:
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout_s:
+        try:
+            if ok(owners(c)):
+                return time.monotonic() - t0
+        except BrokerError:
+            pass
+        time.sleep(0.005)
+    raise TimeoutError("the group did not settle")
+
+
+def main() -> int:
+    p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--members", type=int, default=100)
+    p.add_argument("--queues", type=int, default=400)
+    p.add_argument("--procs", type=int, default=4)
+    p.add_argument("--changes", type=int, default=20)
+    p.add_argument("--kills", type=int, default=5)
+    p.add_argument("--session-ms", type=int, default=3000)
+    a = p.parse_args()
+    if a.quick:
+        a.members, a.queues, a.changes, a.kills = 10, 40, 4, 2
+    res = Results("groups", a.results, {"members": a.members, "queues": a.queues})
+    common.preflight(res, a.max_wait_quiet)
+    ctx = mp.get_context("spawn")
+    config = {"groups.rejoin_grace_ms": 0}
+    with common.temp_dir("tm-groups-", a.workdir) as work, common.running_daemon(work, config=config) as d, \
+            BrokerClient(d.address) as c:
+        c.create_topic(TOPIC, queues=a.queues)
+        stop = ctx.Event()
+        procs = []
+        per = (a.members + a.procs - 1) // a.procs
+        for i in range(a.procs):
+            names = [f"m{k}" for k in range(i * per, min(a.members, (i + 1) * per))]
+            ready = ctx.Event()
+            proc = ctx.Process(target=worker, args=(d.address, names, a.session_ms, ready, stop))
+            proc.start()
+            procs.append((proc, ready))
+        for _proc, ready in procs:
+            ready.wait(120)
+        share = a.queues // (a.members + 1)
+        took = wait_settled(c, lambda o: "" not in o and len(o) == a.members, 120)
+        log(f"{a.members} members hold {a.queues} queues ({took:.2f}s after the last started)")
+        times: list[float] = []
+        for i in range(a.changes // 2):
+            with BrokerClient(d.address) as jc:
+                t0 = time.monotonic()
+                cons = jc.consumer(GROUP, [TOPIC], session_timeout_ms=a.session_ms, client_id="joiner")
+                poller_stop = threading.Event()
+                poller = threading.Thread(target=lambda cs=cons, ev=poller_stop: [cs.poll(timeout_ms=POLL_MS)
+                                                                                  for _ in iter(ev.is_set, True)])
+                poller.start()
+                wait_settled(c, lambda o: "" not in o and o.get("joiner", 0) >= share)
+                times.append(time.monotonic() - t0)
+                poller_stop.set()
+                poller.join()
+                t0 = time.monotonic()
+                cons.close()
+                wait_settled(c, lambda o: "" not in o and "joiner" not in o and len(o) == a.members)
+                times.append(time.monotonic() - t0)
+            log(f"change {2 * i + 1}-{2 * i + 2}: join {times[-2] * 1000:.0f} ms, leave {times[-1] * 1000:.0f} ms")
+        p50, p99 = quantile(times, 0.5), quantile(times, 0.99)
+        res.add("join/leave: every queue owned again, p50", p50, "s", changes=len(times))
+        target, ok = common.at_most(p99, 1.0)
+        res.add("join/leave: every queue owned again, p99", p99, "s", target=target, ok=ok, changes=len(times))
+        kills: list[float] = []
+        for i in range(a.kills):
+            ready, victim_stop = ctx.Event(), ctx.Event()  # kept referenced until the child has them
+            victim = ctx.Process(target=worker, args=(d.address, ["victim"], a.session_ms, ready, victim_stop))
+            victim.start()
+            ready.wait(60)
+            wait_settled(c, lambda o: "" not in o and o.get("victim", 0) >= share)
+            assert victim.pid is not None
+            os.kill(victim.pid, signal.SIGKILL)
+            t0 = time.monotonic()
+            victim.join()
+            wait_settled(c, lambda o: "" not in o and "victim" not in o and len(o) == a.members)
+            kills.append(time.monotonic() - t0)
+            log(f"kill {i + 1}: queues owned again after {kills[-1]:.2f} s (session {a.session_ms} ms)")
+        over = [k - a.session_ms / 1000.0 for k in kills]
+        res.add("killed member: owned again, p50", quantile(kills, 0.5), "s", session_ms=a.session_ms)
+        target, ok = common.at_most(quantile(over, 0.99), 1.0)
+        res.add("killed member: beyond the session timeout, p99", quantile(over, 0.99), "s", target=target, ok=ok,
+                session_ms=a.session_ms)
+        stop.set()
+        for proc, _ in procs:
+            proc.join(60)
+    res.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
