@@ -114,6 +114,10 @@ KEYS: dict[str, Key] = {
     "groups.heartbeat_interval_ms": Key(3000, int, minimum=50, maximum=60_000),
     "groups.rejoin_grace_ms": Key(3000, int, minimum=0, maximum=600_000),
     "groups.members_max": Key(10_000, int, minimum=1, maximum=1_000_000),
+    "groups.max_deliveries": Key(16, int, minimum=1, maximum=10_000),
+    "groups.invisible_ms_max": Key(12 * 3600 * 1000, int, minimum=1000, maximum=7 * 24 * 3600 * 1000),
+    "groups.pop_messages_max": Key(10_000, int, minimum=1, maximum=1_000_000),
+    "groups.pop_window_max": Key(1_000_000, int, minimum=1000, maximum=100_000_000),
 }
 
 ENV_PREFIX = "TIDEMARK_"

@@ -31,6 +31,13 @@ def test_topic_send_consume_status(daemon: DaemonProcess) -> None:
     assert [json.loads(line)["body"] for line in again.stdout.splitlines()] == ["delta"]
     limited = _run("consume", "logs", "--broker", b, "--max", "2")
     assert len(limited.stdout.splitlines()) == 2
+    popped = _run("consume", "logs", "--broker", b, "--group", "p", "--pop", "--timeout-ms", "300")
+    lines = [json.loads(line) for line in popped.stdout.splitlines()]
+    assert sorted(m["body"] for m in lines) == ["alpha", "beta", "delta", "gamma"], popped.stderr
+    assert {m["delivery_count"] for m in lines} == {1}
+    assert _run("consume", "logs", "--broker", b, "--group", "p", "--pop", "--timeout-ms", "300").stdout == ""  # acked
+    described = json.loads(_run("group", "describe", "p", "--broker", b, "--json").stdout)
+    assert sum(q["in_flight"] for q in described["queues"]) == 0
     st = json.loads(_run("status", "--broker", b, "--json").stdout)
     assert st["role"] == "master" and st["confirm_offset"] > 0
     assert "confirm_offset" in _run("status", "--broker", b).stdout

@@ -126,6 +126,9 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("--from", dest="start", choices=("earliest", "latest", "committed"), default="earliest",
                     help="where to start (with --group: where a queue without a committed offset starts)")
     co.add_argument("--session-timeout-ms", type=_positive, default=10_000, help="with --group: the member's session")
+    co.add_argument("--pop", action="store_true", help="with --group: pop mode, per-message leases shared by any "
+                    "number of consumers; acks what it printed")
+    co.add_argument("--invisible-ms", type=_positive, default=30_000, help="with --pop: the lease of each message")
     co.add_argument("--max", type=_non_negative, default=0, help="stop after N messages (0: no limit)")
     co.add_argument("--timeout-ms", type=_non_negative, default=1000, help="stop after this long without messages")
 
@@ -379,7 +382,33 @@ def _consume_group(args: argparse.Namespace) -> int:
     return 0
 
 
+def _consume_pop(args: argparse.Namespace) -> int:
+    """Pop mode: lease, print, ack (an unprinted message's lease expires and it comes back)."""
+    if args.start == "committed":
+        return _fail("--from committed does not apply to --pop (a pop group keeps its own position)", EXIT_USAGE)
+    with _client(args) as c:
+        printed = 0
+        while not args.max or printed < args.max:
+            want = 1000 if not args.max else min(1000, args.max - printed)
+            msgs = c.pop(args.group, args.topic, max_messages=want, invisible_ms=args.invisible_ms,
+                         max_wait_ms=args.timeout_ms, start=args.start)
+            if not msgs:
+                break
+            for m in msgs:
+                print(json.dumps({**json.loads(_message_json(m)), "delivery_count": m.delivery_count}))
+            sys.stdout.flush()
+            refused = c.ack(args.group, msgs)
+            for handle, why in refused.items():
+                print(f"tidemark: not acked ({why}): {handle}", file=sys.stderr)
+            printed += len(msgs)
+    return 0
+
+
 def _consume(args: argparse.Namespace) -> int:
+    if args.pop and not args.group:
+        return _fail("--pop needs --group", EXIT_USAGE)
+    if args.pop:
+        return _consume_pop(args)
     if args.group:
         return _consume_group(args)
     if args.start == "committed":

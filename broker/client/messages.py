@@ -90,6 +90,20 @@ class PulledMessage:
         return f"PulledMessage({self.topic}/{self.queue_id}@{self.queue_offset})"
 
 
+class PoppedMessage(PulledMessage):
+    """A message leased by ``pop``: ack, nack or change_invisible it by its ``receipt_handle``."""
+
+    __slots__ = ("delivery_count", "receipt_handle")
+
+    def __init__(self, topic: str, m: Any) -> None:
+        super().__init__(m.record, 0, topic, m.queue_id, m.queue_offset, m.commit_offset, m.store_time_ms)
+        self.receipt_handle: str = m.receipt_handle
+        self.delivery_count: int = m.delivery_count
+
+    def __repr__(self) -> str:
+        return f"PoppedMessage({self.topic}/{self.queue_id}@{self.queue_offset}, delivery {self.delivery_count})"
+
+
 class PullResult(Sequence[PulledMessage]):
     """The messages of one pull, decoded lazily; ``next_offset`` is where to continue.
 

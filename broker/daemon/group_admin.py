@@ -121,8 +121,9 @@ class GroupAdmin:
             low, high = bounds
             c = committed.get((t, q))
             info = pop_queues.get((t, q), {})
+            lag = int(info["lag"]) if info and c is None else max(0, high - (c if c is not None else low))
             desc.queues.add(topic=t, queue_id=q, has_committed=c is not None, committed_offset=c or 0,
-                            end_offset=high, lag=max(0, high - (c if c is not None else low)),
+                            end_offset=high, lag=lag,
                             owner=owners.get((t, q), ""), in_flight=int(info.get("in_flight", 0)),
                             pop_offset=int(info.get("pop_offset", 0)))
         if pop is not None:

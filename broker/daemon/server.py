@@ -216,7 +216,11 @@ class Daemon:
                     qf = self.store.views.queues.queue(topic, queue)
                     if qf is not None:
                         lag[(group, topic)] = lag.get((group, topic), 0) + qf.next_queue_offset - offset
+                for group in self.service.pops.groups():  # pop groups: what is not acked yet
+                    for (topic, _), info in self.service.pops.describe(group)["queues"].items():
+                        lag[(group, topic)] = lag.get((group, topic), 0) + info["lag"]
                 metrics.set_bounded(metrics.GROUP_LAG, lag)
+                metrics.POP_IN_FLIGHT.set(self.service.pops.in_flight_total())
                 metrics.SEGMENTS.set(len(self.store.log.segments))
                 metrics.export_status(self.store.status())  # also refreshes replica lag and free disk
             except Exception as exc:

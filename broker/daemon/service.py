@@ -24,6 +24,7 @@ from broker.daemon.heartbeats import Heartbeats
 from broker.daemon.longpoll import LongPolls
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import MESSAGE_MAX, BrokerError, invalid, shown
+from broker.groups.pops import PopService
 from broker.logformat import system_records
 from broker.ports import IncomingBatch, RoleController
 from broker.security.auth import current_caller
@@ -72,6 +73,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.read_pool = read_pool  # pull reads; sends and admin calls run in the server's own pool
         self.heartbeats = heartbeats
         self.groups = GroupAdmin(store, heartbeats.membership)
+        self.pops = PopService(store)
+        self.groups.pops = self.pops
 
     # -- data --------------------------------------------------------------------------------
     def Send(self, request: pb.SendRequest, context: grpc.ServicerContext) -> pb.SendResponse:
@@ -333,3 +336,49 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
         return _handle(context, lambda: pb.StatusResponse(json=json.dumps(self.store.status())))
+
+    # -- pop mode (DESIGN §12) -------------------------------------------------------------------
+    async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
+        return await _handle_async(context, lambda: self._pop(request))
+
+    async def _pop(self, request: pb.PopRequest) -> pb.PopResponse:
+        """Lease what is available; else wait (parked, no thread) until a queue of the topic grows
+        or the next lease ends, at most ``max_wait_ms``."""
+        loop = asyncio.get_running_loop()
+        self.pops.check_group(request.group)
+        queues = self.pops.topic_queues(request.topic)
+        wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
+        pop = functools.partial(self.pops.pop, request.group, request.topic, request.max_messages or 32,
+                                request.invisible_ms or 30_000, request.start_earliest)
+        deadline = loop.time() + wait_s
+        while True:
+            keys = [(request.topic, q) for q in range(queues)] if wait_s > 0 else []
+            parked = [self.longpolls.park(k) for k in keys]
+            try:
+                got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
+                left = deadline - loop.time()
+                if got or not parked or left <= 0 or self.store.closing:
+                    return pb.PopResponse(messages=got)
+                if wake_ms is not None:
+                    left = min(left, max(0.001, wake_ms / 1000.0 - time.time()))
+                await asyncio.wait(parked, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for key, fut in zip(keys, parked, strict=True):
+                    self.longpolls.unpark(key, fut)
+
+    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        return _handle(context, lambda: pb.AckResponse(results=_handle_results(
+            self.pops.ack(request.group, list(request.receipt_handles)))))
+
+    def Nack(self, request: pb.NackRequest, context: grpc.ServicerContext) -> pb.NackResponse:
+        return _handle(context, lambda: pb.NackResponse(results=_handle_results(
+            self.pops.nack(request.group, list(request.receipt_handles), request.delay_ms))))
+
+    def ChangeInvisible(self, request: pb.ChangeInvisibleRequest,
+                        context: grpc.ServicerContext) -> pb.ChangeInvisibleResponse:
+        return _handle(context, lambda: pb.ChangeInvisibleResponse(receipt_handle=self.pops.change_invisible(
+            request.group, request.receipt_handle, request.invisible_ms)))
+
+
+def _handle_results(results: list[tuple[str, int, str]]) -> list[pb.HandleResult]:
+    return [pb.HandleResult(receipt_handle=h, code=code, message=msg) for h, code, msg in results]

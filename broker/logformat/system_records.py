@@ -20,7 +20,8 @@ from typing import Any
 METADATA_TOPIC = "__metadata"
 SYSTEM_PREFIX = "__"
 TIMER_TOPIC = "__timer"  # records: broker/timers/records.py
-SYSTEM_TOPICS = (METADATA_TOPIC, TIMER_TOPIC)
+POP_TOPIC = "__pop"  # records: broker/logformat/pop_records.py
+SYSTEM_TOPICS = (METADATA_TOPIC, TIMER_TOPIC, POP_TOPIC)
 TOPIC_CREATE = "topic.create"
 TOPIC_DELETE = "topic.delete"
 OFFSETS_COMMIT = "offsets.commit"

@@ -59,6 +59,10 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/CommitOffset": "write",
     "/tidemark.v1.Broker/CancelTimer": "write",
     "/tidemark.v1.Broker/Heartbeat": "write",  # joins a group: consuming with a group commits offsets too
+    "/tidemark.v1.Broker/Pop": "write",  # leases messages: a change of state, recorded in __pop
+    "/tidemark.v1.Broker/Ack": "write",
+    "/tidemark.v1.Broker/Nack": "write",
+    "/tidemark.v1.Broker/ChangeInvisible": "write",
     "/tidemark.v1.Broker/CreateTopic": "admin",
     "/tidemark.v1.Broker/CreateTopics": "admin",
     "/tidemark.v1.Broker/DeleteTopic": "admin",

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from broker.config import Config
 from broker.timers.view import TimerView
 from broker.views import ConsumeQueueView, MetadataView, ProducerStateView, View
+from broker.views.pop_leases import PopLeaseView
 
 
 @dataclass
@@ -16,9 +17,10 @@ class ViewSet:
     queues: ConsumeQueueView
     producers: ProducerStateView
     timers: TimerView
+    pops: PopLeaseView
 
     @classmethod
-    def open(cls, config: Config, data_dir: str) -> ViewSet:
+    def open(cls, config: Config, data_dir: str, log_min_offset: int = 0) -> ViewSet:
         checkpoints = os.path.join(data_dir, "checkpoints")
         os.makedirs(checkpoints, exist_ok=True)
         return cls(
@@ -26,11 +28,12 @@ class ViewSet:
             queues=ConsumeQueueView(os.path.join(data_dir, "cq"), os.path.join(checkpoints, "consume_queue.ckpt")),
             producers=ProducerStateView(os.path.join(checkpoints, "producer_state.ckpt")),
             timers=TimerView(os.path.join(data_dir, "timer"), config),
+            pops=PopLeaseView(os.path.join(checkpoints, "pop_leases.ckpt"), log_min_offset),
         )
 
     @property
     def all(self) -> list[View]:
-        return [self.metadata, self.queues, self.producers, self.timers]
+        return [self.metadata, self.queues, self.producers, self.timers, self.pops]
 
     def applied_min(self) -> int:
         return min(v.applied_offset for v in self.all)

@@ -1,0 +1,146 @@
+"""Pop mode (issue 15): pop + ack throughput against plain pulls, and the cost of a million leases.
+
+1. One daemon, a topic of 4 queues filled with ``--messages`` 1 KiB messages. Plain pull: 4
+   processes, one per queue, each reads its queue to the end (``PullResult.bodies()``). Then pop:
+   ``--consumers`` (8) processes share the topic in one group, each ``pop(max_messages=--pop)``,
+   read the bodies, ``ack`` the batch, until the topic is drained. Every (queue, offset) is
+   counted: lost = never acked, duplicates = delivered more than once (only a lease that expired
+   may cause one: its count is printed beside). Target: pop + ack >= 30% of the plain pull rate.
+2. A fresh daemon, ``--inflight`` (1,000,000) small messages, all popped and none acked (one-hour
+   leases). The daemon's RSS (target <= 300 MB) and, after kill -9, its time to serve again (target
+   <= 2 s); then every message must still be leased (none poppable, describe shows them in flight).
+
+Usage: .venv/bin/python bench/pop.py [--quick] [--messages 200000] [--inflight 1000000]
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+import common
+import load
+from common import KiB, MiB, Results, log
+
+from broker.client import BrokerClient
+
+TOPIC = "bench-pop"
+QUEUES = 4
+GROUP = "bench"
+
+
+def puller(address: str, queue_id: int, end: int, out: Any) -> None:
+    n = 0
+    with BrokerClient(address) as c:
+        c.pull(TOPIC, queue_id, 0, max_messages=1)
+        t0 = time.perf_counter()
+        offset = 0
+        while offset < end:
+            r = c.pull(TOPIC, queue_id, offset, max_messages=5000)
+            n += sum(1 for _ in r.bodies())
+            offset = r.next_offset
+        out.put({"messages": n, "seconds": time.perf_counter() - t0})
+
+
+def popper(address: str, batch: int, invisible_ms: int, start_at: float, out: Any) -> None:
+    seen: list[tuple[int, int]] = []
+    refused = 0
+    with BrokerClient(address) as c:
+        load.wait_until(start_at)
+        t0 = time.perf_counter()
+        while True:
+            msgs = c.pop(GROUP, TOPIC, max_messages=batch, invisible_ms=invisible_ms, max_wait_ms=300, start="earliest")
+            if not msgs:
+                break
+            for m in msgs:
+                _ = m.body
+                seen.append((m.queue_id, m.queue_offset))
+            refused += len(c.ack(GROUP, msgs))
+        out.put({"seen": seen, "refused": refused, "seconds": time.perf_counter() - t0 - 0.3})
+
+
+def throughput(res: Results, a: Any, work: str) -> None:
+    with common.running_daemon(work, "tp") as d, BrokerClient(d.address) as c:
+        c.create_topic(TOPIC, queues=QUEUES)
+        load.fill(d.address, TOPIC, load.halves(a.messages), 1000, a.body)
+        common.wait_applied(c)
+        ends = c.list_topics()[TOPIC]["max_offsets"]
+        total = sum(ends)
+        rs = load.run_processes(puller, [(d.address, q, ends[q]) for q in range(QUEUES)], timeout_s=1800)
+        pull_rate = sum(r["messages"] for r in rs) / max(r["seconds"] for r in rs)
+        res.add("plain pull, 4 processes (one per queue)", pull_rate, "msg/s", note=f"{total:,} msgs of {a.body} B")
+        start_at = time.time() + 2.0
+        rs = load.run_processes(popper, [(d.address, a.pop, a.invisible_ms, start_at)] * a.consumers, timeout_s=1800)
+        seconds = max(r["seconds"] for r in rs)
+        seen = [k for r in rs for k in r["seen"]]
+        distinct = set(seen)
+        lost = total - len(distinct)
+        dups = len(seen) - len(distinct)
+        expired = sum(r["refused"] for r in rs)
+        pop_rate = len(distinct) / seconds
+        res.add("lost (never acked)", lost, "msgs", target="0", ok=lost == 0)
+        res.add("delivered twice", dups, "msgs", note=f"acks refused for an expired lease: {expired}",
+                target="only after an expiry", ok=dups <= expired)
+        target, ok = common.at_least(pop_rate / pull_rate, 0.30)
+        res.add(f"pop + ack, {a.consumers} consumers on {QUEUES} queues", pop_rate, "msg/s",
+                note=f"{a.pop} per pop, one ack per pop")
+        res.add("pop + ack / plain pull", pop_rate / pull_rate, "x", target=target, ok=ok)
+
+
+def inflight(res: Results, a: Any, work: str) -> None:
+    with common.running_daemon(work, "leases") as d:
+        assert d.proc is not None
+        with BrokerClient(d.address) as c:
+            c.create_topic(TOPIC, queues=QUEUES)
+            load.fill(d.address, TOPIC, load.halves(a.inflight), 1000, 100)
+            common.wait_applied(c)
+            rss_before = common.rss_anon_of(d.proc.pid)
+            leased = 0
+            t0 = time.perf_counter()
+            while leased < a.inflight:
+                got = c.pop(GROUP, TOPIC, max_messages=10_000, invisible_ms=3_600_000, start="earliest")
+                if not got:
+                    break
+                leased += len(got)
+            pop_s = time.perf_counter() - t0
+            log(f"{leased:,} leased in {pop_s:.1f}s")
+            time.sleep(6)  # a checkpoint of the views
+            rss = common.rss_anon_of(d.proc.pid)
+            target, ok = common.at_most(rss / MiB, 300)
+            res.add(f"RSS with {leased:,} leases in flight", rss / MiB, "MiB", target=target, ok=ok,
+                    note=f"{rss_before / MiB:.0f} MiB before the pops")
+        d.kill9()
+        took = common.start_timed(d)
+        target, ok = common.at_most(took, 2.0)
+        res.add(f"restart after kill -9 with {leased:,} leases", took, "s", target=target, ok=ok)
+        with BrokerClient(d.address) as c:
+            in_flight = sum(q["in_flight"] for q in c.describe_group(GROUP)["queues"])
+            again = len(c.pop(GROUP, TOPIC, max_messages=1000))
+            res.add("leases kept across the crash", in_flight, "msgs", target=f"= {leased:,}, none poppable",
+                    ok=in_flight == leased and again == 0)
+
+
+def main() -> int:
+    p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--messages", type=int, default=200_000)
+    p.add_argument("--inflight", type=int, default=1_000_000)
+    p.add_argument("--body", type=int, default=KiB)
+    p.add_argument("--consumers", type=int, default=8)
+    p.add_argument("--pop", type=int, default=500, help="max_messages per pop")
+    p.add_argument("--invisible-ms", type=int, default=60_000)
+    a = p.parse_args()
+    if a.quick:
+        a.messages, a.inflight = 20_000, 100_000
+    res = Results("pop", a.results, {"messages": a.messages, "inflight": a.inflight, "consumers": a.consumers,
+                                     "pop": a.pop})
+    common.preflight(res, a.max_wait_quiet)
+    with common.temp_dir("tm-pop-", a.workdir) as work:
+        throughput(res, a, work)
+        inflight(res, a, work)
+    res.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
