@@ -30,10 +30,11 @@ QUEUES = 4
 GROUP = "bench"
 
 
-def puller(address: str, queue_id: int, end: int, out: Any) -> None:
+def puller(address: str, queue_id: int, end: int, start_at: float, out: Any) -> None:
     n = 0
     with BrokerClient(address) as c:
         c.pull(TOPIC, queue_id, 0, max_messages=1)
+        load.wait_until(start_at)
         t0 = time.perf_counter()
         offset = 0
         while offset < end:
@@ -67,7 +68,8 @@ def throughput(res: Results, a: Any, work: str) -> None:
         common.wait_applied(c)
         ends = c.list_topics()[TOPIC]["max_offsets"]
         total = sum(ends)
-        rs = load.run_processes(puller, [(d.address, q, ends[q]) for q in range(QUEUES)], timeout_s=1800)
+        start_at = time.time() + 2.0  # every process connected, then all start at once
+        rs = load.run_processes(puller, [(d.address, q, ends[q], start_at) for q in range(QUEUES)], timeout_s=1800)
         pull_rate = sum(r["messages"] for r in rs) / max(r["seconds"] for r in rs)
         res.add("plain pull, 4 processes (one per queue)", pull_rate, "msg/s", note=f"{total:,} msgs of {a.body} B")
         start_at = time.time() + 2.0

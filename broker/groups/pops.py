@@ -37,13 +37,22 @@ from broker.logformat import pop_records as pr
 from broker.logformat import system_records
 from broker.ports import IncomingBatch
 from broker.store import Store
-from broker.views.pop_leases import PopQueue
+from broker.views.pop_leases import ENDED, EXPIRED, NOT_LEASED, RETAGGED, PopQueue
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("groups.pop")
 GROUP_LOCKS_MAX = 100_000
 DLQ_SUFFIX = ".dlq"
 ORIGIN_PROPS = ("dlq.topic", "dlq.queue", "dlq.offset", "dlq.deliveries")
+FAILED_PRECONDITION = 9  # grpc.StatusCode.FAILED_PRECONDITION's value, per handle in Ack/Nack results
+TWICE = 5  # beyond PopQueue.check's reasons: the same lease twice in one call
+REASONS = {
+    NOT_LEASED: "no lease: the message was acked, dead-lettered or never popped by this group",
+    ENDED: "the lease ended: the message was acked",
+    RETAGGED: "the lease ended: the message was nacked or delivered again (or the handle is not genuine)",
+    EXPIRED: "the lease expired: the message will be delivered again",
+    TWICE: "the same lease twice in one call",
+}
 
 
 @dataclass(slots=True)
@@ -150,10 +159,10 @@ class PopService:
             entries = []
             for p in picks:
                 counts = dict(zip(p.offsets.tolist(), p.counts.tolist(), strict=True))
+                prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
                 for msg in self._read(topic, p.queue_id, p.offsets):
                     msg.delivery_count = counts[msg.queue_offset] + 1
-                    msg.receipt_handle = receipts.encode(receipts.Handle(cluster, epoch, tag, topic, p.queue_id,
-                                                                         msg.queue_offset))
+                    msg.receipt_handle = f"{prefix}.{msg.queue_offset:x}.{topic}"
                     out.append(msg)
                 got = np.array(sorted(m.queue_offset for m in out if m.queue_id == p.queue_id), dtype=np.int64)
                 gone = np.union1d(p.gone, np.setdiff1d(p.offsets, got))  # removed by retention meanwhile
@@ -277,7 +286,7 @@ class PopService:
             raise BrokerError("DEADLINE_EXCEEDED", "the DLQ topic is created but not applied in time")
 
     # -- ending leases -----------------------------------------------------------------------------
-    def _resolve(self, group: str, handles: list[str]) -> list[tuple[receipts.Handle, str]]:
+    def _resolve(self, group: str, handles: list[str]) -> list[receipts.Handle]:
         """Decode every handle; a malformed one, or one from another cluster or a future epoch,
         refuses the whole call (INVALID_ARGUMENT) before anything changes."""
         self.check_group(group)
@@ -287,64 +296,63 @@ class PopService:
             raise invalid(f"{len(handles)} receipt handles in one call; at most groups.pop_messages_max "
                           f"({self.config['groups.pop_messages_max']})")
         out = []
-        cluster = self.cluster
+        cluster, epoch = self.cluster, self.store.epoch
+        decoder = receipts.Decoder()
         for text in handles:
             try:
-                h = receipts.decode(text)
+                h = decoder.decode(text)
             except ValueError as exc:
                 raise invalid(f"receipt handle {shown(text)}: {exc}") from None
             if h.cluster != cluster:
                 raise invalid(f"receipt handle {shown(text)} is from another cluster")
-            if h.epoch > self.store.epoch:
-                raise invalid(f"receipt handle {shown(text)} names epoch {h.epoch}, newer than this master's "
-                              f"{self.store.epoch}")
-            out.append((h, text))
+            if h.epoch > epoch:
+                raise invalid(f"receipt handle {shown(text)} names epoch {h.epoch}, newer than this master's {epoch}")
+            out.append(h)
         return out
 
-    def _check_lease(self, group: str, h: receipts.Handle, now: int) -> str:
-        """Why the lease ``h`` names cannot be ended now ("" when it can)."""
-        pq = self.view.queue(group, h.topic, h.queue_id)
-        state = pq.lease_state(h.offset) if pq is not None else None
-        if state is None:
-            return "no lease: the message was acked, dead-lettered or never popped by this group"
-        tag, until, done = state
-        if done:
-            return "the lease ended: the message was acked"
-        if tag != h.tag:
-            return "the lease ended: the message was nacked or delivered again (or the handle is not genuine)"
-        if until <= now:
-            return "the lease expired: the message will be delivered again"
-        return ""
+    def _current(self, group: str, resolved: list[receipts.Handle], now: int) -> tuple[dict[tuple[str, int], np.ndarray],
+                                                                                        list[tuple[int, str]]]:
+        """Under the view lock: the offsets whose leases the handles still name, per (topic, queue),
+        and (index, reason) for every other handle."""
+        by_lease: dict[tuple[str, int, int], list[int]] = {}
+        for i, h in enumerate(resolved):
+            by_lease.setdefault((h.topic, h.queue_id, h.tag), []).append(i)
+        ok: dict[tuple[str, int], list[np.ndarray]] = {}
+        refused: list[tuple[int, str]] = []
+        for (topic, q, tag), idxs in by_lease.items():
+            offsets = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
+            pq = self.view.queue(group, topic, q)
+            reasons = pq.check(offsets, tag, now) if pq is not None else np.full(len(idxs), NOT_LEASED, np.int8)
+            _, first = np.unique(offsets, return_index=True)
+            repeated = np.ones(len(idxs), dtype=bool)
+            repeated[first] = False
+            reasons[(reasons == 0) & repeated] = TWICE
+            refused += [(idxs[k], REASONS[int(reasons[k])]) for k in np.flatnonzero(reasons)]
+            good = offsets[reasons == 0]
+            if good.size:
+                ok.setdefault((topic, q), []).append(good)
+        return {k: np.unique(np.concatenate(v)) for k, v in ok.items()}, refused
 
     def _end(self, group: str, handles: list[str], kind: str, delay_ms: int = 0) -> list[tuple[str, int, str]]:
-        """Ack (``pr.ACK``) or nack (``pr.NACK``) leases: (handle, grpc code, message) per handle."""
+        """Ack (``pr.ACK``) or nack (``pr.NACK``) leases; return (handle, grpc code, reason) for each
+        handle whose lease had ended already (the others are done)."""
         resolved = self._resolve(group, handles)
-        results: list[tuple[str, int, str]] = []
         with self._lock(group):
             self._settle()
             now = now_ms()
-            ok: dict[tuple[str, int], set[int]] = {}
             with self.view.lock:
-                for h, text in resolved:
-                    why = self._check_lease(group, h, now)
-                    if not why and h.offset in ok.get((h.topic, h.queue_id), set()):
-                        why = "the same lease twice in one call"
-                    if why:
-                        results.append((text, 9, why))  # FAILED_PRECONDITION
-                    else:
-                        ok.setdefault((h.topic, h.queue_id), set()).add(h.offset)
-                        results.append((text, 0, ""))
-            if not ok:
-                return results
-            items = [[t, q, pr.to_runs(sorted(offs))] for (t, q), offs in sorted(ok.items())]
-            record: dict[str, object]
-            if kind == pr.ACK:
-                record = {"g": group, "acks": items}
-            else:
-                record = {"g": group, "nacks": items, "until": now + delay_ms}
-            end = self._append([_record_batch(kind, record)])
-        self._durable(end)
-        return results
+                ok, refused = self._current(group, resolved, now)
+            if ok:
+                items = [[t, q, pr.to_runs(offs)] for (t, q), offs in sorted(ok.items())]
+                record: dict[str, object]
+                if kind == pr.ACK:
+                    record = {"g": group, "acks": items}
+                else:
+                    record = {"g": group, "nacks": items, "until": now + delay_ms}
+                end = self._append([_record_batch(kind, record)])
+        if ok:
+            self._durable(end)
+        return [(handles[i], FAILED_PRECONDITION, why) for i, why in refused]
 
     def ack(self, group: str, handles: list[str]) -> list[tuple[str, int, str]]:
         return self._end(group, handles, pr.ACK)
@@ -357,14 +365,14 @@ class PopService:
     def change_invisible(self, group: str, handle: str, invisible_ms: int) -> str:
         """Move one lease's deadline to now + ``invisible_ms``; return its new handle."""
         self._check_duration("invisible_ms", invisible_ms)
-        ((h, _),) = self._resolve(group, [handle])
+        (h,) = self._resolve(group, [handle])
         with self._lock(group):
             self._settle()
             now = now_ms()
             with self.view.lock:
-                why = self._check_lease(group, h, now)
-            if why:
-                raise BrokerError("FAILED_PRECONDITION", why)
+                _, refused = self._current(group, [h], now)
+            if refused:
+                raise BrokerError("FAILED_PRECONDITION", refused[0][1])
             tag = secrets.randbits(63) + 1
             record = {"g": group, "t": h.topic, "q": h.queue_id, "o": h.offset, "until": now + invisible_ms, "tag": tag}
             end = self._append([_record_batch(pr.INVISIBLE, record)])

@@ -1,11 +1,12 @@
 """Receipt handles of pop mode: what a consumer hands back to ack, nack or extend one lease.
 
-A handle is ``base64url(version u8 | cluster u64 | epoch u32 | tag u64 | queue u16 | offset u64)``
-followed by ``.`` and the topic name (split on the first ``.``, which base64url never produces).
-``cluster`` is a hash of the cluster id, so a handle from another cluster is refused;
-``tag`` is the random 64-bit tag of the lease (one per pop call), which the lease view must still
-hold for the offset: a handle whose lease ended, or a forged one, names a tag that is not there.
-Spec: docs/formats/pop-records.md.
+A handle is ``<lease>.<offset>.<topic>``: ``lease`` is ``base64url(version u8 | cluster u64 |
+epoch u32 | tag u64 | queue u16)`` without padding (the same for every message one pop call took
+from one queue, so encoding is one string format per message and decoding one base64 per lease),
+``offset`` the queue offset in lower-case hex. ``cluster`` is a hash of the cluster id, so a handle
+from another cluster is refused; ``tag`` is the random 63-bit tag of the lease (one per pop call),
+which the lease view must still hold for the offset: a handle whose lease ended, or a forged one,
+names a tag that is not there. Spec: docs/formats/pop-records.md.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import struct
 from typing import NamedTuple
 
 VERSION = 1
-_PACKED = struct.Struct(">BQIQHQ")
+_PACKED = struct.Struct(">BQIQH")
 HANDLE_CHARS_MAX = 400
 
 
@@ -34,23 +35,50 @@ def cluster_hash(cluster_id: str) -> int:
     return int.from_bytes(hashlib.blake2b(cluster_id.encode(), digest_size=8).digest(), "big")
 
 
+def lease_prefix(cluster: int, epoch: int, tag: int, queue_id: int) -> str:
+    """The part of a handle shared by every message of one lease on one queue."""
+    return base64.urlsafe_b64encode(_PACKED.pack(VERSION, cluster, epoch, tag, queue_id)).decode().rstrip("=")
+
+
 def encode(h: Handle) -> str:
-    raw = _PACKED.pack(VERSION, h.cluster, h.epoch, h.tag, h.queue_id, h.offset)
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=") + "." + h.topic
+    return f"{lease_prefix(h.cluster, h.epoch, h.tag, h.queue_id)}.{h.offset:x}.{h.topic}"
+
+
+class Decoder:
+    """Decodes the handles of one call; the lease part is decoded once per distinct lease."""
+
+    def __init__(self) -> None:
+        self._leases: dict[str, tuple[int, int, int, int]] = {}
+
+    def decode(self, text: str) -> Handle:
+        """Raise ValueError for anything that is not a well-formed handle."""
+        parts = text.split(".", 2) if len(text) <= HANDLE_CHARS_MAX else ()
+        if len(parts) != 3 or not parts[2]:
+            raise ValueError("not a receipt handle")
+        lease = self._leases.get(parts[0])
+        if lease is None:
+            lease = self._leases[parts[0]] = _decode_lease(parts[0])
+        try:
+            offset = int(parts[1], 16)
+        except ValueError:
+            raise ValueError("not a receipt handle") from None
+        if not 0 <= offset < 1 << 63 or parts[1] != f"{offset:x}":
+            raise ValueError("not a receipt handle")
+        return Handle(lease[0], lease[1], lease[2], parts[2], lease[3], offset)
 
 
 def decode(text: str) -> Handle:
-    """Raise ValueError for anything that is not a well-formed handle."""
-    if len(text) > HANDLE_CHARS_MAX or "." not in text:
-        raise ValueError("not a receipt handle")
-    packed, topic = text.split(".", 1)
+    return Decoder().decode(text)
+
+
+def _decode_lease(packed: str) -> tuple[int, int, int, int]:
     try:
         raw = base64.urlsafe_b64decode(packed + "=" * (-len(packed) % 4))
     except (binascii.Error, ValueError):
         raise ValueError("not a receipt handle") from None
-    if len(raw) != _PACKED.size or not topic:
+    if len(raw) != _PACKED.size:
         raise ValueError("not a receipt handle")
-    version, cluster, epoch, tag, queue_id, offset = _PACKED.unpack(raw)
+    version, cluster, epoch, tag, queue_id = _PACKED.unpack(raw)
     if version != VERSION:
         raise ValueError(f"receipt handle version {version} is not known here")
-    return Handle(cluster, epoch, tag, topic, queue_id, offset)
+    return cluster, epoch, tag, queue_id

@@ -34,6 +34,8 @@ CHECKPOINT_VERSION = 1
 _LEN = struct.Struct("<I")
 MIN_CAPACITY = 64
 LeaseKey = tuple[str, str, int]  # group, topic, queue
+# why a handle's lease cannot be ended (PopQueue.check); 0: it can
+NOT_LEASED, ENDED, RETAGGED, EXPIRED = 1, 2, 3, 4
 _TOPIC_CHANGES = (system_records.TOPIC_CREATE.encode(), system_records.TOPIC_DELETE.encode())
 
 
@@ -137,12 +139,18 @@ class PopQueue:
         live = self.until[:n][~self.done[:n]]
         return int(live.min()) if live.size else None
 
-    def lease_state(self, offset: int) -> tuple[int, int, bool] | None:
-        """(tag, until, done) of ``offset``, or None when it is not in the window."""
-        i = offset - self.base
-        if not 0 <= i < self.window:
-            return None
-        return int(self.tag[i]), int(self.until[i]), bool(self.done[i])
+    def check(self, offsets: np.ndarray, tag: int, now_ms: int) -> np.ndarray:
+        """Per offset: 0 when a lease under ``tag`` holds it until after ``now_ms``, else why not."""
+        i = offsets - self.base
+        inside = (i >= 0) & (i < self.window)
+        reasons = np.full(offsets.size, NOT_LEASED, dtype=np.int8)
+        j = i[inside]
+        r = np.zeros(j.size, dtype=np.int8)
+        r[self.until[j] <= now_ms] = EXPIRED
+        r[self.tag[j] != np.uint64(tag)] = RETAGGED
+        r[self.done[j]] = ENDED
+        reasons[inside] = r
+        return reasons
 
 
 @dataclass
