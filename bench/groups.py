@@ -112,7 +112,11 @@ def main() -> int:
         for _proc, ready in procs:
             ready.wait(120)
         share = a.queues // (a.members + 1)
-        took = wait_settled(c, lambda o: "" not in o and len(o) == a.members, 120)
+        low, high = a.queues // a.members, -(-a.queues // a.members)
+        # settled = balanced, not only owned: a change measured while the first rebalance still moves
+        # queues would time that rebalance too
+        took = wait_settled(c, lambda o: "" not in o and len(o) == a.members and
+                            all(low <= n <= high for n in o.values()), 120)
         log(f"{a.members} members hold {a.queues} queues ({took:.2f}s after the last started)")
         times: list[float] = []
         for i in range(a.changes // 2):
