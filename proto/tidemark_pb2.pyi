@@ -310,20 +310,22 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest")
+    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     INVISIBLE_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     START_EARLIEST_FIELD_NUMBER: _ClassVar[int]
+    AS_RUNS_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     max_messages: int
     invisible_ms: int
     max_wait_ms: int
     start_earliest: bool
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ...) -> None: ...
+    as_runs: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
     __slots__ = ("queue_id", "queue_offset", "commit_offset", "store_time_ms", "record", "receipt_handle", "delivery_count")
@@ -343,11 +345,31 @@ class PoppedMessage(_message.Message):
     delivery_count: int
     def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., store_time_ms: _Optional[int] = ..., record: _Optional[bytes] = ..., receipt_handle: _Optional[str] = ..., delivery_count: _Optional[int] = ...) -> None: ...
 
+class PoppedRun(_message.Message):
+    __slots__ = ("queue_id", "first_offset", "count", "delivery_count", "receipt_handle", "batches", "skip_first")
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIRST_FIELD_NUMBER: _ClassVar[int]
+    queue_id: int
+    first_offset: int
+    count: int
+    delivery_count: int
+    receipt_handle: str
+    batches: _containers.RepeatedScalarFieldContainer[bytes]
+    skip_first: int
+    def __init__(self, queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., count: _Optional[int] = ..., delivery_count: _Optional[int] = ..., receipt_handle: _Optional[str] = ..., batches: _Optional[_Iterable[bytes]] = ..., skip_first: _Optional[int] = ...) -> None: ...
+
 class PopResponse(_message.Message):
-    __slots__ = ("messages",)
+    __slots__ = ("messages", "runs")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    RUNS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[PoppedMessage]
-    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ...) -> None: ...
+    runs: _containers.RepeatedCompositeFieldContainer[PoppedRun]
+    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[PoppedRun, _Mapping]]] = ...) -> None: ...
 
 class HandleResult(_message.Message):
     __slots__ = ("receipt_handle", "code", "message")

@@ -8,7 +8,18 @@
 
 from broker.client.client import BrokerClient, BrokerError
 from broker.client.consumer import Consumer
-from broker.client.messages import Message, PoppedMessage, PulledMessage, PullResult, Receipt, Receipts
+from broker.client.messages import Message, PoppedMessage, PoppedRun, PopResult, PulledMessage, PullResult, Receipt, Receipts
 
-__all__ = ["BrokerClient", "BrokerError", "Consumer", "Message", "PoppedMessage", "PullResult", "PulledMessage", "Receipt",
-           "Receipts"]
+__all__ = [
+    "BrokerClient",
+    "BrokerError",
+    "Consumer",
+    "Message",
+    "PopResult",
+    "PoppedMessage",
+    "PoppedRun",
+    "PullResult",
+    "PulledMessage",
+    "Receipt",
+    "Receipts",
+]

@@ -22,7 +22,7 @@ import grpc
 from broker import alloc
 from broker.client.consumer import Consumer
 from broker.client.errors import BrokerError
-from broker.client.messages import Message, PoppedMessage, PullResult, Receipt, Receipts, SendGroup, encode_messages
+from broker.client.messages import Message, PoppedMessage, PopResult, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.errors import shown
 from broker.logformat import batch as bf
 from broker.logformat.timer_props import TIMER_TOPIC
@@ -466,30 +466,34 @@ class BrokerClient:
 
     # -- pop mode (DESIGN §12) ---------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int = 32, invisible_ms: int = 30_000, max_wait_ms: int = 0,
-            *, start: str = "latest") -> list[PoppedMessage]:
+            *, start: str = "latest") -> PopResult:
         """Lease up to ``max_messages`` of ``topic`` for ``group``, from any of its queues: each comes
         back (``delivery_count`` + 1) after ``invisible_ms`` unless acked; ``max_wait_ms``: wait this
         long for one. A new group starts at ``start`` (``latest`` or ``earliest``)."""
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
         req = _request(pb.PopRequest, group=group, topic=topic, max_messages=max_messages, invisible_ms=invisible_ms,
-                       max_wait_ms=max_wait_ms, start_earliest=start == "earliest")
+                       max_wait_ms=max_wait_ms, start_earliest=start == "earliest", as_runs=True)
         resp = self._call("Pop", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0)
-        return [PoppedMessage(topic, m) for m in resp.messages]
+        return PopResult(topic, resp)
 
-    def ack(self, group: str, messages: Sequence[PoppedMessage | str] | PoppedMessage | str) -> dict[str, str]:
+    def ack(self, group: str, messages: PopResult | Sequence[PoppedMessage | str] | PoppedMessage | str) -> dict[str, str]:
         """End these leases for good (one call, one record). Returns the handles that could not be
-        acked, with the reason (their lease had ended: the message is or will be delivered again)."""
+        acked, with the reason (their lease had ended: the message is or will be delivered again);
+        for a whole ``PopResult``, the handles of its runs in which some message could not be."""
         return self._end("Ack", pb.AckRequest, group, messages)
 
-    def nack(self, group: str, messages: Sequence[PoppedMessage | str] | PoppedMessage | str,
+    def nack(self, group: str, messages: PopResult | Sequence[PoppedMessage | str] | PoppedMessage | str,
              delay_ms: int = 0) -> dict[str, str]:
         """Give these leases back: delivered again after ``delay_ms``. Returns refusals as ``ack``."""
         return self._end("Nack", pb.NackRequest, group, messages, delay_ms=delay_ms)
 
     def _end(self, method: str, request_type: Any, group: str, messages: Any, **fields: Any) -> dict[str, str]:
-        items = [messages] if isinstance(messages, (str, PoppedMessage)) else list(messages)
-        handles = [m if isinstance(m, str) else m.receipt_handle for m in items]
+        if isinstance(messages, PopResult):
+            handles = messages.receipt_handles()
+        else:
+            items = [messages] if isinstance(messages, (str, PoppedMessage)) else list(messages)
+            handles = [m if isinstance(m, str) else m.receipt_handle for m in items]
         resp = self._call(method, _request(request_type, group=group, receipt_handles=handles, **fields))
         return {r.receipt_handle: r.message for r in resp.results if r.code != 0}
 

@@ -3,7 +3,7 @@ and the encoding of messages into records (broker/logformat, spec docs/formats/c
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, overload
 
@@ -95,10 +95,11 @@ class PoppedMessage(PulledMessage):
 
     __slots__ = ("delivery_count", "receipt_handle")
 
-    def __init__(self, topic: str, m: Any) -> None:
-        super().__init__(m.record, 0, topic, m.queue_id, m.queue_offset, m.commit_offset, m.store_time_ms)
-        self.receipt_handle: str = m.receipt_handle
-        self.delivery_count: int = m.delivery_count
+    def __init__(self, batch: bytes, pos: int, topic: str, queue_id: int, queue_offset: int, commit_offset: int,
+                 store_time_ms: int, receipt_handle: str, delivery_count: int) -> None:
+        super().__init__(batch, pos, topic, queue_id, queue_offset, commit_offset, store_time_ms)
+        self.receipt_handle = receipt_handle
+        self.delivery_count = delivery_count
 
     def __repr__(self) -> str:
         return f"PoppedMessage({self.topic}/{self.queue_id}@{self.queue_offset}, delivery {self.delivery_count})"
@@ -119,41 +120,13 @@ class PullResult(Sequence[PulledMessage]):
         self._response = response
         self._index: list[tuple[bytes, int, bf.BatchHeader, int, int]] | None = None
 
-    def _batches(self) -> Iterator[tuple[bytes, int, bf.BatchHeader]]:
-        """(blob, batch start, header) for every batch, header CRC checked (paired with the write)."""
-        for raw in self._response.batches:
-            pos = 0
-            for header, _ in scan_bytes(raw, mode=Mode.STRICT, check_offsets=False, path="pulled batches"):
-                yield raw, pos, header
-                pos += header.batch_bytes
-
     def _build(self) -> list[tuple[bytes, int, bf.BatchHeader, int, int]]:
         """One entry per returned record: (blob, record position, header, index in batch, batch start)."""
         self._index = self._walk(bodies=False)
         return self._index
 
     def _walk(self, *, bodies: bool) -> list[Any]:
-        """One pass over the returned records: each one's body (``bodies``) or its index entry."""
-        out: list[Any] = []
-        append = out.append
-        unpack = _RECORD_HEAD.unpack_from
-        skip = self._response.skip_first
-        remaining = self._count
-        for mv, start, h in self._batches():
-            if remaining <= 0:
-                break
-            pos = start + h.records_at
-            end = start + h.batch_bytes
-            i = 0
-            while pos < end and remaining > 0:
-                size, kl, pl = unpack(mv, pos)
-                if i >= skip:  # slicing bytes: one copy, no view
-                    append(mv[pos + 8 + kl + pl : pos + 4 + size] if bodies else (mv, pos, h, i, start))
-                    remaining -= 1
-                pos += 4 + size
-                i += 1
-            skip = 0
-        return out
+        return _walk(self._response.batches, self._response.skip_first, self._count, bodies=bodies)
 
     def __len__(self) -> int:
         return self._count
@@ -189,6 +162,111 @@ class PullResult(Sequence[PulledMessage]):
     def bodies(self) -> list[bytes]:
         """All bodies at once, in one pass over the batches, without per-message objects."""
         return self._walk(bodies=True)
+
+
+@dataclass(frozen=True, slots=True)
+class PoppedRun:
+    """Adjacent messages of one queue leased by one pop: ``count`` from ``first_offset``."""
+
+    queue_id: int
+    first_offset: int
+    count: int
+    delivery_count: int
+    receipt_handle: str  # the whole run's: ack or nack it at once
+
+
+class PopResult(Sequence[PoppedMessage]):
+    """The messages of one pop, decoded lazily from runs of log batches (one handle per run).
+
+    ``ack(group, result)`` ends every lease of it with one handle a run; single messages have
+    their own ``receipt_handle``; ``bodies()`` reads every body without per-message objects.
+    """
+
+    def __init__(self, topic: str, response: pb.PopResponse) -> None:
+        self.topic = topic
+        self._runs = list(response.runs)
+        self._count = sum(r.count for r in self._runs)
+        self._messages: list[PoppedMessage] | None = None
+
+    @property
+    def runs(self) -> list[PoppedRun]:
+        return [PoppedRun(r.queue_id, r.first_offset, r.count, r.delivery_count, r.receipt_handle) for r in self._runs]
+
+    def receipt_handles(self) -> list[str]:
+        """One handle per run: what ``ack``/``nack`` of the whole result sends."""
+        return [r.receipt_handle for r in self._runs]
+
+    def bodies(self) -> list[bytes]:
+        """All bodies, in one pass over the batches, without per-message objects."""
+        out: list[bytes] = []
+        for r in self._runs:
+            out += _walk(r.batches, r.skip_first, r.count, bodies=True)
+        return out
+
+    def _build(self) -> list[PoppedMessage]:
+        out: list[PoppedMessage] = []
+        for r in self._runs:
+            lease, _, _ = r.receipt_handle.split(".", 2)
+            topic = self.topic
+            offset = r.first_offset
+            for mv, pos, h, _, start in _walk(r.batches, r.skip_first, r.count, bodies=False):
+                out.append(PoppedMessage(mv, pos, topic, r.queue_id, offset, h.base_offset + pos - start, h.store_time_ms,
+                                         f"{lease}.{offset:x}.{topic}", r.delivery_count))
+                offset += 1
+        self._messages = out
+        return out
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> PoppedMessage: ...
+    @overload
+    def __getitem__(self, i: slice) -> list[PoppedMessage]: ...
+    def __getitem__(self, i: int | slice) -> PoppedMessage | list[PoppedMessage]:
+        messages = self._messages if self._messages is not None else self._build()
+        return messages[i]
+
+    def __iter__(self) -> Iterator[PoppedMessage]:
+        return iter(self._messages if self._messages is not None else self._build())
+
+    def __repr__(self) -> str:
+        runs = ", ".join(f"{r.queue_id}@{r.first_offset}+{r.count}" for r in self._runs[:4])
+        more = ", ..." if len(self._runs) > 4 else ""
+        return f"PopResult({self.topic}: {self._count} messages in {len(self._runs)} runs [{runs}{more}])"
+
+
+def _batches(blobs: Iterable[bytes]) -> Iterator[tuple[bytes, int, bf.BatchHeader]]:
+    """(blob, batch start, header) for every batch, header CRC checked (paired with the write)."""
+    for raw in blobs:
+        pos = 0
+        for header, _ in scan_bytes(raw, mode=Mode.STRICT, check_offsets=False, path="pulled batches"):
+            yield raw, pos, header
+            pos += header.batch_bytes
+
+
+def _walk(blobs: Iterable[bytes], skip: int, count: int, *, bodies: bool) -> list[Any]:
+    """One pass over ``count`` records after the first ``skip``: each one's body (``bodies``) or
+    its index entry (blob, record position, header, index in batch, batch start)."""
+    out: list[Any] = []
+    append = out.append
+    unpack = _RECORD_HEAD.unpack_from
+    remaining = count
+    for mv, start, h in _batches(blobs):
+        if remaining <= 0:
+            break
+        pos = start + h.records_at
+        end = start + h.batch_bytes
+        i = 0
+        while pos < end and remaining > 0:
+            size, kl, pl = unpack(mv, pos)
+            if i >= skip:  # slicing bytes: one copy, no view
+                append(mv[pos + 8 + kl + pl : pos + 4 + size] if bodies else (mv, pos, h, i, start))
+                remaining -= 1
+            pos += 4 + size
+            i += 1
+        skip = 0
+    return out
 
 
 @dataclass(slots=True)

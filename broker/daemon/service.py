@@ -24,7 +24,7 @@ from broker.daemon.heartbeats import Heartbeats
 from broker.daemon.longpoll import LongPolls
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import MESSAGE_MAX, BrokerError, invalid, shown
-from broker.groups.pops import PopService
+from broker.groups.pops import PopService, as_messages
 from broker.logformat import system_records
 from broker.ports import IncomingBatch, RoleController
 from broker.security.auth import current_caller
@@ -358,7 +358,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
                 left = deadline - loop.time()
                 if got or not parked or left <= 0 or self.store.closing:
-                    return pb.PopResponse(messages=got)
+                    return pb.PopResponse(runs=got) if request.as_runs else pb.PopResponse(messages=as_messages(got))
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - time.time()))
                 await asyncio.wait(parked, timeout=left, return_when=asyncio.FIRST_COMPLETED)

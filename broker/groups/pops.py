@@ -2,11 +2,17 @@
 
 Every change is one ``__pop`` record per call (``broker/logformat/pop_records.py``), applied by
 the pop view like any other view, so leases replicate, survive kill -9 and failover, and restart
-is bounded by the view's checkpoint. The master decides under a per-group lock: it first waits
-until the view has applied everything in the log (its own earlier records included), reads the
-state, appends the record, and lets the next call in; the caller then waits until the record is
-as durable as an ack=replica send and applied, and only then answers. So two calls of one group
-never lease the same message, and an answered pop or ack is never undone by a failover.
+is bounded by the view's checkpoint. The master decides under a lock per (group, topic, queue):
+it first waits until the view has applied its own last record that touched the queue (the whole
+log, the first time in an epoch), reads the state, appends the record, and lets the next call on
+that queue in; the caller then waits until the record is as durable as an ack=replica send and
+applied, and only then answers. So two calls of one group never lease the same message, calls
+on different queues run side by side (their records share fsyncs), and an answered pop or ack is
+never undone by a failover.
+
+A pop answers runs of adjacent messages as the log batches that hold them (as a pull does) with
+one receipt handle per run, and an ack of a run names it by that one handle, so the per-message
+cost on both sides is a slice of bytes, not an object.
 
 A lease ends at its deadline; no record marks that: the next pop finds the message available
 (the view keeps deadlines; see ``broker/views/pop_leases.py``) and leases it again with
@@ -18,12 +24,13 @@ same request as the record that ends it. Acks name leases by receipt handle
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import crc32c
 import numpy as np
@@ -55,6 +62,9 @@ REASONS = {
 }
 
 
+QueueKey = tuple[str, str, int]  # (group, topic, queue): the unit of pop, ack and their locks
+
+
 @dataclass(slots=True)
 class _Pick:
     """What one pop takes from one queue."""
@@ -76,9 +86,11 @@ class PopService:
         self.store = store
         self.config = store.config
         self.view = store.views.pops
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[QueueKey, threading.Lock] = {}
         self._locks_guard = threading.Lock()
+        self._last_end: dict[QueueKey, tuple[int, int]] = {}  # (epoch, end of our last record)
         self._rotation: dict[tuple[str, str], int] = {}
+        self._dlq_lock = threading.Lock()
 
     @property
     def cluster(self) -> int:
@@ -106,21 +118,52 @@ class PopService:
             raise invalid(f"{name} {value_ms} ms out of range: 1..{top} (groups.invisible_ms_max)")
         return value_ms
 
-    def _lock(self, group: str) -> threading.Lock:
+    def _lock(self, key: QueueKey) -> threading.Lock:
         with self._locks_guard:
-            lock = self._locks.get(group)
+            lock = self._locks.get(key)
             if lock is None:
                 if len(self._locks) >= GROUP_LOCKS_MAX:
-                    self._locks = {g: lk for g, lk in self._locks.items() if lk.locked()}
-                lock = self._locks[group] = threading.Lock()
+                    self._locks = {k: lk for k, lk in self._locks.items() if lk.locked()}
+                lock = self._locks[key] = threading.Lock()
             return lock
 
-    def _settle(self) -> None:
-        """Under the group lock: the view has applied every record in the log (ours included)."""
+    @contextlib.contextmanager
+    def _holding(self, keys: Iterable[QueueKey]) -> Iterator[None]:
+        """Hold the locks of these queues (taken in sorted order: no deadlock), settled."""
+        locks = [self._lock(k) for k in sorted(set(keys))]
+        taken: list[threading.Lock] = []
+        try:
+            for lock in locks:
+                lock.acquire()
+                taken.append(lock)
+            self._settle(sorted(set(keys)))
+            yield
+        finally:
+            for lock in reversed(taken):
+                lock.release()
+
+    def _settle(self, keys: Iterable[QueueKey]) -> None:
+        """With the queues' locks held: the view has applied every record of ours that touched them
+        (all of the log, for a queue without a record from this master in this epoch)."""
         self.store.check_writable()
-        end = self.store.log.max_offset
-        if not self.view.wait_applied(end, self.config["limits.send_timeout_ms"] / 1000.0):
+        epoch = self.store.epoch
+        target = 0
+        for k in keys:
+            last = self._last_end.get(k)
+            if last is None or last[0] != epoch:
+                target = self.store.log.max_offset
+                break
+            target = max(target, last[1])
+        if not self.store.dispatcher.wait_applied(self.view, target, self.config["limits.send_timeout_ms"] / 1000.0):
             raise BrokerError("UNAVAILABLE", "pop state is not caught up with the log yet; retry")
+
+    def _appended(self, keys: Iterable[QueueKey], end: int) -> None:
+        """With the queues' locks held: our record touching them ends at ``end``."""
+        if len(self._last_end) > GROUP_LOCKS_MAX:
+            self._last_end.clear()  # the next call of each queue settles on the whole log
+        epoch = self.store.epoch
+        for k in keys:
+            self._last_end[k] = (epoch, end)
 
     def _append(self, batches: list[IncomingBatch]) -> int:
         _, end = self.store.appender.append(batches, internal=True)
@@ -132,145 +175,196 @@ class PopService:
         timeout_ms = self.config["limits.send_timeout_ms"]
         store.watermarks.wait_ack(end, "replica", timeout_ms, give_up=store.lost_mastership)
         store.check_still_master_after_append()
-        if not self.view.wait_applied(end, timeout_ms / 1000.0):
+        if not self.store.dispatcher.wait_applied(self.view, end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", "the pop record is stored but not applied in time")
 
     # -- pop ---------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
-            start_earliest: bool) -> tuple[list[pb.PoppedMessage], int | None]:
-        """Lease up to ``max_messages``; return them, or none and when the next lease ends (ms)."""
+            start_earliest: bool) -> tuple[list[pb.PoppedRun], int | None]:
+        """Lease up to ``max_messages``; return them as runs of adjacent messages with the log
+        batches that hold them (at most ``limits.pull_bytes_max`` and one batch), or no run and when
+        the next lease ends (ms).
+
+        Calls of one group on different queues run side by side (their records share fsyncs): a
+        pop takes the queues that no other call holds, from a rotating start; only when every queue
+        is busy or empty does it wait for one, then the next."""
         self.check_group(group)
         queues = self.topic_queues(topic)
         self._check_duration("invisible_ms", invisible_ms)
         if max_messages <= 0:
             raise invalid("max_messages must be positive")
         max_messages = min(max_messages, self.config["groups.pop_messages_max"])
-        with self._lock(group):
-            self._settle()
+        with self._locks_guard:
+            first = self._rotation.get((group, topic), 0)
+            self._rotation[(group, topic)] = (first + 1) % queues
+            if len(self._rotation) > GROUP_LOCKS_MAX:
+                self._rotation.clear()
+        order = [(group, topic, (first + i) % queues) for i in range(queues)]
+        wake: int | None = None
+        busy: list[QueueKey] = []
+        held: list[QueueKey] = []
+        leased: tuple[list[pb.PoppedRun], int, int] | None = None
+        try:
+            picks: list[_Pick] = []
+            left = max_messages
             now = now_ms()
-            picks, wake_ms = self._pick(group, topic, queues, max_messages, start_earliest, now)
-            if not picks:
-                return [], wake_ms
-            tag = secrets.randbits(63) + 1
-            until = now + invisible_ms
-            epoch, cluster = self.store.epoch, self.cluster
-            out: list[pb.PoppedMessage] = []
-            dlq: list[tuple[bytes, bytes, bytes]] = []
-            entries = []
-            for p in picks:
-                counts = dict(zip(p.offsets.tolist(), p.counts.tolist(), strict=True))
-                prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
-                for msg in self._read(topic, p.queue_id, p.offsets):
-                    msg.delivery_count = counts[msg.queue_offset] + 1
-                    msg.receipt_handle = f"{prefix}.{msg.queue_offset:x}.{topic}"
-                    out.append(msg)
-                got = np.array(sorted(m.queue_offset for m in out if m.queue_id == p.queue_id), dtype=np.int64)
-                gone = np.union1d(p.gone, np.setdiff1d(p.offsets, got))  # removed by retention meanwhile
-                dead = np.setdiff1d(p.dead, gone)
-                dlq += self._dead_letters(topic, p.queue_id, dead)
-                entry: dict[str, object] = {"q": p.queue_id, "runs": pr.to_runs(got), "dead": pr.to_runs(dead),
-                                            "gone": pr.to_runs(gone)}
-                if p.start is not None:
-                    entry["from"] = p.start
-                entries.append(entry)
-            batches = []
-            if dlq:
-                batches.append(self._dlq_batch(group, dlq))
-            batches.append(_record_batch(pr.LEASE, {"g": group, "t": topic, "until": until, "tag": tag, "queues": entries}))
-            end = self._append(batches)
+            for key in order:  # first pass: the queues nobody else holds
+                if left <= 0 and not self._new_queue(key):
+                    continue  # (a queue new to the group is visited anyway: its state starts now)
+                if not self._lock(key).acquire(blocking=False):
+                    busy.append(key)
+                    continue
+                held.append(key)
+                self._settle([key])
+                pick, nxt = self._pick(key, left, start_earliest, now)
+                wake = _earliest(wake, nxt)
+                if pick is not None:
+                    picks.append(pick)
+                    left -= int(pick.offsets.size)
+            if picks:
+                leased = self._lease(group, topic, picks, invisible_ms, now)
+        finally:
+            for key in held:
+                self._lock(key).release()
+        for key in busy if leased is None else ():  # second pass: wait for each busy queue, one at a time
+            with self._holding([key]):
+                now = now_ms()
+                pick, nxt = self._pick(key, max_messages, start_earliest, now)
+                wake = _earliest(wake, nxt)
+                if pick is not None:
+                    leased = self._lease(group, topic, [pick], invisible_ms, now)
+                    break
+        if leased is None:
+            return [], wake
+        out, end, dead = leased
         self._durable(end)
-        redelivered = sum(1 for m in out if m.delivery_count > 1)
+        redelivered = sum(r.count for r in out if r.delivery_count > 1)
         if redelivered:
             metrics.POP_REDELIVERIES.inc(redelivered)
-        if dlq:
-            metrics.POP_DLQ.inc(len(dlq))
-            log.info("pop_dead_letters", group=group, topic=topic, count=len(dlq))
+        if dead:
+            metrics.POP_DLQ.inc(dead)
+            log.info("pop_dead_letters", group=group, topic=topic, count=dead)
         return out, None
 
-    def _pick(self, group: str, topic: str, queues: int, max_messages: int, start_earliest: bool,
-              now: int) -> tuple[list[_Pick], int | None]:
+    def _lease(self, group: str, topic: str, picks: list[_Pick], invisible_ms: int,
+               now: int) -> tuple[list[pb.PoppedRun], int, int]:
+        """With the picked queues' locks held: read, append the lease record (and dead letters in
+        the same append); return the runs, the record's end and the number of dead letters."""
+        tag = secrets.randbits(63) + 1
+        epoch, cluster = self.store.epoch, self.cluster
+        budget = self.config["limits.pull_bytes_max"]
+        out: list[pb.PoppedRun] = []
+        dlq: list[tuple[bytes, bytes, bytes]] = []
+        entries = []
+        for p in picks:
+            prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
+            runs, got, gone, budget = self._read_runs(topic, p.queue_id, p.offsets, p.counts, budget)
+            for first, count, delivery, batches, skip in runs:
+                more = f"+{count:x}" if count != 1 else ""
+                out.append(pb.PoppedRun(queue_id=p.queue_id, first_offset=first, count=count, delivery_count=delivery,
+                                        receipt_handle=f"{prefix}.{first:x}{more}.{topic}", batches=batches,
+                                        skip_first=skip))
+            gone = np.union1d(p.gone, gone)  # removed by retention meanwhile
+            dead = np.setdiff1d(p.dead, gone)
+            dlq += self._dead_letters(topic, p.queue_id, dead)
+            entry: dict[str, object] = {"q": p.queue_id, "runs": pr.to_runs(got), "dead": pr.to_runs(dead),
+                                        "gone": pr.to_runs(gone)}
+            if p.start is not None:
+                entry["from"] = p.start
+            entries.append(entry)
+        batches_out = []
+        if dlq:
+            batches_out.append(self._dlq_batch(group, dlq))
+        batches_out.append(_record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + invisible_ms, "tag": tag,
+                                                    "queues": entries}))
+        end = self._append(batches_out)
+        self._appended([(group, topic, p.queue_id) for p in picks], end)
+        return out, end, len(dlq)
+
+    def _new_queue(self, key: QueueKey) -> bool:
+        with self.view.lock:
+            return self.view.queue(*key) is None
+
+    def _pick(self, key: QueueKey, left: int, start_earliest: bool, now: int) -> tuple[_Pick | None, int | None]:
+        """With the queue's lock held: what a pop of up to ``left`` messages takes from it, and
+        when its next lease ends."""
+        group, topic, q = key
         max_deliveries = self.config["groups.max_deliveries"]
         window_max = self.config["groups.pop_window_max"]
-        first = self._rotation.get((group, topic), 0)
-        self._rotation[(group, topic)] = (first + 1) % queues
-        if len(self._rotation) > GROUP_LOCKS_MAX:
-            self._rotation.clear()
-        picks: list[_Pick] = []
-        left = max_messages
-        wake: int | None = None
         with self.view.lock:
-            for i in range(queues):
-                q = (first + i) % queues
-                low, high = self.store.reads.queue_bounds(topic, q)
-                pq = self.view.queue(group, topic, q)
-                start = None
-                if pq is None:
-                    start = low if start_earliest else high
-                    pq = PopQueue(start)
-                offs, counts = pq.available(now, left) if left > 0 else (np.empty(0, np.int64), np.empty(0, np.int64))
-                gone = offs[offs < low]
-                keep = offs >= low
-                offs, counts = offs[keep], counts[keep]
-                dead_mask = counts >= max_deliveries
-                dead, offs, counts = offs[dead_mask], offs[~dead_mask], counts[~dead_mask]
-                fresh_from = max(pq.cursor, low)
-                n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - pq.base)))
-                if n_fresh:
-                    offs = np.concatenate((offs, np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)))
-                    counts = np.concatenate((counts, np.zeros(n_fresh, dtype=np.int64)))
-                if offs.size or dead.size or gone.size or start is not None:
-                    picks.append(_Pick(q, start, offs, counts, dead, gone))
-                    left -= int(offs.size)
-                nxt = pq.next_visible_ms()
-                if nxt is not None and nxt > now:
-                    wake = nxt if wake is None else min(wake, nxt)
-        return picks, wake
+            low, high = self.store.reads.queue_bounds(topic, q)
+            pq = self.view.queue(group, topic, q)
+            start = None
+            if pq is None:
+                start = low if start_earliest else high
+                pq = PopQueue(start)
+            none = np.empty(0, np.int64)
+            offs, counts = pq.available(now, left) if left > 0 else (none, none)
+            gone = offs[offs < low]
+            keep = offs >= low
+            offs, counts = offs[keep], counts[keep]
+            dead_mask = counts >= max_deliveries
+            dead, offs, counts = offs[dead_mask], offs[~dead_mask], counts[~dead_mask]
+            fresh_from = max(pq.cursor, low)
+            n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - pq.base)))
+            if n_fresh:
+                offs = np.concatenate((offs, np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)))
+                counts = np.concatenate((counts, np.zeros(n_fresh, dtype=np.int64)))
+            nxt = pq.next_visible_ms()
+            wake = nxt if nxt is not None and nxt > now else None
+            if offs.size or dead.size or gone.size or start is not None:
+                return _Pick(q, start, offs, counts, dead, gone), wake
+            return None, wake
 
-    def _read(self, topic: str, queue_id: int, offsets: np.ndarray) -> Iterator[pb.PoppedMessage]:
-        """The records at ``offsets`` (sorted), read a run of adjacent offsets at a time."""
+    def _read_runs(self, topic: str, queue_id: int, offsets: np.ndarray, counts: np.ndarray,
+                   budget: int) -> tuple[list[tuple[int, int, int, list[bytes], int]], np.ndarray, np.ndarray, int]:
+        """Read ``offsets`` (sorted; ``counts``: deliveries so far) as runs of adjacent messages with
+        equal counts: (first, count, delivery count, batches, records to skip in the first batch)
+        each, the offsets read, the offsets removed by retention, and the byte budget left. Reading
+        stops once ``budget`` bytes are read (at least one batch): the rest is neither read nor gone."""
         pull_bytes = self.config["limits.pull_bytes_max"]
-        for start, count in pr.to_runs(offsets):
-            pos, end = start, start + count
+        runs: list[tuple[int, int, int, list[bytes], int]] = []
+        got: list[tuple[int, int]] = []
+        gone: list[tuple[int, int]] = []
+        for start, n, delivered in _equal_runs(offsets, counts):
+            pos, end = start, start + n
             while pos < end:
+                if budget <= 0:
+                    return runs, pr.from_runs(got), pr.from_runs(gone), budget
                 try:
-                    r = self.store.reads.pull(topic, queue_id, pos, end - pos, pull_bytes, 0)
+                    r = self.store.reads.pull(topic, queue_id, pos, end - pos, min(pull_bytes, budget), 0)
                 except BrokerError as exc:
                     if exc.code != "OUT_OF_RANGE":
                         raise
-                    break  # removed by retention: reported as gone
-                if not r.count:
+                    r = None
+                if r is None or not r.count:
+                    gone.append((pos, end - pos))
                     break
-                taken = 0
-                for header, batch in _batches(r.batches):
-                    qoff = header.base_queue_offset
-                    for rpos, _, _, _ in bf.iter_records(batch, header):
-                        if pos <= qoff < end:
-                            rec_end = rpos + 4 + bf.RECORD_HEAD.unpack_from(batch, rpos)[0]
-                            yield pb.PoppedMessage(queue_id=queue_id, queue_offset=qoff, commit_offset=header.base_offset,
-                                             store_time_ms=header.store_time_ms, record=bytes(batch[rpos:rec_end]))
-                            taken += 1
-                        qoff += 1
-                pos = r.next_offset if taken else end
+                runs.append((pos, r.count, delivered + 1, r.batches, r.skip_first))
+                got.append((pos, r.count))
+                budget -= sum(len(b) for b in r.batches)
+                pos += r.count
+        return runs, pr.from_runs(got), pr.from_runs(gone), budget
 
     def _dead_letters(self, topic: str, queue_id: int, dead: np.ndarray) -> list[tuple[bytes, bytes, bytes]]:
         """(body, key, props) of each dead message, its origin added to its properties."""
         if dead.size == 0:
             return []
-        counts = self.config["groups.max_deliveries"]
+        counts = str(self.config["groups.max_deliveries"])
         out = []
-        for msg in self._read(topic, queue_id, dead):
-            size, key_len, props_len = bf.RECORD_HEAD.unpack_from(msg.record, 0)
-            k0 = bf.RECORD_HEAD_BYTES
-            key = msg.record[k0 : k0 + key_len]
-            props = bf.decode_props(msg.record[k0 + key_len : k0 + key_len + props_len]) if props_len else {}
-            props.update(zip(ORIGIN_PROPS, (topic, str(queue_id), str(msg.queue_offset), str(counts)), strict=True))
-            out.append((msg.record[k0 + key_len + props_len : 4 + size], key, bf.encode_props(props)))
+        runs, _, _, _ = self._read_runs(topic, queue_id, dead, np.zeros(dead.size, np.int64), 1 << 62)
+        for first, count, _, batches, _ in runs:
+            for r in run_records(first, count, batches):
+                props = bf.decode_props(r.props) if len(r.props) else {}
+                props.update(zip(ORIGIN_PROPS, (topic, str(queue_id), str(r.queue_offset), counts), strict=True))
+                out.append((bytes(r.body), bytes(r.key), bf.encode_props(props)))
         return out
 
     def _dlq_batch(self, group: str, items: list[tuple[bytes, bytes, bytes]]) -> IncomingBatch:
         name = group + DLQ_SUFFIX
-        if self.store.views.metadata.topic(name) is None:
-            self._create_dlq(name)
+        with self._dlq_lock:  # pops of two queues may both find it missing
+            if self.store.views.metadata.topic(name) is None:
+                self._create_dlq(name)
         records, _ = bf.encode_records(items)
         return IncomingBatch(name, 0, records, len(items), crc32c.crc32c(records))
 
@@ -298,6 +392,7 @@ class PopService:
         out = []
         cluster, epoch = self.cluster, self.store.epoch
         decoder = receipts.Decoder()
+        messages, messages_max = 0, self.config["groups.pop_window_max"]
         for text in handles:
             try:
                 h = decoder.decode(text)
@@ -307,6 +402,9 @@ class PopService:
                 raise invalid(f"receipt handle {shown(text)} is from another cluster")
             if h.epoch > epoch:
                 raise invalid(f"receipt handle {shown(text)} names epoch {h.epoch}, newer than this master's {epoch}")
+            messages += h.length
+            if messages > messages_max:
+                raise invalid(f"the receipt handles name more than groups.pop_window_max ({messages_max}) messages")
             out.append(h)
         return out
 
@@ -320,14 +418,25 @@ class PopService:
         ok: dict[tuple[str, int], list[np.ndarray]] = {}
         refused: list[tuple[int, str]] = []
         for (topic, q, tag), idxs in by_lease.items():
-            offsets = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
+            firsts = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
+            lengths = np.fromiter((resolved[i].length for i in idxs), dtype=np.int64, count=len(idxs))
+            owner = np.repeat(np.arange(len(idxs)), lengths)  # the handle each offset comes from
+            offsets = np.repeat(firsts, lengths) + np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
             pq = self.view.queue(group, topic, q)
-            reasons = pq.check(offsets, tag, now) if pq is not None else np.full(len(idxs), NOT_LEASED, np.int8)
+            reasons = pq.check(offsets, tag, now) if pq is not None else np.full(offsets.size, NOT_LEASED, np.int8)
             _, first = np.unique(offsets, return_index=True)
-            repeated = np.ones(len(idxs), dtype=bool)
+            repeated = np.ones(offsets.size, dtype=bool)
             repeated[first] = False
             reasons[(reasons == 0) & repeated] = TWICE
-            refused += [(idxs[k], REASONS[int(reasons[k])]) for k in np.flatnonzero(reasons)]
+            bad = np.flatnonzero(reasons)
+            if bad.size:
+                n_bad = np.bincount(owner[bad], minlength=len(idxs))
+                shown_at = {int(owner[j]): int(reasons[j]) for j in bad[::-1].tolist()}  # the first reason of each
+                for k, why in sorted(shown_at.items()):
+                    text = REASONS[why]
+                    if lengths[k] > 1:
+                        text = f"{n_bad[k]} of the run's {lengths[k]} messages: {text}"
+                    refused.append((idxs[k], text))
             good = offsets[reasons == 0]
             if good.size:
                 ok.setdefault((topic, q), []).append(good)
@@ -337,8 +446,8 @@ class PopService:
         """Ack (``pr.ACK``) or nack (``pr.NACK``) leases; return (handle, grpc code, reason) for each
         handle whose lease had ended already (the others are done)."""
         resolved = self._resolve(group, handles)
-        with self._lock(group):
-            self._settle()
+        keys = [(group, h.topic, h.queue_id) for h in resolved]
+        with self._holding(keys):
             now = now_ms()
             with self.view.lock:
                 ok, refused = self._current(group, resolved, now)
@@ -350,6 +459,7 @@ class PopService:
                 else:
                     record = {"g": group, "nacks": items, "until": now + delay_ms}
                 end = self._append([_record_batch(kind, record)])
+                self._appended([(group, t, q) for t, q in ok], end)
         if ok:
             self._durable(end)
         return [(handles[i], FAILED_PRECONDITION, why) for i, why in refused]
@@ -366,8 +476,10 @@ class PopService:
         """Move one lease's deadline to now + ``invisible_ms``; return its new handle."""
         self._check_duration("invisible_ms", invisible_ms)
         (h,) = self._resolve(group, [handle])
-        with self._lock(group):
-            self._settle()
+        if h.length != 1:
+            raise invalid("change_invisible takes one message's receipt handle, not a run's")
+        key = (group, h.topic, h.queue_id)
+        with self._holding([key]):
             now = now_ms()
             with self.view.lock:
                 _, refused = self._current(group, [h], now)
@@ -376,6 +488,7 @@ class PopService:
             tag = secrets.randbits(63) + 1
             record = {"g": group, "t": h.topic, "q": h.queue_id, "o": h.offset, "until": now + invisible_ms, "tag": tag}
             end = self._append([_record_batch(pr.INVISIBLE, record)])
+            self._appended([key], end)
         self._durable(end)
         return receipts.encode(h._replace(epoch=self.store.epoch, tag=tag))
 
@@ -404,13 +517,62 @@ class PopService:
         return self.view.in_flight_total()
 
 
+def _earliest(a: int | None, b: int | None) -> int | None:
+    return b if a is None else a if b is None else min(a, b)
+
+
+def _equal_runs(offsets: np.ndarray, counts: np.ndarray) -> list[tuple[int, int, int]]:
+    """(first, length, count) of each run of adjacent offsets with equal counts."""
+    if offsets.size == 0:
+        return []
+    breaks = np.flatnonzero((np.diff(offsets) != 1) | (np.diff(counts) != 0)) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [offsets.size]))
+    return [(int(offsets[a]), int(b - a), int(counts[a])) for a, b in zip(starts.tolist(), ends.tolist(), strict=True)]
+
+
+class RunRecord(NamedTuple):
+    queue_offset: int
+    header: bf.BatchHeader
+    record: memoryview  # the whole encoded record
+    key: memoryview
+    props: memoryview
+    body: memoryview
+
+
+def run_records(first: int, count: int, batches: Iterable[bytes]) -> Iterator[RunRecord]:
+    """Each message of the run ``first .. first + count - 1`` found in ``batches``."""
+    end = first + count
+    for header, batch in _batches(batches):
+        qoff = header.base_queue_offset
+        for rpos, key, props, body in bf.iter_records(batch, header):
+            if first <= qoff < end:
+                size = bf.RECORD_HEAD.unpack_from(batch, rpos)[0]
+                yield RunRecord(qoff, header, batch[rpos : rpos + 4 + size], key, props, body)
+            qoff += 1
+        if qoff >= end:
+            return
+
+
+def as_messages(runs: list[pb.PoppedRun]) -> list[pb.PoppedMessage]:
+    """One PoppedMessage each (for clients that ask for them: PopRequest.as_runs unset)."""
+    out = []
+    for r in runs:
+        lease, _, topic = r.receipt_handle.split(".", 2)
+        for m in run_records(r.first_offset, r.count, r.batches):
+            out.append(pb.PoppedMessage(queue_id=r.queue_id, queue_offset=m.queue_offset, commit_offset=m.header.base_offset,
+                                        store_time_ms=m.header.store_time_ms, record=bytes(m.record),
+                                        receipt_handle=f"{lease}.{m.queue_offset:x}.{topic}", delivery_count=r.delivery_count))
+    return out
+
+
 def _record_batch(kind: str, fields: dict[str, object]) -> IncomingBatch:
     key, body = system_records.encode(kind, fields)
     records, _ = bf.encode_records([(body, key, b"")])
     return IncomingBatch(pr.POP_TOPIC, 0, records, 1, crc32c.crc32c(records))
 
 
-def _batches(runs: list[bytes]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:
+def _batches(runs: Iterable[bytes]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:
     """Each batch of runs of whole, adjacent batches (as reads return them)."""
     for run in runs:
         mv = memoryview(run)

@@ -1,9 +1,11 @@
 """Receipt handles of pop mode: what a consumer hands back to ack, nack or extend one lease.
 
-A handle is ``<lease>.<offset>.<topic>``: ``lease`` is ``base64url(version u8 | cluster u64 |
+A handle is ``<lease>.<offset>.<topic>`` for one message, or ``<lease>.<offset>+<count>.<topic>``
+for a run of ``count`` adjacent messages leased together (a pop answered in runs): ``lease`` is ``base64url(version u8 | cluster u64 |
 epoch u32 | tag u64 | queue u16)`` without padding (the same for every message one pop call took
 from one queue, so encoding is one string format per message and decoding one base64 per lease),
-``offset`` the queue offset in lower-case hex. ``cluster`` is a hash of the cluster id, so a handle
+``offset`` (and ``count``) the queue offset in lower-case hex; a message's own handle in a run is
+the run's with its offset and no count. ``cluster`` is a hash of the cluster id, so a handle
 from another cluster is refused; ``tag`` is the random 63-bit tag of the lease (one per pop call),
 which the lease view must still hold for the offset: a handle whose lease ended, or a forged one,
 names a tag that is not there. Spec: docs/formats/pop-records.md.
@@ -29,6 +31,7 @@ class Handle(NamedTuple):
     topic: str
     queue_id: int
     offset: int
+    length: int = 1  # a run of adjacent messages of one lease
 
 
 def cluster_hash(cluster_id: str) -> int:
@@ -41,7 +44,14 @@ def lease_prefix(cluster: int, epoch: int, tag: int, queue_id: int) -> str:
 
 
 def encode(h: Handle) -> str:
-    return f"{lease_prefix(h.cluster, h.epoch, h.tag, h.queue_id)}.{h.offset:x}.{h.topic}"
+    run = f"+{h.length:x}" if h.length != 1 else ""
+    return f"{lease_prefix(h.cluster, h.epoch, h.tag, h.queue_id)}.{h.offset:x}{run}.{h.topic}"
+
+
+def message_handle(run_handle: str, offset: int) -> str:
+    """The handle of the message at ``offset`` of the run ``run_handle`` names (no check)."""
+    lease, _, topic = run_handle.split(".", 2)
+    return f"{lease}.{offset:x}.{topic}"
 
 
 class Decoder:
@@ -58,13 +68,22 @@ class Decoder:
         lease = self._leases.get(parts[0])
         if lease is None:
             lease = self._leases[parts[0]] = _decode_lease(parts[0])
-        try:
-            offset = int(parts[1], 16)
-        except ValueError:
-            raise ValueError("not a receipt handle") from None
-        if not 0 <= offset < 1 << 63 or parts[1] != f"{offset:x}":
+        where, plus, run = parts[1].partition("+")
+        offset = _hex(where)
+        count = _hex(run) if plus else 1
+        if not 0 <= offset < 1 << 63 or not 0 < count < 1 << 32:
             raise ValueError("not a receipt handle")
-        return Handle(lease[0], lease[1], lease[2], parts[2], lease[3], offset)
+        return Handle(lease[0], lease[1], lease[2], parts[2], lease[3], offset, count)
+
+
+def _hex(text: str) -> int:
+    try:
+        value = int(text, 16)
+    except ValueError:
+        raise ValueError("not a receipt handle") from None
+    if text != f"{value:x}":
+        raise ValueError("not a receipt handle")
+    return value
 
 
 def decode(text: str) -> Handle:

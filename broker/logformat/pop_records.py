@@ -15,6 +15,8 @@ Each record's key is the change type, its body a JSON object; offsets are lists 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from broker.logformat.system_records import POP_TOPIC
@@ -40,7 +42,7 @@ def to_runs(offsets: np.ndarray | list[int]) -> Runs:
     return [[int(arr[s]), int(e - s)] for s, e in zip(starts, ends, strict=True)]
 
 
-def from_runs(runs: Runs) -> np.ndarray:
+def from_runs(runs: Sequence[Sequence[int]]) -> np.ndarray:
     """The offsets of ``runs`` as one int64 array."""
     if not runs:
         return np.empty(0, dtype=np.int64)

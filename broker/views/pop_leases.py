@@ -169,7 +169,6 @@ class PopLeaseView(View):
         self.applied_offset = 0
         self.groups: dict[str, GroupCounters] = {}
         self.lock = threading.Lock()  # readers (describe, the master's selection) against the dispatcher
-        self.applied_cond = threading.Condition(self.lock)
 
     # -- reads ------------------------------------------------------------------------------------
     def queue(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
@@ -266,11 +265,6 @@ class PopLeaseView(View):
     def end_round(self, offset: int) -> None:
         with self.lock:
             self.applied_offset = offset
-            self.applied_cond.notify_all()
-
-    def wait_applied(self, offset: int, timeout_s: float) -> bool:
-        with self.lock:
-            return self.applied_cond.wait_for(lambda: self.applied_offset >= offset, timeout_s)
 
     def checkpoint(self) -> None:
         with self.lock:
