@@ -13,6 +13,12 @@ class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACK_LEADER: _ClassVar[Ack]
     ACK_FLUSH: _ClassVar[Ack]
 
+class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLE_UNSPECIFIED: _ClassVar[Role]
+    ROLE_MASTER: _ClassVar[Role]
+    ROLE_SLAVE: _ClassVar[Role]
+
 class ResetTo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     RESET_EARLIEST: _ClassVar[ResetTo]
@@ -22,6 +28,9 @@ class ResetTo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 ACK_REPLICA: Ack
 ACK_LEADER: Ack
 ACK_FLUSH: Ack
+ROLE_UNSPECIFIED: Role
+ROLE_MASTER: Role
+ROLE_SLAVE: Role
 RESET_EARLIEST: ResetTo
 RESET_LATEST: ResetTo
 RESET_TIME: ResetTo
@@ -47,15 +56,44 @@ class ProduceBatch(_message.Message):
     delayed: bool
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., producer_id: _Optional[int] = ..., base_sequence: _Optional[int] = ..., record_count: _Optional[int] = ..., records_crc: _Optional[int] = ..., records: _Optional[bytes] = ..., delayed: _Optional[bool] = ...) -> None: ...
 
+class PlainMessage(_message.Message):
+    __slots__ = ("topic", "queue_id", "key", "body", "properties", "deliver_at_ms", "sequence")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    key: str
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    deliver_at_ms: int
+    sequence: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., key: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
+
 class SendRequest(_message.Message):
-    __slots__ = ("batches", "ack", "timeout_ms")
+    __slots__ = ("batches", "ack", "timeout_ms", "messages", "producer_id")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[ProduceBatch]
     ack: Ack
     timeout_ms: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[PlainMessage]
+    producer_id: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PlainMessage, _Mapping]]] = ..., producer_id: _Optional[int] = ...) -> None: ...
 
 class BatchReceipt(_message.Message):
     __slots__ = ("commit_offset", "base_queue_offset", "record_count", "duplicate")
@@ -69,43 +107,94 @@ class BatchReceipt(_message.Message):
     duplicate: bool
     def __init__(self, commit_offset: _Optional[int] = ..., base_queue_offset: _Optional[int] = ..., record_count: _Optional[int] = ..., duplicate: _Optional[bool] = ...) -> None: ...
 
+class MessageReceipt(_message.Message):
+    __slots__ = ("topic", "queue_id", "queue_offset", "commit_offset", "duplicate", "timer_offset", "deliver_at_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    TIMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    queue_offset: int
+    commit_offset: int
+    duplicate: bool
+    timer_offset: int
+    deliver_at_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ..., timer_offset: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
+
 class SendResponse(_message.Message):
-    __slots__ = ("receipts",)
+    __slots__ = ("receipts", "message_receipts")
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     receipts: _containers.RepeatedCompositeFieldContainer[BatchReceipt]
-    def __init__(self, receipts: _Optional[_Iterable[_Union[BatchReceipt, _Mapping]]] = ...) -> None: ...
+    message_receipts: _containers.RepeatedCompositeFieldContainer[MessageReceipt]
+    def __init__(self, receipts: _Optional[_Iterable[_Union[BatchReceipt, _Mapping]]] = ..., message_receipts: _Optional[_Iterable[_Union[MessageReceipt, _Mapping]]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes", "decode")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
     max_messages: int
     max_wait_ms: int
     max_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    decode: bool
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., decode: _Optional[bool] = ...) -> None: ...
+
+class PulledMessage(_message.Message):
+    __slots__ = ("queue_offset", "commit_offset", "store_time_ms", "key", "body", "properties", "deliver_at_ms", "timer_offset")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    STORE_TIME_MS_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    queue_offset: int
+    commit_offset: int
+    store_time_ms: int
+    key: str
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    deliver_at_ms: int
+    timer_offset: int
+    def __init__(self, queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., store_time_ms: _Optional[int] = ..., key: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., timer_offset: _Optional[int] = ...) -> None: ...
 
 class PullResponse(_message.Message):
-    __slots__ = ("batches", "skip_first", "count", "next_offset", "min_offset", "max_offset")
+    __slots__ = ("batches", "skip_first", "count", "next_offset", "min_offset", "max_offset", "messages")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     SKIP_FIRST_FIELD_NUMBER: _ClassVar[int]
     COUNT_FIELD_NUMBER: _ClassVar[int]
     NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedScalarFieldContainer[bytes]
     skip_first: int
     count: int
     next_offset: int
     min_offset: int
     max_offset: int
-    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., skip_first: _Optional[int] = ..., count: _Optional[int] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ...) -> None: ...
+    messages: _containers.RepeatedCompositeFieldContainer[PulledMessage]
+    def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., skip_first: _Optional[int] = ..., count: _Optional[int] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PulledMessage, _Mapping]]] = ...) -> None: ...
 
 class OffsetForTimeRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "timestamp_ms")
@@ -263,11 +352,197 @@ class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class ReplicaStatus(_message.Message):
+    __slots__ = ("node_id", "address", "acked_offset", "in_sync", "connected", "lag_bytes", "coordinator_unreachable_ms")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    address: str
+    acked_offset: int
+    in_sync: bool
+    connected: bool
+    lag_bytes: int
+    coordinator_unreachable_ms: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., connected: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ...) -> None: ...
+
+class FollowerStatus(_message.Message):
+    __slots__ = ("master", "connected", "master_confirm_offset", "master_end_offset", "lag_bytes", "in_sync", "error")
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    MASTER_CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MASTER_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    IN_SYNC_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    master: str
+    connected: bool
+    master_confirm_offset: int
+    master_end_offset: int
+    lag_bytes: int
+    in_sync: bool
+    error: str
+    def __init__(self, master: _Optional[str] = ..., connected: _Optional[bool] = ..., master_confirm_offset: _Optional[int] = ..., master_end_offset: _Optional[int] = ..., lag_bytes: _Optional[int] = ..., in_sync: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class CoordinatorStatus(_message.Message):
+    __slots__ = ("connected", "node_id", "leader", "leader_client", "epoch", "lease_remaining_ms", "insync", "failsafe", "error")
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LEADER_FIELD_NUMBER: _ClassVar[int]
+    LEADER_CLIENT_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_REMAINING_MS_FIELD_NUMBER: _ClassVar[int]
+    INSYNC_FIELD_NUMBER: _ClassVar[int]
+    FAILSAFE_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    connected: bool
+    node_id: str
+    leader: str
+    leader_client: str
+    epoch: int
+    lease_remaining_ms: int
+    insync: _containers.RepeatedScalarFieldContainer[str]
+    failsafe: bool
+    error: str
+    def __init__(self, connected: _Optional[bool] = ..., node_id: _Optional[str] = ..., leader: _Optional[str] = ..., leader_client: _Optional[str] = ..., epoch: _Optional[int] = ..., lease_remaining_ms: _Optional[int] = ..., insync: _Optional[_Iterable[str]] = ..., failsafe: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class TieredStatus(_message.Message):
+    __slots__ = ("backend", "uploaded_offset", "recorded_offset", "uploading", "objects", "readable_min_offset", "read_cache_bytes", "error")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    RECORDED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    UPLOADING_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    READABLE_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    READ_CACHE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    uploaded_offset: int
+    recorded_offset: int
+    uploading: bool
+    objects: int
+    readable_min_offset: int
+    read_cache_bytes: int
+    error: str
+    def __init__(self, backend: _Optional[str] = ..., uploaded_offset: _Optional[int] = ..., recorded_offset: _Optional[int] = ..., uploading: _Optional[bool] = ..., objects: _Optional[int] = ..., readable_min_offset: _Optional[int] = ..., read_cache_bytes: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ComponentError(_message.Message):
+    __slots__ = ("component", "count", "error", "last_ms", "active")
+    COMPONENT_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    LAST_MS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_FIELD_NUMBER: _ClassVar[int]
+    component: str
+    count: int
+    error: str
+    last_ms: int
+    active: bool
+    def __init__(self, component: _Optional[str] = ..., count: _Optional[int] = ..., error: _Optional[str] = ..., last_ms: _Optional[int] = ..., active: _Optional[bool] = ...) -> None: ...
+
+class RecoveryStatus(_message.Message):
+    __slots__ = ("clean", "new", "scanned_bytes", "truncated_bytes", "replayed_bytes", "replay_seconds", "seconds")
+    CLEAN_FIELD_NUMBER: _ClassVar[int]
+    NEW_FIELD_NUMBER: _ClassVar[int]
+    SCANNED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLAYED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    clean: bool
+    new: bool
+    scanned_bytes: int
+    truncated_bytes: int
+    replayed_bytes: int
+    replay_seconds: float
+    seconds: float
+    def __init__(self, clean: _Optional[bool] = ..., new: _Optional[bool] = ..., scanned_bytes: _Optional[int] = ..., truncated_bytes: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class NodeStatus(_message.Message):
+    __slots__ = ("role", "epoch", "node_id", "cluster_id", "master", "min_offset", "max_offset", "flushed_offset", "confirm_offset", "applied_offset", "replicas", "replication", "tiered_uploaded_offset", "tiered", "timer_pending", "timer_pending_by_topic", "segments", "log_bytes", "free_disk_bytes", "fenced", "views", "retention_floor", "recovery", "errors", "coordinator", "long_polls", "open_files", "open_files_max")
+    class TimerPendingByTopicEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    class ViewsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ROLE_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    CLUSTER_ID_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_FIELD_NUMBER: _ClassVar[int]
+    TIERED_UPLOADED_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TIERED_FIELD_NUMBER: _ClassVar[int]
+    TIMER_PENDING_FIELD_NUMBER: _ClassVar[int]
+    TIMER_PENDING_BY_TOPIC_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    LOG_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FREE_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FENCED_FIELD_NUMBER: _ClassVar[int]
+    VIEWS_FIELD_NUMBER: _ClassVar[int]
+    RETENTION_FLOOR_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    LONG_POLLS_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FILES_FIELD_NUMBER: _ClassVar[int]
+    OPEN_FILES_MAX_FIELD_NUMBER: _ClassVar[int]
+    role: Role
+    epoch: int
+    node_id: str
+    cluster_id: str
+    master: str
+    min_offset: int
+    max_offset: int
+    flushed_offset: int
+    confirm_offset: int
+    applied_offset: int
+    replicas: _containers.RepeatedCompositeFieldContainer[ReplicaStatus]
+    replication: FollowerStatus
+    tiered_uploaded_offset: int
+    tiered: TieredStatus
+    timer_pending: int
+    timer_pending_by_topic: _containers.ScalarMap[str, int]
+    segments: int
+    log_bytes: int
+    free_disk_bytes: int
+    fenced: str
+    views: _containers.ScalarMap[str, int]
+    retention_floor: int
+    recovery: RecoveryStatus
+    errors: _containers.RepeatedCompositeFieldContainer[ComponentError]
+    coordinator: CoordinatorStatus
+    long_polls: int
+    open_files: int
+    open_files_max: int
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., master: _Optional[str] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., applied_offset: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., replication: _Optional[_Union[FollowerStatus, _Mapping]] = ..., tiered_uploaded_offset: _Optional[int] = ..., tiered: _Optional[_Union[TieredStatus, _Mapping]] = ..., timer_pending: _Optional[int] = ..., timer_pending_by_topic: _Optional[_Mapping[str, int]] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., fenced: _Optional[str] = ..., views: _Optional[_Mapping[str, int]] = ..., retention_floor: _Optional[int] = ..., recovery: _Optional[_Union[RecoveryStatus, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ComponentError, _Mapping]]] = ..., coordinator: _Optional[_Union[CoordinatorStatus, _Mapping]] = ..., long_polls: _Optional[int] = ..., open_files: _Optional[int] = ..., open_files_max: _Optional[int] = ...) -> None: ...
+
 class StatusResponse(_message.Message):
-    __slots__ = ("json",)
+    __slots__ = ("json", "status")
     JSON_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
     json: str
-    def __init__(self, json: _Optional[str] = ...) -> None: ...
+    status: NodeStatus
+    def __init__(self, json: _Optional[str] = ..., status: _Optional[_Union[NodeStatus, _Mapping]] = ...) -> None: ...
 
 class QueueRef(_message.Message):
     __slots__ = ("topic", "queue_id")

@@ -19,6 +19,7 @@ import grpc
 import structlog
 
 from broker import metrics
+from broker.daemon import plain, status_message
 from broker.daemon.group_admin import GroupAdmin, check_group
 from broker.daemon.heartbeats import Heartbeats
 from broker.daemon.longpoll import LongPolls
@@ -83,18 +84,19 @@ class BrokerService(pb_grpc.BrokerServicer):
     def _send(self, request: pb.SendRequest) -> pb.SendResponse:
         if request.ack not in ACK_NAMES:
             raise invalid(f"unknown ack mode {request.ack}")
-        if not request.batches:
-            raise invalid("a send request needs at least one batch")
+        if not request.batches and not request.messages:
+            raise invalid("a send request needs at least one batch or message")
         ack = ACK_NAMES[request.ack]
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
+        plain_batches = plain.encode(request.messages, request.producer_id, self._queues_of) if request.messages else None
         batches = [
             IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
                           b.base_sequence, timer_target=(b.topic, b.queue_id))
             if b.delayed else
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
-        ]
+        ] + (plain_batches.batches if plain_batches is not None else [])
         try:
             receipts, wait_offset = self.store.appender.append(batches)
         except BrokerError:
@@ -110,13 +112,19 @@ class BrokerService(pb_grpc.BrokerServicer):
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(sum(len(b.records) for b in batches))
+        n = len(request.batches)
         return pb.SendResponse(
             receipts=[
                 pb.BatchReceipt(commit_offset=r.commit_offset, base_queue_offset=r.base_queue_offset,
                                 record_count=r.record_count, duplicate=r.duplicate)
-                for r in receipts
-            ]
+                for r in receipts[:n]
+            ],
+            message_receipts=plain.receipts(plain_batches, receipts[n:], request.messages) if plain_batches else [],
         )
+
+    def _queues_of(self, topic: str) -> int | None:
+        info = self.store.views.metadata.topic(topic)
+        return int(info["queues"]) if info is not None else None
 
     async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> bytes:
         """Answers wire bytes of a PullResponse (see broker/daemon/wire.py: no copy of the log bytes).
@@ -143,6 +151,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                 r = await loop.run_in_executor(self.read_pool, read)
                 left = deadline - loop.time()
                 if r.count or parked is None or left <= 0 or self.store.closing:
+                    if request.decode:
+                        return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
+                                               next_offset=r.next_offset, min_offset=r.min_offset,
+                                               max_offset=r.max_offset, count=r.count).SerializeToString()
                     return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count,
                                                next_offset=r.next_offset, min_offset=r.min_offset,
                                                max_offset=r.max_offset)
@@ -335,7 +347,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         return _handle(context, run)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
-        return _handle(context, lambda: pb.StatusResponse(json=json.dumps(self.store.status())))
+        def run() -> pb.StatusResponse:
+            st = self.store.status()
+            return pb.StatusResponse(json=json.dumps(st), status=status_message.to_message(st))
+        return _handle(context, run)
 
     # -- pop mode (DESIGN §12) -------------------------------------------------------------------
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:

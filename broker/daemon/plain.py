@@ -1,0 +1,154 @@
+"""Plain messages (DESIGN §13): what a client that knows only the proto sends and reads.
+
+``encode()`` turns ``SendRequest.messages`` into the batches our own client would have sent: one
+per topic and queue (timer messages: one more per queue, for ``__timer``), records encoded with
+``broker/logformat/batch.py`` and their CRC32C, so the appender checks and stores them like any
+other batch. Queue choice matches the Python client: ``queue_id`` if set, else
+``crc32c(key) % queues``, else one queue per call, rotating. ``receipts()`` maps the appender's
+batch receipts back to one ``MessageReceipt`` per message, and ``decode()`` turns pulled batches
+into ``PulledMessage``s (``PullRequest.decode``).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import crc32c
+
+from broker.errors import BrokerError, invalid, shown
+from broker.logformat import batch as bf
+from broker.logformat import system_records
+from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TimerRecordError, scheduled_props
+from broker.ports import NO_SEQUENCE, BatchReceipt, IncomingBatch
+from proto import tidemark_pb2 as pb
+
+_rotation = itertools.count()
+
+
+@dataclass(slots=True)
+class _Group:
+    """The plain messages of one call that become one batch."""
+
+    topic: str
+    queue_id: int
+    delayed: bool
+    idxs: list[int] = field(default_factory=list)
+    sequences: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Encoded:
+    batches: list[IncomingBatch]
+    groups: list[_Group]
+    positions: list[list[int]]  # per batch: each record's start within its records
+
+
+def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Callable[[str], int | None]) -> Encoded:
+    """Batches for ``messages``; INVALID_ARGUMENT / NOT_FOUND before anything is stored."""
+    groups: dict[tuple[str, int, bool], _Group] = {}
+    keyless_queue: dict[str, int] = {}
+    for i, m in enumerate(messages):
+        if m.topic.startswith(system_records.SYSTEM_PREFIX):
+            raise invalid(f"message {i}: system topic {shown(m.topic)} does not take messages")
+        queues = queues_of(m.topic)
+        if queues is None:
+            raise BrokerError("NOT_FOUND", f"message {i}: unknown topic {shown(m.topic)}")
+        if m.HasField("queue_id"):
+            q = m.queue_id
+            if q >= queues:
+                raise invalid(f"message {i}: queue {q} out of range for topic {shown(m.topic)} ({queues} queues)")
+        elif m.key:
+            q = crc32c.crc32c(m.key.encode()) % queues
+        else:
+            q = keyless_queue.setdefault(m.topic, next(_rotation) % queues)
+        if m.deliver_at_ms < 0:
+            raise invalid(f"message {i}: deliver_at_ms {m.deliver_at_ms} is negative")
+        if producer_id and (not m.HasField("queue_id") or not m.HasField("sequence") or m.sequence < 0):
+            raise invalid(f"message {i}: an idempotent send (producer_id set) names each message's queue_id "
+                          "and a sequence >= 0")
+        g = groups.setdefault((m.topic, q, m.deliver_at_ms > 0), _Group(m.topic, q, m.deliver_at_ms > 0))
+        if producer_id:
+            if g.sequences and m.sequence != g.sequences[-1] + 1:
+                raise invalid(f"message {i}: sequence {m.sequence} does not follow {g.sequences[-1]} on "
+                              f"{shown(m.topic)}/{q}")
+            g.sequences.append(m.sequence)
+        g.idxs.append(i)
+    out = Encoded([], [], [])
+    for g in groups.values():
+        try:
+            records, positions = bf.encode_records(_items(messages, g))
+        except TimerRecordError as exc:
+            raise invalid(str(exc)) from None
+        base = g.sequences[0] if producer_id else NO_SEQUENCE
+        pid = producer_id if producer_id else 0
+        crc = crc32c.crc32c(records)
+        if g.delayed:
+            batch = IncomingBatch(system_records.TIMER_TOPIC, 0, records, len(g.idxs), crc, pid, base,
+                                  timer_target=(g.topic, g.queue_id))
+        else:
+            batch = IncomingBatch(g.topic, g.queue_id, records, len(g.idxs), crc, pid, base)
+        out.batches.append(batch)
+        out.groups.append(g)
+        out.positions.append(positions)
+    return out
+
+
+def _items(messages: Sequence[pb.PlainMessage], g: _Group) -> Iterable[tuple[bytes, bytes, bytes]]:
+    for i in g.idxs:
+        m = messages[i]
+        user = dict(m.properties)
+        if g.delayed:
+            props = scheduled_props(m.deliver_at_ms, g.topic, g.queue_id, user)
+        else:
+            props = bf.encode_props(user) if user else b""
+        yield m.body, m.key.encode(), props
+
+
+def receipts(encoded: Encoded, batch_receipts: Sequence[BatchReceipt],
+             messages: Sequence[pb.PlainMessage]) -> list[pb.MessageReceipt]:
+    """One receipt per plain message, in request order (``batch_receipts``: the encoded batches')."""
+    out: list[pb.MessageReceipt | None] = [None] * len(messages)
+    for g, positions, batch, r in zip(encoded.groups, encoded.positions, encoded.batches, batch_receipts, strict=True):
+        records_at = r.commit_offset + bf.HEADER_BYTES + len(batch.topic.encode())
+        for j, (i, pos) in enumerate(zip(g.idxs, positions, strict=True)):
+            if g.delayed:
+                offset = records_at + pos
+                out[i] = pb.MessageReceipt(topic=g.topic, queue_id=g.queue_id, queue_offset=-1, commit_offset=offset,
+                                           duplicate=r.duplicate, timer_offset=offset,
+                                           deliver_at_ms=messages[i].deliver_at_ms)
+            else:
+                out[i] = pb.MessageReceipt(topic=g.topic, queue_id=g.queue_id, queue_offset=r.base_queue_offset + j,
+                                           commit_offset=records_at + pos, duplicate=r.duplicate)
+    return [r for r in out if r is not None]
+
+
+def decode(batches: Iterable[bytes], skip_first: int, count: int) -> list[pb.PulledMessage]:
+    """The ``count`` records after the first ``skip_first`` of ``batches`` (runs of whole batches)."""
+    out: list[pb.PulledMessage] = []
+    skip = skip_first
+    for blob in batches:
+        mv = memoryview(blob)
+        pos = 0
+        while pos < len(mv) and len(out) < count:
+            header = bf.decode_header(mv, pos, check_crc=False)
+            batch = mv[pos : pos + header.batch_bytes]
+            qoff = header.base_queue_offset
+            for rpos, key, props_raw, body in bf.iter_records(batch, header):
+                if skip > 0:
+                    skip -= 1
+                elif len(out) < count:
+                    props = bf.decode_props(props_raw) if len(props_raw) else {}
+                    deliver_at = props.get(DELIVER_AT)
+                    timer_offset = props.get(TIMER_OFFSET)
+                    for name in TIMER_PROPERTIES:
+                        props.pop(name, None)
+                    out.append(pb.PulledMessage(
+                        queue_offset=qoff, commit_offset=header.base_offset + rpos, store_time_ms=header.store_time_ms,
+                        key=bytes(key).decode(errors="replace"), body=bytes(body), properties=props,
+                        deliver_at_ms=int(deliver_at) if deliver_at else 0,
+                        timer_offset=int(timer_offset) if timer_offset else 0))
+                qoff += 1
+            pos += header.batch_bytes
+    return out
