@@ -25,12 +25,11 @@ import grpc
 import structlog
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
 from prometheus_client import start_http_server
 
 from broker import alloc, metrics
 from broker.config import KEYS, Config, ConfigError, insecure_exposures
-from broker.daemon import logsetup
+from broker.daemon import logsetup, reflection
 from broker.daemon.aioloop import LoopThread
 from broker.daemon.bridge import BridgedServicer
 from broker.daemon.heartbeats import Heartbeats
@@ -117,8 +116,7 @@ class Daemon:
         self.service = BrokerService(self.store, self.longpolls, self.read_pool, self.heartbeats)
         add_broker_service(self.service, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME, reflection.SERVICE_NAME]
-        reflection.enable_server_reflection(names, server)
+        reflection.enable(server, [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME])
         for plugin in entry_points(group="tidemark.plugins"):
             plugin.load()(self)
             log.info("plugin_attached", plugin=plugin.name)
