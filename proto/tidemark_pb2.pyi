@@ -9,9 +9,10 @@ DESCRIPTOR: _descriptor.FileDescriptor
 
 class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    ACK_REPLICA: _ClassVar[Ack]
+    ACK_UNSPECIFIED: _ClassVar[Ack]
     ACK_LEADER: _ClassVar[Ack]
     ACK_FLUSH: _ClassVar[Ack]
+    ACK_REPLICA: _ClassVar[Ack]
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -21,20 +22,23 @@ class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
 
 class ResetTo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
-    RESET_EARLIEST: _ClassVar[ResetTo]
-    RESET_LATEST: _ClassVar[ResetTo]
-    RESET_TIME: _ClassVar[ResetTo]
-    RESET_OFFSET: _ClassVar[ResetTo]
-ACK_REPLICA: Ack
+    RESET_TO_UNSPECIFIED: _ClassVar[ResetTo]
+    RESET_TO_LATEST: _ClassVar[ResetTo]
+    RESET_TO_TIME: _ClassVar[ResetTo]
+    RESET_TO_OFFSET: _ClassVar[ResetTo]
+    RESET_TO_EARLIEST: _ClassVar[ResetTo]
+ACK_UNSPECIFIED: Ack
 ACK_LEADER: Ack
 ACK_FLUSH: Ack
+ACK_REPLICA: Ack
 ROLE_UNSPECIFIED: Role
 ROLE_MASTER: Role
 ROLE_SLAVE: Role
-RESET_EARLIEST: ResetTo
-RESET_LATEST: ResetTo
-RESET_TIME: ResetTo
-RESET_OFFSET: ResetTo
+RESET_TO_UNSPECIFIED: ResetTo
+RESET_TO_LATEST: ResetTo
+RESET_TO_TIME: ResetTo
+RESET_TO_OFFSET: ResetTo
+RESET_TO_EARLIEST: ResetTo
 
 class ProduceBatch(_message.Message):
     __slots__ = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "records", "delayed")

@@ -192,9 +192,10 @@ def test_bad_group_requests_get_clear_codes(spawn: Callable[..., DaemonProcess])
         assert code("Heartbeat", pb.HeartbeatRequest(group="g\0", topics=["t"])) == "INVALID_ARGUMENT"
         assert code("Heartbeat", pb.HeartbeatRequest(group="g", topics=[])) == "INVALID_ARGUMENT"
         assert code("Heartbeat", pb.HeartbeatRequest(group="g", member_id="x" * 100, topics=["t"])) == "INVALID_ARGUMENT"
-        assert code("ResetOffsets", pb.ResetOffsetsRequest(group="g", topic="t", to=pb.RESET_OFFSET, value=-1)) \
+        assert code("ResetOffsets", pb.ResetOffsetsRequest(group="g", topic="t", to=pb.RESET_TO_OFFSET, value=-1)) \
             == "INVALID_ARGUMENT"
-        assert code("ResetOffsets", pb.ResetOffsetsRequest(group="g", topic="nope")) == "NOT_FOUND"
+        assert code("ResetOffsets", pb.ResetOffsetsRequest(group="g", topic="t")) == "INVALID_ARGUMENT"  # to: unset
+        assert code("ResetOffsets", pb.ResetOffsetsRequest(group="g", topic="nope", to=pb.RESET_TO_LATEST)) == "NOT_FOUND"
         assert code("DescribeTopic", pb.DescribeTopicRequest(name="nope")) == "NOT_FOUND"
         with pytest.raises(ValueError):
             c.reset_offsets("g", "t", "yesterday")

@@ -21,7 +21,7 @@ import grpc
 
 from broker import alloc
 from broker.client.consumer import Consumer
-from broker.client.errors import BrokerError
+from broker.client.errors import BrokerError, error_for, from_rpc_error
 from broker.client.messages import Message, PoppedMessage, PopResult, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.errors import shown
 from broker.logformat import batch as bf
@@ -29,7 +29,8 @@ from broker.logformat.timer_props import TIMER_TOPIC
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
-ACKS = {"replica": pb.ACK_REPLICA, "leader": pb.ACK_LEADER, "flush": pb.ACK_FLUSH}
+# replica is sent as 0 (ACK_UNSPECIFIED), which every server version reads as replica
+ACKS = {"replica": pb.ACK_UNSPECIFIED, "leader": pb.ACK_LEADER, "flush": pb.ACK_FLUSH}
 RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 # For Send the request is idempotent (producer id + sequences), so an unknown outcome is retried too.
 SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
@@ -84,7 +85,7 @@ def _request(cls: Callable[..., T], **fields: Any) -> T:
         return cls(**fields)
     except (ValueError, TypeError) as exc:
         bad = ", ".join(f"{k}={v!r}"[:200] for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0)
-        raise BrokerError(grpc.StatusCode.INVALID_ARGUMENT, f"{bad or exc}: out of range for {cls.__name__}") from None
+        raise error_for(grpc.StatusCode.INVALID_ARGUMENT, f"{bad or exc}: out of range for {cls.__name__}") from None
 
 
 def _read(path: str) -> bytes:
@@ -104,6 +105,11 @@ def _channel_credentials(root_certificates: bytes | None, ca_file: str | None, c
 
 
 class BrokerClient:
+    """A connection to a Tidemark pair (DESIGN §8): ``BrokerClient("host:7600")`` or a list of
+    addresses (it finds and follows the master). Sends are idempotent (a random producer id and
+    sequence numbers), reads see what is confirmed. Every failure raises a ``BrokerError``
+    subclass carrying the gRPC code. Use it in a ``with`` block, or ``close()`` it."""
+
     def __init__(
         self,
         addresses: str | Sequence[str],
@@ -157,6 +163,7 @@ class BrokerClient:
         self._stub = pb_grpc.BrokerStub(self._channel)
 
     def close(self) -> None:
+        """Close the channel (also at the end of a ``with`` block); the client is not usable after."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None
@@ -184,7 +191,7 @@ class BrokerClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0 and refused is not None:  # the deadline passed waiting for a master: say why
-                raise BrokerError(refused.code(), refused.details() or "") from None  # type: ignore[attr-defined]
+                raise from_rpc_error(refused) from None
             if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
                 self._failed[self.addresses[self._current]] = time.monotonic()
                 self._rotate()
@@ -216,7 +223,7 @@ class BrokerClient:
                     failures += 1
                     if not (retry and code in retryable and in_time
                             and (len(self.addresses) > 1 or failures < RETRIES_MAX)):
-                        raise BrokerError(code, exc.details() or "") from None  # type: ignore[attr-defined]
+                        raise from_rpc_error(exc) from None
                 if len(self.addresses) > 1:
                     self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
@@ -257,6 +264,8 @@ class BrokerClient:
 
     # -- topics --------------------------------------------------------------------------------
     def create_topic(self, name: str, queues: int = 1) -> None:
+        """Create ``name`` with ``queues`` queues (ALREADY_EXISTS if it exists; names: 1-127 of
+        [A-Za-z0-9._-], not starting with ``__``)."""
         self._call("CreateTopic", _request(pb.CreateTopicRequest, name=name, queues=queues), retry=False)
         self._queues[name] = queues
 
@@ -267,10 +276,13 @@ class BrokerClient:
         self._queues.update(topics)
 
     def delete_topic(self, name: str) -> None:
+        """Delete ``name``: its messages become unreadable and their space is reclaimed by retention."""
         self._call("DeleteTopic", _request(pb.DeleteTopicRequest, name=name), retry=False)
         self._queues.pop(name, None)
 
     def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
+        """Every topic: ``{name: {"queues": n, "max_offsets": [next queue offset of each queue]}}``
+        (system topics, ``__...``, only with ``include_system``)."""
         resp = self._call("ListTopics", pb.ListTopicsRequest(include_system=include_system))
         return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets)} for t in resp.topics}
 
@@ -278,7 +290,7 @@ class BrokerClient:
         if topic not in self._queues:
             topics = self.list_topics(include_system=True)
             if topic not in topics:
-                raise BrokerError(grpc.StatusCode.NOT_FOUND, f"unknown topic {shown(topic)}")
+                raise error_for(grpc.StatusCode.NOT_FOUND, f"unknown topic {shown(topic)}")
             self._queues[topic] = topics[topic]["queues"]
         return self._queues[topic]
 
@@ -353,6 +365,9 @@ class BrokerClient:
     # -- pull ----------------------------------------------------------------------------------
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
              max_wait_ms: int = 0, max_bytes: int = 0) -> PullResult:
+        """Up to ``max_messages`` from ``offset`` of one queue (what is confirmed), decoded lazily;
+        ``max_wait_ms``: wait that long for the first one; ``next_offset`` says where to go on.
+        An offset removed by retention, or beyond the end, raises ``OutOfRange``."""
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                              max_wait_ms=max_wait_ms, max_bytes=max_bytes)
         return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
@@ -383,26 +398,31 @@ class BrokerClient:
             try:
                 result = PullResult(pending.result())
             except grpc.RpcError as exc:
-                raise BrokerError(exc.code(), exc.details() or "") from None  # type: ignore[attr-defined]
+                raise from_rpc_error(exc) from None
             if not len(result) and stop_at_end:
                 return
             pending = request(result.next_offset)
             yield result
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms`` (the end
+        of the queue if none was)."""
         return int(self._call("OffsetForTime", _request(pb.OffsetForTimeRequest,
             topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)).offset)
 
     # -- consumer offsets ----------------------------------------------------------------------
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Store ``offset`` (the next one to consume) as ``group``'s position on one queue."""
         self.commit_offsets(group, {(topic, queue_id): offset})
 
     def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Store several positions of ``group`` at once: ``{(topic, queue_id): offset}``."""
         req = _request(pb.CommitOffsetRequest, offsets=[_request(pb.CommittedOffset, group=group, topic=t, queue_id=q, offset=o)
                                                         for (t, q), o in offsets.items()])
         self._call("CommitOffset", req)
 
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """``group``'s stored position on one queue, or None if it never committed one."""
         resp = self._call("GetOffset", _request(pb.GetOffsetRequest, group=group, topic=topic, queue_id=queue_id))
         return int(resp.offset) if resp.found else None
 
@@ -449,7 +469,7 @@ class BrokerClient:
         ``time:MS`` or ``offset:N``. Refused (FAILED_PRECONDITION) while the group has live members.
         Returns queue id -> the offset committed."""
         kind, _, value = to.partition(":")
-        kinds = {"earliest": pb.RESET_EARLIEST, "latest": pb.RESET_LATEST, "time": pb.RESET_TIME, "offset": pb.RESET_OFFSET}
+        kinds = {"earliest": pb.RESET_TO_EARLIEST, "latest": pb.RESET_TO_LATEST, "time": pb.RESET_TO_TIME, "offset": pb.RESET_TO_OFFSET}
         if kind not in kinds or (kind in ("time", "offset")) != bool(value) or (value and not value.lstrip("-").isdigit()):
             raise ValueError(f"reset target must be earliest, latest, time:MS or offset:N, got {to!r}")
         resp = self._call("ResetOffsets", _request(pb.ResetOffsetsRequest, group=group, topic=topic, to=kinds[kind],
@@ -520,7 +540,13 @@ class BrokerClient:
 
     # -- admin ---------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
+        """The connected node's status (DESIGN §8): role, epoch, offsets, replicas, timers, errors...
+        as a dict (``typed_status()`` gives the same as the ``NodeStatus`` message)."""
         return dict(json.loads(self._call("Status", pb.StatusRequest()).json))
+
+    def typed_status(self) -> pb.NodeStatus:
+        """The connected node's status as the typed ``tidemark.v1.NodeStatus`` message."""
+        return self._call("Status", pb.StatusRequest()).status
 
     def promote(self, unclean: bool = False) -> int:
         """Make the connected node (a slave) the master; returns its new epoch."""

@@ -48,6 +48,10 @@ FAILURE_BACKOFF_S = 0.2
 
 
 class Consumer:
+    """A subscribe-mode member of a consumer group (DESIGN §12): ``poll()`` returns messages of the
+    queues the master assigned to it, ``commit()`` stores its positions. Made by
+    ``BrokerClient.consumer(...)``; use it in a ``with`` block (leaving commits and leaves the group)."""
+
     def __init__(self, client: BrokerClient, group: str, topics: Sequence[str], *, session_timeout_ms: int = 10_000,
                  auto_offset_reset: str = "latest", max_poll_interval_ms: int = 300_000, max_messages: int = 1000,
                  client_id: str | None = None, on_assigned: Callable[[set[QueueKey]], None] | None = None,

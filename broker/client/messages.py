@@ -17,10 +17,28 @@ _RECORD_HEAD = bf.RECORD_HEAD
 
 @dataclass(slots=True)
 class Message:
+    """A message to send: ``body``, an optional ``key`` (it picks the queue: same key, same queue,
+    in order), ``properties``, and ``deliver_at_ms`` for a timer message (delivered at that time)."""
+
     body: bytes
     key: str | None = None
     properties: dict[str, str] | None = None
     deliver_at_ms: int | None = None
+
+    def __repr__(self) -> str:
+        extra = "".join(f", {name}={value!r}" for name, value in (("key", self.key), ("properties", self.properties),
+                                                                  ("deliver_at_ms", self.deliver_at_ms)) if value)
+        return f"Message({preview(self.body)}{extra})"
+
+
+PREVIEW_BYTES = 32
+SHOWN_ITEMS = 3
+
+
+def preview(body: bytes | memoryview) -> str:
+    """A body as a repr shows it: the first ``PREVIEW_BYTES`` and the size."""
+    head = bytes(body[:PREVIEW_BYTES])
+    return f"{head!r}{'...' if len(body) > PREVIEW_BYTES else ''} ({len(body)} B)"
 
 
 class Receipt(NamedTuple):
@@ -53,11 +71,13 @@ class PulledMessage:
 
     @property
     def body(self) -> bytes:
+        """The message's body (a copy of its bytes)."""
         size, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
         return bytes(self._batch[self._pos + 8 + kl + pl : self._pos + 4 + size])
 
     @property
     def key(self) -> str | None:
+        """The key it was sent with, or None."""
         _, kl, _ = _RECORD_HEAD.unpack_from(self._batch, self._pos)
         return bytes(self._batch[self._pos + 8 : self._pos + 8 + kl]).decode() if kl else None
 
@@ -87,7 +107,8 @@ class PulledMessage:
         return int(value) if value is not None else None
 
     def __repr__(self) -> str:
-        return f"PulledMessage({self.topic}/{self.queue_id}@{self.queue_offset})"
+        key = f", key={self.key!r}" if self.key is not None else ""
+        return f"PulledMessage({self.topic}/{self.queue_id}@{self.queue_offset}{key}, body={preview(self.body)})"
 
 
 class PoppedMessage(PulledMessage):
@@ -102,7 +123,8 @@ class PoppedMessage(PulledMessage):
         self.delivery_count = delivery_count
 
     def __repr__(self) -> str:
-        return f"PoppedMessage({self.topic}/{self.queue_id}@{self.queue_offset}, delivery {self.delivery_count})"
+        return (f"PoppedMessage({self.topic}/{self.queue_id}@{self.queue_offset}, delivery {self.delivery_count}, "
+                f"body={preview(self.body)})")
 
 
 class PullResult(Sequence[PulledMessage]):
@@ -127,6 +149,12 @@ class PullResult(Sequence[PulledMessage]):
 
     def _walk(self, *, bodies: bool) -> list[Any]:
         return _walk(self._response.batches, self._response.skip_first, self._count, bodies=bodies)
+
+    def __repr__(self) -> str:
+        shown = [f"{m.topic}/{m.queue_id}@{m.queue_offset}" for m in self[:SHOWN_ITEMS]]
+        more = ", ..." if self._count > SHOWN_ITEMS else ""
+        return (f"PullResult({self._count} messages [{', '.join(shown)}{more}], next_offset={self.next_offset}, "
+                f"min_offset={self.min_offset}, max_offset={self.max_offset})")
 
     def __len__(self) -> int:
         return self._count
@@ -190,6 +218,7 @@ class PopResult(Sequence[PoppedMessage]):
 
     @property
     def runs(self) -> list[PoppedRun]:
+        """The runs of adjacent messages leased together, one receipt handle each."""
         return [PoppedRun(r.queue_id, r.first_offset, r.count, r.delivery_count, r.receipt_handle) for r in self._runs]
 
     def receipt_handles(self) -> list[str]:
@@ -295,6 +324,14 @@ class Receipts(Sequence[Receipt]):
             for g in groups:
                 for j, i in enumerate(g.idxs):
                     self._where[i] = (g, j)
+
+    def __repr__(self) -> str:
+        shown = [f"{r.queue_id}@{r.queue_offset}" if r.timer_offset is None else f"timer@{r.timer_offset}"
+                 for r in self[:SHOWN_ITEMS]]
+        more = ", ..." if self._count > SHOWN_ITEMS else ""
+        dups = sum(1 for r in self if r.duplicate)
+        return (f"Receipts({self._topic}: {self._count} messages [{', '.join(shown)}{more}]"
+                f"{f', {dups} duplicates' if dups else ''})")
 
     def __len__(self) -> int:
         return self._count

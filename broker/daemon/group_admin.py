@@ -151,18 +151,18 @@ class GroupAdmin:
         if self.membership.has_members(group):
             raise BrokerError("FAILED_PRECONDITION", f"group {shown(group)} has live members: stop them (or wait for "
                               "their session to expire) before resetting its offsets")
-        if to not in (pb.RESET_EARLIEST, pb.RESET_LATEST, pb.RESET_TIME, pb.RESET_OFFSET):
+        if to not in (pb.RESET_TO_EARLIEST, pb.RESET_TO_LATEST, pb.RESET_TO_TIME, pb.RESET_TO_OFFSET):
             raise invalid(f"unknown reset target {to}")
-        if to in (pb.RESET_TIME, pb.RESET_OFFSET) and value < 0:
-            raise invalid(f"a reset {'time' if to == pb.RESET_TIME else 'offset'} cannot be negative, got {value}")
+        if to in (pb.RESET_TO_TIME, pb.RESET_TO_OFFSET) and value < 0:
+            raise invalid(f"a reset {'time' if to == pb.RESET_TO_TIME else 'offset'} cannot be negative, got {value}")
         entries: list[tuple[str, str, int, int]] = []
         for q in range(int(info["queues"])):
             low, high = self.store.reads.queue_bounds(topic, q)
-            if to == pb.RESET_EARLIEST:
+            if to == pb.RESET_TO_EARLIEST:
                 offset = low
-            elif to == pb.RESET_LATEST:
+            elif to == pb.RESET_TO_LATEST:
                 offset = high
-            elif to == pb.RESET_TIME:
+            elif to == pb.RESET_TO_TIME:
                 offset = self.store.reads.offset_for_time(topic, q, value)
             else:
                 offset = min(max(value, low), high)

@@ -35,7 +35,7 @@ from proto import tidemark_pb2_grpc as pb_grpc
 
 log = structlog.get_logger("service")
 T = TypeVar("T")
-ACK_NAMES = {pb.ACK_REPLICA: "replica", pb.ACK_LEADER: "leader", pb.ACK_FLUSH: "flush"}
+ACK_NAMES = {pb.ACK_UNSPECIFIED: "replica", pb.ACK_REPLICA: "replica", pb.ACK_LEADER: "leader", pb.ACK_FLUSH: "flush"}
 
 
 def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
