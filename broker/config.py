@@ -34,6 +34,8 @@ KEYS: dict[str, Key] = {
     "node.role": Key("auto", str, choices=("auto", "master", "slave")),
     "node.master": Key("", str),
     "node.metrics_listen": Key("", str),
+    "node.metrics_tls": Key(False, bool),   # /metrics over TLS (tls.cert_file; client certs with tls.client_ca_file)
+    "node.metrics_auth": Key(False, bool),  # /metrics needs a bearer token with the metrics role
     "node.cluster_id": Key("", str),
     "node.node_id": Key("", str),
     "commitlog.segment_bytes": Key(GiB, int, minimum=64 * 1024, maximum=1 << 40),
@@ -327,6 +329,10 @@ def _check_security(values: Mapping[str, Any]) -> None:
                           "when replication.tls_* are set)")
     if values["auth.require_for_reads"] and not (values["auth.token_file"] or values["auth.tokens_file"]):
         raise ConfigError("auth.tokens_file: required when auth.require_for_reads is true")
+    if values["node.metrics_tls"] and not values["tls.cert_file"]:
+        raise ConfigError("tls.cert_file: required when node.metrics_tls is true (the metrics port uses its certificate)")
+    if values["node.metrics_auth"] and not values["auth.tokens_file"]:
+        raise ConfigError("auth.tokens_file: required when node.metrics_auth is true (a token with the metrics role)")
     _check_exposure(values)
 
 

@@ -13,6 +13,9 @@ REGISTRY = CollectorRegistry()
 SEND_MESSAGES = Counter("tidemark_send_messages", "Messages appended by send requests", registry=REGISTRY)
 SEND_BYTES = Counter("tidemark_send_bytes", "Bytes appended by send requests", registry=REGISTRY)
 SEND_REQUESTS = Counter("tidemark_send_requests", "Send requests by outcome", ["outcome"], registry=REGISTRY)
+SEND_SECONDS = Histogram("tidemark_send_seconds", "Send requests answered OK: time from arrival to the answer, by ack "
+                         "mode (leader, flush, replica)", ["ack"], registry=REGISTRY,
+                         buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0))
 PULL_MESSAGES = Counter("tidemark_pull_messages", "Messages returned by pull requests", registry=REGISTRY)
 PULL_BYTES = Counter("tidemark_pull_bytes", "Bytes returned by pull requests", registry=REGISTRY)
 FSYNC_SECONDS = Histogram(

@@ -13,6 +13,7 @@ import os
 import resource
 import signal
 import socket
+import ssl
 import stat
 import threading
 import time
@@ -25,11 +26,10 @@ import grpc
 import structlog
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from prometheus_client import start_http_server
 
 from broker import alloc, metrics
 from broker.config import KEYS, Config, ConfigError, insecure_exposures
-from broker.daemon import logsetup, reflection
+from broker.daemon import logsetup, metrics_http, reflection
 from broker.daemon.aioloop import LoopThread
 from broker.daemon.bridge import BridgedServicer
 from broker.daemon.heartbeats import Heartbeats
@@ -125,11 +125,7 @@ class Daemon:
         for hook in self.on_start:
             hook()
         if self.config["node.metrics_listen"]:
-            host, _, port = self.config["node.metrics_listen"].rpartition(":")
-            try:
-                start_http_server(int(port), addr=host, registry=metrics.REGISTRY)
-            except OSError as exc:
-                raise StartupRefused(f"node.metrics_listen: cannot listen on {host}:{port}: {exc.strerror}") from None
+            self._serve_metrics()
         self.aio.call(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
         self.aio.call(self.health.set("tidemark.v1.Broker", health_pb2.HealthCheckResponse.SERVING))
         threading.Thread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
@@ -159,6 +155,29 @@ class Daemon:
     def _resources_status(self, st: dict[str, object]) -> None:
         st["long_polls"] = self.longpolls.parked
         st["open_files"] = {"open": HANDLES.open_count, "max": HANDLES.limit}
+
+    def _serve_metrics(self) -> None:
+        """``node.metrics_listen``: Prometheus's endpoint, with TLS and a token if configured."""
+        c = self.config
+        host, _, port = c["node.metrics_listen"].rpartition(":")
+        try:
+            tls_ctx = metrics_http.tls_context(c["tls.cert_file"], c["tls.key_file"], c["tls.client_ca_file"]) \
+                if c["node.metrics_tls"] else None
+        except (OSError, ssl.SSLError) as exc:
+            raise StartupRefused(f"node.metrics_tls: cannot load {c['tls.cert_file']}: {exc}") from None
+        authorize = None
+        if c["node.metrics_auth"]:
+            tokens = self.tokens
+
+            def roles_of(secret: str) -> frozenset[str] | None:
+                token = tokens.find(secret) if tokens is not None else None
+                return token.roles if token is not None else None
+
+            authorize = metrics_http.bearer_check(roles_of)
+        try:
+            metrics_http.serve(host, int(port), metrics.REGISTRY, tls=tls_ctx, authorize=authorize)
+        except OSError as exc:
+            raise StartupRefused(f"node.metrics_listen: cannot listen on {host}:{port}: {exc.strerror}") from None
 
     def _security_status(self, st: dict[str, object]) -> None:
         c = self.config

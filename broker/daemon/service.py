@@ -82,6 +82,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         return _handle(context, lambda: self._send(request))
 
     def _send(self, request: pb.SendRequest) -> pb.SendResponse:
+        started = time.perf_counter()
         if request.ack not in ACK_NAMES:
             raise invalid(f"unknown ack mode {request.ack}")
         if not request.batches and not request.messages:
@@ -110,6 +111,7 @@ class BrokerService(pb_grpc.BrokerServicer):
             self.store.watermarks.wait_ack(wait_offset, "replica", timeout_ms, give_up=self.store.lost_mastership)
         self.store.check_still_master_after_append()  # a permit that lapsed while we waited: no ack
         metrics.SEND_REQUESTS.labels("ok").inc()
+        metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(sum(len(b.records) for b in batches))
         n = len(request.batches)

@@ -38,7 +38,7 @@ log = structlog.get_logger("auth")
 TOKEN_CHARS_MIN = 16
 HEADER = "authorization"
 SCHEME = "Bearer "
-ROLES = ("read", "write", "admin", "replication", "system")
+ROLES = ("read", "write", "admin", "replication", "system", "metrics")  # metrics: scrape /metrics only
 LEGACY_ROLES = frozenset(ROLES) - {"replication"}
 LEGACY_NAME = "auth.token_file"
 
