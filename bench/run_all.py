@@ -17,7 +17,7 @@ import time
 import common
 
 BENCHES = ("send_throughput", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
-           "longpoll", "many_queues", "failover", "groups")
+           "longpoll", "many_queues", "failover", "groups", "pop", "plain_api")
 
 
 def main() -> int:
