@@ -78,6 +78,7 @@ def run_demo() -> int:
     common = {"tieredstore.root": f"{work}/objects", "tieredstore.object_bytes": 4 << 20,
               "tieredstore.upload_interval_ms": 200,  # both nodes share one object store (a directory here)
               "coordinator.endpoints": etcd.endpoint}  # node.role is auto: etcd's election decides
+    ok = False
     master = NodeProcess(f"{work}/node-a", config=common)
     slave = NodeProcess(f"{work}/node-b", config=common)
     try:
@@ -189,9 +190,13 @@ def run_demo() -> int:
         rec = _restart(slave, slave.stop)
         _say(f"11. after a clean stop (SIGTERM) the restart replayed {rec['replayed_bytes']} bytes (clean={rec['clean']})")
         _say("Not shown here: TLS, tokens and systemd units (docs/operations.md); the S3 backend (README).")
+        ok = True
         return 0
     finally:
         master.kill9()
         slave.kill9()
         etcd.kill9()
-        shutil.rmtree(work, ignore_errors=True)
+        if ok:
+            shutil.rmtree(work, ignore_errors=True)
+        else:  # the nodes' and etcd's logs are what tells why
+            print(f"tidemark demo: a step failed; the data directories and logs are kept in {work}", flush=True)
