@@ -48,7 +48,8 @@ from broker.views.pop_leases import ENDED, EXPIRED, NOT_LEASED, RETAGGED, PopQue
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("groups.pop")
-GROUP_LOCKS_MAX = 100_000
+GROUP_LOCKS_MAX = 100_000  # entries of the per-queue bookkeeping dicts before they are cleared
+LOCK_STRIPES = 1024
 DLQ_SUFFIX = ".dlq"
 ORIGIN_PROPS = ("dlq.topic", "dlq.queue", "dlq.offset", "dlq.deliveries")
 FAILED_PRECONDITION = 9  # grpc.StatusCode.FAILED_PRECONDITION's value, per handle in Ack/Nack results
@@ -86,7 +87,10 @@ class PopService:
         self.store = store
         self.config = store.config
         self.view = store.views.pops
-        self._locks: dict[QueueKey, threading.Lock] = {}
+        # one lock per (group, topic, queue), striped: bounded memory however many groups strangers
+        # name, and one Lock object per key for the process's life (pruning a dict of locks could
+        # hand two threads different locks for one key)
+        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
         self._locks_guard = threading.Lock()
         self._last_end: dict[QueueKey, tuple[int, int]] = {}  # (epoch, end of our last record)
         self._rotation: dict[tuple[str, str], int] = {}
@@ -118,19 +122,17 @@ class PopService:
             raise invalid(f"{name} {value_ms} ms out of range: 1..{top} (groups.invisible_ms_max)")
         return value_ms
 
+    def _stripe(self, key: QueueKey) -> int:
+        return hash(key) % LOCK_STRIPES
+
     def _lock(self, key: QueueKey) -> threading.Lock:
-        with self._locks_guard:
-            lock = self._locks.get(key)
-            if lock is None:
-                if len(self._locks) >= GROUP_LOCKS_MAX:
-                    self._locks = {k: lk for k, lk in self._locks.items() if lk.locked()}
-                lock = self._locks[key] = threading.Lock()
-            return lock
+        return self._stripes[self._stripe(key)]
 
     @contextlib.contextmanager
     def _holding(self, keys: Iterable[QueueKey]) -> Iterator[None]:
-        """Hold the locks of these queues (taken in sorted order: no deadlock), settled."""
-        locks = [self._lock(k) for k in sorted(set(keys))]
+        """Hold the locks of these queues (each stripe once, in stripe order: no deadlock), settled."""
+        keys = set(keys)
+        locks = [self._stripes[i] for i in sorted({self._stripe(k) for k in keys})]
         taken: list[threading.Lock] = []
         try:
             for lock in locks:
@@ -202,7 +204,7 @@ class PopService:
         order = [(group, topic, (first + i) % queues) for i in range(queues)]
         wake: int | None = None
         busy: list[QueueKey] = []
-        held: list[QueueKey] = []
+        held: list[threading.Lock] = []
         leased: tuple[list[pb.PoppedRun], int, int] | None = None
         try:
             picks: list[_Pick] = []
@@ -211,10 +213,11 @@ class PopService:
             for key in order:  # first pass: the queues nobody else holds
                 if left <= 0 and not self._new_queue(key):
                     continue  # (a queue new to the group is visited anyway: its state starts now)
-                if not self._lock(key).acquire(blocking=False):
+                lock = self._lock(key)
+                if not lock.acquire(blocking=False):  # busy (or a stripe this call already holds)
                     busy.append(key)
                     continue
-                held.append(key)
+                held.append(lock)
                 self._settle([key])
                 pick, nxt = self._pick(key, left, start_earliest, now)
                 wake = _earliest(wake, nxt)
@@ -224,8 +227,8 @@ class PopService:
             if picks:
                 leased = self._lease(group, topic, picks, invisible_ms, now)
         finally:
-            for key in held:
-                self._lock(key).release()
+            for lock in held:
+                lock.release()
         for key in busy if leased is None else ():  # second pass: wait for each busy queue, one at a time
             with self._holding([key]):
                 now = now_ms()
