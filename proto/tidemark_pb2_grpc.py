@@ -26,7 +26,8 @@ if _version_not_supported:
 
 
 class BrokerStub:
-    """Missing associated documentation comment in .proto file."""
+    """The client API (docs/operations.md lists the role each call needs when tokens are on).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -147,136 +148,159 @@ class BrokerStub:
 
 
 class BrokerServicer:
-    """Missing associated documentation comment in .proto file."""
+    """The client API (docs/operations.md lists the role each call needs when tokens are on).
+    """
 
     def Send(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Store messages (batches, plain messages or both); answered as SendRequest.ack says.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Pull(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Read one queue from an offset (long-poll with max_wait_ms).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def OffsetForTime(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Find the first offset stored at or after a time.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CommitOffset(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Store consumer offsets.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def GetOffset(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Read one consumer offset.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateTopic(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Create one topic.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CreateTopics(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Create many topics, all or none.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListTopics(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """List the topics.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DeleteTopic(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Delete a topic.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Status(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """The node's status (any role may call it).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Promote(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Make this slave the master (admin).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Demote(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Make this master a slave (admin).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def CancelTimer(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Cancel a timer message before it fires.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Heartbeat(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A subscribe-mode member's heartbeat: join, keep the assignment, leave.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Pop(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Lease messages of a topic (pop mode).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Ack(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Acknowledge leased messages.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Nack(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Give leased messages back.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ChangeInvisible(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Change one lease's length.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListGroups(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """List the consumer groups.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DescribeGroup(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Describe one group: members, assignment, offsets, lag, leases.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ResetOffsets(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Move a group's offsets (refused while it has live members).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def DescribeTopic(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Describe one topic: each queue's range and bytes.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -403,7 +427,8 @@ def add_BrokerServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Broker:
-    """Missing associated documentation comment in .proto file."""
+    """The client API (docs/operations.md lists the role each call needs when tokens are on).
+    """
 
     @staticmethod
     def Send(request,
@@ -1001,7 +1026,8 @@ class Broker:
 
 
 class ReplicationStub:
-    """Missing associated documentation comment in .proto file."""
+    """Node to node, on the replication port (peers authenticate: DESIGN §10).
+    """
 
     def __init__(self, channel):
         """Constructor.
@@ -1022,16 +1048,19 @@ class ReplicationStub:
 
 
 class ReplicationServicer:
-    """Missing associated documentation comment in .proto file."""
+    """Node to node, on the replication port (peers authenticate: DESIGN §10).
+    """
 
     def Stream(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """The log stream, master to slave, with the slave's acks.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Snapshot(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """A snapshot bundle for an empty or far-behind slave.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -1058,7 +1087,8 @@ def add_ReplicationServicer_to_server(servicer, server):
 
  # This class is part of an EXPERIMENTAL API.
 class Replication:
-    """Missing associated documentation comment in .proto file."""
+    """Node to node, on the replication port (peers authenticate: DESIGN §10).
+    """
 
     @staticmethod
     def Stream(request_iterator,
