@@ -589,7 +589,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs")
+    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs", "decode")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -597,6 +597,7 @@ class PopRequest(_message.Message):
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     START_EARLIEST_FIELD_NUMBER: _ClassVar[int]
     AS_RUNS_FIELD_NUMBER: _ClassVar[int]
+    DECODE_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     max_messages: int
@@ -604,10 +605,18 @@ class PopRequest(_message.Message):
     max_wait_ms: int
     start_earliest: bool
     as_runs: bool
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ...) -> None: ...
+    decode: bool
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ..., decode: _Optional[bool] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
-    __slots__ = ("queue_id", "queue_offset", "commit_offset", "store_time_ms", "record", "receipt_handle", "delivery_count")
+    __slots__ = ("queue_id", "queue_offset", "commit_offset", "store_time_ms", "record", "receipt_handle", "delivery_count", "key", "body", "properties", "deliver_at_ms", "timer_offset")
+    class PropertiesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     QUEUE_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COMMIT_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -615,6 +624,11 @@ class PoppedMessage(_message.Message):
     RECORD_FIELD_NUMBER: _ClassVar[int]
     RECEIPT_HANDLE_FIELD_NUMBER: _ClassVar[int]
     DELIVERY_COUNT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPERTIES_FIELD_NUMBER: _ClassVar[int]
+    DELIVER_AT_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     queue_offset: int
     commit_offset: int
@@ -622,7 +636,12 @@ class PoppedMessage(_message.Message):
     record: bytes
     receipt_handle: str
     delivery_count: int
-    def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., store_time_ms: _Optional[int] = ..., record: _Optional[bytes] = ..., receipt_handle: _Optional[str] = ..., delivery_count: _Optional[int] = ...) -> None: ...
+    key: str
+    body: bytes
+    properties: _containers.ScalarMap[str, str]
+    deliver_at_ms: int
+    timer_offset: int
+    def __init__(self, queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., store_time_ms: _Optional[int] = ..., record: _Optional[bytes] = ..., receipt_handle: _Optional[str] = ..., delivery_count: _Optional[int] = ..., key: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., timer_offset: _Optional[int] = ...) -> None: ...
 
 class PoppedRun(_message.Message):
     __slots__ = ("queue_id", "first_offset", "count", "delivery_count", "receipt_handle", "batches", "skip_first")

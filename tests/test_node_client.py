@@ -1,6 +1,7 @@
 """examples/node: a Node.js client written from proto/tidemark.proto alone (@grpc/grpc-js and
 @grpc/proto-loader, pinned by its lockfile) against a live daemon: it creates a topic, sends a
-plain and a delayed message, pulls both back decoded, commits an offset and reads the typed status.
+plain and a delayed message, pulls both back decoded, commits an offset, pops and acks them for a
+second group and reads the typed status.
 What it printed is checked against what the daemon holds, through the Python client."""
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
     assert sent[1]["timer_offset"] == sent[1]["commit_offset"] != "0"
     assert steps["pull"]["bodies"] == ["hello from node", "delayed from node"]
     assert steps["commit"] == {"step": "commit", "found": True, "offset": "2"}
+    assert steps["pop"] == {"step": "pop", "bodies": ["hello from node", "delayed from node"],
+                            "delivery_counts": [1, 1], "not_acked": 0}
     assert steps["status"]["role"] == "ROLE_MASTER" and steps["status"]["epoch"] == 1
     with BrokerClient(d.address) as c:  # what Node sent is what our own client reads
         msgs = list(c.pull("orders", 0, 0))
@@ -57,6 +60,7 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
         assert msgs[1].deliver_at_ms == int(sent[1]["deliver_at_ms"]) and msgs[1].timer_offset == int(sent[1]["timer_offset"])
         assert msgs[1].store_time_ms >= msgs[1].deliver_at_ms  # fired, never early
         assert c.committed_offset("node-example", "orders", 0) == 2
+        assert sum(int(q["in_flight"]) for q in c.describe_group("node-example-pop")["queues"]) == 0  # acked
         assert int(steps["status"]["max_offset"]) <= c.status()["max_offset"]
 
 

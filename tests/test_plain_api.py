@@ -81,6 +81,36 @@ def test_decoded_pulls_and_plain_timer_messages(spawn: Callable[..., DaemonProce
         assert m.store_time_ms >= due
 
 
+def test_decoded_pops_are_acked_with_plain_stubs(spawn: Callable[..., DaemonProcess]) -> None:
+    """Pop mode without our record format: decoded messages across batches and queues, acked by handle."""
+    d = spawn("node")
+    stub = _stub(d)
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=2)
+        for q in range(2):
+            for b in range(3):  # three batches a queue
+                stub.Send(pb.SendRequest(ack=pb.ACK_FLUSH, messages=[
+                    pb.PlainMessage(topic="t", queue_id=q, body=b"q%d-%d-%d" % (q, b, i), key="k%d" % i,
+                                    properties={"b": str(b)}) for i in range(4)]))
+        got: list[pb.PoppedMessage] = []
+        while len(got) < 24:
+            r = stub.Pop(pb.PopRequest(group="g", topic="t", max_messages=7, invisible_ms=60_000, start_earliest=True,
+                                       decode=True))
+            assert r.messages and not r.runs
+            got += r.messages
+        assert all(not m.record and m.delivery_count == 1 for m in got)
+        want = {(q, b * 4 + i): (b"q%d-%d-%d" % (q, b, i), "k%d" % i, {"b": str(b)})
+                for q in range(2) for b in range(3) for i in range(4)}
+        assert {(m.queue_id, m.queue_offset): (m.body, m.key, dict(m.properties)) for m in got} == want
+        plain = stub.Pop(pb.PopRequest(group="h", topic="t", max_messages=1, start_earliest=True))
+        assert plain.messages[0].record and not plain.messages[0].body  # without decode: the encoded record
+        acked = stub.Ack(pb.AckRequest(group="g", receipt_handles=[m.receipt_handle for m in got]))
+        assert not acked.results  # every handle acked
+        assert not stub.Pop(pb.PopRequest(group="g", topic="t", max_messages=50, decode=True)).messages
+        desc = c.describe_group("g")
+        assert sum(int(q["in_flight"]) for q in desc["queues"]) == 0
+
+
 def test_plain_sends_are_idempotent_with_a_producer_id(spawn: Callable[..., DaemonProcess]) -> None:
     d = spawn("node")
     stub = _stub(d)

@@ -152,3 +152,21 @@ def decode(batches: Iterable[bytes], skip_first: int, count: int) -> list[pb.Pul
                 qoff += 1
             pos += header.batch_bytes
     return out
+
+
+def decode_popped(runs: Sequence[pb.PoppedRun], messages: Sequence[pb.PoppedMessage]) -> list[pb.PoppedMessage]:
+    """``messages`` (one per message of ``runs``, in order) with key, body, properties and timer
+    fields in place of their encoded records (PopRequest.decode)."""
+    out: list[pb.PoppedMessage] = []
+    it = iter(messages)
+    for run in runs:
+        for d in decode(run.batches, run.skip_first, run.count):
+            m = next(it)
+            if m.queue_offset != d.queue_offset:
+                raise BrokerError("INTERNAL", f"popped message {m.queue_offset} decoded as {d.queue_offset}")
+            out.append(pb.PoppedMessage(
+                queue_id=m.queue_id, queue_offset=m.queue_offset, commit_offset=m.commit_offset,
+                store_time_ms=m.store_time_ms, receipt_handle=m.receipt_handle, delivery_count=m.delivery_count,
+                key=d.key, body=d.body, properties=d.properties, deliver_at_ms=d.deliver_at_ms,
+                timer_offset=d.timer_offset))
+    return out

@@ -375,7 +375,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
                 left = deadline - loop.time()
                 if got or not parked or left <= 0 or self.store.closing:
-                    return pb.PopResponse(runs=got) if request.as_runs else pb.PopResponse(messages=as_messages(got))
+                    return _pop_response(request, got)
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - time.time()))
                 await asyncio.wait(parked, timeout=left, return_when=asyncio.FIRST_COMPLETED)
@@ -395,6 +395,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                         context: grpc.ServicerContext) -> pb.ChangeInvisibleResponse:
         return _handle(context, lambda: pb.ChangeInvisibleResponse(receipt_handle=self.pops.change_invisible(
             request.group, request.receipt_handle, request.invisible_ms)))
+
+
+def _pop_response(request: pb.PopRequest, runs: list[pb.PoppedRun]) -> pb.PopResponse:
+    """Runs as leased (as_runs), or one message each: encoded records, or decoded (decode)."""
+    if request.as_runs:
+        return pb.PopResponse(runs=runs)
+    messages = as_messages(runs)
+    return pb.PopResponse(messages=plain.decode_popped(runs, messages) if request.decode else messages)
 
 
 def _handle_results(results: list[tuple[str, int, str]]) -> list[pb.HandleResult]:

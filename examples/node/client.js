@@ -1,6 +1,7 @@
 // A Tidemark client in Node.js, written from proto/tidemark.proto alone: no record format, no
 // CRC, no Tidemark library. It creates a topic, sends a plain and a delayed message, pulls them
-// back decoded, commits an offset, reads it back and prints the node's typed status.
+// back decoded, commits an offset, reads it back, pops them for a second group and acks them
+// (pop mode), and prints the node's typed status.
 //
 //   npm ci && node client.js 127.0.0.1:7600 [topic]
 //   TIDEMARK_TOKEN=... node client.js ...      # a daemon with auth.tokens_file
@@ -90,6 +91,18 @@ async function main() {
   await call('CommitOffset', { offsets: [{ group, topic, queue_id: 0, offset }] });
   const committed = await call('GetOffset', { group, topic, queue_id: 0 });
   print('commit', { found: committed.found, offset: committed.offset });
+
+  // Pop mode: lease the same messages for another group, decoded, and ack them by receipt handle.
+  const popped = await call('Pop', {
+    group: `${group}-pop`, topic, max_messages: 10, invisible_ms: 30000, start_earliest: true, decode: true,
+  });
+  const handles = popped.messages.map((m) => m.receipt_handle);
+  const acked = await call('Ack', { group: `${group}-pop`, receipt_handles: handles });
+  print('pop', {
+    bodies: popped.messages.map((m) => m.body.toString()),
+    delivery_counts: popped.messages.map((m) => m.delivery_count),
+    not_acked: acked.results.length,
+  });
 
   const { status } = await call('Status', {});
   print('status', {
