@@ -90,7 +90,7 @@ def test_decoded_pops_are_acked_with_plain_stubs(spawn: Callable[..., DaemonProc
         for q in range(2):
             for b in range(3):  # three batches a queue
                 stub.Send(pb.SendRequest(ack=pb.ACK_FLUSH, messages=[
-                    pb.PlainMessage(topic="t", queue_id=q, body=b"q%d-%d-%d" % (q, b, i), key="k%d" % i,
+                    pb.PlainMessage(topic="t", queue_id=q, body=b"q%d-%d-%d" % (q, b, i), key=f"k{i}",
                                     properties={"b": str(b)}) for i in range(4)]))
         got: list[pb.PoppedMessage] = []
         while len(got) < 24:
@@ -99,7 +99,7 @@ def test_decoded_pops_are_acked_with_plain_stubs(spawn: Callable[..., DaemonProc
             assert r.messages and not r.runs
             got += r.messages
         assert all(not m.record and m.delivery_count == 1 for m in got)
-        want = {(q, b * 4 + i): (b"q%d-%d-%d" % (q, b, i), "k%d" % i, {"b": str(b)})
+        want = {(q, b * 4 + i): (b"q%d-%d-%d" % (q, b, i), f"k{i}", {"b": str(b)})
                 for q in range(2) for b in range(3) for i in range(4)}
         assert {(m.queue_id, m.queue_offset): (m.body, m.key, dict(m.properties)) for m in got} == want
         plain = stub.Pop(pb.PopRequest(group="h", topic="t", max_messages=1, start_earliest=True))
