@@ -16,6 +16,7 @@ from collections.abc import Callable
 import grpc
 import structlog
 
+from broker import clock
 from broker.config import Config
 from broker.storage.dirlock import DirLock, only_lock_inside
 from broker.store.recovery import is_new_data_dir
@@ -41,7 +42,7 @@ def prestart(config: Config, lock: DirLock, elected_master: Callable[[Config], s
         return
     data_dir = config["node.data_dir"]
     if os.path.exists(os.path.join(data_dir, NEEDS_BOOTSTRAP)):
-        aside = f"{data_dir.rstrip('/')}.old-{int(time.time())}"
+        aside = f"{data_dir.rstrip('/')}.old-{int(clock.wall_s())}"
         os.rename(data_dir, aside)
         log.warning("data_dir_moved_aside", data_dir=data_dir, moved_to=aside, reason="re-bootstrap")
     elif not is_new_data_dir(data_dir) or not only_lock_inside(data_dir):

@@ -14,6 +14,7 @@ import json
 import os
 import time
 
+from broker import clock
 from broker.config import Config, ConfigError
 from broker.storage import atomic_file
 
@@ -23,7 +24,7 @@ FILE_NAME = "role_change"
 
 
 def record(data_dir: str, role: str, master: str, epoch: int) -> None:
-    payload = {"role": role, "master": master, "epoch": epoch, "time_ms": int(time.time() * 1000)}
+    payload = {"role": role, "master": master, "epoch": epoch, "time_ms": clock.wall_ms()}
     atomic_file.persist(os.path.join(data_dir, FILE_NAME), MAGIC, VERSION, json.dumps(payload).encode())
 
 

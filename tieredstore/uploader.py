@@ -25,6 +25,7 @@ from typing import Any
 import crc32c
 import structlog
 
+from broker import clock
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.invariant import CorruptionError, InvariantError, invariant
@@ -312,7 +313,7 @@ class Uploader:
         self.enforce_retention()
 
     def enforce_retention(self) -> list[TieredObject]:
-        doomed = plan_deletions(self.index.refresh(), time.time(), self.retention_ms, self.store.retention.read_floor())
+        doomed = plan_deletions(self.index.refresh(), clock.wall_s(), self.retention_ms, self.store.retention.read_floor())
         for obj in doomed:
             self.backend.delete(obj.key)
             self.index.remove(obj)

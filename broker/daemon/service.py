@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import grpc
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 from broker.daemon import plain, status_message
 from broker.daemon.group_admin import GroupAdmin, check_group
 from broker.daemon.heartbeats import Heartbeats
@@ -377,7 +377,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if got or not parked or left <= 0 or self.store.closing:
                     return _pop_response(request, got)
                 if wake_ms is not None:
-                    left = min(left, max(0.001, wake_ms / 1000.0 - time.time()))
+                    left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await asyncio.wait(parked, timeout=left, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for key, fut in zip(keys, parked, strict=True):

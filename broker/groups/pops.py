@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import threading
-import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -36,7 +35,7 @@ import crc32c
 import numpy as np
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 from broker.errors import BrokerError, invalid, not_found, shown
 from broker.groups import receipts
 from broker.logformat import batch as bf
@@ -79,7 +78,7 @@ class _Pick:
 
 
 def now_ms() -> int:
-    return int(time.time() * 1000)
+    return clock.wall_ms()
 
 
 class PopService:

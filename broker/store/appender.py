@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import os
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import crc32c
 import structlog
 
+from broker import clock
 from broker.config import Config
 from broker.errors import BrokerError, invalid, not_found, shown
 from broker.invariant import invariant
@@ -157,7 +157,7 @@ class Appender:
         positions = self.validate(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
                                                 batch.producer_id, batch.base_sequence))
         try:
-            timer_records.check_scheduled(batch.records, positions, topic, queue_id, int(time.time() * 1000),
+            timer_records.check_scheduled(batch.records, positions, topic, queue_id, clock.wall_ms(),
                                           self.config["timer.max_delay_ms"])
         except timer_records.TimerRecordError as exc:
             raise invalid(f"delayed batch for {topic}/{queue_id}: {exc}") from None
@@ -184,7 +184,7 @@ class Appender:
                     raise not_found(f"unknown topic {shown(name)}")
             self._check_topic_changes(topic_changes or [])
             offset = self.log.max_offset
-            now = max(int(time.time() * 1000), tail.last_store_time_ms)
+            now = max(clock.wall_ms(), tail.last_store_time_ms)
             chunks: list[list[bytes]] = []
             queue_next: dict[tuple[str, int], int] = {}
             producers = tail.producers

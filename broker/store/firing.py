@@ -17,7 +17,6 @@ delivered timer whose ``fired`` event a crash separated from it, then fires ever
 from __future__ import annotations
 
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Callable
 
@@ -25,7 +24,7 @@ import crc32c
 import numpy as np
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 from broker.config import Config
 from broker.errors import BrokerError, not_found
 from broker.logformat import batch as bf
@@ -83,7 +82,7 @@ class TimerService:
         self._slot: _SlotState | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.clock_ms = lambda: int(time.time() * 1000)
+        self.clock_ms = clock.wall_ms
         self._last_sweep_ms = 0
 
     # -- life cycle (the store calls on_role) ------------------------------------------------------

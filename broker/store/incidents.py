@@ -9,13 +9,12 @@ visible and one that healed leaves only its count.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 
 log = structlog.get_logger("incidents")
 MESSAGE_MAX = 300
@@ -36,7 +35,7 @@ class Incidents:
 
     def record(self, component: str, message: str) -> None:
         """A background step of ``component`` failed; it will be retried."""
-        now_ms = int(time.time() * 1000)
+        now_ms = clock.wall_ms()
         with self._lock:
             inc = self._by_component.get(component)
             if inc is None:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from broker import clock
 from broker.config import Config
 from broker.invariant import CorruptionError, StartupRefused
 from broker.logformat.scan import Mode, Problem, scan
@@ -259,5 +260,5 @@ def _save_torn_tail(data_dir: str, log_: CommitLog, start: int, end: int) -> Non
 
 
 def write_clean_marker(data_dir: str, log_end: int) -> None:
-    payload = json.dumps({"log_end": log_end, "time_ms": int(time.time() * 1000)}).encode()
+    payload = json.dumps({"log_end": log_end, "time_ms": clock.wall_ms()}).encode()
     atomic_file.persist(os.path.join(data_dir, CLEAN_MARKER), CLEAN_MAGIC, CLEAN_VERSION, payload)

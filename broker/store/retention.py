@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 from broker.config import Config
 from broker.ports import RetentionFloor
 from broker.storage.commitlog import CommitLog
@@ -92,7 +92,7 @@ class Retention:
         segs = self.log.segments
         total = sum(s.size_bytes for s in segs)
         cut = 0
-        now = time.time()
+        now = clock.wall_s()
         for seg in segs[:-1]:
             too_big = bool(local_bytes) and total > local_bytes
             too_old = bool(local_ms) and (now - os.path.getmtime(seg.path)) * 1000 > local_ms

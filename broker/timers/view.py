@@ -23,7 +23,7 @@ import time
 import numpy as np
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 from broker.config import Config
 from broker.logformat import batch as bf
 from broker.logformat import timer_props as tr
@@ -207,7 +207,7 @@ class TimerView(View):
     def _write_group(self, offset: int) -> None:
         records = np.concatenate(self._pending) if self._pending else tl.new_records(0)
         start = self.log.max_offset
-        self.log.append([[tl.close_group(records, start, offset, int(time.time() * 1000))]])
+        self.log.append([[tl.close_group(records, start, offset, clock.wall_ms())]])
         self._pending.clear()
         self._pending_count = 0
         self._marked_offset = offset
