@@ -41,8 +41,11 @@ test: venv sysdeps lint
 bench: venv sysdeps
 	$(BIN)/python bench/run_all.py
 
-chaos: venv
+# A long chaos run (tests/chaos): DURATION=30m by default, SEED=<n> to replay one; the slow tests first.
+DURATION ?= 30m
+chaos: venv sysdeps
 	$(BIN)/python -m pytest -q tests -m slow
+	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED),)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

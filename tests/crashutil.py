@@ -70,10 +70,10 @@ def drop_unsynced_bytes(journal: str) -> int:
             kind, size, path = line.rstrip("\n").split(" ", 2)
             last[path] = int(size) if kind == "R" else max(last.get(path, 0), int(size))
     dropped = 0
-    for path, size in last.items():
-        if os.path.exists(path) and os.path.getsize(path) > size:
-            dropped += os.path.getsize(path) - size
-            os.truncate(path, size)
+    for path, durable in last.items():
+        if os.path.exists(path) and os.path.getsize(path) > durable:
+            dropped += os.path.getsize(path) - durable
+            os.truncate(path, durable)
     return dropped
 
 

@@ -2,13 +2,15 @@
 
 ``cut()`` resets every connection and refuses new ones (a process that died); ``silence()``
 keeps connections open but drops every byte, and takes new connections without ever connecting
-them (a network partition: the peer learns nothing until its own timeouts fire)."""
+them (a network partition: the peer learns nothing until its own timeouts fire); ``delay_s`` holds
+each chunk that long (a slow link)."""
 
 from __future__ import annotations
 
 import contextlib
 import socket
 import threading
+import time
 
 
 class TcpProxy:
@@ -23,6 +25,7 @@ class TcpProxy:
         self._open = threading.Event()
         self._open.set()
         self.silent = False
+        self.delay_s = 0.0  # a slow link: each chunk is held this long before it is forwarded
         self._conns: list[socket.socket] = []
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
@@ -60,6 +63,8 @@ class TcpProxy:
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                if self.delay_s:
+                    time.sleep(self.delay_s)
                 if not self.silent:
                     dst.sendall(data)
         except OSError:

@@ -1,0 +1,407 @@
+"""The chaos run's checkers: offline, on the history (tests/chaos/history.py) and the final state
+(tests/chaos/run.py's ``final.json``). Each returns a ``Verdict``: a name, pass or fail, its counts
+and a few examples of what broke. ``check_all`` runs them; ``summary_table`` prints a run.
+
+The rules, and why they hold:
+- ``lost``: a send answered ok is stored (ack=replica: durable on the in-sync replicas).
+- ``duplicates``: no id is stored twice, whatever the outcome (the client is idempotent: a retry
+  carries the same producer id and sequence numbers).
+- ``key_order``: one producer owns a key and sends its messages in order; they stay in that order.
+- ``timers``: a timer message answered ok fires exactly once, never before it is due on the clock
+  of the node that fired it (its store time), nor before it is due on the harness's clock, less
+  a forward clock jump the nemesis applied.
+- ``offsets_monotonic``: a member taking a queue starts at or above every offset committed ok for
+  it before (committed offsets are durable).
+- ``pop_acked_not_redelivered``: a message acked ok is never popped again.
+- ``split_brain``: never two writable masters (role master, not fenced, a write permit left) in
+  one epoch, nor two seen at once.
+- ``tiered_bound``: the tiered uploaded offset never passes the confirm offset.
+- ``convergence``: after healing, both logs are byte-identical below the common confirm offset and
+  both nodes report the same metadata.
+- ``rto`` (each fault: from the fault, or its heal when nothing can route around it, to the first
+  ok send invoked after it) and ``latency`` (send to first receipt by a member) are measurements;
+  ``rto`` fails above a p99 bound.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import Counter, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+Op = dict[str, Any]
+Final = dict[str, Any]
+EXAMPLES_MAX = 10
+LATENCY_BUCKETS_MS = (1, 5, 10, 100, 1000, 3000)
+SAME_MOMENT_MS = 100  # two status samples this close (midpoints) are "at once"
+SAMPLE_SHORT_MS = 200  # only samples that answered this fast are precise enough for "at once"
+TIMER_SLACK_MS = 5
+
+
+@dataclass
+class Verdict:
+    name: str
+    ok: bool
+    counts: dict[str, float] = field(default_factory=dict)
+    examples: list[str] = field(default_factory=list)
+
+    def example(self, text: str) -> None:
+        if len(self.examples) < EXAMPLES_MAX:
+            self.examples.append(text)
+
+
+def _ops(ops: Iterable[Op], kind: str, outcome: str | None = None) -> Iterable[Op]:
+    return (o for o in ops if o["op"] == kind and (outcome is None or o["outcome"] == outcome))
+
+
+def _stored(final: Final) -> Counter[str]:
+    return Counter(row[3] for row in final["messages"])
+
+
+def _sent(ops: list[Op]) -> dict[str, tuple[Op, dict[str, Any]]]:
+    """Every message id sent -> (its send op, its entry in the op's value)."""
+    return {m["id"]: (o, m) for o in _ops(ops, "send") for m in o["value"]["msgs"]}
+
+
+# -- data ------------------------------------------------------------------------------------------
+def lost(ops: list[Op], final: Final) -> Verdict:
+    stored = _stored(final)
+    v = Verdict("lost", True, {"acked": 0, "lost": 0, "unknown_stored": 0, "unknown_missing": 0})
+    for mid, (op, _) in _sent(ops).items():
+        if op["outcome"] == "ok":
+            v.counts["acked"] += 1
+            if mid not in stored:
+                v.counts["lost"] += 1
+                v.example(f"{mid} acked at {op['complete_ms']:.0f} is not stored")
+        elif op["outcome"] == "unknown":
+            v.counts["unknown_stored" if mid in stored else "unknown_missing"] += 1
+    v.ok = v.counts["lost"] == 0
+    return v
+
+
+def duplicates(ops: list[Op], final: Final) -> Verdict:
+    sent = _sent(ops)
+    v = Verdict("duplicates", True, {"stored": 0, "duplicated_ok": 0, "duplicated_unknown": 0})
+    for mid, n in _stored(final).items():
+        v.counts["stored"] += n
+        if n > 1:
+            outcome = sent[mid][0]["outcome"] if mid in sent else "unknown"
+            v.counts["duplicated_ok" if outcome == "ok" else "duplicated_unknown"] += 1
+            v.example(f"{mid} stored {n} times (send {outcome})")
+    v.ok = v.counts["duplicated_ok"] == 0 and v.counts["duplicated_unknown"] == 0
+    return v
+
+
+def key_order(ops: list[Op], final: Final) -> Verdict:
+    keyed = {mid: (m["key"], m["kseq"]) for mid, (_, m) in _sent(ops).items() if m["key"] is not None}
+    last: dict[str, tuple[int, str]] = {}
+    v = Verdict("key_order", True, {"keys": 0, "checked": 0, "out_of_order": 0})
+    for row in final["messages"]:
+        mid = row[3]
+        if mid not in keyed:
+            continue
+        key, seq = keyed[mid]
+        v.counts["checked"] += 1
+        before = last.get(key)
+        if before is not None and seq <= before[0]:
+            v.counts["out_of_order"] += 1
+            v.example(f"key {key}: {mid} (#{seq}) stored after {before[1]} (#{before[0]})")
+        last[key] = (seq, mid)
+    v.counts["keys"] = len(last)
+    v.ok = v.counts["out_of_order"] == 0
+    return v
+
+
+def timers(ops: list[Op], final: Final) -> Verdict:
+    stored: dict[str, list[list[Any]]] = defaultdict(list)
+    for row in final["messages"]:
+        stored[row[3]].append(row)
+    first_recv = _first_receipts(ops)
+    skews = final.get("clock_skews") or []
+    v = Verdict("timers", True, {"timers_acked": 0, "fired_once": 0, "never_fired": 0, "fired_twice": 0,
+                                 "early_node_clock": 0, "early_harness_clock": 0})
+    for mid, (op, m) in _sent(ops).items():
+        due = m["deliver_at_ms"]
+        if not due:
+            continue
+        rows = stored.get(mid, [])
+        if len(rows) > 1:
+            v.counts["fired_twice"] += 1
+            v.example(f"timer {mid} stored {len(rows)} times")
+        if op["outcome"] != "ok":
+            continue
+        v.counts["timers_acked"] += 1
+        if not rows:
+            v.counts["never_fired"] += 1
+            v.example(f"timer {mid} due {due} acked, never fired")
+            continue
+        if len(rows) == 1:
+            v.counts["fired_once"] += 1
+        if rows[0][4] < due:
+            v.counts["early_node_clock"] += 1
+            v.example(f"timer {mid} stored at {rows[0][4]} on the node's clock, due {due}")
+        seen = first_recv.get(mid)
+        if seen is not None and seen < due - _forward_skew(skews, seen) - TIMER_SLACK_MS:
+            v.counts["early_harness_clock"] += 1
+            v.example(f"timer {mid} received at {seen:.0f} (harness), due {due}")
+    c = v.counts
+    v.ok = c["never_fired"] == 0 and c["fired_twice"] == 0 and c["early_node_clock"] == 0 \
+        and c["early_harness_clock"] == 0
+    return v
+
+
+def _forward_skew(skews: list[dict[str, Any]], at_ms: float) -> float:
+    """The largest forward clock jump active on any node around ``at_ms`` (a timer fired under it
+    may reach a member that much early, in harness time)."""
+    top = 0.0
+    for w in skews:
+        end = w["end_ms"] if w["end_ms"] is not None else math.inf
+        if w["offset_ms"] > 0 and w["start_ms"] <= at_ms <= end + w["offset_ms"]:
+            top = max(top, float(w["offset_ms"]))
+    return top
+
+
+def _first_receipts(ops: list[Op]) -> dict[str, float]:
+    first: dict[str, float] = {}
+    for o in _ops(ops, "recv"):
+        for row in o["value"]["msgs"]:
+            first.setdefault(row[1], o["complete_ms"])
+    return first
+
+
+# -- groups ----------------------------------------------------------------------------------------
+def offsets_monotonic(ops: list[Op], final: Final) -> Verdict:
+    """Ops come sorted by invoke time; a commit counts from its completion."""
+    v = Verdict("offsets_monotonic", True, {"assigns": 0, "commits_ok": 0, "moved_back": 0})
+    commits: dict[tuple[str, str, int], list[tuple[float, int]]] = defaultdict(list)
+    for o in _ops(ops, "commit", "ok"):
+        x = o["value"]
+        commits[(x["group"], x["topic"], x["queue_id"])].append((o["complete_ms"], x["offset"]))
+        v.counts["commits_ok"] += 1
+    for series in commits.values():
+        series.sort()
+    for o in _ops(ops, "assign"):
+        x = o["value"]
+        v.counts["assigns"] += 1
+        before = [off for t, off in commits.get((x["group"], x["topic"], x["queue_id"]), []) if t <= o["invoke_ms"]]
+        if before and x["offset"] < max(before):
+            v.counts["moved_back"] += 1
+            v.example(f"{x['group']} {x['topic']}/{x['queue_id']}: {o['client']} started at {x['offset']}, "
+                      f"{max(before)} was committed before")
+    v.ok = v.counts["moved_back"] == 0
+    return v
+
+
+def pop_acked_not_redelivered(ops: list[Op], final: Final) -> Verdict:
+    v = Verdict("pop_acked_not_redelivered", True, {"popped": 0, "acked": 0, "redelivered_allowed": 0,
+                                                     "redelivered_after_ack": 0})
+    acked_at: dict[tuple[str, int, int], float] = {}
+    events: list[tuple[float, int, Op]] = [(o["complete_ms"], 1, o) for o in _ops(ops, "ack", "ok")]
+    events += [(o["invoke_ms"], 0, o) for o in _ops(ops, "pop", "ok")]
+    events.sort(key=lambda e: (e[0], e[1]))
+    for _, kind, o in events:
+        group = o["value"]["group"]
+        if kind == 1:
+            refused = {(q, off) for q, off in o.get("result", {}).get("refused", [])}
+            for q, off, _mid in o["value"]["msgs"]:
+                if (q, off) not in refused:
+                    acked_at.setdefault((group, q, off), o["complete_ms"])
+                    v.counts["acked"] += 1
+            continue
+        for q, off, mid, count in o.get("result", {}).get("msgs", []):
+            v.counts["popped"] += 1
+            if (group, q, off) in acked_at:
+                v.counts["redelivered_after_ack"] += 1
+                v.example(f"{group} {q}/{off} ({mid}) popped at {o['invoke_ms']:.0f} (delivery {count}), "
+                          f"acked at {acked_at[(group, q, off)]:.0f}")
+            elif count > 1:
+                v.counts["redelivered_allowed"] += 1
+    v.ok = v.counts["redelivered_after_ack"] == 0
+    return v
+
+
+# -- the pair --------------------------------------------------------------------------------------
+def split_brain(ops: list[Op], final: Final) -> Verdict:
+    v = Verdict("split_brain", True, {"samples": 0, "epochs": 0, "epochs_with_two_masters": 0,
+                                      "two_masters_at_once": 0})
+    masters: dict[int, set[str]] = defaultdict(set)
+    recent: dict[str, tuple[float, int]] = {}  # node -> (midpoint, epoch) of its last precise master sample
+    for o in _ops(ops, "status", "ok"):
+        r = o.get("result") or {}
+        v.counts["samples"] += 1
+        if r.get("role") != "master" or r.get("fenced") or r.get("permit_ms") == 0:  # it acknowledges nothing
+            recent.pop(str(r.get("node_id")), None)
+            continue
+        node, epoch = str(r.get("node_id")), int(r.get("epoch") or 0)
+        masters[epoch].add(node)
+        if o["complete_ms"] - o["invoke_ms"] > SAMPLE_SHORT_MS:
+            continue
+        mid = (o["invoke_ms"] + o["complete_ms"]) / 2
+        recent[node] = (mid, epoch)
+        for other, (other_mid, other_epoch) in recent.items():
+            if other != node and abs(mid - other_mid) <= SAME_MOMENT_MS:
+                v.counts["two_masters_at_once"] += 1
+                v.example(f"{node} (epoch {epoch}) and {other} (epoch {other_epoch}) both unfenced masters "
+                          f"within {abs(mid - other_mid):.0f} ms at {mid:.0f}")
+    v.counts["epochs"] = len(masters)
+    for epoch, nodes in masters.items():
+        if len(nodes) > 1:
+            v.counts["epochs_with_two_masters"] += 1
+            v.example(f"epoch {epoch}: unfenced masters {sorted(nodes)}")
+    v.ok = v.counts["epochs_with_two_masters"] == 0 and v.counts["two_masters_at_once"] == 0
+    return v
+
+
+def tiered_bound(ops: list[Op], final: Final) -> Verdict:
+    v = Verdict("tiered_bound", True, {"samples": 0, "above_confirm": 0})
+    for o in _ops(ops, "status", "ok"):
+        r = o.get("result") or {}
+        uploaded, confirm = int(r.get("tiered_uploaded_offset") or 0), int(r.get("confirm_offset") or 0)
+        v.counts["samples"] += 1
+        if uploaded > confirm:
+            v.counts["above_confirm"] += 1
+            v.example(f"{o['value']['node']} at {o['complete_ms']:.0f}: uploaded {uploaded} > confirm {confirm}")
+    v.ok = v.counts["above_confirm"] == 0
+    return v
+
+
+def convergence(ops: list[Op], final: Final) -> Verdict:
+    nodes = final.get("nodes") or {}
+    v = Verdict("convergence", False, {"compare_below": int(final.get("compare_below", 0)), "digests_equal": 0,
+                                       "metadata_equal": 0})
+    if len(nodes) != 2:
+        v.example(f"final state has {len(nodes)} node(s), not 2")
+        return v
+    a, b = nodes.values()
+    v.counts["digests_equal"] = int(a.get("digest") == b.get("digest"))
+    v.counts["metadata_equal"] = int(a.get("metadata") == b.get("metadata"))
+    if not v.counts["digests_equal"]:
+        v.example(f"log digests differ below {v.counts['compare_below']}")
+    if not v.counts["metadata_equal"]:
+        v.example(f"metadata differs: {a.get('metadata')} vs {b.get('metadata')}"[:300])
+    v.ok = bool(v.counts["digests_equal"] and v.counts["metadata_equal"])
+    return v
+
+
+# -- measurements ----------------------------------------------------------------------------------
+def percentile(values: list[float], p: float) -> float:
+    """Nearest rank; 0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
+
+
+# faults the pair is not built to route around: writes wait for the heal (a full disk refuses
+# writes until space returns; with both nodes down nothing can take over)
+HEAL_BOUND = frozenset({"disk_full", "power_loss_both"})
+
+
+def rto_by_fault(ops: list[Op]) -> dict[str, list[float]]:
+    """Each fault's recovery time: from the moment it hit (its start; its heal for HEAL_BOUND kinds)
+    to the completion of the first send invoked then or later that succeeded. Counted from the
+    fault, not from a failed send: the client retries within its deadline, so most outages show
+    as slow sends, not failed ones."""
+    faults = _fault_windows(ops)
+    sends = sorted((o["invoke_ms"], o["complete_ms"]) for o in _ops(ops, "send", "ok"))
+    invokes = [s[0] for s in sends]
+    out: dict[str, list[float]] = defaultdict(list)
+    for kind, start, end in faults:
+        t0 = end if kind in HEAL_BOUND and end is not None else start
+        i = bisect.bisect_left(invokes, t0)
+        done = min((c for _, c in sends[i : i + 1000]), default=math.inf)
+        out[kind].append(done - t0)
+    return out
+
+
+def _fault_windows(ops: list[Op]) -> list[tuple[str, float, float | None]]:
+    """(kind, start, end) of every fault, in order."""
+    open_: dict[tuple[str, str], int] = {}
+    windows: list[tuple[str, float, float | None]] = []
+    for o in _ops(ops, "fault"):
+        v = o["value"]
+        key = (v["kind"], v["node"])
+        if v["phase"] == "start":
+            open_[key] = len(windows)
+            windows.append((v["kind"], o["invoke_ms"], None))
+        elif key in open_:
+            i = open_.pop(key)
+            windows[i] = (windows[i][0], windows[i][1], o["invoke_ms"])
+    return windows
+
+
+def rto(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> Verdict:
+    v = Verdict("rto", True)
+    for kind, values in sorted(rto_by_fault(ops).items()):
+        p99 = percentile(values, 99)
+        v.counts.update({f"{kind}.n": len(values), f"{kind}.p50_ms": _ms(percentile(values, 50)),
+                         f"{kind}.p99_ms": _ms(p99), f"{kind}.max_ms": _ms(max(values))})
+        if p99 > rto_p99_max_ms:
+            v.ok = False
+            v.example(f"{kind}: p99 {p99:.0f} ms > {rto_p99_max_ms:.0f} ms")
+    return v
+
+
+def _ms(value: float) -> int:
+    return round(value) if value != math.inf else -1
+
+
+def latency(ops: list[Op], final: Final) -> Verdict:
+    v = Verdict("latency", True, {f"<={b}ms": 0 for b in LATENCY_BUCKETS_MS})
+    v.counts[f">{LATENCY_BUCKETS_MS[-1]}ms"] = 0
+    v.counts["received"] = 0
+    first = _first_receipts(ops)
+    for mid, (op, m) in _sent(ops).items():
+        seen = first.get(mid)
+        if op["outcome"] != "ok" or seen is None:
+            continue
+        v.counts["received"] += 1
+        ms = seen - max(op["invoke_ms"], float(m["deliver_at_ms"] or 0))
+        bucket = next((f"<={b}ms" for b in LATENCY_BUCKETS_MS if ms <= b), f">{LATENCY_BUCKETS_MS[-1]}ms")
+        v.counts[bucket] += 1
+    return v
+
+
+CHECKERS: tuple[Callable[[list[Op], Final], Verdict], ...] = (
+    lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, split_brain, tiered_bound,
+    convergence, latency)
+
+
+def check_all(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> list[Verdict]:
+    return [c(ops, final) for c in CHECKERS] + [rto(ops, final, rto_p99_max_ms)]
+
+
+def summary_table(ops: list[Op], verdicts: list[Verdict]) -> str:
+    by_op: dict[str, Counter[str]] = defaultdict(Counter)
+    for o in ops:
+        by_op[o["op"]][o["outcome"]] += 1
+    faults = Counter(o["value"]["kind"] for o in _ops(ops, "fault") if o["value"]["phase"] == "start")
+    lines = ["operations       ok      fail   unknown"]
+    lines += [f"  {op:<12} {c['ok']:>7} {c['fail']:>8} {c['unknown']:>8}" for op, c in sorted(by_op.items())
+              if op != "fault"]
+    lines.append("faults: " + (", ".join(f"{k} {n}" for k, n in sorted(faults.items())) or "none"))
+    lines.append("checkers")
+    for v in verdicts:
+        if v.name == "rto":
+            continue
+        counts = ", ".join(f"{k} {_fmt(n)}" for k, n in v.counts.items())
+        lines.append(f"  {v.name:<26} {'PASS' if v.ok else 'FAIL'}  {counts}")
+        lines += [f"      {e}" for e in v.examples[:3]]
+    r = next((v for v in verdicts if v.name == "rto"), None)
+    if r is not None:
+        lines.append(f"RTO per fault kind (fault, or its heal for {', '.join(sorted(HEAL_BOUND))} -> the first "
+                     f"ok send invoked after it completes)   {'PASS' if r.ok else 'FAIL'}")
+        lines.append("  kind                 n    p50 ms    p99 ms    max ms")
+        for kind in sorted({k.split(".")[0] for k in r.counts}):
+            c = r.counts
+            lines.append(f"  {kind:<16} {_fmt(c[kind + '.n']):>5} {_fmt(c[kind + '.p50_ms']):>9} "
+                         f"{_fmt(c[kind + '.p99_ms']):>9} {_fmt(c[kind + '.max_ms']):>9}")
+        lines += [f"      {e}" for e in r.examples[:3]]
+    return "\n".join(lines)
+
+
+def _fmt(n: float) -> str:
+    return f"{int(n):,}" if float(n).is_integer() else f"{n:,.1f}"

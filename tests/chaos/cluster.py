@@ -1,0 +1,153 @@
+"""The system under test of a chaos run: a real etcd, an S3 server (moto), and two coordinated
+daemons, every link through a loopback TcpProxy the nemesis can silence or slow.
+
+Each node's data directory lives on a tmpfs of its own (a disk the nemesis can fill), its fsyncs
+are journaled (``TIDEMARK_FSYNC_JOURNAL``: a power loss drops what was never synced) and its wall
+clock reads an offset file (``TIDEMARK_CLOCK_OFFSET_FILE``: a clock jump without touching the
+host's clock).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from broker.cli.etcd_process import EtcdProcess
+from broker.cli.node_process import free_port
+from broker.client import BrokerClient, BrokerError
+from tests.crashutil import drop_unsynced_bytes
+from tests.procs import DaemonProcess
+from tests.s3server import MotoS3, s3_config
+from tests.tcpproxy import TcpProxy
+
+NODES = ("a", "b")
+FS_BYTES = 768 << 20
+
+
+class Node:
+    """One daemon with its own disk, journal, clock file and proxies (to etcd, for replication)."""
+
+    def __init__(self, name: str, run: Path, etcd: EtcdProcess, s3_endpoint: str, mount: bool) -> None:
+        self.name = name
+        self.mount = run / f"fs-{name}"
+        self.mount.mkdir(parents=True, exist_ok=True)
+        self.mounted = False
+        if mount:
+            subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={FS_BYTES}", "tmpfs", str(self.mount)], check=True)
+            self.mounted = True
+        self.journal = run / f"{name}.fsync-journal"
+        self.clock_file = run / f"{name}.clock-offset"
+        self.clock_file.write_text("0\n")
+        self.ballast = self.mount / "ballast"
+        repl_port = free_port()
+        self.to_etcd = TcpProxy(etcd.client_port)
+        self.to_repl = TcpProxy(repl_port)
+        config: dict[str, Any] = {
+            "coordinator.endpoints": f"http://127.0.0.1:{self.to_etcd.port}",
+            "replication.listen": f"127.0.0.1:{repl_port}",
+            "replication.advertise": self.to_repl.address,
+            "replication.max_lag_ms": 2000,
+            "commitlog.segment_bytes": 8 << 20,
+            "retention.local_bytes": 64 << 20,
+            "retention.check_interval_ms": 500,
+            "checkpoint.interval_ms": 1000,
+            "storage.min_free_bytes": 32 << 20,
+            "tieredstore.upload_interval_ms": 500,
+            "tieredstore.object_bytes": 4 << 20,
+            **s3_config(s3_endpoint, "chaos"),
+        }
+        env = {"TIDEMARK_FSYNC_JOURNAL": str(self.journal), "TIDEMARK_CLOCK_OFFSET_FILE": str(self.clock_file)}
+        self.daemon = DaemonProcess(str(self.mount / "data"), config=config, env=env,
+                                    log_path=str(run / f"node-{name}.log"))
+
+    @property
+    def address(self) -> str:
+        return self.daemon.address
+
+    def alive(self) -> bool:
+        return self.daemon.proc is not None and self.daemon.proc.poll() is None
+
+    def status(self, timeout_s: float = 2.0) -> dict[str, Any] | None:
+        try:
+            with BrokerClient(self.address, timeout_s=timeout_s, follow_master=False) as c:
+                return c.status()
+        except BrokerError:
+            return None
+
+    def fill_disk(self) -> None:
+        """Take every free byte of this node's disk but 1 MiB (below storage.min_free_bytes)."""
+        st = os.statvfs(self.mount)
+        free = st.f_bavail * st.f_frsize
+        with open(self.ballast, "wb") as f, contextlib.suppress(OSError):
+            os.posix_fallocate(f.fileno(), 0, max(0, free - (1 << 20)))
+
+    def free_disk(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.ballast.unlink()
+
+    def set_clock_offset(self, offset_ms: int) -> None:
+        tmp = self.clock_file.with_suffix(".tmp")
+        tmp.write_text(f"{offset_ms}\n")
+        os.replace(tmp, self.clock_file)
+
+    def power_loss(self) -> int:
+        """kill -9, then drop every byte the node never synced (the crash tests' journal). Returns
+        the bytes dropped; the caller restarts the node."""
+        self.daemon.kill9()
+        return drop_unsynced_bytes(str(self.journal)) if self.journal.exists() else 0
+
+    def close(self) -> None:
+        self.daemon.kill9()
+        self.to_etcd.close()
+        self.to_repl.close()
+        if self.mounted:
+            subprocess.run(["umount", "-l", str(self.mount)], check=False)
+
+
+class Cluster:
+    """etcd + S3 (behind a proxy) + nodes a and b."""
+
+    def __init__(self, run: Path, *, mount: bool) -> None:
+        self.run = run
+        self.etcd = EtcdProcess(str(run / "etcd")).start()
+        logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
+        self.s3 = MotoS3().start()
+        self.to_s3 = TcpProxy(self.s3.port)
+        self.nodes = {n: Node(n, run, self.etcd, f"http://127.0.0.1:{self.to_s3.port}", mount) for n in NODES}
+        for node in self.nodes.values():
+            node.daemon.start(60)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [n.address for n in self.nodes.values()]
+
+    def master(self) -> Node | None:
+        """The node that says it is the unfenced master (None during an election)."""
+        for node in self.nodes.values():
+            st = node.status(1.0) if node.alive() else None
+            if st and st["role"] == "master" and not st["fenced"]:
+                return node
+        return None
+
+    def other(self, node: Node) -> Node:
+        return next(n for n in self.nodes.values() if n is not node)
+
+    def heal_network(self) -> None:
+        for node in self.nodes.values():
+            for proxy in (node.to_etcd, node.to_repl):
+                proxy.delay_s = 0.0
+                proxy.heal()
+        self.to_s3.delay_s = 0.0
+        self.to_s3.heal()
+
+    def close(self) -> None:
+        for node in self.nodes.values():
+            node.close()
+        self.to_s3.close()
+        self.etcd.kill9()
+        with contextlib.suppress(Exception):
+            self.s3.stop()

@@ -1,0 +1,189 @@
+"""The nemesis: faults on a schedule drawn from the run's seed, each recorded (start and end) in
+the history as client ``nemesis``.
+
+Every fault is applied to the node that holds a role when it starts (``master`` or ``slave``), or
+to a shared part (etcd, object storage, the replication link), held for a few seconds, then healed;
+the next one waits until the pair has a master again (or a settle timeout, recorded).
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from tests.chaos.cluster import Cluster, Node
+from tests.chaos.history import Recorder, now_ms
+
+KINDS = ("kill9", "sigstop", "isolate", "link_delay", "disk_full", "power_loss", "power_loss_both", "s3_fail",
+         "s3_slow", "etcd_kill", "etcd_pause", "clock_jump")
+NODE_KINDS = {"kill9", "sigstop", "isolate", "disk_full", "power_loss", "clock_jump"}
+SETTLE_S = 30.0
+
+
+@dataclass
+class Fault:
+    kind: str
+    target: str  # "a"/"b", or "etcd", "s3", "link"
+    role: str  # the target's role when the fault started ("" for shared parts)
+    heal: Callable[[], None]
+    detail: dict[str, object]
+
+
+class Nemesis:
+    def __init__(self, cluster: Cluster, rec: Recorder, seed: int, kinds: tuple[str, ...] = KINDS,
+                 hold_s: tuple[float, float] = (2.0, 7.0), quiet_s: tuple[float, float] = (2.0, 5.0)) -> None:
+        self.cluster, self.rec, self.kinds = cluster, rec, kinds
+        self.rng = random.Random(seed)
+        self.hold_s, self.quiet_s = hold_s, quiet_s
+        self.counts: dict[str, int] = {}
+        self.unsettled = 0
+
+    def run(self, duration_s: float, stop: threading.Event) -> None:
+        end = time.monotonic() + duration_s
+        while not stop.is_set() and time.monotonic() < end:
+            if stop.wait(self.rng.uniform(*self.quiet_s)):
+                return
+            kind = self.rng.choice(self.kinds)
+            role = self.rng.choice(("master", "slave"))
+            hold = self.rng.uniform(*self.hold_s)
+            fault = self.inject(kind, role)
+            stop.wait(min(hold, max(0.0, end - time.monotonic()) + 1.0))
+            self.heal(fault)
+            self.settle()
+
+    def _target(self, role: str) -> tuple[Node, str]:
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            master = self.cluster.master()
+            if master is not None:
+                return (master, "master") if role == "master" else (self.cluster.other(master), "slave")
+            time.sleep(0.2)
+        node = self.cluster.nodes["a"]
+        return node, "unknown"
+
+    def inject(self, kind: str, role: str) -> Fault:
+        c = self.cluster
+        detail: dict[str, object] = {}
+        heal: Callable[[], None]
+        if kind in NODE_KINDS:
+            node, role = self._target(role)
+            target = node.name
+            if kind == "kill9":
+                node.daemon.kill9()
+                heal = self._restart(node)
+            elif kind == "power_loss":
+                detail["dropped_bytes"] = node.power_loss()
+                heal = self._restart(node)
+            elif kind == "sigstop":
+                assert node.daemon.proc is not None
+                node.daemon.proc.send_signal(signal.SIGSTOP)
+                heal = self._cont(node)
+            elif kind == "isolate":
+                node.to_etcd.silence()
+                node.to_repl.silence()
+                c.other(node).to_repl.silence()  # as a slave it streams from the other's replication port
+                heal = c.heal_network
+            elif kind == "disk_full":
+                node.fill_disk()
+                heal = node.free_disk
+            else:  # clock_jump
+                offset_ms = self.rng.choice((1, -1)) * self.rng.randint(2_000, 30_000)
+                node.set_clock_offset(offset_ms)
+                detail["offset_ms"] = offset_ms
+                heal = self._clock_back(node)
+        else:
+            role = ""
+            if kind == "power_loss_both":  # the whole room loses power: both nodes at once
+                target = "both"
+                for node in c.nodes.values():
+                    detail[f"dropped_bytes_{node.name}"] = node.power_loss()
+                heal = self._restart_all
+            elif kind == "link_delay":
+                target = "link"
+                delay_s = self.rng.uniform(0.05, 0.3)
+                for node in c.nodes.values():
+                    node.to_repl.delay_s = delay_s
+                detail["delay_ms"] = round(delay_s * 1000)
+                heal = c.heal_network
+            elif kind in ("s3_fail", "s3_slow"):
+                target = "s3"
+                if kind == "s3_fail":
+                    c.to_s3.cut()
+                else:
+                    c.to_s3.delay_s = 0.5
+                heal = c.heal_network
+            elif kind == "etcd_kill":
+                target = "etcd"
+                c.etcd.kill9()
+                heal = self._etcd_start
+            else:  # etcd_pause
+                target = "etcd"
+                c.etcd.pause()
+                heal = c.etcd.resume
+        self.counts[kind] = self.counts.get(kind, 0) + 1
+        self.rec.record("fault", {"kind": kind, "node": target, "role": role, "phase": "start", **detail}, "ok",
+                        now_ms())
+        return Fault(kind, target, role, heal, detail)
+
+    def heal(self, fault: Fault) -> None:
+        fault.heal()
+        self.rec.record("fault", {"kind": fault.kind, "node": fault.target, "role": fault.role, "phase": "end",
+                                  **fault.detail}, "ok", now_ms())
+
+    def settle(self) -> bool:
+        """Wait until both nodes run and one is the unfenced master."""
+        deadline = time.monotonic() + SETTLE_S
+        while time.monotonic() < deadline:
+            if all(n.alive() for n in self.cluster.nodes.values()) and self.cluster.master() is not None:
+                return True
+            time.sleep(0.2)
+        self.unsettled += 1
+        self.rec.record("fault", {"kind": "unsettled", "node": "", "role": "", "phase": "end"}, "ok", now_ms())
+        return False
+
+    @staticmethod
+    def _restart(node: Node) -> Callable[[], None]:
+        def heal() -> None:
+            node.daemon.start(60)
+        return heal
+
+    @staticmethod
+    def _cont(node: Node) -> Callable[[], None]:
+        def heal() -> None:
+            assert node.daemon.proc is not None
+            node.daemon.proc.send_signal(signal.SIGCONT)
+        return heal
+
+    @staticmethod
+    def _clock_back(node: Node) -> Callable[[], None]:
+        return lambda: node.set_clock_offset(0)
+
+    def _restart_all(self) -> None:
+        for node in self.cluster.nodes.values():
+            node.daemon.start(60, wait=False)
+        for node in self.cluster.nodes.values():
+            node.daemon.wait_ready(60)
+
+    def _etcd_start(self) -> None:
+        self.cluster.etcd.start()
+
+    def heal_all(self) -> None:
+        """Whatever is still broken at the end of a run: every link, etcd, both nodes."""
+        c = self.cluster
+        c.heal_network()
+        if c.etcd.proc is not None and c.etcd.proc.poll() is None:
+            c.etcd.resume()
+        else:
+            c.etcd.start()
+        for node in c.nodes.values():
+            node.free_disk()
+            node.set_clock_offset(0)
+            if node.alive():
+                assert node.daemon.proc is not None
+                node.daemon.proc.send_signal(signal.SIGCONT)
+            else:
+                node.daemon.start(60)

@@ -1,0 +1,254 @@
+"""One chaos run: ``python -m tests.chaos.run --duration 3m --seed 42 --dir /tmp/chaos-42``.
+
+Starts etcd, an S3 server and a pair (tests/chaos/cluster.py), the workload's client processes
+(tests/chaos/workload.py) and the nemesis (tests/chaos/faults.py) for ``--duration``; then heals
+everything, lets the pair converge, stops the clients, reads the final state (every stored message
+from the master, each node's metadata and log digest) and runs the offline checkers
+(tests/chaos/checkers.py) on the history. Prints the seed first and the summary table last, and
+writes both, the history, ``final.json`` and every process's log into the run's directory.
+Exit status 0 when every checker passed, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from broker.client import BrokerClient, BrokerError
+from tests.chaos import checkers, workload
+from tests.chaos.cluster import Cluster, Node
+from tests.chaos.faults import KINDS, Nemesis
+from tests.chaos.history import Recorder, load, write_json
+from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, body_id
+
+CLIENTS = (("producer", "p1"), ("producer", "p2"), ("subscriber", "s1"), ("subscriber", "s2"), ("popper", "q1"),
+           ("popper", "q2"), ("creator", "c1"), ("sampler", "sampler"))
+CONVERGE_S = 120.0
+ROOT = Path(workload.__file__).resolve().parents[2]
+
+
+@dataclass
+class Outcome:
+    seed: int
+    run_dir: Path
+    verdicts: list[checkers.Verdict]
+    table: str
+
+    @property
+    def ok(self) -> bool:
+        return all(v.ok for v in self.verdicts)
+
+
+def duration_s(text: str) -> float:
+    """``180``, ``180s``, ``3m``, ``1h``."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smh]?)", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 180, 3m, 30m, 1h)")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] chaos: {msg}", flush=True)
+
+
+def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = KINDS, mount: bool = True,
+        rto_p99_max_ms: float = 3000.0) -> Outcome:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log(f"seed {seed}; run directory {run_dir}; {duration:.0f} s of faults: {', '.join(kinds)}")
+    cluster = Cluster(run_dir, mount=mount)
+    clients: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        _wait(lambda: cluster.master() is not None, 60, "a master elected")
+        with BrokerClient(cluster.addresses, timeout_s=30) as c:
+            c.create_topic(TOPIC, queues=QUEUES)
+        for role, name in CLIENTS:
+            clients[name] = _start_client(role, name, cluster, run_dir, seed)
+        nemesis = Nemesis(cluster, Recorder(run_dir, "nemesis"), seed, kinds)
+        stop = threading.Event()
+        nemesis.run(duration, stop)
+        log(f"faults done ({sum(nemesis.counts.values())}: {nemesis.counts}); healing")
+        nemesis.heal_all()
+        _wait(lambda: _converged(cluster), CONVERGE_S, "a master with its slave in sync")
+        _stop_clients(clients, ("p1", "p2", "c1"))
+        _wait_timers_fired(run_dir)
+        _wait(lambda: _drained(cluster), 60, "the groups caught up", fatal=False)
+        _stop_clients(clients, tuple(clients))
+        final = _final_state(cluster)
+        write_json(run_dir / "final.json", final)
+    finally:
+        for proc in clients.values():
+            if proc.poll() is None:
+                proc.kill()
+        cluster.close()
+    ops = load(run_dir)
+    final["clock_skews"] = clock_skews(ops)
+    verdicts = checkers.check_all(ops, final, rto_p99_max_ms=rto_p99_max_ms)
+    table = f"seed {seed}, {duration:.0f} s\n" + checkers.summary_table(ops, verdicts)
+    (run_dir / "summary.txt").write_text(table + "\n")
+    return Outcome(seed, run_dir, verdicts, table)
+
+
+def clock_skews(ops: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The clock_jump windows of a run's history: node, start, end (None: never healed), offset."""
+    out: list[dict[str, Any]] = []
+    for op in ops:
+        v = op["value"]
+        if op["op"] != "fault" or v["kind"] != "clock_jump":
+            continue
+        if v["phase"] == "start":
+            out.append({"node": v["node"], "start_ms": op["invoke_ms"], "end_ms": None, "offset_ms": v["offset_ms"]})
+        else:
+            for w in out:
+                if w["node"] == v["node"] and w["end_ms"] is None:
+                    w["end_ms"] = op["invoke_ms"]
+    return out
+
+
+def _wait(cond: Any, timeout_s: float, what: str, *, fatal: bool = True) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            if cond():
+                return True
+        except BrokerError:
+            pass
+        time.sleep(0.3)
+    if fatal:
+        raise TimeoutError(f"chaos: not reached within {timeout_s:.0f} s: {what}")
+    log(f"not reached within {timeout_s:.0f} s: {what}")
+    return False
+
+
+def _start_client(role: str, name: str, cluster: Cluster, run_dir: Path, seed: int) -> subprocess.Popen[bytes]:
+    out = open(run_dir / f"client-{name}.log", "ab")  # noqa: SIM115 - handed to the child
+    cmd = [sys.executable, "-m", "tests.chaos.workload", role, "--run", str(run_dir), "--name", name,
+           "--addresses", ",".join(cluster.addresses), "--names", ",".join(cluster.nodes), "--seed", str(seed)]
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+    out.close()
+    return proc
+
+
+def _stop_clients(clients: dict[str, subprocess.Popen[bytes]], names: tuple[str, ...]) -> None:
+    for name in names:
+        if clients[name].poll() is None:
+            clients[name].send_signal(signal.SIGTERM)
+    for name in names:
+        try:
+            clients[name].wait(30)
+        except subprocess.TimeoutExpired:
+            log(f"client {name} did not stop on SIGTERM; killed")
+            clients[name].kill()
+            clients[name].wait()
+
+
+def _converged(cluster: Cluster) -> bool:
+    master = cluster.master()
+    if master is None:
+        return False
+    st = master.status()
+    return bool(st and st["replicas"] and all(r["in_sync"] for r in st["replicas"]))
+
+
+def _wait_timers_fired(run_dir: Path) -> None:
+    latest = 0
+    for op in load(run_dir):
+        if op["op"] == "send":
+            latest = max([latest, *(m["deliver_at_ms"] or 0 for m in op["value"]["msgs"])])
+    left_s = latest / 1000.0 - time.time() + 3.0
+    if left_s > 0:
+        log(f"waiting {left_s:.1f} s for the last timer to be due")
+        time.sleep(left_s)
+
+
+def _drained(cluster: Cluster) -> bool:
+    with BrokerClient(cluster.addresses, timeout_s=5) as c:
+        return all(g["lag"] == 0 for g in c.list_groups() if g["name"] in (SUB_GROUP, "chaos-pop"))
+
+
+def _final_state(cluster: Cluster) -> dict[str, Any]:
+    """Every message of the workload's topic (from the master), then each node's metadata and log
+    digest once both have applied the same confirm offset."""
+    master = cluster.master()
+    assert master is not None, "no master at the end of the run"
+    messages: list[list[Any]] = []
+    with BrokerClient(master.address, timeout_s=30) as c:
+        for q in range(QUEUES):
+            offset = 0
+            while True:
+                got = c.pull(TOPIC, q, offset, max_messages=5000)
+                rows = list(got)
+                if not rows:
+                    break
+                messages += [[TOPIC, q, m.queue_offset, body_id(m.body), m.store_time_ms, m.deliver_at_ms or 0,
+                              m.timer_offset or 0] for m in rows]
+                offset = rows[-1].queue_offset + 1
+    _wait(lambda: _same_applied(cluster), 60, "both nodes applied the same confirm offset")
+    statuses = {n.name: n.status() for n in cluster.nodes.values()}
+    compare_below = min(int(st["confirm_offset"]) for st in statuses.values() if st)
+    nodes: dict[str, Any] = {n.name: {"metadata": _metadata(n)} for n in cluster.nodes.values()}
+    for node in cluster.nodes.values():
+        node.daemon.stop()
+    logs = {n.name: _log_bytes(n) for n in cluster.nodes.values()}
+    low = max(first for first, _ in logs.values())
+    for name, (first, data) in logs.items():
+        nodes[name]["digest"] = hashlib.sha256(data[low - first : compare_below - first]).hexdigest()
+        nodes[name]["log_range"] = [first, first + len(data)]
+    return {"messages": messages, "nodes": nodes, "compare_below": compare_below, "compare_from": low,
+            "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
+
+
+def _same_applied(cluster: Cluster) -> bool:
+    sts = [n.status() for n in cluster.nodes.values()]
+    if not all(sts):
+        return False
+    confirm = {int(st["confirm_offset"]) for st in sts if st}
+    return len(confirm) == 1 and all(int(st["applied_offset"]) >= min(confirm) for st in sts if st)
+
+
+def _metadata(node: Node) -> dict[str, Any]:
+    with BrokerClient(node.address, timeout_s=10, follow_master=False) as c:
+        topics = {name: info["queues"] for name, info in c.list_topics().items()}
+        committed = {str(q): c.committed_offset(SUB_GROUP, TOPIC, q) for q in range(QUEUES)}
+    return {"topics": topics, "committed": committed}
+
+
+def _log_bytes(node: Node) -> tuple[int, bytes]:
+    segs = sorted((Path(node.daemon.data_dir) / "log").glob("*.log"))
+    return int(segs[0].name[:20]), b"".join(p.read_bytes() for p in segs)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--duration", type=duration_s, default=180.0, help="how long faults go on (180, 3m, 30m)")
+    p.add_argument("--seed", type=int, default=None, help="replays a run (default: a new one, printed)")
+    p.add_argument("--dir", type=Path, default=None, help="the run's directory (default /tmp/tidemark-chaos-<seed>)")
+    p.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds, comma-separated (of {', '.join(KINDS)})")
+    p.add_argument("--no-mount", action="store_true", help="no tmpfs per node (no root): disk_full is left out")
+    args = p.parse_args()
+    seed = args.seed if args.seed is not None else random.randrange(1 << 31)
+    kinds = tuple(k for k in args.kinds.split(",") if k)
+    unknown = set(kinds) - set(KINDS)
+    if unknown:
+        p.exit(2, f"chaos: unknown fault kinds: {', '.join(sorted(unknown))}\n")
+    mount = not args.no_mount and os.geteuid() == 0
+    if not mount:
+        kinds = tuple(k for k in kinds if k != "disk_full")
+    outcome = run(args.duration, seed, args.dir or Path(f"/tmp/tidemark-chaos-{seed}"), kinds=kinds, mount=mount)
+    print(outcome.table, flush=True)
+    print(f"replay: python -m tests.chaos.run --seed {seed} --duration {args.duration:.0f}", flush=True)
+    sys.exit(0 if outcome.ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,164 @@
+"""Each checker on a hand-made history: a clean one passes, a minimally broken one fails with the
+right count (no daemons: the checkers are offline)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from tests.chaos import checkers as ck
+
+Op = dict[str, Any]
+
+
+def op(kind: str, value: dict[str, Any], t: float, outcome: str = "ok", result: dict[str, Any] | None = None,
+       client: str = "c", took: float = 5.0) -> Op:
+    o: Op = {"client": client, "op": kind, "value": value, "outcome": outcome, "invoke_ms": t, "complete_ms": t + took}
+    if result is not None:
+        o["result"] = result
+    return o
+
+
+def msg(mid: str, key: str | None = None, kseq: int | None = None, due: int | None = None) -> dict[str, Any]:
+    return {"id": mid, "key": key, "kseq": kseq, "deliver_at_ms": due}
+
+
+def history() -> tuple[list[Op], dict[str, Any]]:
+    """Two sends (one keyed pair, one timer), a member, a pop group, status samples, one fault."""
+    ops = [
+        op("fault", {"kind": "kill9", "node": "a", "phase": "start"}, 900),
+        op("send", {"topic": "t", "msgs": [msg("p-0", "k", 0), msg("p-1", "k", 1), msg("p-2", due=2000)]}, 1000),
+        op("send", {"topic": "t", "msgs": [msg("p-3")]}, 1100, outcome="unknown"),
+        op("send", {"topic": "t", "msgs": [msg("p-4")]}, 1500),
+        op("assign", {"group": "g", "topic": "t", "queue_id": 0, "offset": 0}, 1010),
+        op("recv", {"group": "g", "topic": "t", "queue_id": 0, "msgs": [[0, "p-0", 1001, 0], [1, "p-1", 1001, 0]]}, 1010),
+        op("commit", {"group": "g", "topic": "t", "queue_id": 0, "offset": 2}, 1020),
+        op("assign", {"group": "g", "topic": "t", "queue_id": 0, "offset": 2}, 1200, client="s2"),
+        op("recv", {"group": "g", "topic": "t", "queue_id": 0, "msgs": [[3, "p-2", 2001, 2000]]}, 2000, took=10),
+        op("pop", {"group": "h", "topic": "t"}, 1030, result={"msgs": [[0, 0, "p-0", 1]]}),
+        op("ack", {"group": "h", "topic": "t", "msgs": [[0, 0, "p-0"]]}, 1040, result={"refused": []}),
+        op("pop", {"group": "h", "topic": "t"}, 1100, result={"msgs": [[0, 1, "p-1", 2]]}),
+        op("status", {"node": "a"}, 1000, result={"role": "master", "epoch": 1, "node_id": "A", "fenced": "",
+                                                 "confirm_offset": 100, "tiered_uploaded_offset": 50, "permit_ms": 900}),
+        op("status", {"node": "b"}, 1001, result={"role": "slave", "epoch": 1, "node_id": "B", "fenced": "",
+                                                 "confirm_offset": 100, "tiered_uploaded_offset": 50, "permit_ms": 0}),
+    ]
+    ops.sort(key=lambda o: o["invoke_ms"])
+    final = {"messages": [["t", 0, 0, "p-0", 1001, 0, 0], ["t", 0, 1, "p-1", 1001, 0, 0], ["t", 0, 2, "p-4", 1501, 0, 0],
+                          ["t", 0, 3, "p-2", 2001, 2000, 77]],
+             "nodes": {"a": {"digest": "x", "metadata": {"m": 1}}, "b": {"digest": "x", "metadata": {"m": 1}}},
+             "compare_below": 100, "clock_skews": []}
+    return ops, final
+
+
+def verdict(name: str, ops: list[Op], final: dict[str, Any]) -> ck.Verdict:
+    return next(v for v in ck.check_all(ops, final) if v.name == name)
+
+
+def test_a_clean_history_passes_every_checker() -> None:
+    ops, final = history()
+    verdicts = ck.check_all(ops, final)
+    assert [v.name for v in verdicts if not v.ok] == []
+    table = ck.summary_table(ops, verdicts)
+    assert "lost" in table and "FAIL" not in table and "kill9" in table
+
+
+def test_an_acked_message_missing_is_lost_and_an_unknown_one_is_not() -> None:
+    ops, final = history()
+    assert verdict("lost", ops, final).counts["unknown_missing"] == 1  # p-3: unknown, not stored: fine
+    final["messages"] = [r for r in final["messages"] if r[3] != "p-4"]
+    v = verdict("lost", ops, final)
+    assert not v.ok and v.counts["lost"] == 1 and "p-4" in v.examples[0]
+
+
+def test_a_message_stored_twice_is_a_duplicate() -> None:
+    ops, final = history()
+    final["messages"].append(["t", 0, 4, "p-4", 1600, 0, 0])
+    v = verdict("duplicates", ops, final)
+    assert not v.ok and v.counts["duplicated_ok"] == 1
+
+
+def test_keyed_messages_out_of_order() -> None:
+    ops, final = history()
+    final["messages"][0], final["messages"][1] = final["messages"][1], final["messages"][0]
+    v = verdict("key_order", ops, final)
+    assert not v.ok and v.counts["out_of_order"] == 1
+
+
+def test_timers_early_missing_or_twice() -> None:
+    ops, final = history()
+    early = copy.deepcopy(final)
+    early["messages"][3][4] = 1999
+    assert verdict("timers", ops, early).counts["early_node_clock"] == 1
+    missing = copy.deepcopy(final)
+    missing["messages"].pop(3)
+    assert verdict("timers", ops, missing).counts["never_fired"] == 1
+    twice = copy.deepcopy(final)
+    twice["messages"].append(["t", 0, 5, "p-2", 2100, 2000, 77])
+    assert verdict("timers", ops, twice).counts["fired_twice"] == 1
+    seen_early = [o for o in ops if not (o["op"] == "recv" and o["value"]["msgs"][0][1] == "p-2")]
+    seen_early.append(op("recv", {"group": "g", "topic": "t", "queue_id": 0, "msgs": [[3, "p-2", 2001, 2000]]}, 1500))
+    assert verdict("timers", seen_early, final).counts["early_harness_clock"] == 1
+    skewed = {**final, "clock_skews": [{"node": "a", "start_ms": 1400, "end_ms": 1600, "offset_ms": 600}]}
+    assert verdict("timers", seen_early, skewed).ok  # a forward jump explains it
+
+
+def test_a_member_starting_below_a_committed_offset_moved_back() -> None:
+    ops, final = history()
+    ops.append(op("assign", {"group": "g", "topic": "t", "queue_id": 0, "offset": 1}, 1300, client="s3"))
+    v = verdict("offsets_monotonic", ops, final)
+    assert not v.ok and v.counts["moved_back"] == 1
+
+
+def test_a_pop_after_an_ack_is_a_redelivery_of_an_acked_message() -> None:
+    ops, final = history()
+    assert verdict("pop_acked_not_redelivered", ops, final).counts["redelivered_allowed"] == 1  # p-1, never acked
+    ops.append(op("pop", {"group": "h", "topic": "t"}, 1200, result={"msgs": [[0, 0, "p-0", 2]]}))
+    v = verdict("pop_acked_not_redelivered", ops, final)
+    assert not v.ok and v.counts["redelivered_after_ack"] == 1
+    refused = [dict(o, result={"refused": [[0, 0]]}) if o["op"] == "ack" else o for o in ops]
+    assert verdict("pop_acked_not_redelivered", refused, final).ok  # its lease had ended: not acked
+
+
+def test_two_writable_masters() -> None:
+    ops, final = history()
+    b_master = {"role": "master", "epoch": 1, "node_id": "B", "fenced": "", "confirm_offset": 100,
+                "tiered_uploaded_offset": 50, "permit_ms": 500}
+    v = verdict("split_brain", [*ops, op("status", {"node": "b"}, 1001, result=b_master)], final)
+    assert not v.ok and v.counts["epochs_with_two_masters"] == 1 and v.counts["two_masters_at_once"] == 1
+    later = {**b_master, "epoch": 2}
+    v = verdict("split_brain", [*ops, op("status", {"node": "b"}, 1030, result=later)], final)
+    assert not v.ok and v.counts["two_masters_at_once"] == 1 and v.counts["epochs_with_two_masters"] == 0
+    lapsed = {**later, "permit_ms": 0}  # a master whose permit lapsed acknowledges nothing
+    assert verdict("split_brain", [*ops, op("status", {"node": "b"}, 1030, result=lapsed)], final).ok
+    apart = [*ops, op("status", {"node": "b"}, 1500, result=later)]  # half a second later: a failover
+    assert verdict("split_brain", apart, final).ok
+
+
+def test_tiered_above_confirm_and_diverged_logs() -> None:
+    ops, final = history()
+    bad = {"role": "slave", "epoch": 1, "node_id": "B", "fenced": "", "confirm_offset": 100, "tiered_uploaded_offset": 101}
+    assert verdict("tiered_bound", [*ops, op("status", {"node": "b"}, 1400, result=bad)], final).counts["above_confirm"] == 1
+    final["nodes"]["b"]["digest"] = "y"
+    assert not verdict("convergence", ops, final).ok
+
+
+def test_rto_runs_from_the_fault_to_the_first_later_send_that_succeeds() -> None:
+    ops, final = history()
+    v = verdict("rto", ops, final)  # kill9 at 900; the first send invoked after it is ok, completes at 1005
+    assert v.counts["kill9.n"] == 1 and v.counts["kill9.p99_ms"] == 105
+    slow = [dict(o, complete_ms=4000.0) if o["op"] == "send" and o["invoke_ms"] == 1000 else o for o in ops]
+    v = verdict("rto", slow, final)  # that send took until 4000; the next one (1500) completes at 1505
+    assert v.counts["kill9.p99_ms"] == 605
+    assert not ck.rto(slow, final, rto_p99_max_ms=600).ok
+    healed = [*ops, op("fault", {"kind": "disk_full", "node": "a", "phase": "start"}, 1050),
+              op("fault", {"kind": "disk_full", "node": "a", "phase": "end"}, 1400)]
+    healed.sort(key=lambda o: o["invoke_ms"])
+    assert verdict("rto", healed, final).counts["disk_full.p99_ms"] == 105  # from its heal at 1400 to 1505
+
+
+def test_latency_buckets() -> None:
+    ops, final = history()
+    v = verdict("latency", ops, final)
+    # p-0 and p-1: received at 1015, sent at 1000; p-2 (a timer due at 2000): received at 2010
+    assert v.counts["received"] == 3 and v.counts["<=100ms"] == 2 and v.counts["<=10ms"] == 1
