@@ -43,12 +43,10 @@ class Node:
         self.clock_file = run / f"{name}.clock-offset"
         self.clock_file.write_text("0\n")
         self.ballast = self.mount / "ballast"
-        repl_port = free_port()
         self.to_etcd = TcpProxy(etcd.client_port)
-        self.to_repl = TcpProxy(repl_port)
+        self.to_repl = TcpProxy(0)  # its target, the replication port, is picked in make_daemon()
         config: dict[str, Any] = {
             "coordinator.endpoints": f"http://127.0.0.1:{self.to_etcd.port}",
-            "replication.listen": f"127.0.0.1:{repl_port}",
             "replication.advertise": self.to_repl.address,
             "replication.max_lag_ms": 2000,
             "commitlog.segment_bytes": 8 << 20,
@@ -60,9 +58,24 @@ class Node:
             "tieredstore.object_bytes": 4 << 20,
             **s3_config(s3_endpoint, "chaos"),
         }
+        self.config = config
+        self.run = run
+        self._daemon: DaemonProcess | None = None
+
+    def make_daemon(self) -> None:
+        """Pick the daemon's ports only once every proxy is bound (a port picked earlier could be
+        handed to a proxy binding port 0 before the daemon takes it)."""
+        repl_port = free_port()
+        self.to_repl.target_port = repl_port
+        self.config["replication.listen"] = f"127.0.0.1:{repl_port}"
         env = {"TIDEMARK_FSYNC_JOURNAL": str(self.journal), "TIDEMARK_CLOCK_OFFSET_FILE": str(self.clock_file)}
-        self.daemon = DaemonProcess(str(self.mount / "data"), config=config, env=env,
-                                    log_path=str(run / f"node-{name}.log"))
+        self._daemon = DaemonProcess(str(self.mount / "data"), config=self.config, env=env,
+                                     log_path=str(self.run / f"node-{self.name}.log"))
+
+    @property
+    def daemon(self) -> DaemonProcess:
+        assert self._daemon is not None, "make_daemon() first"
+        return self._daemon
 
     @property
     def address(self) -> str:
@@ -101,7 +114,8 @@ class Node:
         return drop_unsynced_bytes(str(self.journal)) if self.journal.exists() else 0
 
     def close(self) -> None:
-        self.daemon.kill9()
+        if self._daemon is not None:
+            self._daemon.kill9()
         self.to_etcd.close()
         self.to_repl.close()
         if self.mounted:
@@ -118,6 +132,8 @@ class Cluster:
         self.s3 = MotoS3().start()
         self.to_s3 = TcpProxy(self.s3.port)
         self.nodes = {n: Node(n, run, self.etcd, f"http://127.0.0.1:{self.to_s3.port}", mount) for n in NODES}
+        for node in self.nodes.values():
+            node.make_daemon()
         for node in self.nodes.values():
             node.daemon.start(60)
 

@@ -15,6 +15,10 @@ from tests.chaos.faults import KINDS
 from tests.chaos.run import run
 
 DURATION_S = float(os.environ.get("TIDEMARK_CHAOS_SECONDS", "180"))
+# a 3-minute run sees each fault kind a few times, so its "p99" is its worst case on a machine
+# running the rest of the suite: here every fault must be recovered from within 10 s; the 3 s
+# figure is held by the long runs (make chaos), which print it
+RTO_MAX_MS = 10_000
 
 
 def test_a_chaos_run_passes_every_checker(tmp_path: Path) -> None:
@@ -23,7 +27,7 @@ def test_a_chaos_run_passes_every_checker(tmp_path: Path) -> None:
         pytest.skip("the disk-full fault mounts a tmpfs per node: needs root")
     seed = int(os.environ.get("TIDEMARK_CHAOS_SEED", random.randrange(1 << 31)))
     print(f"chaos seed {seed}")
-    outcome = run(DURATION_S, seed, tmp_path / f"chaos-{seed}", kinds=KINDS)
+    outcome = run(DURATION_S, seed, tmp_path / f"chaos-{seed}", kinds=KINDS, rto_p99_max_ms=RTO_MAX_MS)
     print(outcome.table)
     failed = [v for v in outcome.verdicts if not v.ok]
     assert not failed, f"seed {seed}: " + "; ".join(f"{v.name}: {v.examples[:3]}" for v in failed)
