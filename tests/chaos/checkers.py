@@ -16,8 +16,8 @@ The rules, and why they hold:
 - ``split_brain``: never two writable masters (role master, not fenced, a write permit left) in
   one epoch, nor two seen at once.
 - ``tiered_bound``: the tiered uploaded offset never passes the confirm offset.
-- ``convergence``: after healing, both logs are byte-identical below the common confirm offset and
-  both nodes report the same metadata.
+- ``convergence``: after every heal (once the slave is back in sync) and at the end, both logs are
+  byte-identical below the common confirm offset; at the end both nodes report the same metadata.
 - ``rto`` (each fault: from the fault, or its heal when nothing can route around it, to the first
   ok send invoked after it) and ``latency`` (send to first receipt by a member) are measurements;
   ``rto`` fails above a p99 bound.
@@ -275,6 +275,13 @@ def convergence(ops: list[Op], final: Final) -> Verdict:
     if len(nodes) != 2:
         v.example(f"final state has {len(nodes)} node(s), not 2")
         return v
+    checks = list(_ops(ops, "converge"))
+    v.counts["heals_checked"] = sum(1 for o in checks if o["outcome"] == "ok")
+    v.counts["heals_diverged"] = sum(1 for o in checks if o["outcome"] == "ok" and not o["result"]["equal"])
+    v.counts["heals_not_in_sync"] = sum(1 for o in checks if o["outcome"] != "ok")
+    for o in checks:
+        if o["outcome"] != "ok" or not o["result"]["equal"]:
+            v.example(f"after the heal at {o['invoke_ms']:.0f}: {o.get('error') or o.get('result')}")
     a, b = nodes.values()
     v.counts["digests_equal"] = int(a.get("digest") == b.get("digest"))
     v.counts["metadata_equal"] = int(a.get("metadata") == b.get("metadata"))
@@ -282,7 +289,8 @@ def convergence(ops: list[Op], final: Final) -> Verdict:
         v.example(f"log digests differ below {v.counts['compare_below']}")
     if not v.counts["metadata_equal"]:
         v.example(f"metadata differs: {a.get('metadata')} vs {b.get('metadata')}"[:300])
-    v.ok = bool(v.counts["digests_equal"] and v.counts["metadata_equal"])
+    v.ok = bool(v.counts["digests_equal"] and v.counts["metadata_equal"]) and v.counts["heals_diverged"] == 0 \
+        and v.counts["heals_not_in_sync"] == 0
     return v
 
 

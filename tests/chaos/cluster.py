@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,17 @@ class Node:
         except BrokerError:
             return None
 
+    def log_bytes(self) -> tuple[int, bytes]:
+        """(first offset, every byte) of the local log, from the segment files (read again when
+        retention deletes a file in between)."""
+        for _ in range(20):
+            try:
+                segs = sorted((Path(self.daemon.data_dir) / "log").glob("*.log"))
+                return int(segs[0].name[:20]), b"".join(p.read_bytes() for p in segs)
+            except (FileNotFoundError, IndexError):
+                time.sleep(0.05)
+        raise RuntimeError(f"could not read {self.daemon.data_dir}/log between two deletions")
+
     def fill_disk(self) -> None:
         """Take every free byte of this node's disk but 1 MiB (below storage.min_free_bytes)."""
         st = os.statvfs(self.mount)
@@ -151,6 +163,27 @@ class Cluster:
 
     def other(self, node: Node) -> Node:
         return next(n for n in self.nodes.values() if n is not node)
+
+    def compare_logs(self, timeout_s: float = 60.0) -> dict[str, Any] | None:
+        """Once the master counts its slave in sync: both logs' bytes from the later of their
+        starts to the lower of their confirm offsets, read from the segment files while the pair
+        runs (bytes below a confirm offset never change). None if not in sync within the time."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            master = self.master()
+            st = master.status() if master is not None else None
+            if master is not None and st and st["replicas"] and all(r["in_sync"] for r in st["replicas"]):
+                slave = self.other(master)
+                sst = slave.status()
+                if sst is not None:
+                    below = min(int(st["confirm_offset"]), int(sst["confirm_offset"]))
+                    (fa, da), (fb, db) = master.log_bytes(), slave.log_bytes()
+                    low = max(fa, fb)
+                    if low <= below <= min(fa + len(da), fb + len(db)):
+                        return {"from": low, "below": below,
+                                "equal": da[low - fa : below - fa] == db[low - fb : below - fb]}
+            time.sleep(0.5)
+        return None
 
     def heal_network(self) -> None:
         for node in self.nodes.values():

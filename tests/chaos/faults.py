@@ -53,7 +53,8 @@ class Nemesis:
             fault = self.inject(kind, role)
             stop.wait(min(hold, max(0.0, end - time.monotonic()) + 1.0))
             self.heal(fault)
-            self.settle()
+            if self.settle():
+                self.check_convergence()
 
     def _target(self, role: str) -> tuple[Node, str]:
         deadline = time.monotonic() + SETTLE_S
@@ -144,6 +145,20 @@ class Nemesis:
         self.unsettled += 1
         self.rec.record("fault", {"kind": "unsettled", "node": "", "role": "", "phase": "end"}, "ok", now_ms())
         return False
+
+    def check_convergence(self) -> None:
+        """After a heal: both logs byte-identical below the common confirm offset (history op
+        ``converge``; outcome fail when the slave was not back in sync within a minute)."""
+        t0 = now_ms()
+        try:
+            result = self.cluster.compare_logs()
+        except Exception as exc:  # recorded: the checker counts it
+            self.rec.record("converge", {}, "unknown", t0, error=repr(exc))
+            return
+        if result is None:
+            self.rec.record("converge", {}, "fail", t0, error="the slave was not in sync within 60 s")
+        else:
+            self.rec.record("converge", {}, "ok", t0, result=result)
 
     @staticmethod
     def _restart(node: Node) -> Callable[[], None]:

@@ -34,6 +34,9 @@ Operations and their ``value`` / ``result`` (ids are unique strings, ``<client>-
   ``{"role", "epoch", "node_id", "fenced", "confirm_offset", "max_offset", "flushed_offset",
   "tiered_uploaded_offset"}`` (outcome fail/unknown when the node did not answer).
 - ``fault`` (client ``nemesis``): value ``{"kind", "node", "phase": "start" | "end"}``; outcome ok.
+- ``converge`` (client ``nemesis``, after each heal): result ``{"from", "below", "equal"}``: both
+  logs compared below the common confirm offset; outcome fail when the slave was not back in sync
+  within a minute.
 """
 
 from __future__ import annotations

@@ -139,6 +139,12 @@ def test_tiered_above_confirm_and_diverged_logs() -> None:
     ops, final = history()
     bad = {"role": "slave", "epoch": 1, "node_id": "B", "fenced": "", "confirm_offset": 100, "tiered_uploaded_offset": 101}
     assert verdict("tiered_bound", [*ops, op("status", {"node": "b"}, 1400, result=bad)], final).counts["above_confirm"] == 1
+    diverged = [*ops, op("converge", {}, 1600, result={"from": 0, "below": 90, "equal": False})]
+    v = verdict("convergence", diverged, final)
+    assert not v.ok and v.counts["heals_diverged"] == 1
+    assert not verdict("convergence", [*ops, op("converge", {}, 1600, outcome="fail")], final).ok
+    assert verdict("convergence", [*ops, op("converge", {}, 1600, result={"from": 0, "below": 90, "equal": True})],
+                   final).counts["heals_checked"] == 1
     final["nodes"]["b"]["digest"] = "y"
     assert not verdict("convergence", ops, final).ok
 
