@@ -3,6 +3,9 @@
 Each script appends its figures to one JSON-lines file, ``bench/results/<timestamp>-all.jsonl``
 (gitignored); its output also goes to ``bench/results/<timestamp>-<name>.log``.
 
+At the end it prints the performance-round table (bench/round_table.py) and, after a full run of
+every benchmark the table reads, rewrites that table in bench/README.md.
+
 Usage: .venv/bin/python bench/run_all.py [--quick] [--only send_throughput,pull_throughput] [--strict]
 """
 
@@ -15,6 +18,7 @@ import sys
 import time
 
 import common
+import round_table
 
 BENCHES = ("send_throughput", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
            "longpoll", "many_queues", "failover", "groups", "pop", "plain_api")
@@ -81,6 +85,11 @@ def main() -> int:
             others = pr.get("foreign_processes") or []
             print(f"{name}: code {pr.get('git', '?')}, CPU busy before start {pr.get('cpu_busy_before', 0):.0%}, "
                   f"other daemons/tests running at start: {len(others)}" + (f" ({'; '.join(others)[:300]})" if others else ""))
+    print("\nPerformance round (bench/round_table.py):")
+    print("\n".join(round_table.lines(figures)))
+    if not a.quick and {row.bench for row in round_table.ROWS} <= set(names):
+        round_table.update_readme(os.path.join(common.BENCH_DIR, "README.md"), figures, results)
+        print("bench/README.md updated with this table")
     if missed:
         print("Targets missed: " + "; ".join(f"{f.bench}: {f.metric} = {common.fmt_value(f.value, f.unit)} {f.unit} "
                                              f"(target {f.target})" for f in missed))
