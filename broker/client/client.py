@@ -39,7 +39,10 @@ RETRIES_MAX = 5  # attempts with a single address; with several, retries go on u
 CONNECT_S = 1.0  # with several addresses, a node that takes no connection within this is skipped
 BACKOFF_MIN_S = 0.02
 BACKOFF_MAX_S = 0.1
-FAILED_MEMORY_S = 5.0  # a node that failed us this lately is tried last (and redirects to it are not followed)
+FAILED_MEMORY_S = 5.0  # a node that failed us this lately is tried last
+# a redirect to a node that failed us this lately is not followed (the node naming it may not have
+# noticed yet); after that it is: a node back from a restart would otherwise wait FAILED_MEMORY_S
+REDIRECT_DOUBT_S = 1.0
 # a ping every 500 ms, answered within 500 ms: a call on a node that falls silent ends within ~1 s
 KEEPALIVE = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 500),
              ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
@@ -211,7 +214,7 @@ class BrokerClient:
                 if master is not None and in_time:  # not executed here: to the master, or wait for one
                     refused = exc
                     redirects += 1
-                    if master and master != self.addresses[self._current] and not self._failed_lately(master):
+                    if master and master != self.addresses[self._current] and not self._failed_lately(master, REDIRECT_DOUBT_S):
                         if master not in self.addresses:
                             self.addresses.append(master)
                         if redirects > 1:  # two nodes naming each other (views in flux): not in a tight loop
@@ -247,9 +250,9 @@ class BrokerClient:
         if index != self._current or n == 1:
             self._connect(index)
 
-    def _failed_lately(self, address: str) -> bool:
-        """``address`` just failed us: a node that names it as the master has not noticed yet."""
-        return time.monotonic() - self._failed.get(address, -FAILED_MEMORY_S) < FAILED_MEMORY_S
+    def _failed_lately(self, address: str, within_s: float = FAILED_MEMORY_S) -> bool:
+        """``address`` failed us less than ``within_s`` ago."""
+        return time.monotonic() - self._failed.get(address, -within_s) < within_s
 
     def _unready(self, wait_s: float) -> bool:
         """With several addresses: the current node did not take a connection within ``wait_s``."""

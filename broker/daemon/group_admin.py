@@ -167,7 +167,7 @@ class GroupAdmin:
             else:
                 offset = min(max(value, low), high)
             entries.append((group, topic, q, offset))
-        self.store.offsets.commit(entries)
+        self.store.offsets.commit(entries, wait_s=self.store.config["limits.send_timeout_ms"] / 1000.0)
         return [pb.CommittedOffset(group=g, topic=t, queue_id=q, offset=o) for g, t, q, o in entries]
 
     def describe_topic(self, name: str) -> pb.DescribeTopicResponse:

@@ -183,7 +183,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if o.offset > high:
                     raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
                 entries.append((o.group, o.topic, o.queue_id, o.offset))
-            self.store.offsets.commit(entries)
+            # answered once durable: the commit is in a confirmed record (commitSync semantics)
+            self.store.offsets.commit(entries, wait_s=self.config["limits.send_timeout_ms"] / 1000.0)
             return pb.CommitOffsetResponse()
         return _handle(context, run)
 

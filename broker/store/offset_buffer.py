@@ -3,14 +3,22 @@
 Commits land in the *active* map. Every ``flush_interval_ms`` (or when the map holds
 ``entries_max`` entries) the maps swap and the *flushing* map is written as ONE batched
 ``offsets.commit`` metadata record. Reads look at active, then flushing, then the view, so a
-consumer always reads its own latest commit. A crash loses at most one interval of commits:
-the consumer re-reads at most that much.
+consumer always reads its own latest commit.
+
+A commit that asks to be durable (``commit(..., wait_s=...)``, what CommitOffset does) wakes the
+flush at once and returns only when a record holding it was applied, that is, confirmed: as
+Kafka's commitSync, a commit answered ok survives a crash or a failover. Commits that arrive
+while a flush is in flight share the next record (group commit). Without a wait (internal
+callers), a crash loses at most one interval of commits.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
+
+from broker.errors import BrokerError
 
 OffsetKey = tuple[str, str, int]
 
@@ -29,6 +37,10 @@ class OffsetBuffer:
         self.entries_max = entries_max
         self._write = write
         self._lock = threading.Lock()
+        self._flushed = threading.Condition(self._lock)
+        self._generation = 0  # of the active map; each swap starts the next one
+        self._done = -1  # every generation up to this one is written and applied
+        self._failed = (-1, "")  # the last generation whose write failed, and why
         self._active: dict[OffsetKey, int] = {}
         self._flushing: dict[OffsetKey, int] = {}
         self._wake = threading.Event()
@@ -39,13 +51,28 @@ class OffsetBuffer:
     def start(self) -> None:
         self._thread.start()
 
-    def commit(self, entries: list[tuple[str, str, int, int]]) -> None:
+    def commit(self, entries: list[tuple[str, str, int, int]], wait_s: float | None = None) -> None:
+        """Buffer ``entries``; with ``wait_s``, flush now and return once they are applied (raise
+        ``UNAVAILABLE`` when that write failed, ``DEADLINE_EXCEEDED`` after ``wait_s``: either way
+        they stay buffered and are written later, so the outcome is unknown, not refused)."""
         with self._lock:
             for group, topic, queue, offset in entries:
                 self._active[(group, topic, queue)] = offset
             full = len(self._active) >= self.entries_max
-        if full:
+            generation = self._generation
+        if full or wait_s is not None:
             self._wake.set()
+        if wait_s is None:
+            return
+        deadline = time.monotonic() + wait_s
+        with self._lock:
+            while self._done < generation:
+                if self._failed[0] >= generation:
+                    raise BrokerError("UNAVAILABLE", f"consumer offsets not written: {self._failed[1]}")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise BrokerError("DEADLINE_EXCEEDED", "consumer offsets buffered but not written in time")
+                self._flushed.wait(left)
 
     def drop_topic(self, topic: str) -> None:
         """Forget buffered offsets of a deleted topic (they must not land on a re-created one)."""
@@ -69,20 +96,28 @@ class OffsetBuffer:
     def flush(self) -> None:
         """Swap and write now (also called at shutdown)."""
         with self._lock:
-            if not self._active:
+            generation = self._generation
+            self._generation += 1
+            if not self._active:  # nothing to write (a dropped topic's entries, or none at all)
+                self._done = generation
+                self._flushed.notify_all()
                 return
             self._flushing, self._active = self._active, {}
             batch = [(g, t, q, o) for (g, t, q), o in self._flushing.items()]
         try:
             self._write(batch)  # returns once the metadata view has applied the record
-        except Exception:
+        except Exception as exc:
             with self._lock:  # not written: put back what was not superseded meanwhile
                 for key, offset in self._flushing.items():
                     self._active.setdefault(key, offset)
                 self._flushing = {}
+                self._failed = (generation, f"{type(exc).__name__}: {exc}"[:300])
+                self._flushed.notify_all()
             raise
         with self._lock:
             self._flushing = {}
+            self._done = generation
+            self._flushed.notify_all()
         self.records_written += 1
 
     def _run(self) -> None:
