@@ -40,7 +40,13 @@ def send_numbered(client: BrokerClient, topic: str, tag: str, count: int) -> Non
     """``count`` messages with distinct bodies; every third keyless, every fifth with properties."""
     messages = [Message(body=f"{tag}-{i}".encode(), key=f"{tag}{i % 7}" if i % 3 else None,
                         properties={"i": str(i)} if i % 5 == 0 else None) for i in range(count)]
+    def stored() -> int:
+        return sum(client.list_topics()[topic]["max_offsets"])
+
+    before = stored()
     client.send(topic, messages, ack="replica")
+    # an ack does not wait for the views: reads (and ``pulled``) see the messages once they are applied
+    wait_until(lambda: stored() == before + count, 30, what=f"{count} messages applied to {topic}'s queues")
 
 
 def pulled(client: BrokerClient, topic: str) -> dict[tuple[str, int, int], bytes]:
