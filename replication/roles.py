@@ -18,6 +18,7 @@ import structlog
 
 from broker.config import Config
 from broker.errors import BrokerError
+from broker.storage.failpoints import failpoint
 from broker.store import Store
 from replication import role_record
 from replication.confirm import InSyncSet
@@ -96,6 +97,7 @@ class RoleController:
         handshake truncates whatever this node wrote that the master does not have."""
         self.stop_following()
         self.store.set_role("slave", master)
+        failpoint("roles_before_follow")
         self._follow(master)
 
     def step_down(self, why: str) -> None:

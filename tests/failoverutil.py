@@ -88,7 +88,8 @@ class Pair:
     """Two coordinated nodes ``a`` and ``b``; with ``proxies``, each node reaches etcd and serves
     replication through a TcpProxy a test can cut or silence (an isolation)."""
 
-    def __init__(self, spawn: Spawn, etcd: EtcdProcess, *, proxies: bool = False, **extra: object) -> None:
+    def __init__(self, spawn: Spawn, etcd: EtcdProcess, *, proxies: bool = False, env: dict[str, str] | None = None,
+                 **extra: object) -> None:
         self.proxies: dict[str, dict[str, TcpProxy]] = {}
         self.nodes: list[DaemonProcess] = []
         for name in ("a", "b"):
@@ -100,7 +101,7 @@ class Pair:
                 config.update({"coordinator.endpoints": f"http://127.0.0.1:{to_etcd.port}",
                                "replication.listen": f"127.0.0.1:{repl_port}",
                                "replication.advertise": to_repl.address})
-            self.nodes.append(spawn(name, config=config))
+            self.nodes.append(spawn(name, config=config, env=env))
         self.a, self.b = self.nodes
 
     def isolate(self, d: DaemonProcess) -> None:

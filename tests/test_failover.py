@@ -203,6 +203,23 @@ def test_promote_under_a_coordinator_is_a_switchover_without_loss(spawn: Spawn, 
         assert not missing(d.address, producer.acked, QUEUES)
 
 
+def test_demote_right_after_a_promote_waits_for_the_old_master_to_follow(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A demote typed while the node it names is still stepping down from a promote (not yet
+    following) waits for it to follow and catch up, instead of being refused unseen (the demo failed
+    in CI with DEADLINE_EXCEEDED "unknown" after 10 s). A failpoint holds each node 300 ms before
+    it follows, so the demote always arrives first."""
+    pair = Pair(spawn, etcd, env={"TIDEMARK_FAILPOINTS": "roles_before_follow=sleep:300"})
+    master, slave = _setup(pair)
+    for _ in range(3):
+        with BrokerClient(slave.address) as c:
+            c.promote()
+            t0 = time.monotonic()
+            c.demote(master.address)  # at once: the old master has only just stepped down
+            assert time.monotonic() - t0 < 6
+        wait_until(lambda: is_master(master), 10, "the first master back")
+        wait_until(lambda: in_sync(master, slave), 30, "the slave in sync again")
+
+
 def test_status_and_metrics_show_the_coordinator(spawn: Spawn, etcd: EtcdProcess) -> None:
     """status()["coordinator"] on both nodes; the master's lease and role gauges; a failover counted."""
     ports = {"a": free_port(), "b": free_port()}

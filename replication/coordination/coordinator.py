@@ -85,6 +85,7 @@ class Coordinator:
         self.unclean_once = False
         self._last_register = 0.0
         self._handing_over_since = 0.0
+        self.switchover_failure: tuple[float, str] = (0.0, "")  # (monotonic time, why) of the last one ended
         self._lost_at = 0.0  # monotonic: when this master lost the leader key
         self._waiting = ""  # why we do not campaign (logged when it changes)
         self._stop = threading.Event()
@@ -328,13 +329,16 @@ class Coordinator:
         except rec.RecordError:
             request = rec.Switchover("", -1)
         store = self.store
-        target = self.insync.replicas.get(request.target)
-        if request.target == self.node_id or request.epoch != store.epoch or target is None or not target.connected:
-            log.warning("switchover_refused", target=request.target, epoch=request.epoch,
-                        reason="stale, to ourselves, or to a node that does not follow us")
+        if request.target == self.node_id or request.epoch != store.epoch or request.target not in view.nodes:
+            why = "stale, to ourselves, or to a node that is not registered in etcd"
+            log.warning("switchover_refused", target=request.target, epoch=request.epoch, reason=why)
+            self.switchover_failure = (time.monotonic(), f"refused: {why}")
             await self.etcd.cancel_switchover(view.switchover.version)
             self._handing_over_since = 0.0
             return False
+        # a target that does not follow us yet (it may be stepping down from a switchover that just
+        # ended) gets the same catch-up window as one that follows but lags
+        target = self.insync.replicas.get(request.target)
         now = time.monotonic()
         if not self._handing_over_since:
             self._handing_over_since = now
@@ -343,7 +347,7 @@ class Coordinator:
         with contextlib.suppress(rec.RecordError):
             store.redirect_address = rec.decode_node(node.value).client if node else ""
         store.permit.withdraw(f"handing the mastership over to {request.target}")
-        if target.acked_offset >= store.log.max_offset:
+        if target is not None and target.connected and target.acked_offset >= store.log.max_offset:
             members = tuple(sorted({*self.members, request.target, self.node_id}))  # we hold it all too
             if await self.etcd.resign(self.leader_revision, rec.InSync(store.epoch, members)):
                 self._handing_over_since = 0.0
@@ -352,8 +356,10 @@ class Coordinator:
                 log.info("handed_over", target=request.target, log_end=store.log.max_offset)
             return True
         if now - self._handing_over_since > SWITCHOVER_CATCH_UP_S:
-            log.warning("switchover_abandoned", target=request.target, acked=target.acked_offset,
-                        log_end=store.log.max_offset)
+            acked = target.acked_offset if target is not None and target.connected else -1
+            log.warning("switchover_abandoned", target=request.target, acked=acked, log_end=store.log.max_offset)
+            self.switchover_failure = (now, f"abandoned: {request.target} did not follow and hold our whole log "
+                                            f"within {SWITCHOVER_CATCH_UP_S:.0f} s")
             await self.etcd.cancel_switchover(view.switchover.version)
             self._handing_over_since = 0.0
             return False
@@ -491,11 +497,15 @@ class Coordinator:
                               f"{sorted(view.nodes) if view else []}")
         if self.holding is None:
             raise BrokerError("FAILED_PRECONDITION", "this node is not the master")
+        asked_at = time.monotonic()
         self._call(self._request_switchover(target))
-        deadline = time.monotonic() + SWITCHOVER_WAIT_S
+        deadline = asked_at + SWITCHOVER_WAIT_S
         while time.monotonic() < deadline:
             if self.store.role == "slave" and self.leader is not None and self.leader.node_id == target:
                 return
+            failed_at, why = self.switchover_failure
+            if failed_at >= asked_at:
+                raise BrokerError("FAILED_PRECONDITION", f"the switchover to {target} was {why}")
             time.sleep(0.05)
         raise BrokerError("DEADLINE_EXCEEDED", f"the switchover to {target} did not finish within "
                           f"{SWITCHOVER_WAIT_S:.0f} s: {self.error or 'unknown'}")
