@@ -59,6 +59,11 @@ def test_paused_master_is_replaced_acknowledges_nothing_after_and_rejoins(spawn:
     old_epoch = status(master)["epoch"]
     master.proc.send_signal(signal.SIGSTOP)
     paused_at = time.monotonic()
+    time.sleep(0.8)  # silent longer than a quarter lease; its lease (2 s) still runs: no election yet
+    with BrokerClient(slave.address, follow_master=False) as direct, pytest.raises(BrokerError) as refused:
+        direct.send(TOPIC, [Message(body=b"to the slave")], ack="leader")
+    # a refusal naming the stopped master sent clients to wait 1 s for a connection there (RTO 3.16 s)
+    assert refused.value.code.name == "FAILED_PRECONDITION" and "master is silent" in str(refused.value), refused.value
     new = wait_master(pair.nodes, 30, among=[slave])
     wait_until(lambda: producer.acked_after(paused_at, slave.address), 30, "a send acknowledged by the new master")
     master.proc.send_signal(signal.SIGCONT)  # its permit ran out while it slept: it refuses at once

@@ -83,6 +83,9 @@ class Store:
         self.role = "slave" if config["node.role"] == "auto" else config["node.role"]  # auto: until elected
         self.master_address = config["node.master"]  # the master a slave follows (its replication address)
         self.redirect_address = ""  # the master's *client* address, as its Welcome says: where writers go
+        # set by an automatic-failover coordinator: the master this slave follows has fallen silent
+        # (it may be gone; an election may follow), so refusals name no master rather than a dead one
+        self.master_silent: Callable[[], bool] = lambda: False
         self.fenced_reason = ""
         self.permit = WritePermit()  # the coordinator's lease, when there is one (DESIGN §11)
         self.closing = False
@@ -195,7 +198,11 @@ class Store:
 
     def writers_address(self) -> str:
         """Where a refused writer should go: the master's client address once known, else the
-        address this node follows (the same unless replication has a port of its own)."""
+        address this node follows (the same unless replication has a port of its own); '' while
+        that master is silent under a coordinator (the writer retries here or elsewhere: sent to
+        a stopped master, it would wait for a connection that never comes)."""
+        if self.master_silent():
+            return ""
         return self.redirect_address or self.master_address
 
     def fence(self, reason: str) -> None:
@@ -218,9 +225,11 @@ class Store:
             raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}",
                               metadata=(("tidemark-master", self.redirect_address),) if self.redirect_address else ())
         if self.role != "master":
-            raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; send writes to the master at "
-                              f"{self.writers_address() or '(unknown)'}",
-                              metadata=(("tidemark-master", self.writers_address()),))
+            writers = self.writers_address()
+            where = (f"send writes to the master at {writers}" if writers else
+                     "its master is silent or unknown (an election may be under way): retry")
+            raise BrokerError("FAILED_PRECONDITION", f"this node is a slave; {where}",
+                              metadata=(("tidemark-master", writers),))
         self.permit.check(self.redirect_address)
 
     def check_still_master_after_append(self) -> None:

@@ -92,6 +92,8 @@ class Coordinator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
         store.register_status_provider(self._status)
+        # a slave whose master fell silent for as long as makes it campaign names no master to writers
+        store.master_silent = lambda: not roles.following_live_master(self.ttl_s * 1000 / 4)
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
