@@ -52,8 +52,8 @@ REJOIN_TARGET_S = 10.0
 
 
 def _spawner(workdir: str) -> Any:
-    def make(name: str, *, config: dict[str, object]) -> DaemonProcess:
-        return DaemonProcess(os.path.join(workdir, name), config=config).start()
+    def make(name: str, *, config: dict[str, object], env: dict[str, str] | None = None) -> DaemonProcess:
+        return DaemonProcess(os.path.join(workdir, name), config=config, env=env).start()
 
     return make
 

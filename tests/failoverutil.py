@@ -101,7 +101,7 @@ class Pair:
                 config.update({"coordinator.endpoints": f"http://127.0.0.1:{to_etcd.port}",
                                "replication.listen": f"127.0.0.1:{repl_port}",
                                "replication.advertise": to_repl.address})
-            self.nodes.append(spawn(name, config=config, env=env))
+            self.nodes.append(spawn(name, config=config, **({"env": env} if env else {})))
         self.a, self.b = self.nodes
 
     def isolate(self, d: DaemonProcess) -> None:
