@@ -2,7 +2,8 @@
 
 1. Scheduling + memory + restart (one daemon). Two producer processes send ``--timers`` delayed
    messages (``--body`` bytes, ``--batch`` per send, ack=flush) due an hour from now (so none
-   fires during the run): the scheduling rate is timers acknowledged per second (target >= 100,000).
+   fires during the run): the scheduling rate is timers acknowledged per second (target >= 200,000); beside it,
+   the rate until every timer is pending in the wheel (the view applied it).
    RssAnon of the idle daemon (topic created) and with every timer pending once the views applied
    everything: the difference is the wheel's memory (target <= 150 MB). Then, after a wheel
    snapshot exists, ``kill -9`` and restart: the time from spawn until gRPC health says SERVING
@@ -36,6 +37,7 @@ from tests.procs import DaemonProcess
 TOPIC = "bench-timers"
 QUEUES = 4
 HOUR_MS = 3_600_000
+TARGET_SCHEDULE_S = 200_000  # timers acknowledged per second (the performance round's goal)
 
 
 def producer(address: str, count: int, batch: int, body_bytes: int, start_ms: int, window_ms: int, first: int,
@@ -90,13 +92,17 @@ def restart_phase(res: Results, a: Any, workdir: str) -> None:
         time.sleep(1.0)
         idle = d.rss_anon_bytes()
         start = int(time.time() * 1000) + HOUR_MS
+        t0 = time.monotonic()
         sent, elapsed = schedule(d.address, a.timers, a.batch, a.body, start, a.window_s * 1000)
         rate = sent / elapsed
-        target, ok = common.at_least(rate, 100_000)
+        target, ok = common.at_least(rate, TARGET_SCHEDULE_S)
         res.add("scheduling rate (2 producer processes, ack=flush)", rate, "timers/s", target=target, ok=ok,
                 timers=sent, batch=a.batch, body_bytes=a.body)
         st = wait_applied(d)
+        in_wheel_s = time.monotonic() - t0
         assert st["timer_pending"] == sent, st["timer_pending"]
+        res.add("timers in the wheel per second (first send until every timer is pending in the view)",
+                sent / in_wheel_s, "timers/s", note=f"{sent:,} in {in_wheel_s:.2f}s")
         time.sleep(1.0)
         loaded = d.rss_anon_bytes()
         target, ok = common.at_most((loaded - idle) / 1e6, 150)
