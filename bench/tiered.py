@@ -10,7 +10,9 @@
    one-node radosgw (tests/s3server.py), ``backend = "s3"``. Beside it, in the same run,
    boto3's own single-stream ``put_object`` of the same object size (random bytes, the same
    client settings as the backend: path-style, no extra checksum), measured before and after the
-   daemon's upload (radosgw's rate drifts as its fresh OSD fills); the ratio to their mean is the figure.
+   daemon's upload (radosgw's rate drifts as its fresh OSD fills); the ratio to their mean is one
+   figure. Then boto3's transfer manager (``upload_fileobj``: parallel multipart, 8 MiB parts, 10
+   threads) on the same object size: the ratio to it is the performance round's figure.
 4. Read-through (posix): restart with ``retention.local_bytes`` = one segment, so every uploaded
    segment is deleted; evict the object files from the page cache; one consumer process pulls
    the whole queue from offset 0 (``max_messages=5000``, ``PullResult.bodies()``).
@@ -24,6 +26,7 @@ Usage: .venv/bin/python bench/tiered.py [--quick] [--log-gib 1.0] [--no-radosgw]
 
 from __future__ import annotations
 
+import io
 import multiprocessing as mp
 import os
 import shutil
@@ -35,6 +38,8 @@ import common
 import load
 from common import GiB, KiB, MiB, Results, log
 
+from boto3.s3.transfer import TransferConfig
+
 from broker.client import BrokerClient, Message
 from tests.procs import DaemonProcess
 from tests.s3server import ACCESS_KEY, SECRET_KEY, RadosGateway, s3_config
@@ -43,6 +48,7 @@ from tieredstore.s3 import S3Backend
 TOPIC = "bench-tiered"
 TARGET_POSIX_MBPS = 300.0
 TARGET_RGW_RATIO = 0.8
+TARGET_TRANSFER_RATIO = 0.95  # the performance round's goal
 TARGET_READ_MSG_S = 100_000
 TARGET_LAG_P99_S = 2.0
 SEGMENT_BYTES = 64 * MiB
@@ -150,6 +156,22 @@ def boto3_put_rate(endpoint: str, object_bytes: int, count: int, tag: str) -> fl
     return count * object_bytes / (time.perf_counter() - t0) / 1e6
 
 
+def boto3_transfer_rate(endpoint: str, object_bytes: int, count: int) -> float:
+    """boto3's transfer manager (``upload_fileobj``: parallel multipart, its default 8 MiB parts and
+    10 threads) on the same objects, with the backend's client settings (MB/s)."""
+    bucket = "baseline-transfer"
+    b = S3Backend(bucket=bucket, endpoint=endpoint, region="us-east-1", access_key_id=ACCESS_KEY,
+                  secret_access_key=SECRET_KEY)
+    b.ensure_bucket()
+    bodies = [os.urandom(object_bytes) for _ in range(2)]
+    config = TransferConfig()
+    b.client.upload_fileobj(io.BytesIO(bodies[0]), bucket, "warm", Config=config)
+    t0 = time.perf_counter()
+    for i in range(count):
+        b.client.upload_fileobj(io.BytesIO(bodies[i % 2]), bucket, f"obj-{i}", Config=config)
+    return count * object_bytes / (time.perf_counter() - t0) / 1e6
+
+
 def lag_run(res: Results, workdir: str, mbps: float, seconds: float) -> None:
 
     root = os.path.join(workdir, "lag-tiered")
@@ -238,6 +260,11 @@ def main() -> int:
                         before_mbps=before, after_mbps=after)
                 tgt, ok = common.at_least(rgw / base, TARGET_RGW_RATIO)
                 res.add("upload to radosgw / boto3 put rate", rgw / base, "x", target=tgt, ok=ok)
+                transfer = boto3_transfer_rate(gw.endpoint, 64 * MiB, count)
+                res.add("boto3 transfer manager (parallel multipart), 64 MiB objects", transfer, "MB/s",
+                        note="upload_fileobj, default TransferConfig: 8 MiB parts, 10 threads")
+                tgt, ok = common.at_least(rgw / transfer, TARGET_TRANSFER_RATIO)
+                res.add("upload to radosgw / boto3 transfer manager", rgw / transfer, "x", target=tgt, ok=ok)
             finally:
                 gw.stop()
         # read-through: delete every uploaded segment locally, evict the objects, read from offset 0
