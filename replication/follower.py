@@ -1,9 +1,8 @@
 """The slave's side: follow a master's log (DESIGN §4).
 
 Loop: connect → Hello (our epochs, log end) → Welcome (divergence point) → truncate our
-unconfirmed tail there → for each Data: verify and append the bytes and take the master's confirm
-offset (views apply up to it); the flushed offset is acknowledged by another thread once the
-group-commit flusher synced it (replication/slave_acks.py), so appends and fsyncs overlap. Reconnect with
+unconfirmed tail there → for each Data: verify and append the bytes, fsync, acknowledge the
+flushed offset, and take the master's confirm offset (views apply up to it). Reconnect with
 exponential backoff; a cluster mismatch or a needed re-bootstrap stops following and says why
 in ``status()``.
 """
@@ -30,7 +29,6 @@ from replication.bootstrap import restart_for_bootstrap
 from replication.channel import call_metadata, open_channel
 from replication.confirm import InSyncSet
 from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
-from replication.slave_acks import FlushAcks
 
 log = structlog.get_logger("replication.follower")
 _STOP = object()
@@ -150,8 +148,6 @@ class Follower:
                 yield item  # type: ignore[misc]
 
         self._channel = open_channel(self.config, self.master, [("grpc.max_receive_message_length", 1 << 30)])
-        channel = self._channel
-        acker = FlushAcks(store.watermarks, acks, self.coordinator_unreachable_ms, lambda _: channel.close()).start()
         try:
             responses = pb_grpc.ReplicationStub(self._channel).Stream(outgoing(), metadata=call_metadata(self.config))
             for msg in responses:
@@ -165,15 +161,10 @@ class Follower:
                     self.error = ""
                     self.store.incidents.clear("follower")
                 elif kind == "data":
-                    self._data(msg.data, acker)
-        except grpc.RpcError:
-            if acker.error:  # the stream ended because acknowledging failed: say that, not CANCELLED
-                raise FollowError(acker.error) from None
-            raise
+                    self._data(msg.data, acks)
         finally:
-            acker.stop()
             acks.put(_STOP)
-            channel.close()
+            self._channel.close()
 
     def _welcome(self, w: pb.Welcome) -> None:
         store = self.store
@@ -194,19 +185,19 @@ class Follower:
         store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
         log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
 
-    def _data(self, d: pb.Data, acker: FlushAcks) -> None:
+    def _data(self, d: pb.Data, acks: queue.Queue[object]) -> None:
         store = self.store
         self.last_heard = time.monotonic()
         self.master_end = d.master_end
-        end = 0
         if d.batches:
             if d.start_offset != store.log.max_offset:
                 raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
             end = self._append(d.batches)
-            store.watermarks.want_flush()
+            store.watermarks.wait_ack(end, "flush", 30_000)
         # every message is answered, heartbeats too: the master learns we are alive and whether we
-        # reach etcd (its failsafe, DESIGN §11); data once it is flushed, without holding this loop
-        acker.want(end)
+        # reach etcd (its failsafe, DESIGN §11)
+        acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset,
+                                                   coordinator_unreachable_ms=self.coordinator_unreachable_ms())))
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it
