@@ -36,9 +36,8 @@ from typing import Any
 
 import common
 import load
-from common import GiB, KiB, MiB, Results, log
-
 from boto3.s3.transfer import TransferConfig
+from common import GiB, KiB, MiB, Results, log
 
 from broker.client import BrokerClient, Message
 from tests.procs import DaemonProcess
