@@ -93,7 +93,7 @@ class Coordinator:
         self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
         store.register_status_provider(self._status)
         # a slave whose master fell silent for as long as makes it campaign names no master to writers
-        store.master_silent = lambda: not roles.following_live_master(self.ttl_s * 1000 / 4)
+        store.master_silent = lambda: not self._hears_live_master()
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -223,6 +223,10 @@ class Coordinator:
             await self._step(self.roles.follow, leader.replication)
         store.redirect_address = leader.client
 
+    def _hears_live_master(self) -> bool:
+        """Streaming from a master that spoke within a quarter lease."""
+        return self.roles.following_live_master(self.ttl_s * 1000 / 4)
+
     def _eligible(self, view: View) -> str:
         """Why this node may not campaign now ('' when it may)."""
         store = self.store
@@ -231,7 +235,7 @@ class Coordinator:
             if target != self.node_id and target in view.nodes:  # a target whose lease ended is gone
                 return f"a switchover to {target} is under way"
             # the target: the resigning master put it in the in-sync set; membership still decides
-        elif self.roles.following_live_master(self.ttl_s * 1000 / 4):
+        elif self._hears_live_master():
             return "it still hears a live master"
         if self.members:
             if self.node_id in self.members:
@@ -338,9 +342,11 @@ class Coordinator:
             await self.etcd.cancel_switchover(view.switchover.version)
             self._handing_over_since = 0.0
             return False
-        # a target that does not follow us yet (it may be stepping down from a switchover that just
-        # ended) gets the same catch-up window as one that follows but lags
+        # a target that does not follow us yet (None: it may be stepping down from a switchover that
+        # just ended) gets the same catch-up window as one that follows but lags
         target = self.insync.replicas.get(request.target)
+        if target is not None and not target.connected:
+            target = None
         now = time.monotonic()
         if not self._handing_over_since:
             self._handing_over_since = now
@@ -349,7 +355,7 @@ class Coordinator:
         with contextlib.suppress(rec.RecordError):
             store.redirect_address = rec.decode_node(node.value).client if node else ""
         store.permit.withdraw(f"handing the mastership over to {request.target}")
-        if target is not None and target.connected and target.acked_offset >= store.log.max_offset:
+        if target is not None and target.acked_offset >= store.log.max_offset:
             members = tuple(sorted({*self.members, request.target, self.node_id}))  # we hold it all too
             if await self.etcd.resign(self.leader_revision, rec.InSync(store.epoch, members)):
                 self._handing_over_since = 0.0
@@ -358,8 +364,8 @@ class Coordinator:
                 log.info("handed_over", target=request.target, log_end=store.log.max_offset)
             return True
         if now - self._handing_over_since > SWITCHOVER_CATCH_UP_S:
-            acked = target.acked_offset if target is not None and target.connected else -1
-            log.warning("switchover_abandoned", target=request.target, acked=acked, log_end=store.log.max_offset)
+            log.warning("switchover_abandoned", target=request.target, acked=target.acked_offset if target else -1,
+                        log_end=store.log.max_offset)
             self.switchover_failure = (now, f"abandoned: {request.target} did not follow and hold our whole log "
                                             f"within {SWITCHOVER_CATCH_UP_S:.0f} s")
             await self.etcd.cancel_switchover(view.switchover.version)
