@@ -88,22 +88,22 @@ class Recorder:
 
 def load(run_dir: str | Path) -> list[dict[str, Any]]:
     """Every operation of a run, ordered by invoke time (a torn last line of a killed client is skipped)."""
-    ops: list[dict[str, Any]] = []
-    for path in sorted((Path(run_dir) / "history").glob("*.jsonl")):
-        for line in _lines(path):
-            try:
-                ops.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    ops = [op for path in sorted((Path(run_dir) / "history").glob("*.jsonl")) for op in client_ops(path)]
     ops.sort(key=lambda e: (e["invoke_ms"], e["complete_ms"]))
     return ops
 
 
-def _lines(path: Path) -> Iterator[str]:
+def client_ops(path: Path) -> Iterator[dict[str, Any]]:
+    """One client's operations so far, in the order written (a line still being written, or torn
+    by a kill, is skipped)."""
     with open(path) as f:
         for line in f:
-            if line.endswith("\n"):
-                yield line.rstrip("\n")
+            if not line.endswith("\n"):
+                continue
+            try:
+                yield json.loads(line)
+            except json.JSONDecodeError:
+                continue
 
 
 def write_json(path: str | Path, data: Any) -> None:

@@ -29,7 +29,7 @@ from broker.client import BrokerClient, BrokerError
 from tests.chaos import checkers, workload
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.faults import KINDS, Nemesis
-from tests.chaos.history import Recorder, load, write_json
+from tests.chaos.history import Recorder, client_ops, load, now_ms, write_json
 from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, body_id
 
 CLIENTS = (("producer", "p1"), ("producer", "p2"), ("subscriber", "s1"), ("subscriber", "s2"), ("popper", "q1"),
@@ -79,7 +79,12 @@ def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = K
         nemesis.run(duration, stop)
         log(f"faults done ({sum(nemesis.counts.values())}: {nemesis.counts}); healing")
         nemesis.heal_all()
+        healed_ms = now_ms()
         _wait(lambda: _converged(cluster), CONVERGE_S, "a master with its slave in sync")
+        # the producers run until a send invoked after the last heal succeeded: the last fault's
+        # recovery is measured, not cut off (a fault that never recovers still shows as inf)
+        _wait(lambda: _sent_ok_since(run_dir, healed_ms), rto_p99_max_ms / 1000.0 + 2.0,
+              "a send succeeded after the last heal", fatal=False)
         _stop_clients(clients, ("p1", "p2", "c1"))
         _wait_timers_fired(run_dir)
         _wait(lambda: _drained(cluster), 60, "the groups caught up", fatal=False)
@@ -158,6 +163,11 @@ def _converged(cluster: Cluster) -> bool:
         return False
     st = master.status()
     return bool(st and st["replicas"] and all(r["in_sync"] for r in st["replicas"]))
+
+
+def _sent_ok_since(run_dir: Path, t_ms: float) -> bool:
+    return any(op["op"] == "send" and op["outcome"] == "ok" and op["invoke_ms"] >= t_ms
+               for name in ("p1", "p2") for op in client_ops(run_dir / "history" / f"{name}.jsonl"))
 
 
 def _wait_timers_fired(run_dir: Path) -> None:
