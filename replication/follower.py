@@ -1,14 +1,16 @@
 """The slave's side: follow a master's log (DESIGN §4).
 
 Loop: connect → Hello (our epochs, log end) → Welcome (divergence point) → truncate our
-unconfirmed tail there → for each Data: verify and append the bytes, fsync, acknowledge the
-flushed offset, and take the master's confirm offset (views apply up to it). Reconnect with
+unconfirmed tail there → for each Data: verify and append the bytes and take the master's confirm
+offset (views apply up to it); the flushed offset is acknowledged by another thread once the
+group-commit flusher synced it (replication/slave_acks.py), so appends and fsyncs overlap. Reconnect with
 exponential backoff; a cluster mismatch or a needed re-bootstrap stops following and says why
 in ``status()``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -29,10 +31,18 @@ from replication.bootstrap import restart_for_bootstrap
 from replication.channel import call_metadata, open_channel
 from replication.confirm import InSyncSet
 from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
+from replication.slave_acks import FlushAcks
 
 log = structlog.get_logger("replication.follower")
 _STOP = object()
 DISK_FULL_RETRY_S = 0.5
+
+
+def _put_stop(acks: queue.Queue[object]) -> None:
+    """End the request stream. A full queue means the consumer is not waiting on it (it leaves at
+    the next item it takes from a cancelled call), so the marker may be dropped then."""
+    with contextlib.suppress(queue.Full):
+        acks.put_nowait(_STOP)
 
 
 class Follower:
@@ -49,7 +59,11 @@ class Follower:
         self.error = ""
         self.coordinator_unreachable_ms: Callable[[], int] = lambda: 0  # set by the coordinator, when there is one
         self._stop = threading.Event()
-        self._channel: grpc.Channel | None = None
+        # the stream in flight. Other threads end it only by cancelling it (thread-safe in gRPC);
+        # the follower thread alone closes its channel, once gRPC's request-consumer thread can no
+        # longer send on the call: closing a channel under that thread crashed the process
+        self._call_lock = threading.Lock()
+        self._call: grpc.Future | None = None
         self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
 
     # -- life cycle ---------------------------------------------------------------------------------
@@ -58,9 +72,10 @@ class Follower:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
-        if self._channel is not None:
-            self._channel.close()
+        with self._call_lock:
+            self._stop.set()
+            if self._call is not None:
+                self._call.cancel()
         if self._thread.is_alive() and threading.current_thread() is not self._thread:
             self._thread.join(10)
 
@@ -147,9 +162,15 @@ class Follower:
                     return
                 yield item  # type: ignore[misc]
 
-        self._channel = open_channel(self.config, self.master, [("grpc.max_receive_message_length", 1 << 30)])
+        channel = open_channel(self.config, self.master, [("grpc.max_receive_message_length", 1 << 30)])
+        responses = pb_grpc.ReplicationStub(channel).Stream(outgoing(), metadata=call_metadata(self.config))
+        acker = FlushAcks(store.watermarks, acks, self.coordinator_unreachable_ms, lambda _: responses.cancel())
         try:
-            responses = pb_grpc.ReplicationStub(self._channel).Stream(outgoing(), metadata=call_metadata(self.config))
+            with self._call_lock:
+                if self._stop.is_set():
+                    return
+                self._call = responses
+            acker.start()
             for msg in responses:
                 if self._stop.is_set():
                     break
@@ -161,10 +182,21 @@ class Follower:
                     self.error = ""
                     self.store.incidents.clear("follower")
                 elif kind == "data":
-                    self._data(msg.data, acks)
+                    self._data(msg.data, acker)
+        except grpc.RpcError:
+            if acker.error:  # the stream ended because acknowledging failed: say that, not CANCELLED
+                raise FollowError(acker.error) from None
+            raise
         finally:
-            acks.put(_STOP)
-            self._channel.close()
+            with self._call_lock:
+                self._call = None
+            # order matters: a cancelled call makes gRPC's request-consumer thread drop whatever it
+            # takes next instead of sending it; the acker stops putting; the stop marker wakes the
+            # consumer if it waits on an empty queue. Only then is closing the channel safe
+            responses.cancel()
+            acker.stop()
+            _put_stop(acks)
+            channel.close()
 
     def _welcome(self, w: pb.Welcome) -> None:
         store = self.store
@@ -185,19 +217,19 @@ class Follower:
         store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
         log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
 
-    def _data(self, d: pb.Data, acks: queue.Queue[object]) -> None:
+    def _data(self, d: pb.Data, acker: FlushAcks) -> None:
         store = self.store
         self.last_heard = time.monotonic()
         self.master_end = d.master_end
+        end = 0
         if d.batches:
             if d.start_offset != store.log.max_offset:
                 raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
             end = self._append(d.batches)
-            store.watermarks.wait_ack(end, "flush", 30_000)
+            store.watermarks.want_flush()
         # every message is answered, heartbeats too: the master learns we are alive and whether we
-        # reach etcd (its failsafe, DESIGN §11)
-        acks.put(pb.SlaveMessage(ack=pb.ReplicaAck(flushed_offset=store.watermarks.flushed_offset,
-                                                   coordinator_unreachable_ms=self.coordinator_unreachable_ms())))
+        # reach etcd (its failsafe, DESIGN §11); data once it is flushed, without holding this loop
+        acker.want(end)
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it

@@ -1,0 +1,87 @@
+"""The slave's acknowledgements, off its receive loop (a pipelined slave).
+
+The receive loop appends each chunk the master sends and goes on to the next one; this thread
+waits for the group-commit flusher to make what was appended durable and then answers with the
+flushed offset. Appends, the fsync and the acknowledgement overlap: while one fsync runs, the
+chunks that arrive meanwhile are appended, and the next fsync covers them all with one ack. A
+heartbeat with nothing to flush is answered at once (the master learns we are alive).
+
+How far the slave may run ahead of its fsyncs is bounded by the master's send window (bytes
+sent and not yet acknowledged), not here.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+
+import structlog
+
+from broker.store.watermarks import Watermarks
+from proto import tidemark_pb2 as pb
+
+log = structlog.get_logger("replication.slave_acks")
+PUT_RETRY_S = 0.1
+FLUSH_WAIT_MS = 30_000  # an fsync that takes longer than this ends the stream (the follower reconnects)
+
+
+class FlushAcks:
+    def __init__(self, watermarks: Watermarks, out: queue.Queue[object], coordinator_unreachable_ms: Callable[[], int],
+                 on_error: Callable[[str], None]) -> None:
+        self._wm = watermarks
+        self._out = out
+        self._unreachable_ms = coordinator_unreachable_ms
+        self._on_error = on_error
+        self._cond = threading.Condition()
+        self._target = 0  # the highest log end appended and not yet acknowledged
+        self._wanted = False
+        self._stopped = False
+        self.error = ""
+        self._thread = threading.Thread(target=self._run, name="follower-acks", daemon=True)
+
+    def start(self) -> FlushAcks:
+        self._thread.start()
+        return self
+
+    def want(self, end: int) -> None:
+        """Acknowledge once ``end`` is flushed (0: a heartbeat; answer with what is flushed now)."""
+        with self._cond:
+            self._target = max(self._target, end)
+            self._wanted = True
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread.ident is not None and threading.current_thread() is not self._thread:
+            self._thread.join(FLUSH_WAIT_MS / 1000.0 + 5)
+
+    def _put(self, msg: pb.SlaveMessage) -> None:
+        """Queue an ack; a full queue (the stream stopped sending) never holds a stopping acker."""
+        while not self._stopped:
+            try:
+                self._out.put(msg, timeout=PUT_RETRY_S)
+                return
+            except queue.Full:
+                continue
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._wanted or self._stopped)
+                    if self._stopped:
+                        return
+                    target, self._wanted = self._target, False
+                if target > self._wm.flushed_offset:
+                    self._wm.wait_ack(target, "flush", FLUSH_WAIT_MS, give_up=lambda: self._stopped)
+                self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
+                    flushed_offset=self._wm.flushed_offset, coordinator_unreachable_ms=self._unreachable_ms())))
+        except Exception as exc:  # never silently: the stream ends and the follower says why
+            if self._stopped:  # a stop gave up the wait: nobody reads the ack any more
+                return
+            self.error = f"acknowledging flushed data failed: {type(exc).__name__}: {exc}"
+            log.error("slave_acks_failed", error=self.error)
+            self._on_error(self.error)
