@@ -46,7 +46,6 @@ from tieredstore.s3 import S3Backend
 
 TOPIC = "bench-tiered"
 TARGET_POSIX_MBPS = 300.0
-TARGET_RGW_RATIO = 0.8
 TARGET_TRANSFER_RATIO = 0.95  # the performance round's goal
 TARGET_READ_MSG_S = 100_000
 TARGET_LAG_P99_S = 2.0
@@ -257,8 +256,8 @@ def main() -> int:
                 res.add("boto3 put_object, one stream, 64 MiB objects", base, "MB/s",
                         note=f"same radosgw, same run: {before:.0f} MB/s before the daemon's upload, {after:.0f} after; mean",
                         before_mbps=before, after_mbps=after)
-                tgt, ok = common.at_least(rgw / base, TARGET_RGW_RATIO)
-                res.add("upload to radosgw / boto3 put rate", rgw / base, "x", target=tgt, ok=ok)
+                res.add("upload to radosgw / boto3 put rate", rgw / base, "x",
+                        note="for comparison: the goal is against the transfer manager, below")
                 transfer = boto3_transfer_rate(gw.endpoint, 64 * MiB, count)
                 res.add("boto3 transfer manager (parallel multipart), 64 MiB objects", transfer, "MB/s",
                         note="upload_fileobj, default TransferConfig: 8 MiB parts, 10 threads")
