@@ -54,6 +54,10 @@ class Follower:
         self.insync = insync
         self.master_end = 0
         self.last_heard = 0.0
+        # when we received the newest message whose log end we have since fsynced and acknowledged:
+        # the master counts a replica in sync from such acks, so this is what ages our knowledge
+        # (a slave whose fsyncs stall keeps hearing heartbeats but no longer acknowledges)
+        self.acked_heard_at = 0.0
         self.in_sync_when_heard = False
         self.connected = False
         self.error = ""
@@ -84,13 +88,14 @@ class Follower:
 
         In sync = our log reaches the master's confirm offset and we were within the lag limits.
         With ``min_insync_replicas = 1`` the master may drop us and confirm alone once
-        ``max_lag_ms`` passed without us, so the knowledge expires then; with 2 it cannot.
+        ``max_lag_ms`` passed without an acknowledgement from us, so the knowledge expires then,
+        counted from the last message we acknowledged as flushed; with 2 it cannot.
         """
-        if not self.last_heard or not self.in_sync_when_heard:
+        if not self.acked_heard_at or not self.in_sync_when_heard:
             return False
         if self.config["replication.min_insync_replicas"] >= 2:
             return True
-        return (time.monotonic() - self.last_heard) * 1000 <= self.config["replication.max_lag_ms"]
+        return (time.monotonic() - self.acked_heard_at) * 1000 <= self.config["replication.max_lag_ms"]
 
     def add_status(self, st: dict[str, object]) -> None:
         if self.store.role != "slave":
@@ -163,8 +168,13 @@ class Follower:
                 yield item  # type: ignore[misc]
 
         channel = open_channel(self.config, self.master, [("grpc.max_receive_message_length", 1 << 30)])
-        responses = pb_grpc.ReplicationStub(channel).Stream(outgoing(), metadata=call_metadata(self.config))
-        acker = FlushAcks(store.watermarks, acks, self.coordinator_unreachable_ms, lambda _: responses.cancel())
+        try:
+            responses = pb_grpc.ReplicationStub(channel).Stream(outgoing(), metadata=call_metadata(self.config))
+        except BaseException:
+            channel.close()  # no call exists yet: nothing can send on it
+            raise
+        acker = FlushAcks(store.watermarks, acks, self.coordinator_unreachable_ms, lambda _: responses.cancel(),
+                          self._acked)
         try:
             with self._call_lock:
                 if self._stop.is_set():
@@ -183,16 +193,16 @@ class Follower:
                     self.store.incidents.clear("follower")
                 elif kind == "data":
                     self._data(msg.data, acker)
-        except grpc.RpcError:
-            if acker.error:  # the stream ended because acknowledging failed: say that, not CANCELLED
-                raise FollowError(acker.error) from None
+        except grpc.RpcError as exc:
+            if acker.error and exc.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
+                raise FollowError(acker.error) from None  # acknowledging failed and cancelled the call: say why
             raise
         finally:
             with self._call_lock:
                 self._call = None
-            # order matters: a cancelled call makes gRPC's request-consumer thread drop whatever it
-            # takes next instead of sending it; the acker stops putting; the stop marker wakes the
-            # consumer if it waits on an empty queue. Only then is closing the channel safe
+            # closing is safe once the call is cancelled: gRPC's request-consumer thread then drops
+            # whatever it takes next instead of sending it. Stopping the acker and the stop marker
+            # (which wakes a consumer waiting on an empty queue) let both threads end
             responses.cancel()
             acker.stop()
             _put_stop(acks)
@@ -217,19 +227,22 @@ class Follower:
         store.epochs.replace([(e, o) for e, o in theirs if o <= store.log.max_offset])
         log.info("following", master=self.master, from_offset=store.log.max_offset, epoch=store.epoch)
 
+    def _acked(self, heard_at: float) -> None:
+        self.acked_heard_at = max(self.acked_heard_at, heard_at)
+
     def _data(self, d: pb.Data, acker: FlushAcks) -> None:
         store = self.store
         self.last_heard = time.monotonic()
         self.master_end = d.master_end
-        end = 0
         if d.batches:
             if d.start_offset != store.log.max_offset:
                 raise FollowError(f"master sent offset {d.start_offset}, our log ends at {store.log.max_offset}")
-            end = self._append(d.batches)
+            self._append(d.batches)
             store.watermarks.want_flush()
         # every message is answered, heartbeats too: the master learns we are alive and whether we
-        # reach etcd (its failsafe, DESIGN §11); data once it is flushed, without holding this loop
-        acker.want(end)
+        # reach etcd (its failsafe, DESIGN §11); once our log end at this message is flushed,
+        # without holding this loop
+        acker.want(store.log.max_offset, self.last_heard)
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it
@@ -241,7 +254,6 @@ class Follower:
         self.in_sync_when_heard = (
             log_end >= self.insync.master_confirm and d.master_end - log_end <= self.config["replication.max_lag_bytes"]
         )
-
 
     def _append(self, batches: bytes) -> int:
         """Append a chunk; while the disk is full (or below ``storage.min_free_bytes``), hold it and

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 
 import structlog
@@ -28,13 +29,18 @@ FLUSH_WAIT_MS = 30_000  # an fsync that takes longer than this ends the stream (
 
 class FlushAcks:
     def __init__(self, watermarks: Watermarks, out: queue.Queue[object], coordinator_unreachable_ms: Callable[[], int],
-                 on_error: Callable[[str], None]) -> None:
+                 on_error: Callable[[str], None], on_acked: Callable[[float], None]) -> None:
         self._wm = watermarks
         self._out = out
         self._unreachable_ms = coordinator_unreachable_ms
         self._on_error = on_error
+        self._on_acked = on_acked
         self._cond = threading.Condition()
-        self._target = 0  # the highest log end appended and not yet acknowledged
+        self._target = 0  # the highest log end wanted so far
+        # (log end, when the message that brought it was received), oldest first, not yet acknowledged;
+        # one entry per log end (heartbeats at the same end replace the time), so the master's send
+        # window bounds it
+        self._heard: deque[tuple[int, float]] = deque()
         self._wanted = False
         self._stopped = False
         self.error = ""
@@ -44,10 +50,15 @@ class FlushAcks:
         self._thread.start()
         return self
 
-    def want(self, end: int) -> None:
-        """Acknowledge once ``end`` is flushed (0: a heartbeat; answer with what is flushed now)."""
+    def want(self, end: int, heard_at: float) -> None:
+        """Acknowledge once log end ``end`` (as of a message received at monotonic ``heard_at``)
+        is flushed; ``on_acked(heard_at)`` is called once that acknowledgement is queued."""
         with self._cond:
             self._target = max(self._target, end)
+            if self._heard and self._heard[-1][0] == end:
+                self._heard[-1] = (end, heard_at)
+            else:
+                self._heard.append((end, heard_at))
             self._wanted = True
             self._cond.notify()
 
@@ -67,6 +78,14 @@ class FlushAcks:
             except queue.Full:
                 continue
 
+    def _acked(self, flushed: int) -> None:
+        heard_at = 0.0
+        with self._cond:
+            while self._heard and self._heard[0][0] <= flushed:
+                heard_at = self._heard.popleft()[1]
+        if heard_at and not self._stopped:
+            self._on_acked(heard_at)
+
     def _run(self) -> None:
         try:
             while True:
@@ -77,8 +96,10 @@ class FlushAcks:
                     target, self._wanted = self._target, False
                 if target > self._wm.flushed_offset:
                     self._wm.wait_ack(target, "flush", FLUSH_WAIT_MS, give_up=lambda: self._stopped)
+                flushed = self._wm.flushed_offset
                 self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
-                    flushed_offset=self._wm.flushed_offset, coordinator_unreachable_ms=self._unreachable_ms())))
+                    flushed_offset=flushed, coordinator_unreachable_ms=self._unreachable_ms())))
+                self._acked(flushed)
         except Exception as exc:  # never silently: the stream ends and the follower says why
             if self._stopped:  # a stop gave up the wait: nobody reads the ack any more
                 return

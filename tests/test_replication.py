@@ -198,6 +198,30 @@ def test_a_slave_that_loses_power_keeps_every_write_it_acknowledged(spawn: Calla
     check_history([b for p in producers for b in p.acked], read_everything(s.address, "t", QUEUES))
 
 
+def test_a_slave_whose_fsyncs_stall_stops_counting_itself_in_sync(spawn: Callable[..., DaemonProcess]) -> None:
+    """The master counts a replica in sync from its acknowledgements of flushed data; a slave whose
+    fsyncs stall still hears heartbeats but acknowledges nothing. Its own "in sync" (what a clean
+    promotion trusts) must lapse with the master's, after max_lag_ms, not stay fresh on
+    heartbeats: otherwise it could be promoted as in sync while the master, having dropped it,
+    confirmed writes it never had. (With the pipelined slave it stayed true while fsyncs stalled.)"""
+    lag = {**FAST, "replication.max_lag_ms": 500}
+    m = spawn("m", config=lag)
+    s = spawn("s", config={**lag, "node.role": "slave", "node.master": m.address},
+              env={"TIDEMARK_FAILPOINTS": "commitlog_before_fsync=sleep:2500"})  # each fsync takes 2.5 s
+
+    def slave_in_sync() -> bool:
+        return bool(_status(s)["replication"]["in_sync"])  # type: ignore[index]
+
+    with BrokerClient(m.address) as c:
+        c.create_topic("t", queues=1)
+        _wait(lambda: _in_sync(m) and slave_in_sync(), what="both sides count the slave in sync")
+        c.send("t", [Message(body=b"x")], ack="leader")  # the slave's fsync of it takes 2.5 s
+    time.sleep(1.2)  # past max_lag_ms, heartbeats still flowing, no ack possible yet
+    assert not _in_sync(m), _status(m)["replicas"]
+    assert not slave_in_sync(), _status(s)["replication"]
+    _wait(lambda: _in_sync(m) and slave_in_sync(), what="both count it in sync again once the fsync is done")
+
+
 def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProcess]) -> None:
     """Writes only a cut-off master took (ack=leader) are cut when it rejoins; both logs then agree."""
     m = spawn("m", config={**FAST, "replication.max_lag_ms": 3000})
