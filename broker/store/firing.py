@@ -196,8 +196,13 @@ class TimerService:
             state = self._slot
             if state is None:
                 state = self._slot = _SlotState(current)
-            sweep = current - state.slot > self.view.wheel.slots or now - self._last_sweep_ms >= SWEEP_INTERVAL_MS
-            if current - state.slot > self.view.wheel.slots:  # stalled for a whole turn: restart here
+            # the node's clock stepped back (NTP): the cursor and the last sweep are in its future.
+            # Walk again from now (what already fired is no longer eligible) and sweep at once;
+            # waiting for the clock to catch up delayed every timer by the size of the step
+            stepped_back = current < state.slot or now < self._last_sweep_ms
+            stalled = current - state.slot > self.view.wheel.slots
+            sweep = stepped_back or stalled or now - self._last_sweep_ms >= SWEEP_INTERVAL_MS
+            if stepped_back or stalled:  # stalled for a whole turn: restart here too
                 state = self._slot = _SlotState(current)
             if sweep:  # the safety net: anything the wheel did not hand over in time
                 o, a = self.view.index.due(now - 2 * self.precision_ms)
