@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +17,8 @@ from broker.invariant import CorruptionError
 from broker.logformat import batch as bf
 from tests.procs import free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY
-from tieredstore.backend import Backend, BackendError, ObjectExists, ObjectMissing
+from tieredstore.backend import Backend, BackendError, ObjectExists, ObjectInfo, ObjectMissing
+from tieredstore.index import ObjectIndex
 from tieredstore.objects import TieredObject, describe, object_key, parse_key, runs, whole_batches
 from tieredstore.posix import PosixBackend
 from tieredstore.retention import plan_deletions
@@ -156,3 +158,42 @@ def test_retention_plan_keeps_newest_unexpired_and_held() -> None:
     assert plan_deletions(objs, 1000.0, 1, 35) == objs[:3]
     assert plan_deletions(objs, 103.5, 1000, None) == objs[:3]  # objects modified after 102.5 are young
     assert runs(objs[:2] + objs[3:]) == [objs[:2], objs[3:]]
+
+
+class _HeldListing(PosixBackend):
+    """A posix backend whose listing, once read, waits until released (a slow LIST)."""
+
+    def __init__(self, root: str) -> None:
+        super().__init__(root)
+        self.listed = threading.Event()
+        self.release = threading.Event()
+
+    def list(self, prefix: str, start_after: str = "") -> list[ObjectInfo]:
+        out = super().list(prefix, start_after)
+        self.listed.set()
+        self.release.wait(10)
+        return out
+
+
+def test_a_listing_never_brings_back_an_object_removed_while_it_ran(tmp_path: Path) -> None:
+    """Tiered retention removes an object from the index, then deletes it; a refresh whose listing
+    began before that must not put it back (a read would then be served the deleted range from the
+    block cache: CI saw a pull below tiered retention succeed)."""
+    backend = _HeldListing(str(tmp_path))
+    old, new = TieredObject(0, 10, 1, 0), TieredObject(10, 20, 1, 0)
+    for o in (old, new):
+        backend.put(o.key, b"x" * o.size_bytes, {})
+    index = ObjectIndex(backend)
+    backend.release.set()
+    assert index.refresh() == [old, new]
+    backend.release.clear()
+    backend.listed.clear()
+    refresh = threading.Thread(target=index.refresh)
+    refresh.start()
+    assert backend.listed.wait(10)  # the listing still names ``old``
+    index.remove(old)
+    backend.delete(old.key)
+    backend.release.set()
+    refresh.join(10)
+    assert index.objects() == [new]
+    assert index.refresh() == [new]

@@ -17,17 +17,21 @@ class ObjectIndex:
         self._starts: list[int] = []
         self._lock = threading.Lock()
         self._added: list[TieredObject] = []
+        self._removed: set[str] = set()  # keys removed while a listing ran
         self._listing = 0  # refreshes in progress
         self.refreshed_at = 0.0  # monotonic time of the last listing (0: never)
 
     def refresh(self) -> list[TieredObject]:
         """List the backend; return every tiered log object, sorted by (start, end).
 
-        Objects added while the listing runs are kept (the listing may predate them).
+        Objects added while the listing runs are kept, and objects removed while it runs stay
+        removed: the listing may predate either (a listing that began before tiered retention
+        deleted an object must not bring it back, where a read would find it in the cache).
         """
         with self._lock:
             if not self._listing:
                 self._added = []
+                self._removed = set()
             self._listing += 1
         try:
             listed = self.backend.list(LOG_PREFIX)
@@ -40,6 +44,8 @@ class ObjectIndex:
             self._listing -= 1
             for o in self._added:
                 found.setdefault(o.key, o)
+            for key in self._removed:
+                found.pop(key, None)
             objs = sorted(found.values(), key=lambda o: (o.start, o.end))
             self._objects = objs
             self._starts = [o.start for o in objs]
@@ -54,12 +60,15 @@ class ObjectIndex:
         with self._lock:
             if self._listing:
                 self._added.append(obj)
+                self._removed.discard(obj.key)
             i = bisect.bisect_right(self._starts, obj.start)
             self._objects.insert(i, obj)
             self._starts.insert(i, obj.start)
 
     def remove(self, obj: TieredObject) -> None:
         with self._lock:
+            if self._listing:
+                self._removed.add(obj.key)
             if obj in self._objects:
                 i = self._objects.index(obj)
                 del self._objects[i]

@@ -315,8 +315,8 @@ class Uploader:
     def enforce_retention(self) -> list[TieredObject]:
         doomed = plan_deletions(self.index.refresh(), clock.wall_s(), self.retention_ms, self.store.retention.read_floor())
         for obj in doomed:
+            self.index.remove(obj)  # first: reads below it are refused before its bytes go
             self.backend.delete(obj.key)
-            self.index.remove(obj)
             metrics.DELETED_OBJECTS.inc()
             log.info("tiered_object_deleted", key=obj.key, reason="tieredstore.retention_ms")
         return doomed
