@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections import deque
 from collections.abc import Callable
 
 import structlog
@@ -36,12 +35,9 @@ class FlushAcks:
         self._on_error = on_error
         self._on_acked = on_acked
         self._cond = threading.Condition()
-        self._target = 0  # the highest log end wanted so far
-        # (log end, when the message that brought it was received), oldest first, not yet acknowledged;
-        # one entry per log end (heartbeats at the same end replace the time), so the master's send
-        # window bounds it
-        self._heard: deque[tuple[int, float]] = deque()
-        self._wanted = False
+        # what the next ack must cover: the highest log end wanted, and when the newest message
+        # wanting it was received (None: nothing wanted since the last ack)
+        self._pending: tuple[int, float] | None = None
         self._stopped = False
         self.error = ""
         self._thread = threading.Thread(target=self._run, name="follower-acks", daemon=True)
@@ -54,12 +50,9 @@ class FlushAcks:
         """Acknowledge once log end ``end`` (as of a message received at monotonic ``heard_at``)
         is flushed; ``on_acked(heard_at)`` is called once that acknowledgement is queued."""
         with self._cond:
-            self._target = max(self._target, end)
-            if self._heard and self._heard[-1][0] == end:
-                self._heard[-1] = (end, heard_at)
-            else:
-                self._heard.append((end, heard_at))
-            self._wanted = True
+            if self._pending is not None:
+                end = max(end, self._pending[0])
+            self._pending = (end, heard_at)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -69,37 +62,29 @@ class FlushAcks:
         if self._thread.ident is not None and threading.current_thread() is not self._thread:
             self._thread.join(FLUSH_WAIT_MS / 1000.0 + 5)
 
-    def _put(self, msg: pb.SlaveMessage) -> None:
+    def _put(self, msg: pb.SlaveMessage) -> bool:
         """Queue an ack; a full queue (the stream stopped sending) never holds a stopping acker."""
         while not self._stopped:
             try:
                 self._out.put(msg, timeout=PUT_RETRY_S)
-                return
+                return True
             except queue.Full:
                 continue
-
-    def _acked(self, flushed: int) -> None:
-        heard_at = 0.0
-        with self._cond:
-            while self._heard and self._heard[0][0] <= flushed:
-                heard_at = self._heard.popleft()[1]
-        if heard_at and not self._stopped:
-            self._on_acked(heard_at)
+        return False
 
     def _run(self) -> None:
         try:
             while True:
                 with self._cond:
-                    self._cond.wait_for(lambda: self._wanted or self._stopped)
-                    if self._stopped:
+                    self._cond.wait_for(lambda: self._pending is not None or self._stopped)
+                    if self._stopped or self._pending is None:
                         return
-                    target, self._wanted = self._target, False
+                    (target, heard_at), self._pending = self._pending, None
                 if target > self._wm.flushed_offset:
                     self._wm.wait_ack(target, "flush", FLUSH_WAIT_MS, give_up=lambda: self._stopped)
-                flushed = self._wm.flushed_offset
-                self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
-                    flushed_offset=flushed, coordinator_unreachable_ms=self._unreachable_ms())))
-                self._acked(flushed)
+                if self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
+                        flushed_offset=self._wm.flushed_offset, coordinator_unreachable_ms=self._unreachable_ms()))):
+                    self._on_acked(heard_at)
         except Exception as exc:  # never silently: the stream ends and the follower says why
             if self._stopped:  # a stop gave up the wait: nobody reads the ack any more
                 return
