@@ -91,6 +91,7 @@ class RoleController:
         store.epochs.start(epoch, store.log.max_offset)
         store.set_role("master", "")  # lifts a fence: this is a new epoch
         store.watermarks.advance_confirm()
+        failpoint("roles_after_become_master")
 
     def follow(self, master: str) -> None:
         """Stop taking writes at once, then follow ``master`` (its replication address); the

@@ -87,6 +87,7 @@ class Coordinator:
         self._handing_over_since = 0.0
         self.switchover_failure: tuple[float, str] = (0.0, "")  # (monotonic time, why) of the last one ended
         self._lost_at = 0.0  # monotonic: when this master lost the leader key
+        self._taking_office = False  # the key is ours and become_master runs: role and holding disagree
         self._waiting = ""  # why we do not campaign (logged when it changes)
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -291,11 +292,10 @@ class Coordinator:
         self.leader_revision = revision
         if not retake:
             self.members = (self.node_id,)
-        self.insync.set_pins({m for m in self.members if m != self.node_id})
-        if not retake:
-            await self._step(self.roles.become_master, epoch)
-            metrics.FAILOVERS.inc()
-        self.holding = self.leader = leader
+            await self._take_office(leader)
+        else:
+            self.insync.set_pins({m for m in self.members if m != self.node_id})
+            self.holding = self.leader = leader
         self.unclean_once = False
         self.store.redirect_address = ""
         self._grant(sent)
@@ -303,16 +303,27 @@ class Coordinator:
                  insync=list(self.members))
 
     # -- as the master -------------------------------------------------------------------------------
+    async def _take_office(self, leader: rec.Leader) -> None:
+        """The key is ours at a new epoch: become master here, then hold it. Between the role change
+        (in a worker thread) and ``holding`` the permit loop would see a master without the key, and
+        one whose key was lost long ago: it stepped the new master down at once (an election lost
+        and won again half a second later, a failover 0.5 s longer). It decides nothing meanwhile."""
+        self.insync.set_pins({m for m in self.members if m != self.node_id})
+        self._taking_office = True
+        try:
+            await self._step(self.roles.become_master, leader.epoch)
+            metrics.FAILOVERS.inc()
+            self.holding = self.leader = leader
+        finally:
+            self._taking_office = False
+
     async def _lead(self, view: View, leader: rec.Leader) -> None:
         store = self.store
         known = max([store.epoch, *(e for e, _ in store.epochs.snapshot())])
         if self.holding is None and store.role == "slave" and leader.epoch > known:
             log.info("campaign_answer_lost", epoch=leader.epoch, note="the key is ours: finishing the election")
             self.leader_revision = view.leader.create_revision
-            self.insync.set_pins({m for m in self.members if m != self.node_id})
-            await self._step(self.roles.become_master, leader.epoch)
-            metrics.FAILOVERS.inc()
-            self.holding = self.leader = leader
+            await self._take_office(leader)
             self._grant(self.renewed_at)
             return
         if self.holding is None or store.role != "master" or store.epoch != leader.epoch:
@@ -437,6 +448,8 @@ class Coordinator:
     def _check_permit(self) -> bool:
         """Grant (failsafe) or withdraw the permit; True when this master must step down."""
         store, permit = self.store, self.store.permit
+        if self._taking_office:
+            return False
         if self.holding is None:
             if store.role == "master":
                 permit.withdraw(permit.reason or "this node does not hold the leader key")
