@@ -122,6 +122,43 @@ def test_unclean_promote_elects_a_slave_outside_the_in_sync_set(spawn: Spawn, et
     wait_until(lambda: in_sync(slave, master), 30, "the old master following the unclean master")
 
 
+def test_an_old_master_that_diverged_rebootstraps_from_the_master_etcd_names(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The master confirms writes alone (its slave is dead), dies; the slave is elected unclean and
+    takes writes of its own. The old master, restarted, diverged below what it applied: it marks its
+    directory, re-executes, finds the master in etcd, moves its directory aside and bootstraps. What
+    only it held is kept in the moved-aside directory, never served; the new master's writes are.
+    (Its views must have checkpointed past the divergence: after a kill -9 a node knows only that
+    much of what it confirmed, and a tail beyond it is cut like any unconfirmed one.)"""
+    pair = Pair(spawn, etcd, **{"checkpoint.interval_ms": 100})
+    master, slave = _setup(pair)
+    slave.kill9()
+    master_id = status(master)["node_id"]
+    wait_until(lambda: status(master)["coordinator"]["insync"] == [master_id], 30, "the slave out of the set")
+    only_old = [f"only-on-the-old-master-{i}".encode() for i in range(50)]
+    with BrokerClient(master.address) as c:
+        c.send(TOPIC, [Message(body=b, key=b.decode()) for b in only_old], ack="flush")
+        wait_until(lambda: status(master)["confirm_offset"] >= status(master)["max_offset"], 10, "confirmed alone")
+        time.sleep(1.0)  # ten checkpoint intervals: the views' checkpoints hold the divergent tail
+    master.kill9()
+    slave.start()
+    with BrokerClient(slave.address) as c:
+        c.promote(unclean=True)
+        new_bodies = [f"on-the-new-master-{i}".encode() for i in range(50)]
+        receipts = c.send(TOPIC, [Message(body=b, key=b.decode()) for b in new_bodies], ack="flush")
+    master.start()
+    wait_until(lambda: in_sync(slave, master), 60, "the old master bootstrapped and in sync",
+               observe=lambda: status(master).get("replication"))
+    assert "bootstrapped" in Path(master.log_path).read_text()
+    acked = {b: (r.queue_id, r.queue_offset) for b, r in zip(new_bodies, receipts, strict=True)}
+    assert not missing(master.address, acked, QUEUES)
+    live = log_bytes(master)[1]
+    aside = list(Path(master.data_dir).parent.glob(Path(master.data_dir).name + ".old-*"))
+    assert len(aside) == 1
+    kept = b"".join(p.read_bytes() for p in sorted((aside[0] / "log").glob("*.log")))
+    assert all(b in kept for b in only_old) and not any(b in live for b in only_old)
+    assert status(slave)["role"] == "master" and status(master)["role"] == "slave"
+
+
 def test_etcd_paused_changes_no_role_and_sends_go_on(spawn: Spawn, etcd: EtcdProcess) -> None:
     """etcd unreachable for both nodes: the master keeps serving while its in-sync slave follows
     (failsafe); nobody is elected; afterwards the master re-takes the key at its own epoch."""
