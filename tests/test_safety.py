@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import queue
 import signal
@@ -17,6 +18,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import BrokerClient, BrokerError, Message
+from broker.daemon.service import _unexpected
 from broker.store.incidents import Incidents
 from broker.store.offset_buffer import OffsetBuffer
 from proto import tidemark_pb2 as pb
@@ -333,6 +335,17 @@ def test_many_queues_under_a_low_descriptor_limit(spawn: Callable[..., DaemonPro
     d.start()
     with BrokerClient(d.address) as c:
         assert sorted(b for t in topics for q in range(4) for b in c.pull(t, q, 0).bodies()) == want
+
+
+def test_a_request_that_finds_the_process_out_of_descriptors_is_resource_exhausted() -> None:
+    """Once every idle file was given back, what is left of the descriptor limit is held by sockets:
+    a request that still cannot open a file is told RESOURCE_EXHAUSTED (retry later), not INTERNAL
+    (a bug); any other unexpected failure stays INTERNAL."""
+    for code in (errno.EMFILE, errno.ENFILE):
+        refused = _unexpected(OSError(code, os.strerror(code)))
+        assert refused.code == "RESOURCE_EXHAUSTED" and "file descriptors" in refused.message
+    assert _unexpected(OSError(errno.EIO, os.strerror(errno.EIO))).code == "INTERNAL"
+    assert _unexpected(ValueError("a bug")).code == "INTERNAL"
 
 
 # -- long-polls hold no thread -------------------------------------------------------------------------------

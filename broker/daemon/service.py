@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import json
 import time
@@ -45,10 +46,23 @@ def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
         if exc.metadata:
             context.set_trailing_metadata(exc.metadata)
         context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
-    except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
-        log.exception("request_failed", error=str(exc))
-        context.abort(grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"[:MESSAGE_MAX])
+    except Exception as exc:
+        failure = _unexpected(exc)
+        context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
     raise AssertionError("unreachable")
+
+
+def _unexpected(exc: Exception) -> BrokerError:
+    """What a request that failed on anything but a ``BrokerError`` answers. The process out of file
+    descriptors (every idle file was already given back: sockets hold the rest) is a resource of
+    this node, not a bug: RESOURCE_EXHAUSTED, which a client may retry. Anything else is a bug that
+    must not take the daemon down: INTERNAL, logged with its traceback."""
+    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
+        log.warning("out_of_file_descriptors", error=str(exc))
+        return BrokerError("RESOURCE_EXHAUSTED", f"this node is out of file descriptors ({exc.strerror}): "
+                           "retry later, or raise LimitNOFILE above limits.open_files_max plus the connections")
+    log.exception("request_failed", error=str(exc))
+    return BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
 
 
 async def _handle_async(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
@@ -57,9 +71,8 @@ async def _handle_async(context: grpc.aio.ServicerContext, fn: Callable[[], Awai
         return await fn()
     except BrokerError as exc:
         failure = exc
-    except Exception as exc:  # a bug must not take the daemon down; the client gets INTERNAL
-        log.exception("request_failed", error=str(exc))
-        failure = BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+    except Exception as exc:
+        failure = _unexpected(exc)
     if failure.metadata:
         context.set_trailing_metadata(failure.metadata)
     await context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
