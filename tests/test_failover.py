@@ -122,14 +122,17 @@ def test_unclean_promote_elects_a_slave_outside_the_in_sync_set(spawn: Spawn, et
     wait_until(lambda: in_sync(slave, master), 30, "the old master following the unclean master")
 
 
-def test_an_old_master_that_diverged_rebootstraps_from_the_master_etcd_names(spawn: Spawn, etcd: EtcdProcess) -> None:
+@pytest.mark.parametrize("checkpointed", [True, False], ids=["views-checkpointed", "views-not-checkpointed"])
+def test_an_old_master_that_diverged_keeps_what_only_it_held(spawn: Spawn, etcd: EtcdProcess, checkpointed: bool) -> None:
     """The master confirms writes alone (its slave is dead), dies; the slave is elected unclean and
-    takes writes of its own. The old master, restarted, diverged below what it applied: it marks its
-    directory, re-executes, finds the master in etcd, moves its directory aside and bootstraps. What
-    only it held is kept in the moved-aside directory, never served; the new master's writes are.
-    (Its views must have checkpointed past the divergence: after a kill -9 a node knows only that
-    much of what it confirmed, and a tail beyond it is cut like any unconfirmed one.)"""
-    pair = Pair(spawn, etcd, **{"checkpoint.interval_ms": 100})
+    takes writes of its own. The old master, restarted, follows it; what only it held is never
+    served again, but it is kept. If its views checkpointed past the divergence, it diverged below
+    what it applied: it marks its directory, re-executes, finds the master in etcd, moves its
+    directory aside (the writes stay there) and bootstraps. If not (after a kill -9 a node knows of
+    what it confirmed only what its views checkpointed), the tail is cut like an unconfirmed one:
+    the cut bytes are kept in quarantine/diverged-S-E.log first (they were destroyed before)."""
+    interval_ms = 100 if checkpointed else 600_000
+    pair = Pair(spawn, etcd, **{"checkpoint.interval_ms": interval_ms})
     master, slave = _setup(pair)
     slave.kill9()
     master_id = status(master)["node_id"]
@@ -138,6 +141,7 @@ def test_an_old_master_that_diverged_rebootstraps_from_the_master_etcd_names(spa
     with BrokerClient(master.address) as c:
         c.send(TOPIC, [Message(body=b, key=b.decode()) for b in only_old], ack="flush")
         wait_until(lambda: status(master)["confirm_offset"] >= status(master)["max_offset"], 10, "confirmed alone")
+    if checkpointed:
         time.sleep(1.0)  # ten checkpoint intervals: the views' checkpoints hold the divergent tail
     master.kill9()
     slave.start()
@@ -146,16 +150,24 @@ def test_an_old_master_that_diverged_rebootstraps_from_the_master_etcd_names(spa
         new_bodies = [f"on-the-new-master-{i}".encode() for i in range(50)]
         receipts = c.send(TOPIC, [Message(body=b, key=b.decode()) for b in new_bodies], ack="flush")
     master.start()
-    wait_until(lambda: in_sync(slave, master), 60, "the old master bootstrapped and in sync",
+    wait_until(lambda: in_sync(slave, master), 60, "the old master in sync with the new one",
                observe=lambda: status(master).get("replication"))
-    assert "bootstrapped" in Path(master.log_path).read_text()
     acked = {b: (r.queue_id, r.queue_offset) for b, r in zip(new_bodies, receipts, strict=True)}
     assert not missing(master.address, acked, QUEUES)
     live = log_bytes(master)[1]
+    assert not any(b in live for b in only_old)
     aside = list(Path(master.data_dir).parent.glob(Path(master.data_dir).name + ".old-*"))
-    assert len(aside) == 1
-    kept = b"".join(p.read_bytes() for p in sorted((aside[0] / "log").glob("*.log")))
-    assert all(b in kept for b in only_old) and not any(b in live for b in only_old)
+    if checkpointed:
+        assert "bootstrapped" in Path(master.log_path).read_text() and len(aside) == 1
+        kept = b"".join(p.read_bytes() for p in sorted((aside[0] / "log").glob("*.log")))
+    else:
+        assert not aside
+        cut = list((Path(master.data_dir) / "quarantine").glob("diverged-*.log"))
+        assert len(cut) == 1
+        kept = cut[0].read_bytes()
+        start, end = (int(x) for x in cut[0].stem.split("-")[1:])
+        assert len(kept) == end - start  # the whole cut, at its offsets
+    assert all(b in kept for b in only_old)
     assert status(slave)["role"] == "master" and status(master)["role"] == "slave"
 
 

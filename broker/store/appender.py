@@ -35,6 +35,7 @@ from broker.ports import BatchReceipt, IncomingBatch, Truncation
 from broker.storage.commitlog import CommitLog
 from broker.storage.epochs import EpochHistory
 from broker.storage.failpoints import failpoint
+from broker.storage.quarantine import keep_log_range
 from broker.storage.segment import FsyncFailed
 from broker.store.disk import DiskSpace
 from broker.store.viewset import ViewSet
@@ -310,12 +311,15 @@ class Appender:
                 log.error("divergence_below_confirmed", offset=offset, confirmed=floor,
                           note="this node must re-bootstrap (unclean)")
                 return Truncation.BELOW_APPLIED
+            end = self.log.max_offset
+            # what is cut is kept first: after an unclean election it can hold acknowledged writes
+            kept = keep_log_range(os.path.dirname(self.log.directory), self.log, offset, end, "diverged", ".log")
             failpoint("replication_before_truncate")
             self.log.truncate(offset)
             self.epochs.truncate(offset)
             self.watermarks.truncated(offset)
             self.tail = TailState.rebuild(self.log, self.views.queues, self.views.producers)
-            log.warning("log_truncated", offset=offset, reason="divergence from the master")
+            log.warning("log_truncated", offset=offset, bytes=end - offset, kept_in=kept, reason="divergence from the master")
             return Truncation.CUT
 
     # -- the append side's view, for readers -------------------------------------------------------

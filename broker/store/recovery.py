@@ -43,6 +43,7 @@ from broker.storage import atomic_file, identity
 from broker.storage.commitlog import CommitLog
 from broker.storage.epochs import EpochHistory
 from broker.storage.failpoints import failpoint, fsync_dir
+from broker.storage.quarantine import keep_log_range
 from broker.storage.segment import Segment
 from broker.store.appender import TailState
 from broker.store.dispatcher import apply_views
@@ -140,7 +141,7 @@ def recover(data_dir: str, *, is_new: bool, role: str, log_: CommitLog, views: V
             )
         if valid_end < log_end:
             truncated_bytes = log_end - valid_end
-            _save_torn_tail(data_dir, log_, valid_end, log_end)
+            keep_log_range(data_dir, log_, valid_end, log_end, "torn", ".broken")
             failpoint("recovery_before_truncate")
             log_.truncate(valid_end)
             log.warning("torn_tail_truncated", offset=valid_end, bytes=truncated_bytes)
@@ -242,21 +243,6 @@ def _torn_or_corrupt(seg: Segment, last: Segment, offset: int, why: str, *, zero
             pos += len(chunk)
     log.warning("torn_tail_found", segment=seg.path, offset=offset, reason=why)
     return offset
-
-
-def quarantine_dir(data_dir: str) -> str:
-    path = os.path.join(data_dir, "quarantine")
-    os.makedirs(path, exist_ok=True)
-    return path
-
-
-def _save_torn_tail(data_dir: str, log_: CommitLog, start: int, end: int) -> None:
-    data = log_.read(start, end - start)
-    path = os.path.join(quarantine_dir(data_dir), f"torn-{start:020d}-{end:020d}.broken")
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
 
 
 def write_clean_marker(data_dir: str, log_end: int) -> None:
