@@ -87,7 +87,8 @@ def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = K
               "a send succeeded after the last heal", fatal=False)
         _stop_clients(clients, ("p1", "p2", "c1"))
         _wait_timers_fired(run_dir)
-        _wait(lambda: _drained(cluster), 60, "the groups caught up", fatal=False)
+        if not _wait(lambda: _drained(cluster), 60, "the groups caught up", fatal=False):
+            _log_groups(cluster, run_dir)
         _stop_clients(clients, tuple(clients))
         final = _final_state(cluster)
         write_json(run_dir / "final.json", final)
@@ -184,6 +185,20 @@ def _wait_timers_fired(run_dir: Path) -> None:
 def _drained(cluster: Cluster) -> bool:
     with BrokerClient(cluster.addresses, timeout_s=5) as c:
         return all(g["lag"] == 0 for g in c.list_groups() if g["name"] in (SUB_GROUP, "chaos-pop"))
+
+
+def _log_groups(cluster: Cluster, run_dir: Path) -> None:
+    """What a group that did not catch up holds (lag, leases in flight per queue), for the reader."""
+    try:
+        with BrokerClient(cluster.addresses, timeout_s=5) as c:
+            described = {g: c.describe_group(g) for g in (SUB_GROUP, "chaos-pop")}
+    except BrokerError as exc:
+        log(f"groups: describe failed: {exc}")
+        return
+    write_json(run_dir / "groups.json", described)
+    for g, d in described.items():
+        log(f"group {g}: " + "; ".join(f"q{q['queue_id']} lag {q['lag']} in flight {q['in_flight']} "
+                                       f"pop offset {q['pop_offset']} end {q['end_offset']}" for q in d["queues"]))
 
 
 def _final_state(cluster: Cluster) -> dict[str, Any]:
