@@ -94,8 +94,10 @@ class TailState:
         deleted: list[str] = []
         for change, fields in changes:
             name = str(fields["topic"])
-            for q in range(system_records.QUEUES_MAX):  # not a scan of every queue: 100,000 of them cost ms
-                self.queue_next.pop((name, q), None)
+            # a name that is not a topic now has no queue offsets: its delete forgot them
+            if change == system_records.TOPIC_DELETE or name in self.topics:
+                for q in range(system_records.QUEUES_MAX):  # not a scan of every queue: 100,000 of them cost ms
+                    self.queue_next.pop((name, q), None)
             if change == system_records.TOPIC_CREATE:
                 self.topics.add(name)
             elif change == system_records.TOPIC_DELETE:
