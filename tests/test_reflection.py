@@ -2,8 +2,9 @@
 the Broker service from the descriptors the server sends, and invoke Send, Pull and Status with
 JSON requests through message classes built from those descriptors alone (no generated code).
 
-grpcurl itself runs in tests/test_grpcurl.py; this test is a reflection client doing what `grpcurl list`, `grpcurl describe tidemark.v1.Broker` and
-`grpcurl -d '{...}' HOST tidemark.v1.Broker/Send` do, over both versions.
+grpcurl itself runs in tests/test_grpcurl.py; this test is a reflection client doing what
+`grpcurl list`, `grpcurl describe tidemark.v1.Broker` and `grpcurl -d '{...}' HOST
+tidemark.v1.Broker/Send` do, over both versions.
 """
 
 from __future__ import annotations
