@@ -10,6 +10,7 @@ the script; ``run_all.py`` reads the same file back and prints every table once 
 from __future__ import annotations
 
 import argparse
+import compileall
 import contextlib
 import json
 import os
@@ -216,9 +217,21 @@ def machine_busy_seconds() -> float:
 MALLOC_TUNING = {"MALLOC_MMAP_THRESHOLD_": str(256 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
+PACKAGES = ("broker", "replication", "tieredstore", "spark_connector", "proto")
+
+
+def precompile() -> None:
+    """Byte-compile the daemon's sources, as ``pip install`` does for a deployed node (whose
+    /opt/tidemark is read-only under the unit's ProtectSystem=strict). An editable checkout run with
+    PYTHONDONTWRITEBYTECODE=1 otherwise compiles every module at every start: ~0.4 s of a restart."""
+    for package in PACKAGES:
+        compileall.compile_dir(os.path.join(REPO_DIR, package), quiet=1)
+
+
 def preflight(res: Results, max_wait_s: float, malloc_tuned: bool = False) -> None:
     """Record the code revision and the machine's state in every figure that follows."""
     res.params["git"] = git_revision()
+    precompile()
     if malloc_tuned:  # inherited by the daemons and by every spawned client process
         os.environ.update(MALLOC_TUNING)
         res.params["malloc_tuned"] = True

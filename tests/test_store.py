@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.store import IncomingBatch
 from broker.store.waiters import OffsetWaiters
+from broker.views.consume_queue import ENTRY_BYTES
 from tests.storeutil import create_topic, open_store, read_all, send
 from tests.waits import wait_until
 
@@ -134,4 +136,48 @@ def test_topic_creates_touch_no_queue_files_until_the_first_entry(tmp_path: Path
     s.crash_close()
     s = open_store(str(tmp_path))  # after a crash: the view replays from its checkpoint
     assert read_all(s, "t7", 1) == [b"b"] and read_all(s, "t9", 0) == []
+    s.stop()
+
+
+def _checkpointed_queue(tmp_path: Path, bodies: list[bytes], after: list[bytes]) -> Path:
+    """Topic ``t``: ``bodies`` sent and checkpointed, ``after`` sent after the checkpoint, then a crash."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    for body in bodies:
+        send(s, "t", [body])
+    assert read_all(s, "t") == bodies
+    with s.dispatcher.lock:
+        s.dispatcher.checkpoint_views()
+    for body in after:
+        send(s, "t", [body])
+    assert read_all(s, "t") == bodies + after
+    s.crash_close()
+    return next((tmp_path / "cq").glob("t.*/0.cq"))
+
+
+def test_a_queue_file_longer_than_its_checkpoint_is_cut_back_and_replayed(tmp_path: Path) -> None:
+    """Entries written after the last checkpoint (and a torn one after them) are cut at start, then
+    written again by the replay: the queue reads as sent and takes new entries in place."""
+
+    qfile = _checkpointed_queue(tmp_path, [b"a", b"b"], [b"c"])
+    assert qfile.stat().st_size == 3 * ENTRY_BYTES
+    with qfile.open("ab") as f:
+        f.write(b"\xff" * (ENTRY_BYTES + 5))
+    s = open_store(str(tmp_path))
+    assert read_all(s, "t") == [b"a", b"b", b"c"]
+    assert qfile.stat().st_size == 3 * ENTRY_BYTES
+    qf = s.views.queues.queue("t", 0)
+    assert qf is not None and qf.next_queue_offset == 3
+    send(s, "t", [b"d"])
+    assert read_all(s, "t") == [b"a", b"b", b"c", b"d"]
+    s.stop()
+
+
+def test_a_queue_file_shorter_than_its_checkpoint_is_rebuilt_from_the_log(tmp_path: Path) -> None:
+    """A queue file that lost checkpointed entries is not trusted: the view is rebuilt from the log."""
+
+    qfile = _checkpointed_queue(tmp_path, [b"a", b"b"], [])
+    os.truncate(qfile, ENTRY_BYTES)
+    s = open_store(str(tmp_path))
+    assert read_all(s, "t") == [b"a", b"b"]
     s.stop()

@@ -27,7 +27,7 @@ import structlog
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from broker import alloc, metrics
+from broker import alloc, gcpause, metrics
 from broker.config import KEYS, Config, ConfigError, insecure_exposures
 from broker.daemon import logsetup, metrics_http, reflection
 from broker.daemon.aioloop import LoopThread
@@ -84,7 +84,8 @@ class Daemon:
                         "(security.insecure_network = true): anyone who reaches the port can write and read")
         self.notifier.status(f"recovering {self.config['node.data_dir']}")
         bound_open_files(self.config["limits.open_files_max"])
-        self.store = Store.open(self.config)
+        with gcpause.paused():  # recovery's objects live for good: no collection walks them
+            self.store = Store.open(self.config)
         self.store.start()
         self.notifier.status("recovered; starting the gRPC server")
         limit = self.config["limits.request_bytes_max"]

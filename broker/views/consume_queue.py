@@ -29,7 +29,7 @@ from broker.invariant import CorruptionError, invariant
 from broker.logformat import system_records
 from broker.logformat.batch import BatchHeader, iter_records
 from broker.storage import atomic_file
-from broker.storage.failpoints import durable_sync, durable_sync_many, failpoint, note_created, note_truncated
+from broker.storage.failpoints import durable_sync_many, failpoint, note_created, note_truncated
 from broker.storage.handles import HANDLES
 from broker.views.base import View, copy_prefix
 
@@ -58,9 +58,14 @@ class QueueFile:
     The file is created with its first entry (``publish``): a queue without entries has no file,
     so creating a topic touches no file system (docs/formats/consume-queue.md, "Files")."""
 
+    __slots__ = ("_pending", "_pending_count", "_pending_entries", "dirty", "entries", "exists", "key",
+                 "next_queue_offset", "path", "rel")
+
     def __init__(self, path: str, *, exists: bool, key: tuple[str, int] = ("", 0), rel: str = "",
-                 known: tuple[int, int] | None = None) -> None:
+                 known: tuple[int, int] | None = None, size: int | None = None, registered: bool = False) -> None:
         """``exists``: whether the file is on disk (else it is created at the first ``publish``).
+        ``size``: its size in bytes when the caller knows it (else a stat, or ``known``);
+        ``registered``: the caller registered ``path`` with the open-file set already.
         ``rel``: its name in the checkpoint (``<topic dir>/<queue>.cq``).
         ``known``: (size in bytes, next queue offset) from a checkpoint, so that opening a queue at
         start costs no descriptor (100,000 queues start in a second, not in 100,000 opens)."""
@@ -68,9 +73,10 @@ class QueueFile:
         self.key = key  # (topic, queue)
         self.rel = rel
         self.exists = exists  # set once, by the dispatcher, before the first entry is published
-        if exists:
+        if exists and not registered:
             HANDLES.register(path, _FILE_FLAGS)
-        size = known[0] if known is not None else os.stat(path).st_size if exists else 0
+        if size is None:
+            size = known[0] if known is not None else os.stat(path).st_size if exists else 0
         invariant(size % ENTRY_BYTES == 0, f"{path}: size {size} is not a multiple of {ENTRY_BYTES}")
         self.entries = size // ENTRY_BYTES  # published: visible to readers
         self._pending = bytearray()
@@ -174,12 +180,6 @@ class QueueFile:
         """Index of the first entry whose batch starts at or after ``commit_offset``."""
         return self._search(1, commit_offset - 1, self.entries)
 
-    def truncate(self, entries: int) -> None:
-        with HANDLES.use(self.path) as fd:
-            os.ftruncate(fd, entries * ENTRY_BYTES)
-            durable_sync(fd, self.path, data_only=False)
-        note_truncated(entries * ENTRY_BYTES, self.path)
-
     def close(self) -> None:
         HANDLES.forget(self.path)
 
@@ -269,43 +269,64 @@ class ConsumeQueueView(View):
         lengths: dict[str, int] = state["files"]
         nexts: dict[str, int] = state.get("next", {})  # absent in checkpoints written before it existed
         self.last_store_time_ms = int(state.get("last_store_time_ms", 0))
-        expected = {self._topic_dir(n) for n in self.topics}
-        for entry in os.listdir(self.directory):  # topic dirs the checkpoint does not know: newer than it
-            if entry not in expected:
-                shutil.rmtree(os.path.join(self.directory, entry))
-        present = set(os.listdir(self.directory))
+        directory = self.directory
+        dirs = {name: f"{name}.{info.topic_id}" for name, info in self.topics.items()}
+        expected = set(dirs.values())
+        present = set(os.listdir(directory))
+        for entry in present - expected:  # topic dirs the checkpoint does not know: newer than it
+            shutil.rmtree(os.path.join(directory, entry))
+        # 100,000 queues: one stat each and no other system call, no descriptor (files are opened
+        # at their first read or write), so that start-up stays well under 2 s
+        files: dict[tuple[str, int], QueueFile] = {}
+        registered: list[str] = []  # registered with the open-file set in one call, after the loop
         for name, info in self.topics.items():
-            if self._topic_dir(name) not in present:  # no entries yet: no directory, no file (lazy)
-                self._add_lazy_files(name, lengths)
+            tdir = dirs[name]
+            if tdir not in present:  # no entries yet: no directory, no file (lazy)
+                self._add_lazy_files(name, lengths, files)
                 continue
             for q in range(info.queues):
-                rel = f"{self._topic_dir(name)}/{q}.cq"
-                path = os.path.join(self.directory, rel)
-                want = int(lengths.get(rel, 0))
+                rel = f"{tdir}/{q}.cq"
+                path = f"{directory}/{rel}"
+                want = lengths.get(rel, 0)
                 try:
                     size: int | None = os.stat(path).st_size
                 except FileNotFoundError:
                     size = None
-                if size is not None and size < want:
+                if size is None:
+                    if want:
+                        raise CorruptionError(f"consume queue missing ({want} bytes checkpointed)", path=path)
+                    files[(name, q)] = QueueFile(path, exists=False, key=(name, q), rel=rel)
+                    continue
+                if size < want:
                     raise CorruptionError(f"consume queue shorter than its checkpoint ({want} bytes)", path=path)
-                if size is None and want:
-                    raise CorruptionError(f"consume queue missing ({want} bytes checkpointed)", path=path)
-                if size is not None and size > want:  # entries the checkpoint does not cover: replay writes them again
-                    qf = QueueFile(path, exists=True, key=(name, q))
-                    qf.truncate(want // ENTRY_BYTES)
-                    qf.close()
-                known = (want, int(nexts[rel])) if rel in nexts else None
-                self._add_file(name, q, exists=size is not None, known=known)
+                cut = size > want
+                if cut:  # entries the checkpoint does not cover: replay writes them again
+                    # durable with the next checkpoint (the file is dirty): a power cut before it
+                    # brings the old tail back, which the next start cuts again
+                    os.truncate(path, want)
+                    note_truncated(want, path)
+                nxt = nexts.get(rel)
+                if nxt is not None:  # else the constructor reads the last entry: registered at once
+                    registered.append(path)
+                qf = QueueFile(path, exists=True, key=(name, q), rel=rel,
+                               known=(int(want), int(nxt)) if nxt is not None else None, size=int(want),
+                               registered=nxt is not None)
+                qf.dirty = cut
+                files[(name, q)] = qf
+        HANDLES.register_many(registered, _FILE_FLAGS)
+        with self._lock:
+            self._files = files
         return True
 
-    def _add_lazy_files(self, name: str, lengths: dict[str, int]) -> None:
+    def _add_lazy_files(self, name: str, lengths: dict[str, int], files: dict[tuple[str, int], QueueFile]) -> None:
         """A checkpointed topic without a directory: every queue must be empty (created lazily)."""
+        tdir = f"{name}.{self.topics[name].topic_id}"
         for q in range(self.topics[name].queues):
-            rel = f"{self._topic_dir(name)}/{q}.cq"
-            if int(lengths.get(rel, 0)):
+            rel = f"{tdir}/{q}.cq"
+            if lengths.get(rel, 0):
                 raise CorruptionError(f"consume queue missing ({lengths[rel]} bytes checkpointed)",
                                       path=os.path.join(self.directory, rel))
-            self._add_file(name, q, exists=False)
+            files[(name, q)] = QueueFile(f"{self.directory}/{rel}", exists=False, key=(name, q), rel=rel)
 
     def reset(self) -> None:
         for qf in self._files.values():

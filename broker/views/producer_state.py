@@ -67,12 +67,12 @@ class ProducerTable:
         if producer_id == 0 or base_sequence == NO_SEQUENCE:
             return
         key = (producer_id, topic, queue_id)
+        batches = self.table.pop(key, None)
         if self._undo is not None and key not in self._undo:
-            self._undo[key] = list(self.table[key]) if key in self.table else None
-        batches = self.table.pop(key, [])
-        batches.append((base_sequence, record_count, base_offset, base_queue_offset))
-        del batches[:-BATCHES_KEPT_PER_PRODUCER]
-        self.table[key] = batches
+            self._undo[key] = batches
+        remembered = (base_sequence, record_count, base_offset, base_queue_offset)
+        # a new list, never one changed in place: copies of the table share the lists
+        self.table[key] = [*batches[1 - BATCHES_KEPT_PER_PRODUCER:], remembered] if batches else [remembered]
         while len(self.table) > self.producers_max:
             self.table.popitem(last=False)
 
@@ -91,8 +91,9 @@ class ProducerTable:
         undo.clear()
 
     def copy(self) -> ProducerTable:
+        """An independent table (the lists of remembered batches are shared: never changed in place)."""
         other = ProducerTable(self.producers_max)
-        other.table = OrderedDict((k, list(v)) for k, v in self.table.items())
+        other.table = OrderedDict(self.table)
         return other
 
     def to_json(self) -> list[list[object]]:
@@ -101,8 +102,9 @@ class ProducerTable:
     @classmethod
     def from_json(cls, rows: list[list[Any]], producers_max: int = PRODUCERS_MAX) -> ProducerTable:
         t = cls(producers_max)
-        for pid, topic, queue, batches in rows:
-            t.table[(int(pid), str(topic), int(queue))] = [(int(a), int(b), int(c), int(d)) for a, b, c, d in batches]
+        # the payload is CRC-checked and written by ``to_json``: a wrong shape raises (unpacking)
+        t.table = OrderedDict(((int(pid), str(topic), int(queue)), [(a, b, c, d) for a, b, c, d in batches])
+                              for pid, topic, queue, batches in rows)
         return t
 
 
