@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import threading
 from pathlib import Path
@@ -115,6 +116,39 @@ def test_offset_waiters_wake_only_at_their_offset() -> None:
     assert waiters.wait(lambda: False, 20, 0.0) is False and waiters.parked == 0  # a timeout leaves nothing behind
 
 
+def test_a_coroutine_waits_for_its_offset_without_a_thread() -> None:
+    """``wait_async``: a waiter on an event loop is released by a ``wake`` from another thread at its
+    offset (not before), times out leaving nothing behind, and ``wake_all`` releases it to re-check."""
+
+    waiters = OffsetWaiters()
+    offset = [0]
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(waiters.wait_async(lambda: offset[0] >= 10, 10, 30.0))
+        while waiters.parked != 1:
+            await asyncio.sleep(0.001)
+
+        def advance(value: int) -> None:
+            offset[0] = value
+            waiters.wake(value)
+
+        await asyncio.to_thread(advance, 5)  # the dispatcher's thread, say
+        await asyncio.sleep(0.05)
+        assert not task.done() and waiters.parked == 1
+        await asyncio.to_thread(advance, 10)
+        assert await asyncio.wait_for(task, 5) is True and waiters.parked == 0
+        assert await waiters.wait_async(lambda: False, 20, 0.01) is False and waiters.parked == 0
+        stopped = [False]
+        task = asyncio.ensure_future(waiters.wait_async(lambda: stopped[0], 30, 30.0))
+        while waiters.parked != 1:
+            await asyncio.sleep(0.001)
+        stopped[0] = True
+        await asyncio.to_thread(waiters.wake_all)
+        assert await asyncio.wait_for(task, 5) is True
+
+    asyncio.run(scenario())
+
+
 def test_topic_creates_touch_no_queue_files_until_the_first_entry(tmp_path: Path) -> None:
     """A created topic has no queue files (nor a directory) until a queue gets its first entry; a
     restart keeps such topics, and their queues take sends after it."""
@@ -180,4 +214,29 @@ def test_a_queue_file_shorter_than_its_checkpoint_is_rebuilt_from_the_log(tmp_pa
     os.truncate(qfile, ENTRY_BYTES)
     s = open_store(str(tmp_path))
     assert read_all(s, "t") == [b"a", b"b"]
+    s.stop()
+
+
+def test_created_topics_reach_lmdb_with_the_next_commit_and_survive_a_crash_before_it(tmp_path: Path) -> None:
+    """A round of topic creates alone leaves LMDB alone (readers see topics in memory); a crash
+    before the next commit replays the creates from the log; a checkpoint writes them."""
+
+    s = open_store(str(tmp_path))
+    create_topic(s, "a")
+    assert "a" in s.views.metadata.list_topics()
+    s.crash_close()
+    s = open_store(str(tmp_path))
+    assert "a" in s.views.metadata.list_topics()
+    create_topic(s, "b", queues=3)
+    with s.dispatcher.lock:
+        s.dispatcher.checkpoint_views()
+    with s.views.metadata.env.begin() as txn:
+        stored = {bytes(k).decode() for k, _ in txn.cursor(db=s.views.metadata._topics_db)}
+    assert stored >= {"a", "b"}
+    s.crash_close()
+    s = open_store(str(tmp_path))
+    info = s.views.metadata.topic("b")
+    assert info is not None and info["queues"] == 3
+    send(s, "b", [b"x"], queue=2)
+    assert read_all(s, "b", 2) == [b"x"]
     s.stop()

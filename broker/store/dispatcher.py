@@ -67,6 +67,10 @@ class Dispatcher:
         """Wait until ``view`` applied everything below ``offset``."""
         return self.watermarks.wait_view(view.name, lambda: view.applied_offset, offset, timeout_s)
 
+    async def wait_applied_async(self, view: View, offset: int, timeout_s: float) -> bool:
+        """``wait_applied`` for a coroutine on the server's event loop."""
+        return await self.watermarks.wait_view_async(view.name, lambda: view.applied_offset, offset, timeout_s)
+
     def loop(self, after_round: list[Callable[[], None]]) -> None:
         """The dispatcher thread. ``after_round``: callables run after each round (retention)."""
         wm = self.watermarks

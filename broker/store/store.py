@@ -260,6 +260,10 @@ class Store:
         """Wait until the metadata view applied everything below ``offset`` (a write is visible)."""
         return self.dispatcher.wait_applied(self.views.metadata, offset, timeout_s)
 
+    async def wait_metadata_applied_async(self, offset: int, timeout_s: float) -> bool:
+        """``wait_metadata_applied`` for a coroutine on the server's event loop."""
+        return await self.dispatcher.wait_applied_async(self.views.metadata, offset, timeout_s)
+
     def _write_offsets(self, entries: list[tuple[str, str, int, int]]) -> None:
         end = self.appender.append_system([(system_records.OFFSETS_COMMIT, {"offsets": [list(e) for e in entries]})])
         if not self.wait_metadata_applied(end, self.config["limits.send_timeout_ms"] / 1000.0):

@@ -148,6 +148,12 @@ class Watermarks:
         waiters.wait(lambda: applied() >= offset or self.stop.is_set(), offset, timeout_s)
         return applied() >= offset
 
+    async def wait_view_async(self, name: str, applied: Callable[[], int], offset: int, timeout_s: float) -> bool:
+        """``wait_view`` for a coroutine on the server's event loop."""
+        waiters = self._view_waiters.setdefault(name, OffsetWaiters())
+        await waiters.wait_async(lambda: applied() >= offset or self.stop.is_set(), offset, timeout_s)
+        return applied() >= offset
+
     def flush_loop(self) -> None:
         """The flusher thread: fsync whenever someone waits, and every flush interval."""
         interval_s = self.config["commitlog.flush_interval_ms"] / 1000.0
@@ -170,24 +176,38 @@ class Watermarks:
         master that lost its permit stops waiting for a slave that no longer follows it."""
         if ack == "leader" or offset == 0:
             return
-        need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
         deadline = time.monotonic() + timeout_ms / 1000.0
-        self.want_flush()
-        if ack == "flush":
-            waiters = self._flushed_waiters
-
-            def done() -> bool:
-                return self.flushed_offset >= offset
-        else:
-            waiters = self._confirm_waiters
-
-            def done() -> bool:
-                return self.confirm_offset >= offset and self.rule.replicas_acked(offset) >= need
+        waiters, done = self._ack_waiters(offset, ack)
         while True:
             left = deadline - time.monotonic()
             ok = waiters.wait(done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
             if ok or left <= 0 or (give_up is not None and give_up()):
                 break
+        self._ack_outcome(ok, ack, timeout_ms, give_up)
+
+    async def wait_ack_async(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
+        """``wait_ack`` for a coroutine on the server's event loop (no thread waits)."""
+        if ack == "leader" or offset == 0:
+            return
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        waiters, done = self._ack_waiters(offset, ack)
+        while True:
+            left = deadline - time.monotonic()
+            ok = await waiters.wait_async(done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
+            if ok or left <= 0 or (give_up is not None and give_up()):
+                break
+        self._ack_outcome(ok, ack, timeout_ms, give_up)
+
+    def _ack_waiters(self, offset: int, ack: str) -> tuple[OffsetWaiters, Callable[[], bool]]:
+        """Where a wait for ``offset`` in mode ``ack`` parks, and its condition (asks for an fsync)."""
+        need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
+        self.want_flush()
+        if ack == "flush":
+            return self._flushed_waiters, lambda: self.flushed_offset >= offset
+        return self._confirm_waiters, lambda: self.confirm_offset >= offset and self.rule.replicas_acked(offset) >= need
+
+    @staticmethod
+    def _ack_outcome(ok: bool, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None) -> None:
         if not ok and give_up is not None and give_up():
             raise BrokerError("UNAVAILABLE", "this node stopped being the master while the write waited for its "
                               "acknowledgement: not acknowledged, outcome unknown (a retried send is stored once)",
