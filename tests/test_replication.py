@@ -82,6 +82,9 @@ def test_slave_copies_the_log_byte_for_byte(spawn: Callable[..., DaemonProcess])
     st = _status(s)
     assert st["role"] == "slave" and st["replication"]["connected"]  # type: ignore[index]
     assert _status(m)["replicas"][0]["in_sync"]  # type: ignore[index]
+    for node in (m, s):  # each node logs the create as its views apply it
+        with open(node.log_path, encoding="utf-8", errors="replace") as f:
+            assert [line for line in f if "metadata_changed" in line and {"topic=t", f"queues={QUEUES}"} <= set(line.split())]
 
 
 def test_writes_to_a_slave_are_redirected(spawn: Callable[..., DaemonProcess]) -> None:

@@ -277,8 +277,6 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.store.check_still_master_after_append()
         if not await self.store.wait_metadata_applied_async(end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", f"{changes[0][0]} written but not yet applied within {timeout_ms} ms")
-        for change, fields in changes:
-            log.info("metadata_changed", change=change, **fields)
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:

@@ -62,10 +62,9 @@ class QueueFile:
                  "next_queue_offset", "path", "rel")
 
     def __init__(self, path: str, *, exists: bool, key: tuple[str, int] = ("", 0), rel: str = "",
-                 known: tuple[int, int] | None = None, size: int | None = None, registered: bool = False) -> None:
+                 known: tuple[int, int] | None = None, size: int | None = None) -> None:
         """``exists``: whether the file is on disk (else it is created at the first ``publish``).
-        ``size``: its size in bytes when the caller knows it (else a stat, or ``known``);
-        ``registered``: the caller registered ``path`` with the open-file set already.
+        ``size``: its size in bytes when the caller knows it (else a stat, or ``known``).
         ``rel``: its name in the checkpoint (``<topic dir>/<queue>.cq``).
         ``known``: (size in bytes, next queue offset) from a checkpoint, so that opening a queue at
         start costs no descriptor (100,000 queues start in a second, not in 100,000 opens)."""
@@ -73,7 +72,7 @@ class QueueFile:
         self.key = key  # (topic, queue)
         self.rel = rel
         self.exists = exists  # set once, by the dispatcher, before the first entry is published
-        if exists and not registered:
+        if exists:
             HANDLES.register(path, _FILE_FLAGS)
         if size is None:
             size = known[0] if known is not None else os.stat(path).st_size if exists else 0
@@ -89,6 +88,17 @@ class QueueFile:
         elif self.entries:
             last = self.entry(self.entries - 1)
             self.next_queue_offset = last.base_queue_offset + last.record_count
+
+    @classmethod
+    def checkpointed(cls, path: str, key: tuple[str, int], rel: str, size: int, next_queue_offset: int) -> QueueFile:
+        """An existing file as a checkpoint knows it (``__init__`` with ``known``, minus its checks
+        and its registration: 100,000 of them at start-up, registered in one call)."""
+        qf = cls.__new__(cls)
+        qf.path, qf.key, qf.rel, qf.exists = path, key, rel, True
+        qf.entries = size // ENTRY_BYTES
+        qf._pending, qf._pending_entries, qf._pending_count = bytearray(), 0, 0
+        qf.next_queue_offset, qf.dirty = next_queue_offset, False
+        return qf
 
     def _pread(self, length: int, position: int) -> bytes:
         try:
@@ -305,12 +315,13 @@ class ConsumeQueueView(View):
                     # brings the old tail back, which the next start cuts again
                     os.truncate(path, want)
                     note_truncated(want, path)
+                invariant(want % ENTRY_BYTES == 0, f"{path}: checkpointed size {want} is not a multiple of {ENTRY_BYTES}")
                 nxt = nexts.get(rel)
-                if nxt is not None:  # else the constructor reads the last entry: registered at once
+                if nxt is not None:
                     registered.append(path)
-                qf = QueueFile(path, exists=True, key=(name, q), rel=rel,
-                               known=(int(want), int(nxt)) if nxt is not None else None, size=int(want),
-                               registered=nxt is not None)
+                    qf = QueueFile.checkpointed(path, (name, q), rel, want, nxt)
+                else:  # a checkpoint without next offsets: the constructor reads the last entry
+                    qf = QueueFile(path, exists=True, key=(name, q), rel=rel, size=want)
                 qf.dirty = cut
                 files[(name, q)] = qf
         HANDLES.register_many(registered, _FILE_FLAGS)
