@@ -240,3 +240,18 @@ def test_created_topics_reach_lmdb_with_the_next_commit_and_survive_a_crash_befo
     send(s, "b", [b"x"], queue=2)
     assert read_all(s, "b", 2) == [b"x"]
     s.stop()
+
+
+def test_a_cancelled_coroutine_waiter_leaves_nothing_parked() -> None:
+    waiters = OffsetWaiters()
+
+    async def scenario() -> None:
+        task = asyncio.ensure_future(waiters.wait_async(lambda: False, 10, 30.0))
+        while waiters.parked != 1:
+            await asyncio.sleep(0.001)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert waiters.parked == 0
+
+    asyncio.run(scenario())

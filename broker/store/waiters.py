@@ -68,7 +68,11 @@ class OffsetWaiters:
                 return True
             left = deadline - loop.time()
             if left > 0:
-                await asyncio.wait((woken,), timeout=left)
+                try:
+                    await asyncio.wait((woken,), timeout=left)
+                except asyncio.CancelledError:  # the call was cancelled: leave nothing parked
+                    self._discard(entry)
+                    raise
             if not woken.done():
                 self._discard(entry)
                 return done()
