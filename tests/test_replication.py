@@ -134,9 +134,9 @@ def test_a_master_back_from_a_restart_is_followed_within_a_second(spawn: Callabl
 def test_failover_under_load_loses_nothing_acknowledged(spawn: Callable[..., DaemonProcess]) -> None:
     """kill -9 the master under ack=replica load, promote the slave, keep sending, rejoin the old master."""
     m, s = _pair(spawn, {"replication.min_insync_replicas": 2}, {"replication.min_insync_replicas": 2})
+    _wait(lambda: _in_sync(m), what="slave in sync")  # min_insync_replicas = 2: even the create needs it
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=QUEUES)
-    _wait(lambda: _in_sync(m), what="slave in sync")
     producers = [Producer([m.address, s.address], "t", f"p{i}", ack="replica", batch=20, body_bytes=100, retry=True,
                           timeout_s=3) for i in range(2)]
     for p in producers:
@@ -182,9 +182,9 @@ def test_a_slave_that_loses_power_keeps_every_write_it_acknowledged(spawn: Calla
     s = spawn("s", config={**FAST, "node.role": "slave", "node.master": m.address, "replication.min_insync_replicas": 2},
               env={"TIDEMARK_FSYNC_JOURNAL": journal,  # a slow disk: every fsync takes 20 ms more
                    "TIDEMARK_FAILPOINTS": "commitlog_before_fsync=sleep:20"})
+    _wait(lambda: _in_sync(m), what="slave in sync")  # min_insync_replicas = 2: even the create needs it
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=QUEUES)
-    _wait(lambda: _in_sync(m), what="slave in sync")
     producers = [Producer(m.address, "t", f"p{i}", ack="replica", batch=50, body_bytes=500) for i in range(3)]
     for p in producers:
         p.start()

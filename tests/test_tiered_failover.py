@@ -33,9 +33,10 @@ def _pair(spawn: Callable[..., DaemonProcess], root: str, master_env: dict[str, 
     cfg = tiered_config(root, **{"replication.max_lag_ms": 60_000, **extra})
     m = spawn("m", config=cfg, env=master_env or {})
     s = spawn("s", config={**cfg, "node.role": "slave", "node.master": m.address})
+    # with min_insync_replicas = 2 (some callers) even the create needs the slave in sync first
+    wait_until(lambda: bool(status(m)["replicas"]) and all(r["in_sync"] for r in status(m)["replicas"]), what="in sync")
     with BrokerClient(m.address) as c:
         c.create_topic("t", queues=QUEUES)
-    wait_until(lambda: bool(status(m)["replicas"]) and all(r["in_sync"] for r in status(m)["replicas"]), what="in sync")
     return m, s
 
 
