@@ -33,7 +33,9 @@ def test_reprs_show_what_results_hold(daemon: DaemonProcess) -> None:
         r = repr(sent)
         assert r.startswith("Receipts(orders: 5 messages [") and ", ...]" in r
         qid = sent[0].queue_id
-        pulled = c.pull("orders", qid, 0)
+        # the acknowledged batch is readable once the dispatcher applied it, a few ms after the ack
+        # at most (a checkpoint may be running): wait for it rather than race it
+        pulled = c.pull("orders", qid, 0, max_wait_ms=5000)
         r = repr(pulled)
         assert f"PullResult(5 messages [orders/{qid}@0, orders/{qid}@1, orders/{qid}@2, ...]" in r
         assert "next_offset=5" in r
