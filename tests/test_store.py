@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import crc32c
 import pytest
@@ -145,6 +146,53 @@ def test_a_coroutine_waits_for_its_offset_without_a_thread() -> None:
         stopped[0] = True
         await asyncio.to_thread(waiters.wake_all)
         assert await asyncio.wait_for(task, 5) is True
+
+    asyncio.run(scenario())
+
+
+def test_one_wake_releases_many_coroutines_with_one_call_into_their_loop() -> None:
+    """Twenty coroutines parked at offsets 1..20 and a thread waiting at 5: ``wake(12)`` releases the
+    thread and the twelve coroutines at or below 12 with one ``call_soon_threadsafe`` (one wake-up of
+    the loop, not one per waiter); the rest stay parked, and a timed-out waiter leaves nothing."""
+
+    waiters = OffsetWaiters()
+    offset = [0]
+
+    async def scenario() -> None:
+        loop = asyncio.get_running_loop()
+        calls = [0]
+        plain = loop.call_soon_threadsafe
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            calls[0] += 1
+            return plain(*args, **kwargs)
+
+        loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+        tasks = [asyncio.ensure_future(waiters.wait_async(lambda t=t: offset[0] >= t, t, 30.0)) for t in range(1, 21)]
+        thread_result: list[bool] = []
+        thread = threading.Thread(target=lambda: thread_result.append(waiters.wait(lambda: offset[0] >= 5, 5, 30.0)))
+        thread.start()
+        while waiters.parked != 21:
+            await asyncio.sleep(0.001)
+
+        def advance(value: int) -> None:
+            offset[0] = value
+            waiters.wake(value)
+
+        waker = threading.Thread(target=advance, args=(12,))  # the dispatcher's thread, say
+        waker.start()
+        while sum(t.done() for t in tasks) < 12 or thread.is_alive() or waker.is_alive():
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.05)
+        done = [t for t in tasks if t.done()]
+        pending = [t for t in tasks if not t.done()]
+        assert done == tasks[:12] and all(t.result() is True for t in done) and calls[0] == 1
+        assert thread_result == [True] and waiters.parked == 8
+        for t in pending:
+            t.cancel()
+        await asyncio.wait(pending)
+        assert waiters.parked == 0  # cancelled calls leave nothing parked
+        assert await waiters.wait_async(lambda: False, 99, 0.02) is False and waiters.parked == 0
 
     asyncio.run(scenario())
 

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import heapq
 import itertools
 import threading
 import time
 from collections.abc import Callable
+
+_Entry = tuple[int, int, "threading.Lock | asyncio.Future[bool]"]  # (target, tie-break, what releases the waiter)
 
 
 class OffsetWaiters:
@@ -28,7 +29,7 @@ class OffsetWaiters:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._heap: list[tuple[int, int, Callable[[], None]]] = []  # (target, tie-break, releases the waiter)
+        self._heap: list[_Entry] = []
         self._seq = itertools.count()
 
     def wait(self, done: Callable[[], bool], target: int, timeout_s: float) -> bool:
@@ -40,7 +41,7 @@ class OffsetWaiters:
         while True:
             token = threading.Lock()
             token.acquire()
-            entry = (target, next(self._seq), token.release)
+            entry: _Entry = (target, next(self._seq), token)
             with self._lock:
                 heapq.heappush(self._heap, entry)
             if done():
@@ -52,51 +53,69 @@ class OffsetWaiters:
                 return done()
 
     async def wait_async(self, done: Callable[[], bool], target: int, timeout_s: float) -> bool:
-        """``wait`` for a coroutine: the event loop goes on serving while it waits."""
+        """``wait`` for a coroutine: the event loop goes on serving while it waits. Its waiter is a
+        future; the timeout is a timer on the loop that resolves it with False."""
         if done():
             return True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            woken: asyncio.Future[None] = loop.create_future()
-            release: Callable[[], None] = functools.partial(_release, loop, woken)
-            entry = (target, next(self._seq), release)
+            woken: asyncio.Future[bool] = loop.create_future()
+            entry: _Entry = (target, next(self._seq), woken)
             with self._lock:
                 heapq.heappush(self._heap, entry)
             if done():
                 self._discard(entry)
                 return True
             left = deadline - loop.time()
-            if left > 0:
-                try:
-                    await asyncio.wait((woken,), timeout=left)
-                except asyncio.CancelledError:  # the call was cancelled: leave nothing parked
-                    self._discard(entry)
-                    raise
-            if not woken.done():
+            if left <= 0:
                 self._discard(entry)
                 return done()
+            timer = loop.call_later(left, _resolve, woken, False)
+            try:
+                by_wake = await woken
+            except asyncio.CancelledError:  # the call was cancelled: leave nothing parked
+                self._discard(entry)
+                raise
+            finally:
+                timer.cancel()
             if done():
                 return True
+            if not by_wake:  # the timer fired: the entry is still parked
+                self._discard(entry)
 
     def wake(self, value: int) -> None:
-        """Release every waiter whose target is at or below ``value``."""
+        """Release every waiter whose target is at or below ``value``: threads at once, futures in
+        one callback per event loop (one wake-up of the loop, however many coroutines waited)."""
+        futures: list[asyncio.Future[bool]] = []
         with self._lock:
             while self._heap and self._heap[0][0] <= value:
-                heapq.heappop(self._heap)[2]()
+                token = heapq.heappop(self._heap)[2]
+                if isinstance(token, asyncio.Future):
+                    futures.append(token)
+                else:
+                    token.release()
+        if futures:
+            _release(futures)
 
     def wake_all(self) -> None:
         with self._lock:
             heap, self._heap = self._heap, []
-        for _, _, release in heap:
-            release()
+        futures = []
+        for _, _, token in heap:
+            if isinstance(token, asyncio.Future):
+                futures.append(token)
+            else:
+                token.release()
+        if futures:
+            _release(futures)
 
     @property
     def parked(self) -> int:
         with self._lock:
             return len(self._heap)
 
-    def _discard(self, entry: tuple[int, int, Callable[[], None]]) -> None:
+    def _discard(self, entry: _Entry) -> None:
         """Forget a waiter that returned by itself (rare: a timeout, or done before parking)."""
         with self._lock:
             try:
@@ -106,11 +125,22 @@ class OffsetWaiters:
             heapq.heapify(self._heap)
 
 
-def _release(loop: asyncio.AbstractEventLoop, woken: asyncio.Future[None]) -> None:
-    with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits any more
-        loop.call_soon_threadsafe(_resolve, woken)
+def _release(futures: list[asyncio.Future[bool]]) -> None:
+    """Resolve ``futures`` (usually all of one loop's) from any thread: one ``call_soon_threadsafe``
+    per loop."""
+    loops: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
+    for f in futures:
+        loops.setdefault(f.get_loop(), []).append(f)
+    for loop, some in loops.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits any more
+            loop.call_soon_threadsafe(_resolve_all, some)
 
 
-def _resolve(woken: asyncio.Future[None]) -> None:
-    if not woken.done():  # a waiter that timed out meanwhile
-        woken.set_result(None)
+def _resolve_all(futures: list[asyncio.Future[bool]]) -> None:
+    for f in futures:
+        _resolve(f, True)
+
+
+def _resolve(woken: asyncio.Future[bool], by_wake: bool) -> None:
+    if not woken.done():  # woken meanwhile, or cancelled with its call
+        woken.set_result(by_wake)
