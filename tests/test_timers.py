@@ -13,12 +13,13 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from broker import metrics
 from broker.errors import BrokerError
+from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.store.watermarks import AloneRule
 from broker.timers import snapshot as snaps
 from broker.timers import timerlog as tl
 from broker.timers.index import PENDING
-from tests.storeutil import create_topic
+from tests.storeutil import create_topic, send
 from tests.timerutil import SimClock, deliveries, future_base_ms, schedule, settle, timer_events, timer_log_types, timer_store
 
 
@@ -329,3 +330,32 @@ def test_a_new_wheel_shape_relinks_every_pending_timer(tmp_path: Path) -> None:
     clock.advance_to(base + 37 * 300 + 200, 20, "t", 1)
     _check_fired_once_never_early(clock, offs, ats, 20)
     s2.stop()
+
+
+def test_a_delivery_is_never_stored_before_its_due_time_when_the_clock_steps_back(tmp_path: Path) -> None:
+    """The firing thread finds timers due on one reading of the clock; if the clock steps back before
+    the append stamps the delivery (NTP; chaos run seed 1751626363 stored three deliveries 1-16 ms
+    early), the delivery still carries a store time at or after its due time. Here the firing's
+    clock is an hour ahead of the appender's: a whole step back between the two readings."""
+    s = timer_store(str(tmp_path / "d"), **{"timer.precision_ms": 100})
+    create_topic(s, "t", queues=2)
+    base = future_base_ms()
+    ats = [base + 250, base + 420, base + 430, base + 1_000]
+    offs = schedule(s, "t", 0, ats[:2]) + schedule(s, "t", 1, ats[2:])
+    clock = SimClock(s, base)
+    clock.advance_to(base + 1_100, 50, "t", 2)
+    _check_fired_once_never_early(clock, offs, ats, 50)
+    stored = {off: (at, store_ms) for off, at, store_ms in deliveries(s, "t", 2)}
+    assert sorted(stored) == sorted(offs)
+    early = {off: v for off, v in stored.items() if v[1] < v[0]}
+    assert not early, f"stored before due (timer offset: (due, store time)): {early}"
+    send(s, "t", [b"after"], queue=0)  # and store times never go backwards after it
+    times = []
+    for raw in s.reads.pull("t", 0, 0, 100, 1 << 20, 0).batches:
+        pos = 0
+        while pos < len(raw):
+            h = bf.verify_batch(raw, pos)
+            times.append(h.store_time_ms)
+            pos += h.batch_bytes
+    assert len(times) == 3 and times == sorted(times) and times[1] >= ats[1]  # two deliveries, then the send
+    s.stop()

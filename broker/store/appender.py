@@ -168,11 +168,14 @@ class Appender:
 
     # -- appends ----------------------------------------------------------------------------------
     def append(self, batches: list[IncomingBatch], *, internal: bool = False,
-               topic_changes: TopicChanges | None = None) -> tuple[list[BatchReceipt], int]:
+               topic_changes: TopicChanges | None = None, not_before_ms: int = 0) -> tuple[list[BatchReceipt], int]:
         """Validate and append; return receipts and the end offset the caller must wait for.
 
         ``topic_changes``: topic creations/deletions this (metadata) append carries; checked and
         applied to the tail's topic set under the append lock.
+        ``not_before_ms``: the lowest store time the batches may carry. Timer deliveries pass their
+        latest due time: the firing thread read the clock when it found them due, and a clock
+        stepped back since (NTP) must not stamp them earlier than that.
         """
         self.check_writable()
         for b in batches:
@@ -187,7 +190,7 @@ class Appender:
                     raise not_found(f"unknown topic {shown(name)}")
             self._check_topic_changes(topic_changes or [])
             offset = self.log.max_offset
-            now = max(clock.wall_ms(), tail.last_store_time_ms)
+            now = max(clock.wall_ms(), tail.last_store_time_ms, not_before_ms)
             chunks: list[list[bytes]] = []
             queue_next: dict[tuple[str, int], int] = {}
             producers = tail.producers

@@ -306,7 +306,9 @@ class TimerService:
                 raw, _ = bf.encode_records(events)
                 batches.append(IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw), flags=flags))
         failpoint("timer_before_fire")
-        _, end = self.appender.append(batches, internal=True)
+        # never stored before it is due, on this node's clock, even if the clock stepped back since
+        # this round found the timers due
+        _, end = self.appender.append(batches, internal=True, not_before_ms=int(ats.max()))
         failpoint("timer_after_fire")
         self.inflight.update(offs.tolist())
         now = self.clock_ms()
