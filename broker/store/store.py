@@ -134,7 +134,7 @@ class Store:
 
     # -- life cycle -------------------------------------------------------------------------------
     def start(self) -> None:
-        self.views.metadata.log_changes = True  # on every node, as its dispatcher applies them
+        self.views.metadata.changes_log.enabled = True  # on every node, as its dispatcher applies them
         threads: list[tuple[Callable[[], None], str]] = [
             (self.watermarks.flush_loop, "flusher"),
             (lambda: self.dispatcher.loop([self.retention.maybe_enforce]), "dispatcher"),

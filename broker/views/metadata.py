@@ -21,7 +21,6 @@ import threading
 from typing import Any
 
 import lmdb
-import structlog
 
 from broker import metrics
 from broker.logformat import system_records
@@ -29,8 +28,7 @@ from broker.logformat import timer_props as timer_records
 from broker.logformat.batch import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
 from broker.storage.failpoints import failpoint
 from broker.views.base import View
-
-log = structlog.get_logger("metadata")
+from broker.views.change_log import ChangeLog
 
 _U64 = struct.Struct("<Q")
 MAP_SIZE_BYTES = 64 << 30  # address space, not disk
@@ -60,7 +58,7 @@ class MetadataView(View):
         self._txn: lmdb.Transaction | None = None
         # created topics applied but not yet in LMDB (see end_round); touched under the dispatcher's lock
         self._unwritten_topics: dict[str, bytes] = {}
-        self.log_changes = False  # topic creates and deletes logged as applied: from start, not in recovery
+        self.changes_log = ChangeLog()  # topic creates and deletes as applied: from start, not in recovery
         self.changes_applied = 0
         self.tiered_uploaded_offset = 0  # tiered progress: what the log says is in object storage
 
@@ -128,15 +126,13 @@ class MetadataView(View):
                 self._unwritten_topics[name] = json.dumps(info).encode()
                 with self._lock:
                     self.topics[name] = info
-                if self.log_changes:
-                    log.info("metadata_changed", change=change, topic=name, queues=info["queues"], offset=offset)
+                self.changes_log.note(change, name, offset, info["queues"])
             return
         txn = self._write_txn()
         if change == system_records.TOPIC_DELETE:
             name = fields["topic"]
             if name in self.topics:
-                if self.log_changes:
-                    log.info("metadata_changed", change=change, topic=name, offset=offset)
+                self.changes_log.note(change, name, offset)
                 self._unwritten_topics.pop(name, None)
                 txn.delete(name.encode(), db=self._topics_db)
                 with self._lock:
@@ -223,6 +219,7 @@ class MetadataView(View):
         self._stored_offset = offset
 
     def checkpoint(self) -> None:
+        self.changes_log.flush()
         if self.applied_offset != self._stored_offset:
             self._commit(self.applied_offset)
 
@@ -260,6 +257,7 @@ class MetadataView(View):
             }
 
     def close(self) -> None:
+        self.changes_log.flush()
         if self._txn is not None:
             self._txn.abort()
             self._txn = None
