@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import lmdb
 import structlog
+from prometheus_client import Gauge
 
 from broker import metrics
 from broker.config import Config
@@ -53,6 +54,7 @@ class Dispatcher:
         self.checkpointed_prev: dict[str, int] = {}  # the one before: the .bak recovery may fall back to
         self._last_ckpt = time.monotonic()
         self.queue_listeners: list[Callable[[set[tuple[str, int]]], None]] = []  # told which queues grew
+        self._lag_gauges: dict[str, Gauge] = {}  # metrics.VIEW_LAG child per view
 
     def apply_until(self, end: int) -> None:
         """Apply every view up to ``end``, publish the new applied offset, tell queue listeners."""
@@ -91,7 +93,10 @@ class Dispatcher:
         if target > self.watermarks.applied_offset:
             self.apply_until(target)
         for v in self.views.all:
-            metrics.VIEW_LAG.labels(v.name).set(self.watermarks.confirm_offset - v.applied_offset)
+            gauge = self._lag_gauges.get(v.name)
+            if gauge is None:  # each view's child looked up once: this runs every round
+                gauge = self._lag_gauges[v.name] = metrics.VIEW_LAG.labels(v.name)
+            gauge.set(self.watermarks.confirm_offset - v.applied_offset)
         now = time.monotonic()
         if now - self._last_ckpt < self.config["checkpoint.interval_ms"] / 1000.0:
             return

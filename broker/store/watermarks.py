@@ -27,6 +27,8 @@ from broker.ports import ConfirmRule
 from broker.storage.commitlog import CommitLog
 from broker.store.waiters import OffsetWaiters
 
+_OFFSET_MAX = metrics.OFFSET.labels("max")  # children looked up once: the flusher sets them every round
+_OFFSET_CONFIRM = metrics.OFFSET.labels("confirm")
 log = structlog.get_logger("store")
 ACKS = ("leader", "flush", "replica")
 
@@ -165,8 +167,8 @@ class Watermarks:
                 self.sync_log()
             elif self.confirm_offset < self.flushed_offset:  # a replica may have left the in-sync set
                 self.advance_confirm()
-            metrics.OFFSET.labels("max").set(self.log.max_offset)
-            metrics.OFFSET.labels("confirm").set(self.confirm_offset)
+            _OFFSET_MAX.set(self.log.max_offset)
+            _OFFSET_CONFIRM.set(self.confirm_offset)
 
     # -- acknowledgements -----------------------------------------------------------------------
     def wait_ack(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
