@@ -87,3 +87,44 @@ def test_durable_commits_share_records_and_report_a_failed_write() -> None:
     finally:
         gate.set()
         buffer.stop()
+
+
+def test_a_node_that_stops_being_the_master_forgets_its_buffered_commits() -> None:
+    """Chaos seed 448474327: a slave answered a committed offset from a buffer left from its time
+    as master (6,938 messages behind the logs) and retried writing it for good. On becoming a
+    slave the buffer is dropped: reads fall through to the view, a waiting commit is told
+    UNAVAILABLE, and a write that fails afterwards does not bring the old values back."""
+    gate = threading.Event()
+    written: list[list[tuple[str, str, int, int]]] = []
+
+    def write(entries: list[tuple[str, str, int, int]]) -> None:
+        gate.wait(10)
+        raise BrokerError("FAILED_PRECONDITION", "this node is a slave")
+
+    buffer = OffsetBuffer(60_000, 1000, write)
+    buffer.start()
+    try:
+        buffer.commit([("g", "t", 1, 37_129)])
+        outcome: list[BaseException] = []
+
+        def commit_waiting() -> None:
+            try:
+                buffer.commit([("g", "t", 2, 5)], wait_s=10)
+            except BrokerError as exc:
+                outcome.append(exc)
+
+        t = threading.Thread(target=commit_waiting)
+        t.start()
+        wait_until(lambda: buffer._flushing != {}, 10, what="the flush to start")  # held in write()
+        buffer.on_role("master")  # staying master changes nothing
+        assert buffer.get("g", "t", 1) == 37_129
+        buffer.on_role("slave")
+        assert buffer.get("g", "t", 1) is None and buffer.buffered() == {}
+        t.join(10)
+        assert outcome and "stopped being the master" in str(outcome[0])
+        gate.set()  # the held write fails now: nothing comes back
+        wait_until(lambda: buffer._failed[1].startswith("BrokerError"), 10, what="the held write to fail")
+        assert buffer.buffered() == {} and written == []
+    finally:
+        gate.set()
+        buffer.stop()

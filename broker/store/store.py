@@ -108,6 +108,7 @@ class Store:
         self.timers = TimerService(config, views.timers, log_, self.appender, self.watermarks, self.dispatcher,
                                    self.reads, lambda: self.role, self.check_writable, self.incidents.report_to("timers"))
         self._role_listeners.append(self.timers.on_role)
+        self._role_listeners.append(self.offsets.on_role)
 
     # -- ports (broker/ports.py) -----------------------------------------------------------------
     def register_confirm_rule(self, rule: ConfirmRule) -> None:
