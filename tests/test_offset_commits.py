@@ -20,6 +20,21 @@ from tests.procs import DaemonProcess
 from tests.waits import wait_until
 
 
+def _commit_in_thread(buffer: OffsetBuffer, entries: list[tuple[str, str, int, int]]) -> tuple[threading.Thread, list[BrokerError]]:
+    """A durable commit (``wait_s=10``) started in a thread of its own; the error it raised lands in the list."""
+    outcome: list[BrokerError] = []
+
+    def commit() -> None:
+        try:
+            buffer.commit(entries, wait_s=10)
+        except BrokerError as exc:
+            outcome.append(exc)
+
+    t = threading.Thread(target=commit)
+    t.start()
+    return t, outcome
+
+
 def test_an_ok_commit_survives_kill9_right_after_it(spawn: Callable[..., DaemonProcess]) -> None:
     """With a flush interval of a minute, a buffered commit would be lost by kill -9 right after its
     answer (and a commit waiting for the interval would time out after 10 s): neither happens."""
@@ -64,16 +79,7 @@ def test_durable_commits_share_records_and_report_a_failed_write() -> None:
 
         gate.clear()
         failing[0] = True
-        outcome: list[BaseException] = []
-
-        def commit_failing() -> None:
-            try:
-                buffer.commit([("g", "t", 0, 99)], wait_s=10)
-            except BrokerError as exc:
-                outcome.append(exc)
-
-        t = threading.Thread(target=commit_failing)
-        t.start()
+        t, outcome = _commit_in_thread(buffer, [("g", "t", 0, 99)])
         gate.set()
         t.join(10)
         assert [e.code for e in outcome] == ["UNAVAILABLE"]  # type: ignore[attr-defined]
@@ -105,16 +111,7 @@ def test_a_node_that_stops_being_the_master_forgets_its_buffered_commits() -> No
     buffer.start()
     try:
         buffer.commit([("g", "t", 1, 37_129)])
-        outcome: list[BaseException] = []
-
-        def commit_waiting() -> None:
-            try:
-                buffer.commit([("g", "t", 2, 5)], wait_s=10)
-            except BrokerError as exc:
-                outcome.append(exc)
-
-        t = threading.Thread(target=commit_waiting)
-        t.start()
+        t, outcome = _commit_in_thread(buffer, [("g", "t", 2, 5)])
         wait_until(lambda: buffer._flushing != {}, 10, what="the flush to start")  # held in write()
         buffer.on_role("master")  # staying master changes nothing
         assert buffer.get("g", "t", 1) == 37_129

@@ -87,28 +87,16 @@ class OffsetWaiters:
     def wake(self, value: int) -> None:
         """Release every waiter whose target is at or below ``value``: threads at once, futures in
         one callback per event loop (one wake-up of the loop, however many coroutines waited)."""
-        futures: list[asyncio.Future[bool]] = []
+        due: list[_Entry] = []
         with self._lock:
             while self._heap and self._heap[0][0] <= value:
-                token = heapq.heappop(self._heap)[2]
-                if isinstance(token, asyncio.Future):
-                    futures.append(token)
-                else:
-                    token.release()
-        if futures:
-            _release(futures)
+                due.append(heapq.heappop(self._heap))
+        _release(due)
 
     def wake_all(self) -> None:
         with self._lock:
             heap, self._heap = self._heap, []
-        futures = []
-        for _, _, token in heap:
-            if isinstance(token, asyncio.Future):
-                futures.append(token)
-            else:
-                token.release()
-        if futures:
-            _release(futures)
+        _release(heap)
 
     @property
     def parked(self) -> int:
@@ -125,15 +113,18 @@ class OffsetWaiters:
             heapq.heapify(self._heap)
 
 
-def _release(futures: list[asyncio.Future[bool]]) -> None:
-    """Resolve ``futures`` (usually all of one loop's) from any thread: one ``call_soon_threadsafe``
-    per loop."""
+def _release(entries: list[_Entry]) -> None:
+    """Release the waiters of ``entries`` from any thread: threads at once, futures with one
+    ``call_soon_threadsafe`` per event loop."""
     loops: dict[asyncio.AbstractEventLoop, list[asyncio.Future[bool]]] = {}
-    for f in futures:
-        loops.setdefault(f.get_loop(), []).append(f)
-    for loop, some in loops.items():
+    for _, _, token in entries:
+        if isinstance(token, asyncio.Future):
+            loops.setdefault(token.get_loop(), []).append(token)
+        else:
+            token.release()
+    for loop, futures in loops.items():
         with contextlib.suppress(RuntimeError):  # the loop closed (shutdown): nobody waits any more
-            loop.call_soon_threadsafe(_resolve_all, some)
+            loop.call_soon_threadsafe(_resolve_all, futures)
 
 
 def _resolve_all(futures: list[asyncio.Future[bool]]) -> None:
