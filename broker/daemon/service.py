@@ -1,8 +1,9 @@
 """The gRPC ``Broker`` service: request checks, mapping to the store, status codes.
 
 It runs on an asyncio gRPC server (``grpc.aio``): ``Pull`` is a coroutine (a long-poll holds no
-thread), and so are the topic creates and deletes (their waits park a future, not a thread);
-every other method is a plain function run in the server's thread pool.
+thread), and so are ``Send`` and the topic creates and deletes (they append on the loop and their
+waits park a future, not a thread); every other method is a plain function run in the server's
+thread pool.
 """
 
 from __future__ import annotations
@@ -92,10 +93,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.groups.pops = self.pops
 
     # -- data --------------------------------------------------------------------------------
-    def Send(self, request: pb.SendRequest, context: grpc.ServicerContext) -> pb.SendResponse:
-        return _handle(context, lambda: self._send(request))
+    async def Send(self, request: pb.SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
+        return await _handle_async(context, lambda: self._send(request))
 
-    def _send(self, request: pb.SendRequest) -> pb.SendResponse:
+    async def _send(self, request: pb.SendRequest) -> pb.SendResponse:
+        """Append on the event loop (like a topic create: one writev, ~0.5 ms a MiB, with the
+        interpreter lock released), then wait for the acknowledgement as a parked future. A send
+        in a pool thread paid two thread hops and the lock hand-offs of a waiting thread: 0.8x."""
         started = time.perf_counter()
         if request.ack not in ACK_NAMES:
             raise invalid(f"unknown ack mode {request.ack}")
@@ -120,9 +124,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         timeout_ms = request.timeout_ms or self.config["limits.send_timeout_ms"]
         timeout_ms = min(timeout_ms, self.config["limits.send_timeout_ms"])
         used = self.store.permit.effective_ack(ack)
-        self.store.watermarks.wait_ack(wait_offset, used, timeout_ms, give_up=self.store.lost_mastership)
+        await self.store.watermarks.wait_ack_async(wait_offset, used, timeout_ms, give_up=self.store.lost_mastership)
         if self.store.permit.strict and used != "replica":  # the failsafe began while we waited
-            self.store.watermarks.wait_ack(wait_offset, "replica", timeout_ms, give_up=self.store.lost_mastership)
+            await self.store.watermarks.wait_ack_async(wait_offset, "replica", timeout_ms, give_up=self.store.lost_mastership)
         self.store.check_still_master_after_append()  # a permit that lapsed while we waited: no ack
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
