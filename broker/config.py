@@ -40,6 +40,8 @@ KEYS: dict[str, Key] = {
     "node.node_id": Key("", str),
     "commitlog.segment_bytes": Key(GiB, int, minimum=64 * 1024, maximum=1 << 40),
     "commitlog.flush_interval_ms": Key(5, int, minimum=1, maximum=60_000),
+    # synced log bytes further than this below the log's end leave the page cache (0: the kernel decides)
+    "commitlog.cache_window_bytes": Key(GiB, int, minimum=0, maximum=1 << 40),
     "checkpoint.interval_ms": Key(1000, int, minimum=10, maximum=3_600_000),
     "offsets.flush_interval_ms": Key(100, int, minimum=1, maximum=60_000),
     "offsets.buffer_entries_max": Key(10_000, int, minimum=1, maximum=10_000_000),

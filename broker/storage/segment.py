@@ -86,6 +86,16 @@ class Segment:
         with HANDLES.use(self.path) as fd:
             durable_sync(fd, self.path)
 
+    def drop_cache(self, position: int, length: int) -> None:
+        """Advise the kernel to drop the cached pages of ``[position, position + length)``. Only
+        clean (synced) pages go; a later read of them reads the disk. Advice only: a segment
+        deleted meanwhile is skipped, nothing is changed in the file."""
+        try:
+            with HANDLES.use(self.path) as fd:
+                os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
+        except FileNotFoundError:
+            return
+
     def truncate(self, size_bytes: int) -> None:
         with HANDLES.use(self.path) as fd:
             os.ftruncate(fd, size_bytes)

@@ -62,7 +62,8 @@ class Store:
         os.makedirs(data_dir, mode=0o700, exist_ok=True)
         is_new = recovery.is_new_data_dir(data_dir)  # before any component creates files
         identity = recovery.load_identity(config, data_dir, is_new=is_new)  # pass 1, before LMDB or the log create files
-        log_ = CommitLog(os.path.join(data_dir, "log"), config["commitlog.segment_bytes"])
+        log_ = CommitLog(os.path.join(data_dir, "log"), config["commitlog.segment_bytes"],
+                         cache_window_bytes=config["commitlog.cache_window_bytes"])
         views = ViewSet.open(config, data_dir, log_.min_offset)
         epochs = EpochHistory(data_dir)
         role = "slave" if config["node.role"] == "auto" else config["node.role"]  # auto: a slave until elected

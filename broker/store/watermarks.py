@@ -113,6 +113,7 @@ class Watermarks:
             flushed, confirm = self.flushed_offset, self.confirm_offset
         self._flushed_waiters.wake(flushed)
         self._confirm_waiters.wake(confirm)
+        self.log.release_cache(flushed)  # after the wake: it is not on any acknowledgement's path
 
     def _advance_confirm(self) -> None:
         confirm = min(self.rule.confirm(self.flushed_offset), self.flushed_offset)
