@@ -44,6 +44,8 @@ def test_record_framing_checks() -> None:
     assert bf.record_positions(records, 2) == positions
     with pytest.raises(ValueError, match="declares 3"):
         bf.record_positions(records, 3)
+    with pytest.raises(ValueError, match="declares 1 records but holds more"):  # stops at the declared count
+        bf.record_positions(records, 1)
     with pytest.raises(ValueError, match="bad length"):
         bf.record_positions(records[:-1], 2)
     with pytest.raises(ValueError):

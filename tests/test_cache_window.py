@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 from broker.storage.commitlog import CACHE_RELEASE_STEP_BYTES, CommitLog
-from tests.storeutil import create_topic, open_store, read_all, send
+from tests.storeutil import create_topic, open_store, read_all, send, wait_views_applied
 from tests.waits import wait_until
 
 MiB = 1 << 20
@@ -116,7 +116,8 @@ def test_the_store_releases_the_cache_as_it_syncs(tmp_path: Path) -> None:
         create_topic(s, "t")
         bodies = [os.urandom(64 * 1024) for _ in range(256)]  # 16 MiB in batches of 1 MiB
         for i in range(0, len(bodies), 16):
-            send(s, "t", bodies[i:i + 16])
+            end = send(s, "t", bodies[i:i + 16])
+            wait_views_applied(s, end)  # the views read each batch before its pages may go
         segment = s.log.segments[-1].path
         # (from 1 MiB: a reader, a view say, may read the first batch again; that page may come back)
         wait_until(lambda: resident_bytes(segment, MiB, 8 * MiB) == 0, 5, "the flusher to release the old pages",

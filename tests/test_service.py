@@ -303,3 +303,33 @@ def test_iter_pull_pipelines_to_the_end(daemon: DaemonProcess) -> None:
             c.send("t", [Message(body=b"%d-%d" % (i, j)) for j in range(300)], ack="flush")
         got = [b for r in c.iter_pull("t", 0, 150, max_messages=400) for b in r.bodies()]
     assert got == [b"%d-%d" % (i, j) for i in range(5) for j in range(300)][150:]
+
+
+def test_a_send_of_many_records_leaves_the_loop_serving(daemon: DaemonProcess) -> None:
+    """A send whose checks are long (2,000,000 records: a framing walk of about a second) runs in a
+    pool thread: health checks keep answering meanwhile, and every record is stored."""
+    count = 2_000_000
+    records, _ = bf.encode_records([(b"x", b"", b"")] * count)
+    stub = _stub(daemon)
+    with BrokerClient(daemon.address) as c:
+        c.create_topic("many")
+    request = pb.SendRequest(ack=pb.ACK_FLUSH, batches=[pb.ProduceBatch(
+        topic="many", queue_id=0, record_count=count, records_crc=crc32c.crc32c(records), records=records)])
+    health = health_pb2_grpc.HealthStub(grpc.insecure_channel(daemon.address))
+    health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+    answered: list[pb.SendResponse] = []
+    sender = threading.Thread(target=lambda: answered.append(stub.Send(request, timeout=60)))
+    started = time.monotonic()
+    sender.start()
+    slowest = 0.0
+    while sender.is_alive():
+        t0 = time.monotonic()
+        health.Check(health_pb2.HealthCheckRequest(service=""), timeout=5)
+        slowest = max(slowest, time.monotonic() - t0)
+        time.sleep(0.01)
+    sender.join()
+    assert answered and answered[0].receipts[0].record_count == count
+    assert time.monotonic() - started > 0.3  # the send took long enough for the checks to mean something
+    assert slowest < 0.3, f"a health check waited {slowest:.2f} s while the big send was checked"
+    with BrokerClient(daemon.address) as c:
+        assert c.status()["max_offset"] > len(records)

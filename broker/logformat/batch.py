@@ -144,6 +144,8 @@ def record_positions(records: bytes | memoryview, expected_count: int) -> list[i
     end = len(records)
     unpack = RECORD_HEAD.unpack_from
     while pos < end:
+        if len(positions) == expected_count:  # stop at once: a short declared count bounds the walk
+            raise ValueError(f"batch declares {expected_count} records but holds more")
         if end - pos < RECORD_HEAD_BYTES:
             raise ValueError(f"record {len(positions)} truncated at byte {pos}")
         size, key_len, props_len = unpack(records, pos)

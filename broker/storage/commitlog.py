@@ -139,27 +139,28 @@ class CommitLog:
         pages; on a VM whose memory the host backs on first touch (these machines), a 1 MiB write
         into fresh pages took 2.5-2.8 ms against 0.35 ms into recycled ones (docs/operations.md).
         Readers of the newest ``cache_window_bytes`` (the views, the slave, consumers keeping up)
-        still read memory; older reads go to the disk. Called by the one thread that syncs; a race
-        with a truncation can only drop pages that are read again, never change the file.
+        still read memory; older reads go to the disk. Called after each sync (the flusher, a
+        slave's follower, a stop); only synced offsets are named, and a race with a truncation can
+        only drop pages that are read again: advice never changes the file.
         """
         if not self.cache_window_bytes:
             return
         upto = flushed_offset - self.cache_window_bytes
-        start = self._cache_released_to
-        if upto - start < CACHE_RELEASE_STEP_BYTES:
-            return
         with self._lock:
-            segs = [seg for seg in self._segments if seg.end_offset > start and seg.start_offset < upto]
-        for seg in segs:  # whole pages: the kernel keeps a page the range covers only in part
-            lo = (max(start, seg.start_offset) - seg.start_offset) // mmap.PAGESIZE * mmap.PAGESIZE
-            hi = min(upto, seg.end_offset) - seg.start_offset
-            seg.drop_cache(lo, hi - lo)
-        self._cache_released_to = upto
+            start = self._cache_released_to
+            if upto - start < CACHE_RELEASE_STEP_BYTES:
+                return
+            self._cache_released_to = upto
+            ranges = [(seg, seg.start_offset, min(upto, seg.end_offset)) for seg in self._segments
+                      if seg.end_offset > start and seg.start_offset < upto]
+        for seg, base, end in ranges:  # whole pages: the kernel keeps a page the range covers only in part
+            lo = (max(start, base) - base) // mmap.PAGESIZE * mmap.PAGESIZE
+            seg.drop_cache(lo, end - base - lo)
 
     def truncate(self, offset: int) -> None:
         """Remove every byte at or above ``offset`` (a batch boundary), durably."""
-        self._cache_released_to = min(self._cache_released_to, offset)
         with self._lock:
+            self._cache_released_to = min(self._cache_released_to, offset)
             while len(self._segments) > 1 and self._segments[-1].start_offset >= offset:
                 seg = self._segments.pop()
                 self._starts.pop()

@@ -5,9 +5,12 @@ from __future__ import annotations
 import errno
 import os
 
+import structlog
+
 from broker.storage.failpoints import durable_sync, note_created, note_truncated
 from broker.storage.handles import HANDLES
 
+log = structlog.get_logger("segment")
 SUFFIX = ".log"
 IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024)  # writev takes at most this many buffers
 
@@ -90,11 +93,14 @@ class Segment:
         """Advise the kernel to drop the cached pages of ``[position, position + length)``. Only
         clean (synced) pages go; a later read of them reads the disk. Advice only: a segment
         deleted meanwhile is skipped, nothing is changed in the file."""
+        if length <= 0:
+            return
         try:
             with HANDLES.use(self.path) as fd:
                 os.posix_fadvise(fd, position, length, os.POSIX_FADV_DONTNEED)
-        except FileNotFoundError:
-            return
+        except OSError as exc:  # deleted meanwhile, out of descriptors, ...: advice that was not given
+            if not isinstance(exc, FileNotFoundError):
+                log.warning("page_cache_release_skipped", path=self.path, error=str(exc))
 
     def truncate(self, size_bytes: int) -> None:
         with HANDLES.use(self.path) as fd:
