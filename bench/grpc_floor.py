@@ -1,0 +1,113 @@
+"""The floor under the send path: how many MB/s a Python gRPC server receives when it does nothing.
+
+A ``grpc.aio`` server on uvloop (as the daemon's) with one unary method that takes the raw request
+bytes (no protobuf parse) and answers ``b"ok"``; 4 client processes, each sending 1 MiB requests one
+at a time through a plain ``grpc`` channel, for ``--seconds``. Then the same with the handler as a
+plain function run in the server's thread pool (what the daemon's ``Send`` was before it became a
+coroutine). The daemon's ack=flush send rate (``send_throughput.py``) compares against the first:
+it is what the machine's 2 cores give one Python gRPC process receiving these bytes, with the
+clients on the same cores.
+
+Usage: .venv/bin/python bench/grpc_floor.py [--seconds 10] [--producers 4]
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing as mp
+import os
+import time
+from concurrent import futures
+from typing import Any
+
+import common
+import grpc
+import uvloop
+from common import Results, log
+
+METHOD = "/floor.Floor/Take"
+LIMIT = 64 << 20
+BLOCK = 1 << 20
+
+
+def _identity(data: bytes) -> bytes:
+    return data
+
+
+def _handler(fn: Any) -> grpc.GenericRpcHandler:
+    method = grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_identity, response_serializer=_identity)
+    return grpc.method_handlers_generic_handler("floor.Floor", {"Take": method})
+
+
+def serve(ports: Any, in_pool: bool) -> None:
+    async def take_async(request: bytes, context: Any) -> bytes:
+        return b"ok"
+
+    def take(request: bytes, context: Any) -> bytes:
+        return b"ok"
+
+    async def main() -> None:
+        server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(8),
+                                 options=[("grpc.max_receive_message_length", LIMIT)])
+        server.add_generic_rpc_handlers((_handler(take if in_pool else take_async),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ports.put(port)
+        await server.wait_for_termination()
+
+    uvloop.install()
+    asyncio.run(main())
+
+
+def produce(port: int, seconds: float, out: Any) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{port}", options=[("grpc.max_send_message_length", LIMIT)]) as ch:
+        call = ch.unary_unary(METHOD)
+        body = os.urandom(BLOCK)
+        call(body)  # connected before the window starts
+        sent, end = 0, time.monotonic() + seconds
+        while time.monotonic() < end:
+            call(body)
+            sent += 1
+    out.put(sent)
+
+
+def measure(in_pool: bool, producers: int, seconds: float) -> tuple[float, float]:
+    """(MB/s received, server CPU in cores) over one window."""
+    ports: Any = mp.Queue()
+    server = mp.Process(target=serve, args=(ports, in_pool), daemon=True)
+    server.start()
+    try:
+        port = ports.get(timeout=30)
+        out: Any = mp.Queue()
+        procs = [mp.Process(target=produce, args=(port, seconds, out)) for _ in range(producers)]
+        cpu0, t0 = common.cpu_seconds_of(server.pid or 0), time.monotonic()
+        for p in procs:
+            p.start()
+        sent = sum(out.get(timeout=seconds + 60) for _ in procs)
+        cpu, elapsed = common.cpu_seconds_of(server.pid or 0) - cpu0, time.monotonic() - t0
+        for p in procs:
+            p.join()
+        return sent * BLOCK / 1e6 / seconds, cpu / elapsed
+    finally:
+        server.kill()
+
+
+def main() -> int:
+    p = common.base_parser(__doc__ or "")
+    p.add_argument("--seconds", type=float, default=10.0)
+    p.add_argument("--producers", type=int, default=4)
+    a = p.parse_args()
+    seconds = 3.0 if a.quick else a.seconds
+    res = Results("grpc_floor", a.results)
+    common.preflight(res, a.max_wait_quiet)
+    for name, in_pool in (("coroutine handler", False), ("handler in the thread pool", True)):
+        rate, cpu = measure(in_pool, a.producers, seconds)
+        log(f"{name}: {rate:,.0f} MB/s, server CPU {cpu:.2f} cores")
+        res.add(f"null gRPC server, {name}: 1 MiB requests received", rate, "MB/s",
+                note=f"{a.producers} producers one call at a time; server CPU {cpu:.2f} cores; raw bytes, no parse")
+    res.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
