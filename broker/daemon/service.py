@@ -73,13 +73,6 @@ SEND_ON_LOOP_RECORDS_MAX = 16_384
 SEND_ON_LOOP_BYTES_MAX = 8 << 20
 
 
-def _checks_on_loop(request: pb.SendRequest, batches: list[IncomingBatch]) -> bool:
-    """Whether a send's checks are cheap enough for the loop (a framing walk stops at the
-    declared record count, so declared counts bound it)."""
-    records = sum(b.record_count for b in request.batches) + len(request.messages)
-    return records <= SEND_ON_LOOP_RECORDS_MAX and sum(len(b.records) for b in batches) <= SEND_ON_LOOP_BYTES_MAX
-
-
 async def _handle_async(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
     """``_handle`` for coroutine handlers (long-polls, parked heartbeats)."""
     try:
@@ -113,7 +106,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         """Append on the event loop (like a topic create: one writev, ~0.5 ms a MiB, with the
         interpreter lock released), then wait for the acknowledgement as a parked future. A send
         in a pool thread paid two thread hops and the lock hand-offs of a waiting thread: 0.8x.
-        A large send (``_checks_on_loop``) is checked and appended in a pool thread instead."""
+        A large send (``SEND_ON_LOOP_*``) is checked and appended in a pool thread instead."""
         started = time.perf_counter()
         if request.ack not in ACK_NAMES:
             raise invalid(f"unknown ack mode {request.ack}")
@@ -122,12 +115,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         ack = ACK_NAMES[request.ack]
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
-        plain_batches = None
-        if len(request.messages) > SEND_ON_LOOP_RECORDS_MAX:
-            plain_batches = await asyncio.get_running_loop().run_in_executor(
-                self.read_pool, plain.encode, request.messages, request.producer_id, self._queues_of)
-        elif request.messages:
-            plain_batches = plain.encode(request.messages, request.producer_id, self._queues_of)
+        # a framing walk stops at the declared record count, so declared counts bound the checks
+        on_loop = sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
+        plain_batches = await self._on_loop_or_pool(on_loop, plain.encode, request.messages, request.producer_id,
+                                                    self._queues_of) if request.messages else None
         batches = [
             IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
                           b.base_sequence, timer_target=(b.topic, b.queue_id))
@@ -135,12 +126,10 @@ class BrokerService(pb_grpc.BrokerServicer):
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
         ] + (plain_batches.batches if plain_batches is not None else [])
+        records_bytes = sum(len(b.records) for b in batches)
+        on_loop = on_loop and records_bytes <= SEND_ON_LOOP_BYTES_MAX
         try:
-            if _checks_on_loop(request, batches):
-                receipts, wait_offset = self.store.appender.append(batches)
-            else:  # its checks would hold the loop (and every other call) too long: a pool thread
-                receipts, wait_offset = await asyncio.get_running_loop().run_in_executor(
-                    self.read_pool, self.store.appender.append, batches)
+            receipts, wait_offset = await self._on_loop_or_pool(on_loop, self.store.appender.append, batches)
         except BrokerError:
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
@@ -154,7 +143,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
-        metrics.SEND_BYTES.inc(sum(len(b.records) for b in batches))
+        metrics.SEND_BYTES.inc(records_bytes)
         n = len(request.batches)
         return pb.SendResponse(
             receipts=[
@@ -164,6 +153,13 @@ class BrokerService(pb_grpc.BrokerServicer):
             ],
             message_receipts=plain.receipts(plain_batches, receipts[n:], request.messages) if plain_batches else [],
         )
+
+    async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` right here on the loop, or (work that would hold the loop, and every other
+        call, too long) in a pool thread."""
+        if on_loop:
+            return fn(*args)
+        return await asyncio.get_running_loop().run_in_executor(self.read_pool, fn, *args)
 
     def _queues_of(self, topic: str) -> int | None:
         info = self.store.views.metadata.topic(topic)
