@@ -26,6 +26,8 @@ from replication.follower import Follower
 
 log = structlog.get_logger("replication.roles")
 
+VIEWS_CATCH_UP_S = 5.0  # how long taking office waits for the metadata view to apply what is confirmed
+
 
 class RoleController:
     def __init__(self, store: Store, config: Config, insync: InSyncSet, own_address: str) -> None:
@@ -92,6 +94,12 @@ class RoleController:
         store.set_role("master", "")  # lifts a fence: this is a new epoch
         store.watermarks.advance_confirm()
         failpoint("roles_after_become_master")
+        # A slave's views apply only what its master confirmed to it; the rest of its log (a topic
+        # created just before the master went away) is applied once ``advance_confirm`` above lets
+        # it. Returning first made a client's next send meet "unknown topic" on the new master.
+        confirmed = store.watermarks.confirm_offset
+        if not store.wait_metadata_applied(confirmed, VIEWS_CATCH_UP_S):
+            log.warning("views_behind_after_promotion", confirm_offset=confirmed, waited_s=VIEWS_CATCH_UP_S)
 
     def follow(self, master: str) -> None:
         """Stop taking writes at once, then follow ``master`` (its replication address); the

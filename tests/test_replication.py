@@ -311,6 +311,23 @@ def test_promote_refused_when_not_known_in_sync(spawn: Callable[..., DaemonProce
         assert c.status()["role"] == "master"
 
 
+def test_promote_returns_once_the_new_master_knows_every_topic_it_holds(spawn: Callable[..., DaemonProcess]) -> None:
+    """A slave applies to its views only what the master confirmed to it; what it holds beyond that
+    is applied once it is master. Promote returns after the metadata view applied it: a client's
+    next send must not meet "unknown topic" (seen in CI). The slave's apply rounds are slowed."""
+    m = spawn("m", config=FAST)
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": m.address},
+              env={"TIDEMARK_FAILPOINTS": "views_before_apply=sleep:1500"})
+    _wait(lambda: _in_sync(m), what="in sync")
+    with BrokerClient(m.address) as c:
+        c.create_topic("late", queues=3)
+        c.send("late", [Message(body=b"a")], ack="replica")
+    with BrokerClient(s.address) as c:
+        assert c.promote() == 2
+        assert c.list_topics().get("late", {}).get("queues") == 3
+        assert c.send("late", [Message(body=b"b", key="k")], ack="flush")[0].topic == "late"
+
+
 TRIM = {"commitlog.segment_bytes": 256 * 1024, "retention.local_bytes": 512 * 1024,
         "retention.check_interval_ms": 100, "checkpoint.interval_ms": 50}
 

@@ -58,6 +58,7 @@ class Dispatcher:
 
     def apply_until(self, end: int) -> None:
         """Apply every view up to ``end``, publish the new applied offset, tell queue listeners."""
+        failpoint("views_before_apply")
         apply_views(self.log, self.views.all, end)
         self.watermarks.publish_applied(self.views.applied_min(), {v.name: v.applied_offset for v in self.views.all})
         grown = self.views.queues.take_grown()
