@@ -5,16 +5,27 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint proto bench chaos clean venv sysdeps
+.PHONY: demo test lint proto bench chaos clean venv sysdeps buildtools
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml
+$(STAMP): requirements.lock pyproject.toml broker/logformat/_framing.c
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
+	@$(MAKE) --no-print-directory buildtools
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-cache-dir -r requirements.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $(STAMP)
+
+# A C compiler and Python's headers build the send path's framing walk (broker/logformat/_framing.c).
+# Without them the install still succeeds, the Python walk runs, and the test of the build fails.
+HAVE_HEADERS = $(PY) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
+buildtools:
+	@command -v gcc >/dev/null && $(HAVE_HEADERS) || { \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends gcc $(PY)-dev >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends gcc $(PY)-dev >/dev/null; } || \
+	  echo "warning: could not install gcc and $(PY)-dev: the framing walk stays in Python"; }
 
 # Debian packages the demo and the tests run for real: etcd (the coordinator). The tests install
 # radosgw and prometheus themselves when they first need them (tests/aptutil.py).

@@ -30,7 +30,7 @@ from broker.daemon.wire import pull_response_bytes
 from broker.errors import MESSAGE_MAX, BrokerError, invalid, shown
 from broker.groups.pops import PopService, as_messages
 from broker.logformat import system_records
-from broker.ports import IncomingBatch, RoleController
+from broker.ports import BatchReceipt, IncomingBatch, RoleController
 from broker.security.auth import current_caller
 from broker.store import Store
 from proto import tidemark_pb2 as pb
@@ -67,10 +67,25 @@ def _unexpected(exc: Exception) -> BrokerError:
     return BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
 
 
-# A send is checked (records CRC, framing walk: ~0.3 us a record in Python) and appended on the
-# event loop when it is small enough not to hold the loop for long; a bigger one in a pool thread.
+# A send is checked (records CRC, the framing walk: ~2 ns a record in C, ~0.3 us in Python when the
+# C module is not built; plain messages encoded at a few us each) and appended on the event loop
+# when it is small enough not to hold the loop for long; a bigger one in a pool thread.
 SEND_ON_LOOP_RECORDS_MAX = 16_384
 SEND_ON_LOOP_BYTES_MAX = 8 << 20
+
+
+def _send_response(request: pb.SendRequest, receipts: list[BatchReceipt], plain_batches: plain.Encoded | None) -> pb.SendResponse:
+    """A receipt per batch, then one per plain message (a Python object each: a pool thread's work
+    for a large send, as its encoding was)."""
+    n = len(request.batches)
+    return pb.SendResponse(
+        receipts=[
+            pb.BatchReceipt(commit_offset=r.commit_offset, base_queue_offset=r.base_queue_offset,
+                            record_count=r.record_count, duplicate=r.duplicate)
+            for r in receipts[:n]
+        ],
+        message_receipts=plain.receipts(plain_batches, receipts[n:], request.messages) if plain_batches else [],
+    )
 
 
 async def _handle_async(context: grpc.aio.ServicerContext, fn: Callable[[], Awaitable[T]]) -> T:
@@ -144,15 +159,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(records_bytes)
-        n = len(request.batches)
-        return pb.SendResponse(
-            receipts=[
-                pb.BatchReceipt(commit_offset=r.commit_offset, base_queue_offset=r.base_queue_offset,
-                                record_count=r.record_count, duplicate=r.duplicate)
-                for r in receipts[:n]
-            ],
-            message_receipts=plain.receipts(plain_batches, receipts[n:], request.messages) if plain_batches else [],
-        )
+        return await self._on_loop_or_pool(on_loop, _send_response, request, receipts, plain_batches)
 
     async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` right here on the loop, or (work that would hold the loop, and every other

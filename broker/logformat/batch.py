@@ -34,12 +34,20 @@ record framing, fills the header and appends the bytes unchanged.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import crc32c
 
 from broker.logformat.errors import CorruptionError
+
+_native_check: Callable[[bytes | memoryview, int], None] | None
+try:  # built by `pip install -e .` (pyproject: ext-modules); the Python walk below when it is not
+    from broker.logformat._framing import check as _native_check
+except ImportError:  # pragma: no cover - a build without a C compiler
+    _native_check = None
+
+NATIVE_FRAMING = _native_check is not None  # shown in status (``native_framing``)
 
 MAGIC = 0x4D54
 VERSION = 1
@@ -156,6 +164,15 @@ def record_positions(records: bytes | memoryview, expected_count: int) -> list[i
     if len(positions) != expected_count:
         raise ValueError(f"batch declares {expected_count} records but holds {len(positions)}")
     return positions
+
+
+def check_framing(records: bytes | memoryview, expected_count: int) -> None:
+    """``record_positions`` without the positions: the same rules and messages, in C when built
+    (``_framing.c``; 1,000 records in ~2 µs instead of ~200 µs)."""
+    if _native_check is not None:
+        _native_check(records, expected_count)
+    else:
+        record_positions(records, expected_count)
 
 
 def build_header(
