@@ -14,7 +14,10 @@ $(STAMP): requirements.lock pyproject.toml broker/logformat/_framing.c
 	@$(MAKE) --no-print-directory buildtools
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-cache-dir -r requirements.lock
+	rm -f broker/logformat/_framing*.so  # a failed build must not leave an old module in place
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	@$(BIN)/python -c 'import broker.logformat._framing' 2>/dev/null || \
+	  echo "warning: broker/logformat/_framing.c did not build: the framing walk stays in Python (make test fails on it)"
 	touch $(STAMP)
 
 # A C compiler and Python's headers build the send path's framing walk (broker/logformat/_framing.c).
@@ -23,9 +26,9 @@ HAVE_HEADERS = $(PY) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(
 buildtools:
 	@command -v gcc >/dev/null && $(HAVE_HEADERS) || { \
 	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends gcc $(PY)-dev >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends gcc $(PY)-dev >/dev/null; } || \
-	  echo "warning: could not install gcc and $(PY)-dev: the framing walk stays in Python"; }
+	  apt-get install -y -q --no-install-recommends gcc $(notdir $(PY))-dev >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends gcc $(notdir $(PY))-dev >/dev/null; } || \
+	  echo "warning: could not install gcc and $(notdir $(PY))-dev: the framing walk stays in Python"; }
 
 # Debian packages the demo and the tests run for real: etcd (the coordinator). The tests install
 # radosgw and prometheus themselves when they first need them (tests/aptutil.py).
@@ -59,4 +62,4 @@ chaos: venv sysdeps
 	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED),)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache broker/logformat/_framing*.so

@@ -72,7 +72,8 @@ class RoleController:
             self.become_master(epoch)
             role_record.record(store.data_dir, "master", "", epoch)
             log.info("promoted", epoch=epoch, log_end=store.log.max_offset, unclean=unclean)
-            return epoch
+        self.wait_views_caught_up()
+        return epoch
 
     def demote(self, master: str) -> None:
         if not master:
@@ -94,9 +95,15 @@ class RoleController:
         store.set_role("master", "")  # lifts a fence: this is a new epoch
         store.watermarks.advance_confirm()
         failpoint("roles_after_become_master")
-        # A slave's views apply only what its master confirmed to it; the rest of its log (a topic
-        # created just before the master went away) is applied once ``advance_confirm`` above lets
-        # it. Returning first made a client's next send meet "unknown topic" on the new master.
+
+    def wait_views_caught_up(self) -> None:
+        """After taking office: wait (bounded) until the metadata view applied what is confirmed.
+        A slave's views apply only what its master confirmed to it; the rest of its log (a topic
+        created just before the master went away) is applied once it is master. A promote that
+        returned first made a client's next send meet "unknown topic" on the new master. Not part
+        of ``become_master``: the coordinator's etcd round runs that, and must not wait here
+        (its lease would go unrenewed)."""
+        store = self.store
         confirmed = store.watermarks.confirm_offset
         if not store.wait_metadata_applied(confirmed, VIEWS_CATCH_UP_S):
             log.warning("views_behind_after_promotion", confirm_offset=confirmed, waited_s=VIEWS_CATCH_UP_S)

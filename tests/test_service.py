@@ -333,3 +333,9 @@ def test_a_send_of_many_records_leaves_the_loop_serving(daemon: DaemonProcess) -
     assert slowest < 0.3, f"a health check waited {slowest:.2f} s while the big send was checked"
     with BrokerClient(daemon.address) as c:
         assert c.pull("many", 0, count - 1, 10)[0].body == b"x"
+
+
+def test_status_says_the_framing_walk_is_native(daemon: DaemonProcess) -> None:
+    """`make venv` built the C framing walk and the daemon uses it (status ``native_framing``)."""
+    with BrokerClient(daemon.address) as c:
+        assert c.status()["native_framing"] is True

@@ -134,7 +134,7 @@ class Daemon:
         log.info("serving", listen=self.config["node.listen"], role=self.store.role,
                  recovery=self.store.recovery_report)
         if not bf.NATIVE_FRAMING:
-            log.warning("native_framing_missing", note="broker.logformat._framing is not built (no C compiler at install): "
+            log.warning("native_framing_missing", note="broker.logformat._framing was not built or failed to import: "
                         "sends walk their record framing in Python, about 100 times slower per record")
         self.store.register_role_listener(self._on_role_change)
         self.store.register_status_provider(self._security_status)
@@ -160,6 +160,7 @@ class Daemon:
     def _resources_status(self, st: dict[str, object]) -> None:
         st["long_polls"] = self.longpolls.parked
         st["open_files"] = {"open": HANDLES.open_count, "max": HANDLES.limit}
+        st["native_framing"] = bf.NATIVE_FRAMING
 
     def _serve_metrics(self) -> None:
         """``node.metrics_listen``: Prometheus's endpoint, with TLS and a token if configured."""

@@ -48,6 +48,7 @@ except ImportError:  # pragma: no cover - a build without a C compiler
     _native_check = None
 
 NATIVE_FRAMING = _native_check is not None  # shown in status (``native_framing``)
+_COUNT_MAX = 0x7FFFFFFF  # the C walk takes a count that fits any Py_ssize_t; others walk in Python
 
 MAGIC = 0x4D54
 VERSION = 1
@@ -169,7 +170,7 @@ def record_positions(records: bytes | memoryview, expected_count: int) -> list[i
 def check_framing(records: bytes | memoryview, expected_count: int) -> None:
     """``record_positions`` without the positions: the same rules and messages, in C when built
     (``_framing.c``; 1,000 records in ~2 µs instead of ~200 µs)."""
-    if _native_check is not None:
+    if _native_check is not None and 0 <= expected_count <= _COUNT_MAX:
         _native_check(records, expected_count)
     else:
         record_positions(records, expected_count)

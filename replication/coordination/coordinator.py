@@ -498,6 +498,7 @@ class Coordinator:
             deadline = time.monotonic() + SWITCHOVER_WAIT_S
             while time.monotonic() < deadline:
                 if self.store.role == "master" and self.holding is not None:
+                    self.roles.wait_views_caught_up()  # in the caller's thread, not the etcd round
                     return self.store.epoch
                 time.sleep(0.05)
             raise BrokerError("DEADLINE_EXCEEDED", f"not elected within {SWITCHOVER_WAIT_S:.0f} s: {self.error or 'unknown'}")
