@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import random
+import struct
 from collections.abc import Callable
 
 import crc32c
@@ -11,6 +12,7 @@ import pytest
 
 from broker.invariant import CorruptionError
 from broker.logformat import batch as bf
+from broker.logformat import timer_props as tr
 
 
 def _batch(n: int = 3, topic: str = "orders") -> bytes:
@@ -56,9 +58,10 @@ def test_record_framing_checks() -> None:
         bf.record_positions(b"\xff\xff\xff\x7f\0\0\0\0", 1)
 
 
-def _outcome(walk: Callable[[bytes, int], object], records: bytes, count: int) -> str:
+def _outcome(fn: Callable[..., object], *args: object) -> str:
+    """"ok", or the message of the ValueError ``fn(*args)`` raised."""
     try:
-        walk(records, count)
+        fn(*args)
     except ValueError as exc:
         return str(exc)
     return "ok"
@@ -93,3 +96,93 @@ def test_native_and_python_walks_agree_on_every_framing() -> None:
         assert _outcome(native.check, records, count) == python, (records[:32], count)
         assert _outcome(native.check, memoryview(records), count) == python  # any buffer, e.g. a view of a request
     assert sum(_outcome(bf.record_positions, r, c) == "ok" for r, c in cases) > 300  # the valid ones pass both
+
+
+def _scheduled_records(rng: random.Random, n: int, topic: str, queue_id: int, base_ms: int) -> bytes:
+    items = []
+    for _ in range(n):
+        user = {"u": "v" * rng.randrange(3)} if rng.random() < 0.3 else None
+        props = tr.scheduled_props(base_ms + rng.randrange(10_000), topic, queue_id, user)
+        items.append((rng.randbytes(rng.randrange(20)), rng.randbytes(rng.randrange(4)), props))
+    return bf.encode_records(items)[0]
+
+
+def test_the_native_scheduled_check_accepts_only_what_the_python_check_accepts() -> None:
+    """``scheduled_ok`` says True only of a delayed batch that ``check_scheduled`` accepts (its False
+    hands the batch to the Python check for the verdict and message), and True of valid batches."""
+    native = importlib.import_module("broker.logformat._framing")
+    rng = random.Random(33)
+    now_ms, max_delay_ms = 1_700_000_000_000, 20_000
+    name = bf.encode_props({tr.DELIVER_AT: ""})[:-2]  # u16 length + the property's name
+    fast = valid = 0
+    for i in range(1500):
+        topic, queue_id = rng.choice([("t", 0), ("orders", 3), ("t", 12)])
+        n = rng.randrange(1, 6)
+        records = bytearray(_scheduled_records(rng, n, topic, queue_id, now_ms))
+        if i % 3:  # damage one byte, or aim at another target or an earlier deadline
+            if rng.random() < 0.6:
+                records[rng.randrange(len(records))] = rng.choice([0, 0x30, 0x39, 0x3A, 0xFF, rng.randrange(256)])
+            else:
+                topic, queue_id = rng.choice([("t", 1), ("u", 0), ("orders", 30)])
+        data = bytes(records)
+        try:
+            bf.record_positions(data, n)
+        except ValueError:
+            continue  # framing is checked before: the native check assumes it
+        python = _outcome(tr.check_scheduled, data, bf.record_positions(data, n), topic, queue_id, now_ms, max_delay_ms)
+        said = native.scheduled_ok(data, name, tr.target_props(topic, queue_id), now_ms + max_delay_ms)
+        assert not said or python == "ok", (data[:40], python)
+        fast += said
+        valid += python == "ok"
+        assert python == "ok" or _outcome(tr.check_scheduled_batch, data, n, topic, queue_id, now_ms, max_delay_ms) == python
+    assert fast == valid > 500  # every valid batch takes the fast path
+
+
+def _log_batch(records: bytes, count: int) -> tuple[memoryview, bf.BatchHeader]:
+    head = bf.build_header(batch_bytes=bf.HEADER_BYTES + 7 + len(records), record_count=count, base_offset=4096,
+                           base_queue_offset=0, store_time_ms=1, producer_id=0, base_sequence=-1, epoch=1, queue_id=0,
+                           topic_raw=b"__timer", body_crc=crc32c.crc32c(records))
+    data = memoryview(head + records)
+    return data, bf.decode_header(data)
+
+
+def test_native_and_python_leading_ints_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Deliver times of scheduled batches and timer offsets of deliveries and fired events, read by
+    the C walk, equal the Python walk's; whatever the C walk declines (None) the Python one decides."""
+    rng = random.Random(7)
+    cases: list[tuple[memoryview, bf.BatchHeader, str]] = []
+    for i in range(600):
+        n = rng.randrange(1, 6)
+        kind = rng.choice(["scheduled", "delivery", "fired"])
+        if kind == "scheduled":
+            records = _scheduled_records(rng, n, "t", 0, 1_700_000_000_000)
+        elif kind == "delivery":
+            records = bf.encode_records([(b"b", b"", tr.delivery_props(rng.randrange(1 << 40), tr.scheduled_props(5, "t", 0, None)))
+                                         for _ in range(n)])[0]
+        else:
+            records = bf.encode_records([(b"", b"", tr.event_props(tr.FIRED, rng.randrange(1 << 40), 5, tr.target_props("t", 0)))
+                                         for _ in range(n)])[0]
+        if i % 2:
+            damaged = bytearray(records)
+            damaged[rng.randrange(len(damaged))] = rng.choice([0x20, 0x2D, 0x5F, 0x39, rng.randrange(256)])
+            records = bytes(damaged)
+        cases.append((*_log_batch(records, n), kind))
+
+    def read(batch: memoryview, header: bf.BatchHeader, kind: str) -> object:
+        try:
+            if kind == "scheduled":
+                return tr.deliver_times(batch, header)
+            return (tr.leading_offsets(batch, header, skip_first=kind == "fired"),)
+        except (ValueError, struct.error) as exc:
+            return type(exc).__name__
+
+    native = importlib.import_module("broker.logformat._framing")
+    for batch, header, kind in cases[::2]:  # undamaged: the C walk reads every one itself
+        name = bf.encode_props({tr.DELIVER_AT if kind == "scheduled" else tr.TIMER_OFFSET: ""})[:-2]
+        assert native.leading_ints(batch, header.records_at, header.batch_bytes, name, int(kind == "fired"),
+                                   header.record_count) is not None
+    native_results = [read(*c) for c in cases]
+    monkeypatch.setattr(bf, "native", None)
+    python_results = [read(*c) for c in cases]
+    assert native_results == python_results
+    assert sum(isinstance(r, tuple) for r in python_results) > 300

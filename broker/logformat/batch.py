@@ -34,20 +34,21 @@ record framing, fills the header and appends the bytes unchanged.
 from __future__ import annotations
 
 import struct
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 import crc32c
 
 from broker.logformat.errors import CorruptionError
 
-_native_check: Callable[[bytes | memoryview, int], None] | None
-try:  # built by `pip install -e .` (pyproject: ext-modules); the Python walk below when it is not
-    from broker.logformat._framing import check as _native_check
+# The record walks in C (_framing.c), each with its Python twin in this package that runs when the
+# module is not built (`pip install -e .` builds it: pyproject ext-modules) or defers to it.
+try:
+    from broker.logformat import _framing as native
 except ImportError:  # pragma: no cover - a build without a C compiler
-    _native_check = None
+    native = None  # type: ignore[assignment]
 
-NATIVE_FRAMING = _native_check is not None  # shown in status (``native_framing``)
+NATIVE_FRAMING = native is not None  # shown in status (``native_framing``)
 _COUNT_MAX = 0x7FFFFFFF  # the C walk takes a count that fits any Py_ssize_t; others walk in Python
 
 MAGIC = 0x4D54
@@ -170,8 +171,8 @@ def record_positions(records: bytes | memoryview, expected_count: int) -> list[i
 def check_framing(records: bytes | memoryview, expected_count: int) -> None:
     """``record_positions`` without the positions: the same rules and messages, in C when built
     (``_framing.c``; 1,000 records in ~2 µs instead of ~200 µs)."""
-    if _native_check is not None and 0 <= expected_count <= _COUNT_MAX:
-        _native_check(records, expected_count)
+    if native is not None and 0 <= expected_count <= _COUNT_MAX:
+        native.check(records, expected_count)
     else:
         record_positions(records, expected_count)
 

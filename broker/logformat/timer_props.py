@@ -68,6 +68,18 @@ def _leading_value(buf: bytes | memoryview, at: int, name: bytes) -> tuple[bytes
     return bytes(buf[vat + 2 : vat + 2 + vlen]), vat + 2 + vlen
 
 
+def check_scheduled_batch(records: bytes | memoryview, record_count: int, topic: str, queue_id: int,
+                          now_ms: int, max_delay_ms: int) -> None:
+    """``check_scheduled`` for a batch whose framing is already checked: in C when built
+    (``_framing.scheduled_ok``), which accepts only what ``check_scheduled`` accepts; anything
+    else runs ``check_scheduled`` itself for its verdict and message."""
+    latest = now_ms + max_delay_ms
+    if (bf.native is not None and 0 <= latest < 1 << 63
+            and bf.native.scheduled_ok(records, _DELIVER_AT_NAME, target_props(topic, queue_id), latest)):
+        return
+    check_scheduled(records, bf.record_positions(records, record_count), topic, queue_id, now_ms, max_delay_ms)
+
+
 def check_scheduled(records: bytes | memoryview, positions: list[int], topic: str, queue_id: int,
                     now_ms: int, max_delay_ms: int) -> list[int]:
     """Deliver times of a delayed batch's records; every record must name the batch's target.
@@ -112,7 +124,12 @@ def deliver_times(batch: memoryview, header: bf.BatchHeader) -> tuple[list[int],
 
 def _leading_ints(batch: memoryview, header: bf.BatchHeader, name: bytes, skip: int) -> tuple[list[int], list[int]]:
     """(record positions, integer value) of property ``name`` found after ``skip`` properties in
-    every record of a batch, parsed inline: this runs for every timer scheduled and fired."""
+    every record of a batch, parsed inline: this runs for every timer scheduled and fired. In C
+    when built (``_framing.leading_ints``); it defers here for anything the log's writers do not make."""
+    if bf.native is not None:
+        found = bf.native.leading_ints(batch, header.records_at, header.batch_bytes, name, skip, header.record_count)
+        if found is not None:
+            return found
     buf = bytes(batch)
     unpack = bf.RECORD_HEAD.unpack_from
     u16 = _U16.unpack_from

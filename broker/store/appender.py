@@ -132,9 +132,8 @@ class Appender:
         else:
             self._validate_plain(batch, internal=internal)
 
-    def _validate_plain(self, batch: IncomingBatch, *, internal: bool = False, positions: bool = False) -> list[int]:
-        """Topic, queue, count, CRC, framing and sequence of a batch; its record positions when
-        ``positions`` is asked for (the framing is then walked in Python), else ``[]``."""
+    def _validate_plain(self, batch: IncomingBatch, *, internal: bool = False) -> None:
+        """Topic, queue, count, CRC, framing and sequence of a batch."""
         if batch.topic.startswith(system_records.SYSTEM_PREFIX):
             if not internal:
                 raise invalid(f"topic {shown(batch.topic)} is a reserved system topic")
@@ -150,28 +149,23 @@ class Appender:
             raise invalid("a batch must hold at least one record")
         if crc32c.crc32c(batch.records) != batch.body_crc:
             raise invalid(f"batch for {batch.topic}/{batch.queue_id}: records checksum mismatch")
-        found: list[int] = []
         try:
-            if positions:
-                found = bf.record_positions(batch.records, batch.record_count)
-            else:
-                bf.check_framing(batch.records, batch.record_count)
+            bf.check_framing(batch.records, batch.record_count)
         except ValueError as exc:
             raise invalid(f"batch for {batch.topic}/{batch.queue_id}: {exc}") from None
         if batch.base_sequence < bf.NO_SEQUENCE or batch.base_sequence > 0x7FFFFFFF:
             raise invalid(f"base_sequence {batch.base_sequence} out of range")
-        return found
 
     def _validate_delayed(self, batch: IncomingBatch) -> None:
         """A delayed batch: valid for its target queue, then every record a scheduled record."""
         topic, queue_id = batch.timer_target or ("", 0)
         if batch.topic != system_records.TIMER_TOPIC or batch.queue_id != 0:
             raise invalid("a delayed batch is stored in __timer queue 0")
-        positions = self._validate_plain(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
-                                                       batch.producer_id, batch.base_sequence), positions=True)
+        self._validate_plain(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
+                                           batch.producer_id, batch.base_sequence))
         try:
-            timer_records.check_scheduled(batch.records, positions, topic, queue_id, clock.wall_ms(),
-                                          self.config["timer.max_delay_ms"])
+            timer_records.check_scheduled_batch(batch.records, batch.record_count, topic, queue_id, clock.wall_ms(),
+                                                self.config["timer.max_delay_ms"])
         except timer_records.TimerRecordError as exc:
             raise invalid(f"delayed batch for {topic}/{queue_id}: {exc}") from None
 
