@@ -152,6 +152,38 @@ def install(master: str, data_dir: str, lock: DirLock, cluster_id: str = "", tim
     return manifest
 
 
+class _StagedFile:
+    """A bundle file being written to the staging directory: its running CRC32C, and every
+    ``RELEASE_STEP_BYTES`` its written bytes synced and their pages given back to the kernel. The
+    install reads the log files no more, and writing into pages recycled this way is several times
+    cheaper on this VM than into pages it never touched (docs/operations.md §3): a 1 GiB bootstrap
+    took 3.6-4.0 s, and 2.1-3.0 s with it."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self.crc = 0
+        self.written = 0
+        self.released = 0
+
+    def write(self, data: bytes) -> None:
+        self.file.write(data)
+        self.crc = crc32c.crc32c(data, self.crc)
+        self.written += len(data)
+        if self.written - self.released >= RELEASE_STEP_BYTES:
+            self.file.flush()
+            os.fdatasync(self.file.fileno())
+            os.posix_fadvise(self.file.fileno(), self.released, self.written - self.released, os.POSIX_FADV_DONTNEED)
+            self.released = self.written
+
+    def close(self) -> None:
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+
+
+RELEASE_STEP_BYTES = 32 << 20
+
+
 def _fetch_and_install(master: str, data_dir: str, staging: str, cluster_id: str, timeout_s: float,
                        channel: Callable[[str], grpc.Channel] | None,
                        metadata: tuple[tuple[str, str], ...]) -> dict[str, Any]:
@@ -161,7 +193,7 @@ def _fetch_and_install(master: str, data_dir: str, staging: str, cluster_id: str
     with channel(master) if channel else grpc.insecure_channel(master, options=options) as ch:
         stream = pb_grpc.ReplicationStub(ch).Snapshot(pb.SnapshotRequest(cluster_id=cluster_id), timeout=timeout_s,
                                                       metadata=metadata)
-        handles: dict[str, Any] = {}
+        handles: dict[str, _StagedFile] = {}
         try:
             for chunk in stream:
                 if chunk.manifest_json:
@@ -176,17 +208,14 @@ def _fetch_and_install(master: str, data_dir: str, staging: str, cluster_id: str
                 if f is None:
                     path = os.path.join(staging, rel)
                     os.makedirs(os.path.dirname(path), exist_ok=True)
-                    f = handles[rel] = open(path, "wb")  # noqa: SIM115 - closed below
-                    crcs[rel] = 0
-                if f.tell() != chunk.offset:
-                    raise BundleError(f"chunk of {chunk.path} at {chunk.offset}, expected {f.tell()}")
+                    f = handles[rel] = _StagedFile(path)
+                if f.written != chunk.offset:
+                    raise BundleError(f"chunk of {chunk.path} at {chunk.offset}, expected {f.written}")
                 f.write(chunk.data)
-                crcs[rel] = crc32c.crc32c(chunk.data, crcs[rel])
         finally:
-            for f in handles.values():
-                f.flush()
-                os.fsync(f.fileno())
+            for rel, f in handles.items():
                 f.close()
+                crcs[rel] = f.crc
     if manifest is None:
         raise BundleError("the bundle stream ended without a manifest")
     for entry in manifest["files"]:
