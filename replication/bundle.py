@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import uuid
 from collections.abc import Callable, Iterator
@@ -172,16 +173,36 @@ class _StagedFile:
         if self.written - self.released >= RELEASE_STEP_BYTES:
             self.file.flush()
             os.fdatasync(self.file.fileno())
-            os.posix_fadvise(self.file.fileno(), self.released, self.written - self.released, os.POSIX_FADV_DONTNEED)
+            try:  # advice: a refusal costs speed, never the bootstrap
+                os.posix_fadvise(self.file.fileno(), self.released, self.written - self.released, os.POSIX_FADV_DONTNEED)
+            except OSError as exc:
+                log.warning("page_cache_release_skipped", path=self.file.name, error=str(exc))
             self.released = self.written
 
     def close(self) -> None:
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
+        """Sync and close; the descriptor is closed even when the sync fails."""
+        try:
+            self.file.flush()
+            os.fsync(self.file.fileno())
+        finally:
+            self.file.close()
 
 
 RELEASE_STEP_BYTES = 32 << 20
+
+
+def _close_all(handles: dict[str, _StagedFile], crcs: dict[str, int]) -> None:
+    """Close every staged file (each synced) and note its CRC; the first failure is raised once all
+    are closed, unless an error is already on its way out (it stays the one reported)."""
+    first: OSError | None = None
+    for rel, f in handles.items():
+        try:
+            f.close()
+        except OSError as exc:
+            first = first or exc
+        crcs[rel] = f.crc
+    if first is not None and sys.exc_info()[1] is None:
+        raise first
 
 
 def _fetch_and_install(master: str, data_dir: str, staging: str, cluster_id: str, timeout_s: float,
@@ -213,9 +234,7 @@ def _fetch_and_install(master: str, data_dir: str, staging: str, cluster_id: str
                     raise BundleError(f"chunk of {chunk.path} at {chunk.offset}, expected {f.written}")
                 f.write(chunk.data)
         finally:
-            for rel, f in handles.items():
-                f.close()
-                crcs[rel] = f.crc
+            _close_all(handles, crcs)
     if manifest is None:
         raise BundleError("the bundle stream ended without a manifest")
     for entry in manifest["files"]:
