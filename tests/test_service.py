@@ -306,9 +306,11 @@ def test_iter_pull_pipelines_to_the_end(daemon: DaemonProcess) -> None:
 
 
 def test_a_send_of_many_records_leaves_the_loop_serving(daemon: DaemonProcess) -> None:
-    """A send whose checks are long (200,000 plain messages, each encoded in Python: about a second;
-    their receipts stay under the client's 4 MiB answer limit) runs in a pool thread: health checks
-    keep answering meanwhile, and every message is stored."""
+    """A send whose checks are long (200,000 plain messages, each encoded in Python, and as many
+    receipts) runs in a pool thread: health checks keep answering meanwhile, and every message is
+    stored. On the loop, a check waited 0.85-0.90 s; in a pool thread the loop still parses the
+    request and serializes the answer, and shares the interpreter lock: 0.2-0.4 s (0.39 s once
+    under CI's load), so the bound is 0.6 s."""
     count = 200_000
     stub = _stub(daemon)
     with BrokerClient(daemon.address) as c:
@@ -330,7 +332,7 @@ def test_a_send_of_many_records_leaves_the_loop_serving(daemon: DaemonProcess) -
     took_s = time.monotonic() - started
     assert answered and len(answered[0].message_receipts) == count
     assert took_s > 0.3, f"the send took {took_s:.2f} s: too short for the checks to mean something"
-    assert slowest < 0.3, f"a health check waited {slowest:.2f} s while the big send was checked"
+    assert slowest < 0.6, f"a health check waited {slowest:.2f} s while the big send was checked"
     with BrokerClient(daemon.address) as c:
         assert c.pull("many", 0, count - 1, 10)[0].body == b"x"
 
