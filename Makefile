@@ -24,19 +24,18 @@ $(STAMP): requirements.lock pyproject.toml broker/logformat/_framing.c
 # Without them the install still succeeds, the Python walk runs, and the test of the build fails.
 HAVE_HEADERS = $(PY) -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))'
 buildtools:
-	@command -v gcc >/dev/null && $(HAVE_HEADERS) || { \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends gcc $(notdir $(PY))-dev >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends gcc $(notdir $(PY))-dev >/dev/null; } || \
+	@command -v gcc >/dev/null && $(HAVE_HEADERS) || { $(call APT_INSTALL,gcc $(notdir $(PY))-dev) || \
 	  echo "warning: could not install gcc and $(notdir $(PY))-dev: the framing walk stays in Python"; }
+
+# Install Debian packages $(1), updating the package lists only when the first try fails.
+APT_INSTALL = { export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q --no-install-recommends $(1) >/dev/null 2>&1 || \
+	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $(1) >/dev/null; }; }
 
 # Debian packages the demo and the tests run for real: etcd (the coordinator). The tests install
 # radosgw and prometheus themselves when they first need them (tests/aptutil.py).
 sysdeps:
-	@command -v etcd >/dev/null && command -v etcdctl >/dev/null || { \
-	  export DEBIAN_FRONTEND=noninteractive; \
-	  apt-get install -y -q --no-install-recommends etcd-server etcd-client >/dev/null 2>&1 || \
-	  { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends etcd-server etcd-client >/dev/null; }; }
+	@command -v etcd >/dev/null && command -v etcdctl >/dev/null || $(call APT_INSTALL,etcd-server etcd-client)
 
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -Iproto=proto --python_out=. --grpc_python_out=. --pyi_out=. proto/tidemark.proto
