@@ -81,8 +81,8 @@ def check_scheduled_batch(records: bytes | memoryview, record_count: int, topic:
 
 
 def check_scheduled(records: bytes | memoryview, positions: list[int], topic: str, queue_id: int,
-                    now_ms: int, max_delay_ms: int) -> list[int]:
-    """Deliver times of a delayed batch's records; every record must name the batch's target.
+                    now_ms: int, max_delay_ms: int) -> None:
+    """Every record of a delayed batch is a scheduled record naming the batch's target.
 
     Raises TimerRecordError naming the record at fault. Times already due are allowed (they fire
     at once: the client sends what it knows to be due straight to the topic).
@@ -93,7 +93,6 @@ def check_scheduled(records: bytes | memoryview, positions: list[int], topic: st
     name = _DELIVER_AT_NAME
     name_len = len(name)
     latest = now_ms + max_delay_ms
-    out: list[int] = []
     for i, pos in enumerate(positions):
         _, key_len, props_len = unpack(buf, pos)
         p0 = pos + bf.RECORD_HEAD_BYTES + key_len
@@ -113,8 +112,6 @@ def check_scheduled(records: bytes | memoryview, positions: list[int], topic: st
         if at > latest:
             raise TimerRecordError(f"record {i}: deliver_at_ms {at} is more than timer.max_delay_ms "
                                    f"({max_delay_ms}) ahead of the broker's clock ({now_ms})")
-        out.append(at)
-    return out
 
 
 def deliver_times(batch: memoryview, header: bf.BatchHeader) -> tuple[list[int], list[int]]:
