@@ -186,3 +186,32 @@ def test_native_and_python_leading_ints_agree(monkeypatch: pytest.MonkeyPatch) -
     python_results = [read(*c) for c in cases]
     assert native_results == python_results
     assert sum(isinstance(r, tuple) for r in python_results) > 300
+
+
+def test_native_and_python_encoders_agree() -> None:
+    """The C encoder makes the bytes and positions the Python one makes; whatever it does not take
+    (other sequences and buffers, a key or properties too long for their u16) goes to the Python
+    one, which encodes it or raises as it always did."""
+    native = importlib.import_module("broker.logformat._framing")
+    rng = random.Random(18)
+    for n in (0, 1, 2, 7, 1000):
+        items = [(rng.randbytes(rng.choice((0, 1, 5, 1024, 70_000))), rng.randbytes(rng.choice((0, 3, 65_535))),
+                  rng.randbytes(rng.choice((0, 9)))) for _ in range(n)]
+        expected = bf._encode_records_py(items)
+        assert native.encode_records(items) == expected
+        assert native.encode_records(tuple(items)) == expected
+        assert bf.encode_records(iter(items)) == expected  # a generator is listed first
+        assert bf.record_positions(expected[0], n) == expected[1]
+    left_to_python = [
+        iter([(b"b", b"", b"")]),                    # not a list or tuple
+        [(bytearray(b"b"), b"", b"")],              # not exact bytes
+        [(b"b", b"", b"", b"")],                    # not a triple
+        [[b"b", b"", b""]],                         # not a tuple
+        [(b"b", b"k" * 65_536, b"")],               # key too long for u16
+        [(b"b", b"", b"p" * 65_536)],               # props too long for u16
+    ]
+    for items in left_to_python:
+        assert native.encode_records(items) is None
+    assert bf.encode_records([(bytearray(b"b"), b"k", b"")]) == bf._encode_records_py([(b"b", b"k", b"")])
+    with pytest.raises(struct.error):
+        bf.encode_records([(b"b", b"k" * 65_536, b"")])

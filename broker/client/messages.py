@@ -368,15 +368,15 @@ def encode_messages(messages: Sequence[Message], idxs: list[int],
                     timer_target: tuple[str, int] | None = None) -> tuple[bytes, list[int]]:
     """Records of ``messages[i] for i in idxs`` and their positions (``bf.encode_records``). With
     ``timer_target`` they are scheduled records (broker/logformat/timer_props.py) for that queue."""
-    target = target_props(*timer_target) if timer_target is not None else b""
-
-    def items() -> Iterator[tuple[bytes, bytes, bytes]]:
-        for i in idxs:
-            m = messages[i]
-            if timer_target is not None:
-                props = scheduled_props(m.deliver_at_ms or 0, timer_target[0], timer_target[1], m.properties, target)
-            else:
-                props = bf.encode_props(m.properties) if m.properties else b""
-            yield m.body, m.key.encode() if m.key else b"", props
-
-    return bf.encode_records(items())
+    if timer_target is not None:
+        topic, queue_id = timer_target
+        target = target_props(topic, queue_id)
+        return bf.encode_records([
+            (m.body, m.key.encode() if m.key else b"", scheduled_props(m.deliver_at_ms or 0, topic, queue_id, m.properties, target))
+            for m in map(messages.__getitem__, idxs)
+        ])
+    encode_props = bf.encode_props
+    return bf.encode_records([
+        (m.body, m.key.encode() if m.key else b"", encode_props(m.properties) if m.properties else b"")
+        for m in map(messages.__getitem__, idxs)
+    ])

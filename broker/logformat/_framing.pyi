@@ -3,3 +3,6 @@ def scheduled_ok(records: bytes | memoryview, name: bytes, target: bytes, latest
 def leading_ints(
     batch: bytes | memoryview, start: int, end: int, name: bytes, skip: int, count: int, /
 ) -> tuple[list[int], list[int]] | None: ...
+def encode_records(
+    items: list[tuple[bytes, bytes, bytes]] | tuple[tuple[bytes, bytes, bytes], ...], /
+) -> tuple[bytes, list[int]] | None: ...
