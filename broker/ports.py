@@ -86,7 +86,7 @@ class IncomingBatch:
 
     topic: str
     queue_id: int
-    records: bytes
+    records: bytes | memoryview  # a send's: a view of the request's bytes (broker/daemon/send_wire.py)
     record_count: int
     body_crc: int
     producer_id: int = 0

@@ -16,13 +16,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from broker.daemon.send_wire import parse_send
 from proto import tidemark_pb2 as pb
 
 _BATCHES_TAG = b"\x0a"
 SERVICE = pb.DESCRIPTOR.services_by_name["Broker"]
 
 
-def _varint(n: int) -> bytes:
+def varint(n: int) -> bytes:
     out = bytearray()
     while n >= 0x80:
         out.append((n & 0x7F) | 0x80)
@@ -39,7 +40,7 @@ def pull_response_bytes(
                            max_offset=max_offset)
     parts = [head.SerializeToString()]
     for blob in batches:
-        parts += (_BATCHES_TAG, _varint(len(blob)), blob)
+        parts += (_BATCHES_TAG, varint(len(blob)), blob)
     return b"".join(parts)
 
 
@@ -54,16 +55,16 @@ class Undecodable:
         self.error = error
 
 
-def _lenient(request_cls: Any) -> Callable[[bytes], Any]:
+def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     """Parse a request, or mark it undecodable: gRPC would answer INTERNAL for a parser error."""
 
-    def parse(data: bytes) -> Any:
+    def lenient(data: bytes) -> Any:
         try:
-            return request_cls.FromString(data)
+            return parse(data)
         except DecodeError as exc:
             return Undecodable(str(exc))
 
-    return parse
+    return lenient
 
 
 def _refusing_undecodable(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
@@ -84,15 +85,17 @@ def _refusing_undecodable(behavior: Callable[[Any, Any], Any]) -> Callable[[Any,
 
 
 def add_broker_service(servicer: Any, server: grpc.aio.Server) -> None:
-    """Register every Broker method; Pull returns pre-encoded bytes (see module docstring); a request
-    that does not parse gets INVALID_ARGUMENT."""
+    """Register every Broker method; Pull returns pre-encoded bytes (see module docstring), Send's
+    batches are views of the request (``send_wire``); a request that does not parse gets
+    INVALID_ARGUMENT."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in SERVICE.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _refusing_undecodable(getattr(servicer, method.name)), request_deserializer=_lenient(request_cls),
+            _refusing_undecodable(getattr(servicer, method.name)),
+            request_deserializer=_lenient(parse_send if method.name == "Send" else request_cls.FromString),
             response_serializer=serialize,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE.full_name, handlers),))

@@ -11,6 +11,7 @@ import bisect
 import mmap
 import os
 import threading
+from collections.abc import Sequence
 
 from broker.storage.failpoints import failpoint, fsync_dir
 from broker.storage.handles import HANDLES
@@ -84,7 +85,7 @@ class CommitLog:
         self._pinned = active
 
     # -- writes ------------------------------------------------------------------------------
-    def append(self, batches: list[list[bytes]]) -> int:
+    def append(self, batches: Sequence[Sequence[bytes | memoryview]]) -> int:
         """Append batches (each a list of byte chunks); return the new max offset.
 
         The caller serialises appends and has already written each batch's offset into its
@@ -92,7 +93,7 @@ class CommitLog:
         """
         with self._lock:
             active = self._segments[-1]
-        pending: list[bytes] = []
+        pending: list[bytes | memoryview] = []
         pending_bytes = 0
         for chunks in batches:
             size = sum(len(c) for c in chunks)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Sequence
 
 import structlog
 
@@ -52,7 +53,7 @@ class Segment:
     def end_offset(self) -> int:
         return self.start_offset + self.size_bytes
 
-    def append(self, chunks: list[bytes]) -> None:
+    def append(self, chunks: Sequence[bytes | memoryview]) -> None:
         """Write every chunk or nothing (a failed or short write is undone with ftruncate)."""
         total = 0
         with HANDLES.use(self.path) as fd:

@@ -194,7 +194,7 @@ class Appender:
             self._check_topic_changes(topic_changes or [])
             offset = self.log.max_offset
             now = max(clock.wall_ms(), tail.last_store_time_ms, not_before_ms)
-            chunks: list[list[bytes]] = []
+            chunks: list[list[bytes | memoryview]] = []
             queue_next: dict[tuple[str, int], int] = {}
             producers = tail.producers
             undo = producers.savepoint()  # sequences are recorded as we go, so a request sees its own batches
@@ -236,7 +236,7 @@ class Appender:
             self._notify_appended()
         return receipts, wait_offset
 
-    def _write(self, chunks: list[list[bytes]], undo: Any) -> int:
+    def _write(self, chunks: list[list[bytes | memoryview]], undo: Any) -> int:
         start = self.log.max_offset
         try:
             return self.log.append(chunks)

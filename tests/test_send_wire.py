@@ -1,0 +1,97 @@
+"""The Send request reader (broker/daemon/send_wire.py) answers what the protobuf parser answers."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from google.protobuf.message import DecodeError
+
+from broker.daemon.send_wire import SendRequestView, parse_send
+from broker.daemon.wire import varint as _varint
+from proto import tidemark_pb2 as pb
+
+BATCH_FIELDS = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "delayed")
+
+
+def _fields(request: Any) -> dict[str, Any]:
+    return {
+        "ack": int(request.ack), "timeout_ms": request.timeout_ms, "producer_id": request.producer_id,
+        "messages": [m.SerializeToString() for m in request.messages],
+        "batches": [{**{f: getattr(b, f) for f in BATCH_FIELDS}, "records": bytes(b.records)} for b in request.batches],
+    }
+
+
+def _outcome(parse: Any, data: bytes) -> Any:
+    try:
+        return _fields(parse(data))
+    except DecodeError:
+        return "DecodeError"
+
+
+def _request(rng: random.Random) -> pb.SendRequest:
+    r = pb.SendRequest(ack=rng.choice((0, 1, 2, 3, 7, -1)), timeout_ms=rng.choice((0, 5, 2**32 - 1)),
+                       producer_id=rng.choice((0, 9, 2**64 - 1)))
+    for _ in range(rng.randrange(4)):
+        r.batches.add(topic=rng.choice(("", "t", "ordrés", "x" * 200)), queue_id=rng.choice((0, 3, 2**32 - 1)),
+                      producer_id=rng.choice((0, 2**63)), base_sequence=rng.choice((-1, 0, 2**63 - 1, -(2**63))),
+                      record_count=rng.randrange(2000), records_crc=rng.getrandbits(32),
+                      records=rng.randbytes(rng.choice((0, 1, 300, 70_000))), delayed=rng.random() < 0.3)
+    if rng.random() < 0.1:
+        r.messages.add(topic="t", body=b"plain")
+    return r
+
+
+def _mutated(rng: random.Random, data: bytes) -> bytes:
+    """A request bent the ways a careless or hostile sender would: extra and repeated fields, other
+    wire types, long varints, cut or flipped bytes."""
+    kind = rng.randrange(7)
+    if kind == 0 and data:
+        return data[: rng.randrange(len(data))]
+    if kind == 1 and data:
+        b = bytearray(data)
+        for _ in range(rng.randrange(1, 4)):
+            b[rng.randrange(len(b))] = rng.getrandbits(8)
+        return bytes(b)
+    if kind == 2:  # an unknown field, any wire type
+        number, wire = rng.choice((6, 9, 100, 1, 2, 4)), rng.choice((0, 1, 2, 5))
+        value = {0: _varint(rng.getrandbits(64)), 1: rng.randbytes(8), 2: _varint(3) + b"abc", 5: rng.randbytes(4)}[wire]
+        return data + _varint(number << 3 | wire) + value
+    if kind == 3:  # a scalar again: the last occurrence wins
+        return data + _varint(2 << 3) + _varint(rng.getrandbits(rng.choice((3, 40, 64))))
+    if kind == 4:  # a batch with its fields repeated, bad UTF-8 or long varints
+        inner = (_varint(1 << 3 | 2) + _varint(2) + rng.choice((b"ok", b"\xff\xfe", b"\xed\xa0"))
+                 + _varint(2 << 3) + b"\xff" * 9 + b"\x01"
+                 + _varint(4 << 3) + b"\xff" * rng.choice((9, 10)) + b"\x01"
+                 + _varint(7 << 3 | 2) + _varint(1) + b"a" + _varint(7 << 3 | 2) + _varint(2) + b"bc")
+        return data + _varint(1 << 3 | 2) + _varint(len(inner)) + inner
+    if kind == 5:  # a field number 0 or a group
+        return data + rng.choice((b"\x00\x01", b"\x0b\x0c", b"\x08" + b"\x80" * 11 + b"\x01"))
+    return data
+
+
+def test_the_reader_and_protobuf_agree_on_every_request() -> None:
+    rng = random.Random(18)
+    fast = 0
+    for i in range(3000):
+        data = _request(rng).SerializeToString()
+        if i % 2:
+            data = _mutated(rng, data)
+        expected = _outcome(pb.SendRequest.FromString, data)
+        assert _outcome(parse_send, data) == expected, data[:80]
+        fast += expected != "DecodeError" and isinstance(parse_send(data), SendRequestView)
+    assert fast > 1000  # most requests took the reader, not the fallback
+
+
+def test_records_are_a_view_of_the_request() -> None:
+    data = pb.SendRequest(batches=[pb.ProduceBatch(topic="t", record_count=1, records=b"r" * 4096)]).SerializeToString()
+    parsed = parse_send(data)
+    assert isinstance(parsed, SendRequestView)
+    records = parsed.batches[0].records
+    assert isinstance(records, memoryview) and records.obj is data and bytes(records) == b"r" * 4096
+
+
+def test_plain_messages_go_to_the_protobuf_parser() -> None:
+    data = pb.SendRequest(messages=[pb.PlainMessage(topic="t", body=b"b")]).SerializeToString()
+    parsed = parse_send(data)
+    assert isinstance(parsed, pb.SendRequest) and parsed.messages[0].body == b"b"
