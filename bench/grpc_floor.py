@@ -1,5 +1,8 @@
 """The floor under the send path: how many MB/s a Python gRPC server receives when it does nothing.
 
+(``null_broker`` below is the other floor, measured by ``send_throughput.py`` in every round: a
+Broker service that stores nothing, sent to by the same Python clients as the daemon.)
+
 A ``grpc.aio`` server on uvloop (as the daemon's) with one unary method that takes the raw request
 bytes (no protobuf parse) and answers ``b"ok"``; 4 client processes, each sending 1 MiB requests one
 at a time through a plain ``grpc`` channel, for ``--seconds``. Then the same with the handler as a
@@ -25,6 +28,9 @@ import grpc
 import uvloop
 from common import Results, log
 
+from broker.daemon.send_wire import parse_send
+from proto import tidemark_pb2 as pb
+
 METHOD = "/floor.Floor/Take"
 LIMIT = 64 << 20
 BLOCK = 1 << 20
@@ -34,9 +40,22 @@ def _identity(data: bytes) -> bytes:
     return data
 
 
-def _handler(fn: Any) -> grpc.GenericRpcHandler:
-    method = grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_identity, response_serializer=_identity)
-    return grpc.method_handlers_generic_handler("floor.Floor", {"Take": method})
+def _run_server(ports: Any, service: str, methods: dict[str, Any]) -> None:
+    """Serve ``methods`` (name -> handler taking and returning raw bytes) on a ``grpc.aio`` server on
+    uvloop, as the daemon's; the port goes to ``ports``."""
+    async def main() -> None:
+        server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(8),
+                                 options=[("grpc.max_receive_message_length", LIMIT)])
+        handlers = {name: grpc.unary_unary_rpc_method_handler(fn, request_deserializer=_identity, response_serializer=_identity)
+                    for name, fn in methods.items()}
+        server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        ports.put(port)
+        await server.wait_for_termination()
+
+    uvloop.install()
+    asyncio.run(main())
 
 
 def serve(ports: Any, in_pool: bool) -> None:
@@ -46,17 +65,29 @@ def serve(ports: Any, in_pool: bool) -> None:
     def take(request: bytes, context: Any) -> bytes:
         return b"ok"
 
-    async def main() -> None:
-        server = grpc.aio.server(migration_thread_pool=futures.ThreadPoolExecutor(8),
-                                 options=[("grpc.max_receive_message_length", LIMIT)])
-        server.add_generic_rpc_handlers((_handler(take if in_pool else take_async),))
-        port = server.add_insecure_port("127.0.0.1:0")
-        await server.start()
-        ports.put(port)
-        await server.wait_for_termination()
+    _run_server(ports, "floor.Floor", {"Take": take if in_pool else take_async})
 
-    uvloop.install()
-    asyncio.run(main())
+
+def null_broker(ports: Any, topic: str, queues: int) -> None:
+    """A process serving the two Broker methods a producer calls, storing nothing: ``ListTopics``
+    names ``topic`` with ``queues`` queues, ``Send`` reads the request as the daemon does
+    (``send_wire``, records left in place) and answers a receipt per batch. What the machine's 2
+    cores give the same client processes when the server's own work costs nothing."""
+    topics = pb.ListTopicsResponse(topics=[pb.TopicInfo(name=topic, queues=queues, queue_max_offsets=[0] * queues)])
+    offset = 0
+
+    async def send(data: bytes, context: Any) -> bytes:
+        nonlocal offset
+        receipts = []
+        for b in parse_send(data).batches:
+            receipts.append(pb.BatchReceipt(commit_offset=offset, record_count=b.record_count))
+            offset += len(b.records)
+        return pb.SendResponse(receipts=receipts).SerializeToString()
+
+    async def list_topics(data: bytes, context: Any) -> bytes:
+        return topics.SerializeToString()
+
+    _run_server(ports, pb.DESCRIPTOR.services_by_name["Broker"].full_name, {"Send": send, "ListTopics": list_topics})
 
 
 def produce(port: int, seconds: float, out: Any) -> None:

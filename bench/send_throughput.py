@@ -17,12 +17,18 @@ these VMs a write into pages the guest never touched costs 2.5-2.8 ms a MiB agai
 recycled ones, and a probe that let its file's cache grow measured 258-470 MB/s one evening and
 1.3 GB/s another morning on the same disk.
 
+The ceiling for these clients on these cores is measured in each round as well: the same producers
+against a Broker server that stores nothing (``grpc_floor.null_broker``: it reads the request as the
+daemon does and answers receipts). Its MB/s over the disk's is what the disk row could reach if the
+daemon's own work cost nothing; Tidemark over it is how much of that ceiling the daemon keeps.
+
 Usage: .venv/bin/python bench/send_throughput.py [--quick] [--producers 4] [--seconds 15]
 """
 
 from __future__ import annotations
 
 import functools
+import multiprocessing as mp
 import os
 import statistics
 import sys
@@ -30,6 +36,7 @@ import time
 from typing import Any
 
 import common
+import grpc_floor
 import load
 import redis
 from common import KiB, Results, log
@@ -41,6 +48,7 @@ TOPIC = "bench-send"
 QUEUES = 4
 REDIS_PIPELINE = 128
 DISK_RATIO_TARGET = 0.9
+NULL_BROKER = "null broker (stores nothing)"
 
 
 def redis_producer(port: int, index: int, body_bytes: int, start_at: float, warmup_s: float, seconds: float,
@@ -103,6 +111,22 @@ def bench_tidemark(workdir: str, ack: str, producers: int, batch: int, body: int
     return res
 
 
+def bench_null_broker(producers: int, batch: int, body: int, warmup_s: float, seconds: float) -> dict[str, Any]:
+    """The same producers against ``grpc_floor.null_broker``: a server that stores nothing."""
+    ctx = mp.get_context("spawn")
+    ports = ctx.Queue()
+    server = ctx.Process(target=grpc_floor.null_broker, args=(ports, TOPIC, QUEUES), daemon=True)
+    server.start()
+    try:
+        address = f"127.0.0.1:{ports.get(timeout=60)}"
+        args = [(address, TOPIC, QUEUES, "flush", batch, body, 0.0, 0.0) for _ in range(producers)]
+        log(f"null broker: {producers} producer processes x {batch} msgs/send, {seconds}s window")
+        return run_producers(load.window_producer, args, warmup_s, seconds, watch_pid=server.pid or 0)
+    finally:
+        server.kill()
+        server.join()
+
+
 def disk_probe(workdir: str, seconds: float, block_bytes: int = 1 << 20) -> float:
     """MB/s of ``block_bytes`` writes, each followed by ``fdatasync``, into a fresh file in ``workdir``
     (each block's pages given back once synced: see the module's docstring)."""
@@ -139,11 +163,14 @@ def bench_redis(workdir: str, appendfsync: str, producers: int, body: int, warmu
 
 
 def bench_system(name: str, a: Any, warmup: float, seconds: float, round_no: int, _attempt: int) -> dict[str, Any]:
-    """One window of ``tidemark ack=<mode>`` or ``redis appendfsync=<mode>`` (then the Redis version in ``version``)."""
-    mode = name.split("=")[1]
+    """One window of ``tidemark ack=<mode>``, ``redis appendfsync=<mode>`` (then the Redis version in
+    ``version``) or the null broker."""
+    mode = name.rsplit("=", maxsplit=1)[-1]
     workdir = a.workdir or "/tmp"
     if name.startswith("tidemark"):
         r: dict[str, Any] = bench_tidemark(workdir, mode, a.producers, a.batch, a.body, warmup, seconds)
+    elif name == NULL_BROKER:
+        r = bench_null_broker(a.producers, a.batch, a.body, warmup, seconds)
     else:
         r, version = bench_redis(workdir, mode, a.producers, a.body, warmup, seconds)
         r["version"] = version
@@ -173,7 +200,7 @@ def main() -> int:
     workdir = a.workdir
     common.require_free_disk(workdir or "/tmp", int(3 * 200_000 * a.body * seconds) if not a.quick else 1 << 30)
 
-    systems = ["tidemark ack=flush", "tidemark ack=leader"]
+    systems = ["tidemark ack=flush", "tidemark ack=leader", NULL_BROKER]
     if not a.skip_redis:
         systems += ["redis appendfsync=always", "redis appendfsync=everysec"]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
@@ -197,8 +224,9 @@ def main() -> int:
         median[name] = statistics.median(rates)
         mid = sorted(rs, key=lambda r: r["rate"])[len(rs) // 2]
         label = name.replace("redis", f"redis {version}") if name.startswith("redis") else name
-        unit_note = f"per send of {a.batch}" if name.startswith("tidemark") else f"per pipeline of {REDIS_PIPELINE}"
-        server = "daemon" if name.startswith("tidemark") else "redis"
+        redis_run = name.startswith("redis")
+        unit_note = f"per pipeline of {REDIS_PIPELINE}" if redis_run else f"per send of {a.batch}"
+        server = "redis" if redis_run else "daemon" if name.startswith("tidemark") else "server"
         res.add(label, median[name], "msg/s",
                 note=f"median of {len(rates)}: " + " / ".join(f"{x:,.0f}" for x in rates)
                      + f"; p50 {mid['p50_ms']:.1f} ms p99 {mid['p99_ms']:.1f} ms {unit_note}; CPU: {server} "
@@ -207,7 +235,7 @@ def main() -> int:
                 rates=rates, p50_ms=mid["p50_ms"], p99_ms=mid["p99_ms"], server_cpu_cores=mid["server_cpu"],
                 client_cpu_cores=mid["client_cpu"], machine_cpu_cores=mid["machine_cpu"], window_s=mid["window_s"],
                 messages=mid["count"], redis_version=version)
-        if name.startswith("tidemark"):
+        if not redis_run:
             res.add(f"{name} MB/s", median[name] * a.body / 1e6, "MB/s", note="payload bytes only")
 
     flush = "tidemark ack=flush"
@@ -218,6 +246,13 @@ def main() -> int:
     res.add("ratio ack=flush MB/s / disk 1 MiB + fdatasync MB/s", median[flush] * a.body / 1e6 / disk_mbps, "x",
             target=target, ok=ok, note="payload bytes; per round: " + " / ".join(
                 f"{r['rate'] * a.body / 1e6 / d:.2f}" for r, d in zip(runs[flush], disk, strict=True)))
+    null_mbps = median[NULL_BROKER] * a.body / 1e6
+    res.add("ratio null broker MB/s / disk 1 MiB + fdatasync MB/s", null_mbps / disk_mbps, "x",
+            note="the disk row's ceiling with these clients on these cores; per round: " + " / ".join(
+                f"{r['rate'] * a.body / 1e6 / d:.2f}" for r, d in zip(runs[NULL_BROKER], disk, strict=True)))
+    res.add("ratio tidemark_flush / null broker", median[flush] / median[NULL_BROKER], "x",
+            note="of the medians; per round: " + " / ".join(
+                f"{t['rate'] / n['rate']:.2f}" for t, n in zip(runs[flush], runs[NULL_BROKER], strict=True)))
     if not a.skip_redis:
         for fsync, want in (("always", 6.0), ("everysec", 1.5)):
             other = f"redis appendfsync={fsync}"
