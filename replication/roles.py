@@ -94,6 +94,7 @@ class RoleController:
         store.epochs.start(epoch, store.log.max_offset)
         store.set_role("master", "")  # lifts a fence: this is a new epoch
         store.watermarks.advance_confirm()
+        store.metadata_fence = store.watermarks.confirm_offset  # reads of the views wait for it
         failpoint("roles_after_become_master")
 
     def wait_views_caught_up(self) -> None:
@@ -104,7 +105,7 @@ class RoleController:
         of ``become_master``: the coordinator's etcd round runs that, and must not wait here
         (its lease would go unrenewed)."""
         store = self.store
-        confirmed = store.watermarks.confirm_offset
+        confirmed = store.metadata_fence
         if not store.wait_metadata_applied(confirmed, VIEWS_CATCH_UP_S):
             log.warning("views_behind_after_promotion", confirm_offset=confirmed, waited_s=VIEWS_CATCH_UP_S)
 

@@ -406,3 +406,30 @@ def test_a_flapping_network_ends_with_one_master_converged_logs_and_nothing_lost
         assert not missing(d.address, producer.acked, QUEUES)
     assert len(producer.acked) > 1000
     pair.close()
+
+
+def test_first_calls_after_an_automatic_failover_see_what_was_acknowledged_before_it(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The etcd round takes office without waiting for the views (its lease must be renewed), and a
+    slave's views apply only what its master confirmed to it: the rest of its log is applied once
+    it is master. With the slave's apply rounds slowed (8 s), its views still lack a topic and a
+    committed offset acknowledged just before the failover when it takes office. Reads of the
+    metadata view wait for them (``Store.wait_metadata_fence``): the first ``list_topics``,
+    ``committed_offset`` and ``send`` on the new master see both."""
+    pair = Pair(spawn, etcd)
+    master = wait_master(pair.nodes)
+    slave = pair.other(master)
+    slave.stop()
+    slave.env["TIDEMARK_FAILPOINTS"] = "views_before_apply=sleep:8000"
+    slave.start()
+    wait_until(lambda: in_sync(master, slave), 30, "the slave in sync and in etcd's in-sync set")
+    with BrokerClient(master.address) as c:
+        c.create_topic("late", queues=3)
+        c.send("late", [Message(body=b"a")], ack="replica")
+        c.commit_offset("g", "late", 0, 1)  # acknowledged once the slave has it too
+    master.kill9()
+    new = wait_master(pair.nodes, 30, among=[slave])
+    assert status(new)["applied_offset"] < status(new)["confirm_offset"]  # the views lag: the case at hand
+    with BrokerClient(new.address, timeout_s=15) as c:
+        assert c.list_topics().get("late", {}).get("queues") == 3
+        assert c.committed_offset("g", "late", 0) == 1
+        assert c.send("late", [Message(body=b"b", key="k")], ack="flush")[0].topic == "late"

@@ -74,6 +74,9 @@ def _unexpected(exc: Exception) -> BrokerError:
 # when it is small enough not to hold the loop for long; a bigger one in a pool thread.
 SEND_ON_LOOP_RECORDS_MAX = 16_384
 SEND_ON_LOOP_BYTES_MAX = 8 << 20
+# How long a read of the metadata view waits, on a node that just took office, for the view to
+# apply what was confirmed then (``Store.wait_metadata_fence``); UNAVAILABLE after it.
+METADATA_FENCE_WAIT_S = 5.0
 
 
 def _send_response(request: SendRequest, receipts: list[BatchReceipt], plain_batches: plain.Encoded | None) -> pb.SendResponse:
@@ -237,6 +240,7 @@ class BrokerService(pb_grpc.BrokerServicer):
     def GetOffset(self, request: pb.GetOffsetRequest, context: grpc.ServicerContext) -> pb.GetOffsetResponse:
         def run() -> pb.GetOffsetResponse:
             self._check_group(request.group)
+            self.store.wait_metadata_fence(METADATA_FENCE_WAIT_S)
             self.store.reads.queue_bounds(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
             value = self.store.offsets.get(request.group, request.topic, request.queue_id)
             if value is None:
@@ -312,6 +316,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:
+            self.store.wait_metadata_fence(METADATA_FENCE_WAIT_S)
             topics = [self._topic_info(n, t["queues"]) for n, t in sorted(self.store.views.metadata.list_topics().items())]
             if request.include_system:
                 topics += [self._topic_info(n, 1) for n in system_records.SYSTEM_TOPICS]
@@ -326,6 +331,11 @@ class BrokerService(pb_grpc.BrokerServicer):
             self._roles().demote(request.master)
             return pb.DemoteResponse()
         return _handle(context, run)
+
+    def _after_fence(self, read: Callable[..., T], *args: Any) -> T:
+        """``read(*args)`` once the metadata view passed a new master's fence (``Store.wait_metadata_fence``)."""
+        self.store.wait_metadata_fence(METADATA_FENCE_WAIT_S)
+        return read(*args)
 
     def _roles(self) -> RoleController:
         if self.store.role_controller is None:
@@ -373,10 +383,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                                     assigned=[pb.QueueRef(topic=t, queue_id=q) for t, q in sorted(answer.assigned)])
 
     def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
-        return _handle(context, lambda: pb.ListGroupsResponse(groups=self.groups.list_groups()))
+        return _handle(context, lambda: pb.ListGroupsResponse(groups=self._after_fence(self.groups.list_groups)))
 
     def DescribeGroup(self, request: pb.DescribeGroupRequest, context: grpc.ServicerContext) -> pb.DescribeGroupResponse:
-        return _handle(context, lambda: pb.DescribeGroupResponse(group=self.groups.describe(request.group)))
+        return _handle(context, lambda: pb.DescribeGroupResponse(group=self._after_fence(self.groups.describe, request.group)))
 
     def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: grpc.ServicerContext) -> pb.ResetOffsetsResponse:
         def run() -> pb.ResetOffsetsResponse:
@@ -387,7 +397,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         return _handle(context, run)
 
     def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.ServicerContext) -> pb.DescribeTopicResponse:
-        return _handle(context, lambda: self.groups.describe_topic(request.name))
+        return _handle(context, lambda: self._after_fence(self.groups.describe_topic, request.name))
 
     def CancelTimer(self, request: pb.CancelTimerRequest, context: grpc.ServicerContext) -> pb.CancelTimerResponse:
         def run() -> pb.CancelTimerResponse:

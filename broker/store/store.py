@@ -95,6 +95,7 @@ class Store:
         self._role_listeners: list[RoleListener] = []
         self._status_providers: list[StatusProvider] = []
         self.role_controller: RoleController | None = None
+        self.metadata_fence = 0  # set by a node taking office: see ``wait_metadata_fence``
         self.disk = DiskSpace(data_dir)
         self.incidents = Incidents()
         self.watermarks = Watermarks(config, log_, self._stop, lambda: self.role, flushed_offset=recovered.flushed_offset,
@@ -195,6 +196,8 @@ class Store:
             self.redirect_address = ""
             if role == "master":
                 self.fenced_reason = ""
+            else:  # a slave's views follow its new master's confirm offset, which a truncation may put lower
+                self.metadata_fence = 0
         log.info("role_changed", role=role, epoch=self.epoch, master=master_address)
         for listener in self._role_listeners:
             listener(role)
@@ -262,6 +265,23 @@ class Store:
     def wait_metadata_applied(self, offset: int, timeout_s: float) -> bool:
         """Wait until the metadata view applied everything below ``offset`` (a write is visible)."""
         return self.dispatcher.wait_applied(self.views.metadata, offset, timeout_s)
+
+    def wait_metadata_fence(self, timeout_s: float) -> None:
+        """A read of the metadata view (topics, committed offsets, groups) on a node that took
+        office moments ago waits until the view applied what was confirmed then
+        (``metadata_fence``): a slave's views apply only what its master confirmed to it, the
+        rest once it is master, and a client's first call after a failover must not meet
+        "unknown topic", or an older committed offset, for a write acknowledged before it.
+        Free once passed. UNAVAILABLE (clients retry) if the view is still behind after
+        ``timeout_s``."""
+        fence = self.metadata_fence
+        if not fence:
+            return
+        if not self.wait_metadata_applied(fence, timeout_s):
+            raise BrokerError("UNAVAILABLE", "this node took office moments ago and is still applying its log to "
+                              f"its views (up to offset {fence}); retry")
+        if self.metadata_fence == fence:
+            self.metadata_fence = 0
 
     async def wait_metadata_applied_async(self, offset: int, timeout_s: float) -> bool:
         """``wait_metadata_applied`` for a coroutine on the server's event loop."""
