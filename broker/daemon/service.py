@@ -135,6 +135,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         ack = ACK_NAMES[request.ack]
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
+        if request.messages:  # their topics' queue counts come from the metadata view
+            await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)
         # a framing walk stops at the declared record count, so declared counts bound the checks
         on_loop = sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
         plain_batches = await self._on_loop_or_pool(on_loop, plain.encode, request.messages, request.producer_id,
@@ -350,6 +352,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         self.store.check_still_master()
+        await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)  # its topics' queue counts
         group, topics, owned, session_ms = self.groups.check_heartbeat(request)
         membership = self.heartbeats.membership
         interval_ms = min(self.config["groups.heartbeat_interval_ms"], session_ms // 3)
@@ -421,6 +424,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         or the next lease ends, at most ``max_wait_ms``."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
+        await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)  # the topic and the group's leases
         queues = self.pops.topic_queues(request.topic)
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         pop = functools.partial(self.pops.pop, request.group, request.topic, request.max_messages or 32,

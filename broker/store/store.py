@@ -275,9 +275,17 @@ class Store:
         Free once passed. UNAVAILABLE (clients retry) if the view is still behind after
         ``timeout_s``."""
         fence = self.metadata_fence
-        if not fence:
-            return
-        if not self.wait_metadata_applied(fence, timeout_s):
+        if fence:
+            self._passed_fence(fence, self.wait_metadata_applied(fence, timeout_s))
+
+    async def wait_metadata_fence_async(self, timeout_s: float) -> None:
+        """``wait_metadata_fence`` for a coroutine on the server's event loop."""
+        fence = self.metadata_fence
+        if fence:
+            self._passed_fence(fence, await self.wait_metadata_applied_async(fence, timeout_s))
+
+    def _passed_fence(self, fence: int, applied: bool) -> None:
+        if not applied:
             raise BrokerError("UNAVAILABLE", "this node took office moments ago and is still applying its log to "
                               f"its views (up to offset {fence}); retry")
         if self.metadata_fence == fence:
