@@ -32,6 +32,21 @@ def _code(fn: Callable[[], object]) -> grpc.StatusCode:
     return info.value.code()  # type: ignore[attr-defined, no-any-return]
 
 
+def test_a_pull_after_an_acknowledged_send_reads_it_however_far_the_views_lag(spawn: Callable[..., DaemonProcess]) -> None:
+    """Read-your-writes: every apply round of the views is slowed by 0.8 s, so the queue view lags
+    each acknowledged send; a pull right after it (no wait) still returns it, and a pull at the
+    offset after its receipt is at the end, not beyond it (seen in CI: a pull found nothing)."""
+    d = spawn("node", env={"TIDEMARK_FAILPOINTS": "views_before_apply=sleep:800"})
+    with BrokerClient(d.address, timeout_s=20) as c:
+        c.create_topic("ryw", queues=1)
+        for round_no in range(3):
+            receipts = c.send("ryw", [Message(body=b"r%d-%d" % (round_no, i)) for i in range(5)], ack="flush")
+            got = c.pull("ryw", 0, receipts[0].queue_offset, max_messages=100)
+            assert [m.body for m in got] == [b"r%d-%d" % (round_no, i) for i in range(5)]
+            after = c.pull("ryw", 0, receipts[-1].queue_offset + 1)
+            assert len(after) == 0 and after.next_offset == receipts[-1].queue_offset + 1
+
+
 def test_send_pull_roundtrip_with_keys_and_properties(daemon: DaemonProcess) -> None:
     """Messages come back intact, in order, with key, properties and offsets from the receipts."""
     with BrokerClient(daemon.address) as c:

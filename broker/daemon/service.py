@@ -77,6 +77,9 @@ SEND_ON_LOOP_BYTES_MAX = 8 << 20
 # How long a read of the metadata view waits, on a node that just took office, for the view to
 # apply what was confirmed then (``Store.wait_metadata_fence``); UNAVAILABLE after it.
 METADATA_FENCE_WAIT_S = 5.0
+# How long a pull at the end of its queue waits for the queue view to apply what is confirmed
+# (read-your-writes: ``_read_your_writes``); it reads what is applied after it.
+READ_YOUR_WRITES_WAIT_S = 2.0
 
 
 def _send_response(request: SendRequest, receipts: list[BatchReceipt], plain_batches: plain.Encoded | None) -> pb.SendResponse:
@@ -196,6 +199,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         read = functools.partial(self.store.reads.pull, request.topic, request.queue_id, request.offset,
                                  max_messages, max_bytes, 0)
+        await self._read_your_writes(request.topic, request.queue_id, request.offset)
         key = (request.topic, request.queue_id)
         deadline = loop.time() + wait_s
         while True:
@@ -215,6 +219,20 @@ class BrokerService(pb_grpc.BrokerServicer):
             finally:
                 if parked is not None:
                     self.longpolls.unpark(key, parked)
+
+    async def _read_your_writes(self, topic: str, queue_id: int, offset: int) -> None:
+        """A pull at or past the end of its queue, while the queue view lags the confirm offset,
+        first waits (at most ``READ_YOUR_WRITES_WAIT_S``) for the view to apply what is confirmed
+        now: a send acknowledged before the pull began is confirmed, and must be read (not missed,
+        nor an offset from its receipt refused as beyond the end) however far the view's apply
+        lags. Costs nothing when the view is current or the pull is inside the queue."""
+        confirmed = self.store.watermarks.confirm_offset
+        queues = self.store.views.queues
+        if queues.applied_offset >= confirmed:
+            return
+        qf = queues.queue(topic, queue_id)
+        if qf is None or offset >= qf.next_queue_offset:
+            await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         return _handle(context, lambda: pb.OffsetForTimeResponse(
