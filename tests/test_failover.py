@@ -412,9 +412,9 @@ def test_first_calls_after_an_automatic_failover_see_what_was_acknowledged_befor
     """The etcd round takes office without waiting for the views (its lease must be renewed), and a
     slave's views apply only what its master confirmed to it: the rest of its log is applied once
     it is master. With the slave's apply rounds slowed (8 s), its views still lack a topic and a
-    committed offset acknowledged just before the failover when it takes office. Reads of the
-    metadata view wait for them (``Store.wait_metadata_fence``): the first ``list_topics``,
-    ``committed_offset`` and ``send`` on the new master see both."""
+    committed offset acknowledged just before the failover when it takes office. Every call but
+    status, promote and demote waits for them (``Store.wait_metadata_fence``): a producer that knew
+    the topic before sends to it at once, and ``list_topics`` and ``committed_offset`` see both."""
     pair = Pair(spawn, etcd)
     master = wait_master(pair.nodes)
     slave = pair.other(master)
@@ -422,14 +422,15 @@ def test_first_calls_after_an_automatic_failover_see_what_was_acknowledged_befor
     slave.env["TIDEMARK_FAILPOINTS"] = "views_before_apply=sleep:8000"
     slave.start()
     wait_until(lambda: in_sync(master, slave), 30, "the slave in sync and in etcd's in-sync set")
-    with BrokerClient(master.address) as c:
-        c.create_topic("late", queues=3)
-        c.send("late", [Message(body=b"a")], ack="replica")
-        c.commit_offset("g", "late", 0, 1)  # acknowledged once the slave has it too
-    master.kill9()
-    new = wait_master(pair.nodes, 30, among=[slave])
-    assert status(new)["applied_offset"] < status(new)["confirm_offset"]  # the views lag: the case at hand
-    with BrokerClient(new.address, timeout_s=15) as c:
+    with BrokerClient([master.address, slave.address], timeout_s=20) as producer:
+        producer.create_topic("late", queues=3)
+        producer.send("late", [Message(body=b"a")], ack="replica")
+        producer.commit_offset("g", "late", 0, 1)  # acknowledged once the slave has it too
+        master.kill9()
+        new = wait_master(pair.nodes, 30, among=[slave])
+        assert status(new)["applied_offset"] < status(new)["confirm_offset"]  # the views lag: the case at hand
+        # its first call on the new master: a send with the queue count it learned before
+        assert producer.send("late", [Message(body=b"b", key="k")], ack="flush")[0].topic == "late"
+    with BrokerClient(new.address, timeout_s=20) as c:
         assert c.list_topics().get("late", {}).get("queues") == 3
         assert c.committed_offset("g", "late", 0) == 1
-        assert c.send("late", [Message(body=b"b", key="k")], ack="flush")[0].topic == "late"

@@ -65,8 +65,9 @@ def _mutated(rng: random.Random, data: bytes) -> bytes:
                  + _varint(4 << 3) + b"\xff" * rng.choice((9, 10)) + b"\x01"
                  + _varint(7 << 3 | 2) + _varint(1) + b"a" + _varint(7 << 3 | 2) + _varint(2) + b"bc")
         return data + _varint(1 << 3 | 2) + _varint(len(inner)) + inner
-    if kind == 5:  # a field number 0 or a group
-        return data + rng.choice((b"\x00\x01", b"\x0b\x0c", b"\x08" + b"\x80" * 11 + b"\x01"))
+    if kind == 5:  # a field number 0, a group, a long varint, a tag of 6 bytes (upb refuses it)
+        return data + rng.choice((b"\x00\x01", b"\x0b\x0c", b"\x08" + b"\x80" * 11 + b"\x01",
+                                  b"\x90\x80\x80\x80\x80\x00\x01", b"\x90\x80\x80\x80\x00\x01"))
     return data
 
 
@@ -95,3 +96,13 @@ def test_plain_messages_go_to_the_protobuf_parser() -> None:
     data = pb.SendRequest(messages=[pb.PlainMessage(topic="t", body=b"b")]).SerializeToString()
     parsed = parse_send(data)
     assert isinstance(parsed, pb.SendRequest) and parsed.messages[0].body == b"b"
+
+
+def test_a_request_of_many_fields_goes_to_the_protobuf_parser() -> None:
+    """Millions of repeated scalars are a valid request; read in Python they would hold the event loop."""
+    many = pb.SendRequest(ack=pb.ACK_FLUSH).SerializeToString() * 100_000
+    parsed = parse_send(many)
+    assert isinstance(parsed, pb.SendRequest) and parsed.ack == pb.ACK_FLUSH
+    batch = pb.SendRequest(batches=[pb.ProduceBatch(topic="t", record_count=1, records=b"r")]).SerializeToString()
+    assert isinstance(parse_send(batch * 100), SendRequestView)
+    assert isinstance(parse_send(batch * 5000), pb.SendRequest)

@@ -17,11 +17,16 @@ give it (scalars: the last occurrence wins; integers cut to their type's width a
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from proto import tidemark_pb2 as pb
 
 _VARINT, _LEN = 0, 2
+# Beyond these, the protobuf parser (in C) reads the request: a client sends each field once, and
+# one batch per queue it writes to.
+BATCH_FIELDS_MAX = 16
+REQUEST_FIELDS_MAX = 4096
 _U64 = (1 << 64) - 1
 _U32 = (1 << 32) - 1
 
@@ -78,29 +83,36 @@ def _int32(v: int) -> int:
     return v - (1 << 32) if v >= 1 << 31 else v
 
 
-def _fields(data: bytes, pos: int, end: int) -> list[tuple[int, int, int, int]]:
-    """(field number, wire type, value or start, end) of each field between ``pos`` and ``end``."""
-    out = []
+def _fields(data: bytes, pos: int, end: int, most: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, wire type, value or start, end) of each field between ``pos`` and ``end``;
+    more than ``most`` fields go to the protobuf parser (a request of millions of repeated scalars
+    is valid, and would hold the event loop for seconds here)."""
+    count = 0
     while pos < end:
+        count += 1
+        if count > most:
+            raise _NotFast
+        tag_at = pos
         tag, pos = _varint(data, pos, end)
+        if pos - tag_at > 5 or tag > _U32:  # upb refuses a tag longer than 5 bytes or above 32 bits
+            raise _NotFast
         number, wire = tag >> 3, tag & 7
         if wire == _VARINT:
             value, pos = _varint(data, pos, end)
-            out.append((number, wire, value, pos))
+            yield number, wire, value, pos
         elif wire == _LEN:
             size, pos = _varint(data, pos, end)
             if size > end - pos:
                 raise _NotFast
-            out.append((number, wire, pos, pos + size))
+            yield number, wire, pos, pos + size
             pos += size
         else:
             raise _NotFast
-    return out
 
 
 def _batch(data: bytes, view: memoryview, start: int, end: int) -> SendBatchView:
     b = SendBatchView()
-    for number, wire, a, z in _fields(data, start, end):
+    for number, wire, a, z in _fields(data, start, end, BATCH_FIELDS_MAX):
         if wire == _LEN:
             if number == 7:
                 b.records = view[a:z]
@@ -134,7 +146,7 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
     try:
         view = memoryview(data)
         request = SendRequestView()
-        for number, wire, a, z in _fields(data, 0, len(data)):
+        for number, wire, a, z in _fields(data, 0, len(data), REQUEST_FIELDS_MAX):
             if wire == _LEN:
                 if number != 1:
                     raise _NotFast

@@ -36,7 +36,7 @@ from broker.daemon.heartbeats import Heartbeats
 from broker.daemon.liveness import FlushProgress
 from broker.daemon.longpoll import LongPolls
 from broker.daemon.sdnotify import Notifier
-from broker.daemon.service import BrokerService
+from broker.daemon.service import FENCE_EXEMPT, BrokerService
 from broker.daemon.wire import add_broker_service
 from broker.invariant import StartupRefused
 from broker.logformat import batch as bf
@@ -116,7 +116,7 @@ class Daemon:
         self.store.register_role_listener(self.heartbeats.role_changed_threadsafe)
         self.heartbeats.start()
         self.service = BrokerService(self.store, self.longpolls, self.read_pool, self.heartbeats)
-        add_broker_service(self.service, server)
+        add_broker_service(self.service, server, FENCE_EXEMPT)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable(server, [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME])
         for plugin in entry_points(group="tidemark.plugins"):

@@ -74,9 +74,13 @@ def _unexpected(exc: Exception) -> BrokerError:
 # when it is small enough not to hold the loop for long; a bigger one in a pool thread.
 SEND_ON_LOOP_RECORDS_MAX = 16_384
 SEND_ON_LOOP_BYTES_MAX = 8 << 20
-# How long a read of the metadata view waits, on a node that just took office, for the view to
-# apply what was confirmed then (``Store.wait_metadata_fence``); UNAVAILABLE after it.
+# How long a call waits, on a node that just took office, for its metadata view to apply what was
+# confirmed then (``Store.wait_metadata_fence``): a coroutine (no thread held), and a call run in
+# the server's thread pool, whose threads every other call needs; UNAVAILABLE after it (retried).
 METADATA_FENCE_WAIT_S = 5.0
+METADATA_FENCE_WAIT_IN_POOL_S = 0.5
+# Calls that never wait for it: what an operator uses while a failover settles.
+FENCE_EXEMPT = frozenset({"Status", "Promote", "Demote"})
 # How long a pull at the end of its queue waits for the queue view to apply what is confirmed
 # (read-your-writes: ``_read_your_writes``); it reads what is applied after it.
 READ_YOUR_WRITES_WAIT_S = 2.0
@@ -121,6 +125,13 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.pops = PopService(store)
         self.groups.pops = self.pops
 
+    # -- a new master's metadata fence (wire.add_broker_service runs these before every call) -----
+    def wait_fence(self) -> None:
+        self.store.wait_metadata_fence(METADATA_FENCE_WAIT_IN_POOL_S)
+
+    async def wait_fence_async(self) -> None:
+        await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)
+
     # -- data --------------------------------------------------------------------------------
     async def Send(self, request: SendRequest, context: grpc.aio.ServicerContext) -> pb.SendResponse:
         return await _handle_async(context, lambda: self._send(request))
@@ -138,8 +149,6 @@ class BrokerService(pb_grpc.BrokerServicer):
         ack = ACK_NAMES[request.ack]
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
-        if request.messages:  # their topics' queue counts come from the metadata view
-            await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)
         # a framing walk stops at the declared record count, so declared counts bound the checks
         on_loop = sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
         plain_batches = await self._on_loop_or_pool(on_loop, plain.encode, request.messages, request.producer_id,
@@ -199,9 +208,9 @@ class BrokerService(pb_grpc.BrokerServicer):
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         read = functools.partial(self.store.reads.pull, request.topic, request.queue_id, request.offset,
                                  max_messages, max_bytes, 0)
-        await self._read_your_writes(request.topic, request.queue_id, request.offset)
         key = (request.topic, request.queue_id)
         deadline = loop.time() + wait_s
+        await self._read_your_writes(request.topic, request.queue_id, request.offset, max_messages)
         while True:
             parked = self.longpolls.park(key) if wait_s > 0 else None
             try:
@@ -220,19 +229,23 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if parked is not None:
                     self.longpolls.unpark(key, parked)
 
-    async def _read_your_writes(self, topic: str, queue_id: int, offset: int) -> None:
-        """A pull at or past the end of its queue, while the queue view lags the confirm offset,
-        first waits (at most ``READ_YOUR_WRITES_WAIT_S``) for the view to apply what is confirmed
-        now: a send acknowledged before the pull began is confirmed, and must be read (not missed,
+    async def _read_your_writes(self, topic: str, queue_id: int, offset: int, max_messages: int) -> None:
+        """A pull that could take more than the queue view holds of its queue, while records of that
+        queue were appended beyond it and the view lags the confirm offset, first waits (at most
+        ``READ_YOUR_WRITES_WAIT_S``) for the view to apply what is confirmed now: a send
+        acknowledged before the pull began is confirmed, and must be in the answer (not missed,
         nor an offset from its receipt refused as beyond the end) however far the view's apply
-        lags. Costs nothing when the view is current or the pull is inside the queue."""
+        lags. Costs nothing when the view is current, holds all the pull may take, or holds all
+        this queue has."""
         confirmed = self.store.watermarks.confirm_offset
         queues = self.store.views.queues
-        if queues.applied_offset >= confirmed:
+        if queues.applied_offset >= confirmed or self.store.closing:
             return
         qf = queues.queue(topic, queue_id)
-        if qf is None or offset >= qf.next_queue_offset:
-            await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
+        have = qf.next_queue_offset if qf is not None else 0
+        if offset + max_messages <= have or self.store.appender.queue_end_hint(topic, queue_id) <= have:
+            return
+        await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         return _handle(context, lambda: pb.OffsetForTimeResponse(
@@ -260,7 +273,6 @@ class BrokerService(pb_grpc.BrokerServicer):
     def GetOffset(self, request: pb.GetOffsetRequest, context: grpc.ServicerContext) -> pb.GetOffsetResponse:
         def run() -> pb.GetOffsetResponse:
             self._check_group(request.group)
-            self.store.wait_metadata_fence(METADATA_FENCE_WAIT_S)
             self.store.reads.queue_bounds(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
             value = self.store.offsets.get(request.group, request.topic, request.queue_id)
             if value is None:
@@ -336,7 +348,6 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:
-            self.store.wait_metadata_fence(METADATA_FENCE_WAIT_S)
             topics = [self._topic_info(n, t["queues"]) for n, t in sorted(self.store.views.metadata.list_topics().items())]
             if request.include_system:
                 topics += [self._topic_info(n, 1) for n in system_records.SYSTEM_TOPICS]
@@ -352,11 +363,6 @@ class BrokerService(pb_grpc.BrokerServicer):
             return pb.DemoteResponse()
         return _handle(context, run)
 
-    def _after_fence(self, read: Callable[..., T], *args: Any) -> T:
-        """``read(*args)`` once the metadata view passed a new master's fence (``Store.wait_metadata_fence``)."""
-        self.store.wait_metadata_fence(METADATA_FENCE_WAIT_S)
-        return read(*args)
-
     def _roles(self) -> RoleController:
         if self.store.role_controller is None:
             raise BrokerError("UNIMPLEMENTED", "replication is not available in this daemon")
@@ -370,7 +376,6 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         self.store.check_still_master()
-        await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)  # its topics' queue counts
         group, topics, owned, session_ms = self.groups.check_heartbeat(request)
         membership = self.heartbeats.membership
         interval_ms = min(self.config["groups.heartbeat_interval_ms"], session_ms // 3)
@@ -404,10 +409,10 @@ class BrokerService(pb_grpc.BrokerServicer):
                                     assigned=[pb.QueueRef(topic=t, queue_id=q) for t, q in sorted(answer.assigned)])
 
     def ListGroups(self, request: pb.ListGroupsRequest, context: grpc.ServicerContext) -> pb.ListGroupsResponse:
-        return _handle(context, lambda: pb.ListGroupsResponse(groups=self._after_fence(self.groups.list_groups)))
+        return _handle(context, lambda: pb.ListGroupsResponse(groups=self.groups.list_groups()))
 
     def DescribeGroup(self, request: pb.DescribeGroupRequest, context: grpc.ServicerContext) -> pb.DescribeGroupResponse:
-        return _handle(context, lambda: pb.DescribeGroupResponse(group=self._after_fence(self.groups.describe, request.group)))
+        return _handle(context, lambda: pb.DescribeGroupResponse(group=self.groups.describe(request.group)))
 
     def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: grpc.ServicerContext) -> pb.ResetOffsetsResponse:
         def run() -> pb.ResetOffsetsResponse:
@@ -418,7 +423,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         return _handle(context, run)
 
     def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.ServicerContext) -> pb.DescribeTopicResponse:
-        return _handle(context, lambda: self._after_fence(self.groups.describe_topic, request.name))
+        return _handle(context, lambda: self.groups.describe_topic(request.name))
 
     def CancelTimer(self, request: pb.CancelTimerRequest, context: grpc.ServicerContext) -> pb.CancelTimerResponse:
         def run() -> pb.CancelTimerResponse:
@@ -442,7 +447,6 @@ class BrokerService(pb_grpc.BrokerServicer):
         or the next lease ends, at most ``max_wait_ms``."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
-        await self.store.wait_metadata_fence_async(METADATA_FENCE_WAIT_S)  # the topic and the group's leases
         queues = self.pops.topic_queues(request.topic)
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         pop = functools.partial(self.pops.pop, request.group, request.topic, request.max_messages or 32,

@@ -17,6 +17,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from broker.daemon.send_wire import parse_send
+from broker.errors import MESSAGE_MAX, BrokerError
 from proto import tidemark_pb2 as pb
 
 _BATCHES_TAG = b"\x0a"
@@ -84,17 +85,43 @@ def _refusing_undecodable(behavior: Callable[[Any, Any], Any]) -> Callable[[Any,
     return run
 
 
-def add_broker_service(servicer: Any, server: grpc.aio.Server) -> None:
+def _after_fence(behavior: Callable[[Any, Any], Any], servicer: Any) -> Callable[[Any, Any], Any]:
+    """``behavior`` once a new master's metadata view applied what was confirmed when it took office
+    (``BrokerService.wait_fence``: every call reads topics, queues or offsets from the views)."""
+    if inspect.iscoroutinefunction(behavior):
+        async def run_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            try:
+                await servicer.wait_fence_async()
+            except BrokerError as exc:
+                await context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
+            return await behavior(request, context)
+
+        return run_async
+
+    def run(request: Any, context: grpc.ServicerContext) -> Any:
+        try:
+            servicer.wait_fence()
+        except BrokerError as exc:
+            context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
+        return behavior(request, context)
+
+    return run
+
+
+def add_broker_service(servicer: Any, server: grpc.aio.Server, fence_exempt: frozenset[str] = frozenset()) -> None:
     """Register every Broker method; Pull returns pre-encoded bytes (see module docstring), Send's
     batches are views of the request (``send_wire``); a request that does not parse gets
-    INVALID_ARGUMENT."""
+    INVALID_ARGUMENT; every method but ``fence_exempt`` waits for a new master's metadata fence."""
     handlers: dict[str, grpc.RpcMethodHandler] = {}
     for method in SERVICE.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
+        behavior = getattr(servicer, method.name)
+        if method.name not in fence_exempt:
+            behavior = _after_fence(behavior, servicer)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _refusing_undecodable(getattr(servicer, method.name)),
+            _refusing_undecodable(behavior),
             request_deserializer=_lenient(parse_send if method.name == "Send" else request_cls.FromString),
             response_serializer=serialize,
         )

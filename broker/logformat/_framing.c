@@ -259,6 +259,14 @@ static PyObject *encode_records(PyObject *self, PyObject *items) {
     if (seq == NULL)
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    /* Allocated before ``item`` is read: a list is tracked by the garbage collector, and a
+     * collection (finalizers run Python code) could change ``items`` under the two passes. Nothing
+     * allocated after this point is tracked (bytes, ints). */
+    PyObject *positions = PyList_New(n);
+    if (positions == NULL) {
+        Py_DECREF(seq);
+        return NULL;
+    }
     PyObject **item = PySequence_Fast_ITEMS(seq);
     Py_ssize_t total = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
@@ -277,10 +285,8 @@ static PyObject *encode_records(PyObject *self, PyObject *items) {
         total += record;
     }
     PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    PyObject *positions = PyList_New(n);
-    if (out == NULL || positions == NULL) {
-        Py_XDECREF(out);
-        Py_XDECREF(positions);
+    if (out == NULL) {
+        Py_DECREF(positions);
         Py_DECREF(seq);
         return NULL;
     }
@@ -322,6 +328,7 @@ static PyObject *encode_records(PyObject *self, PyObject *items) {
     Py_DECREF(positions);
     return result;
 fallback:
+    Py_DECREF(positions);
     Py_DECREF(seq);
     Py_RETURN_NONE;
 }

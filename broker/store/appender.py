@@ -336,6 +336,11 @@ class Appender:
         with self.lock:
             return self.tail.queue_next.get((topic, queue_id), 0)
 
+    def queue_end_hint(self, topic: str, queue_id: int) -> int:
+        """``queue_end`` without the append lock (one dict read): for a coroutine on the event loop,
+        which must not wait for an append in a pool thread; may be one append behind."""
+        return self.tail.queue_next.get((topic, queue_id), 0)
+
     def queue_exists(self, topic: str, queue_id: int) -> bool:
         """Whether a queue takes appends now (the append side's view of topics)."""
         info = self.metadata.topic(topic)

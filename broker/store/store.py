@@ -196,6 +196,7 @@ class Store:
             self.redirect_address = ""
             if role == "master":
                 self.fenced_reason = ""
+                self.metadata_fence = self.watermarks.confirm_offset  # before any call sees a master
             else:  # a slave's views follow its new master's confirm offset, which a truncation may put lower
                 self.metadata_fence = 0
         log.info("role_changed", role=role, epoch=self.epoch, master=master_address)
