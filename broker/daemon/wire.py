@@ -68,41 +68,44 @@ def _lenient(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
     return lenient
 
 
-def _refusing_undecodable(behavior: Callable[[Any, Any], Any]) -> Callable[[Any, Any], Any]:
+def _undecodable(request: Any) -> tuple[grpc.StatusCode, str] | None:
+    if isinstance(request, Undecodable):
+        return grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be decoded: {request.error[:200]}"
+    return None
+
+
+def _refused(exc: BrokerError) -> tuple[grpc.StatusCode, str]:
+    return getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX]
+
+
+def _guarded(behavior: Callable[[Any, Any], Any], servicer: Any, fenced: bool) -> Callable[[Any, Any], Any]:
+    """``behavior``, unless the request does not decode (INVALID_ARGUMENT) or, when ``fenced``, a new
+    master's metadata view did not apply in time what was confirmed when it took office
+    (``BrokerService.wait_fence``: every call but the exempt ones reads topics, queues or offsets
+    from the views). A coroutine handler waits for the fence as a coroutine."""
     if inspect.iscoroutinefunction(behavior):
         async def run_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            if isinstance(request, Undecodable):
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be decoded: {request.error[:200]}")
+            refused = _undecodable(request)
+            if refused is None and fenced:
+                try:
+                    await servicer.wait_fence_async()
+                except BrokerError as exc:
+                    refused = _refused(exc)
+            if refused is not None:
+                await context.abort(*refused)
             return await behavior(request, context)
 
         return run_async
 
     def run(request: Any, context: grpc.ServicerContext) -> Any:
-        if isinstance(request, Undecodable):
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"the request cannot be decoded: {request.error[:200]}")
-        return behavior(request, context)
-
-    return run
-
-
-def _after_fence(behavior: Callable[[Any, Any], Any], servicer: Any) -> Callable[[Any, Any], Any]:
-    """``behavior`` once a new master's metadata view applied what was confirmed when it took office
-    (``BrokerService.wait_fence``: every call reads topics, queues or offsets from the views)."""
-    if inspect.iscoroutinefunction(behavior):
-        async def run_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        refused = _undecodable(request)
+        if refused is None and fenced:
             try:
-                await servicer.wait_fence_async()
+                servicer.wait_fence()
             except BrokerError as exc:
-                await context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
-            return await behavior(request, context)
-
-        return run_async
-
-    def run(request: Any, context: grpc.ServicerContext) -> Any:
-        try:
-            servicer.wait_fence()
-        except BrokerError as exc:
-            context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
+                refused = _refused(exc)
+        if refused is not None:
+            context.abort(*refused)
         return behavior(request, context)
 
     return run
@@ -117,11 +120,8 @@ def add_broker_service(servicer: Any, server: grpc.aio.Server, fence_exempt: fro
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
-        behavior = getattr(servicer, method.name)
-        if method.name not in fence_exempt:
-            behavior = _after_fence(behavior, servicer)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _refusing_undecodable(behavior),
+            _guarded(getattr(servicer, method.name), servicer, method.name not in fence_exempt),
             request_deserializer=_lenient(parse_send if method.name == "Send" else request_cls.FromString),
             response_serializer=serialize,
         )
