@@ -7,10 +7,12 @@ built from the client's ``PulledMessage`` objects.
 from __future__ import annotations
 
 import os
+import random
 import struct
 from collections.abc import Callable, Sequence
 
 import crc32c
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -53,9 +55,19 @@ def test_constants_match_the_broker_format() -> None:
     assert not any(hasattr(dc, name) for name in ("HEADER", "HEADER_BYTES", "MAGIC", "VERSION"))
 
 
+@pytest.fixture(params=["c-gather", "arrow-take"])
+def gather_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each decode test runs on both paths: the C gather and its twin, Arrow's take (no C module)."""
+    if request.param == "arrow-take":
+        monkeypatch.setattr(dc, "native_gather", None)
+    else:
+        assert dc.native_gather is not None, "the C module is not built"
+    return str(request.param)
+
+
 @pytest.mark.parametrize("uniform", [True, False])
 @pytest.mark.parametrize(("skip", "count"), [(0, 30), (4, 26), (7, 10), (0, 1), (11, 1), (11, 19)])
-def test_decode_selects_the_requested_records(uniform: bool, skip: int, count: int) -> None:
+def test_decode_selects_the_requested_records(uniform: bool, skip: int, count: int, gather_path: str) -> None:
     """Keys (null when empty), values, props and times of records skip..skip+count, across batches and blobs."""
     everything = items(30, uniform=uniform)
     b1 = make_batch(everything[:12], base_queue_offset=100, store_time_ms=5)
@@ -87,7 +99,7 @@ def test_raw_batch_builds_the_documented_rows() -> None:
 
 
 @pytest.mark.parametrize("damage", ["body", "header", "topic", "gap", "short", "skip"])
-def test_decode_refuses_bad_batches(damage: str) -> None:
+def test_decode_refuses_bad_batches(damage: str, gather_path: str) -> None:
     """Checksum mismatches, foreign topics, offset gaps and missing records are errors, never rows."""
     good = make_batch(items(5, uniform=False), base_queue_offset=0)
     blob, first, count, topic = good, 0, 5, "t"
@@ -109,7 +121,7 @@ def test_decode_refuses_bad_batches(damage: str) -> None:
         dc.decode([blob], first, count, topic=topic, queue_id=0, first_offset=first, with_props=False)
 
 
-def test_decode_checks_framing_inside_a_batch() -> None:
+def test_decode_checks_framing_inside_a_batch(gather_path: str) -> None:
     """A record length that overruns its batch (with a valid CRC) is refused."""
     records = bf.encode_record(b"abc") + struct.pack("<IHH", 999, 0, 0) + b"zz"
     head = bf.build_header(batch_bytes=bf.HEADER_BYTES + 1 + len(records), record_count=2, base_offset=0,
@@ -117,6 +129,76 @@ def test_decode_checks_framing_inside_a_batch() -> None:
                            queue_id=0, topic_raw=b"t", body_crc=crc32c.crc32c(records))
     with pytest.raises(dc.BatchFormatError, match="do not fill"):
         dc.decode([head + records], 0, 2, topic="t", queue_id=0, first_offset=0, with_props=False)
+
+
+def test_the_c_gather_and_arrow_take_decode_alike(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Random records (empty and long keys, props, bodies from 0 bytes to 3 KiB) over random blob
+    splits and skips: both paths give the same columns, nulls and all."""
+    rng = random.Random(18)
+    for _ in range(60):
+        count = rng.randint(1, 400)
+        everything = [(rng.randbytes(rng.choice([0, 1, 7, 1024, rng.randint(0, 3000)])),
+                       rng.randbytes(rng.choice([0, 0, 3, 300])),
+                       bf.encode_props({"p": "v" * rng.randint(0, 40)}) if rng.random() < 0.3 else b"")
+                      for _ in range(count)]
+        cuts = sorted(rng.sample(range(1, count), min(count - 1, rng.randint(0, 6))))
+        batches = [make_batch(everything[a:b], base_queue_offset=a, store_time_ms=a)
+                   for a, b in zip([0, *cuts], [*cuts, count], strict=True)]
+        blobs: list[bytes] = []
+        for b in batches:  # adjacent batches of the queue share a blob, sometimes
+            if blobs and rng.random() < 0.5:
+                blobs[-1] += b
+            else:
+                blobs.append(b)
+        skip = rng.randint(0, len(everything[:cuts[0] if cuts else count]) - 1)
+        take = rng.randint(1, count - skip)
+        args = dict(topic="t", queue_id=0, first_offset=skip, with_props=True)
+        gathered = dc.decode(blobs, skip, take, **args)  # type: ignore[arg-type]
+        with monkeypatch.context() as m:
+            m.setattr(dc, "native_gather", None)
+            taken = dc.decode(blobs, skip, take, **args)  # type: ignore[arg-type]
+        want = everything[skip:skip + take]
+        assert gathered.values.to_pylist() == taken.values.to_pylist() == [body for body, _, _ in want]
+        assert gathered.keys.to_pylist() == taken.keys.to_pylist() == [key or None for _, key, _ in want]
+        assert gathered.props is not None and taken.props is not None
+        assert gathered.props.to_pylist() == taken.props.to_pylist() == [props for _, _, props in want]
+        assert gathered.times_ms.tolist() == taken.times_ms.tolist()
+        for column in (gathered.values, gathered.keys, gathered.props):
+            column.validate(full=True)
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("position past the bytes", "outside the pulled bytes"),
+    ("negative position", "outside the pulled bytes"),
+    ("length past the bytes", "ends past the pulled bytes"),
+    ("key longer than the record", "does not hold its key"),
+    ("output too small", "do not fit in the output"),
+    ("bad piece", "bad piece"),
+])
+def test_the_c_gather_refuses_what_does_not_fit(case: str, message: str) -> None:
+    """The C gather trusts no position, length or size: each misfit is a ValueError, never a read or
+    write outside its buffers."""
+    assert dc.native_gather is not None
+    rec = bf.encode_record(b"body", b"key")  # 8-byte head, 3-byte key, 4-byte body
+    blob = b"\0" * 5 + rec + rec
+    positions = np.array([5, 5 + len(rec)], dtype=np.int64)
+    out, piece = bytearray(16), dc.BODY
+    if case == "position past the bytes":
+        positions[1] = len(blob) - 7
+    elif case == "negative position":
+        positions[0] = -1
+    elif case == "length past the bytes":
+        blob = blob[:-1]
+    elif case == "key longer than the record":
+        blob = blob[:5] + struct.pack("<IHH", 4 + 7, 9, 0) + blob[13:]
+    elif case == "output too small":
+        out = bytearray(7)
+    elif case == "bad piece":
+        piece = 3
+    with pytest.raises(ValueError, match=message):
+        dc.native_gather(blob, positions.data, piece, out, 0)
+    assert dc.native_gather(b"\0" * 5 + rec + rec, np.array([5, 5 + len(rec)], dtype=np.int64).data, dc.BODY,
+                            bytearray(8), 0) == 8  # the same call on sound input
 
 
 def reference_batch(result: PullResult, count: int, topic: str, queue_id: int, first_offset: int) -> pa.RecordBatch:
