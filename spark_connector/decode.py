@@ -24,7 +24,7 @@ queue offsets must be the ones asked for.
 from __future__ import annotations
 
 import struct
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,9 @@ _HEAD_DTYPE = np.dtype([("size", "<u4"), ("key_len", "<u2"), ("props_len", "<u2"
 _HEAD_SPAN = np.arange(RECORD_HEAD_BYTES, dtype=np.int64)
 BLOB_BYTES_MAX = (1 << 31) - 1  # int32 offsets of Arrow's binary type
 KEY, PROPS, BODY = 0, 1, 2  # the pieces of a record, as _framing.gather numbers them
-native_gather = native.gather if native is not None else None
+Gather = Callable[[bytes | memoryview, memoryview, int, pa.Buffer, int], int]
+native_gather: Gather | None = (
+    native.gather if native is not None else None)
 
 
 class BatchFormatError(ValueError):
@@ -58,10 +60,10 @@ class Columns:
     count: int
 
 
-Plan = list[tuple[bytes, np.ndarray, np.ndarray]]  # per blob: (blob, record positions, store times)
+Plan = list[tuple[bytes | memoryview, np.ndarray, np.ndarray]]  # per blob: (blob, record positions, store times)
 
 
-def plan(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int,
+def plan(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, topic: str, queue_id: int,
          first_offset: int) -> Plan:
     """Where the ``count`` records after the first ``skip_first`` records of ``blobs`` (runs of
     whole batches) are, checking that they start at queue offset ``first_offset`` of
@@ -111,7 +113,7 @@ def plan(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, que
     return out
 
 
-def decode_chunks(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int,
+def decode_chunks(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, topic: str, queue_id: int,
                   first_offset: int, with_props: bool) -> Iterator[Columns]:
     """``decode``'s records as one ``Columns`` per blob, gathered by Arrow's ``take`` (the twin of
     the C gather, and the path when it is not built). Every blob is checked before the first yield."""
@@ -121,12 +123,13 @@ def decode_chunks(blobs: Sequence[bytes], skip_first: int, count: int, *, topic:
         yield Columns(keys, values, props, times_ms, len(positions))
 
 
-def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, queue_id: int, first_offset: int,
+def decode(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, topic: str, queue_id: int, first_offset: int,
            with_props: bool) -> Columns:
     """The ``count`` records after the first ``skip_first`` records of ``blobs`` (runs of whole
     batches), which must start at queue offset ``first_offset`` of ``topic``/``queue_id``, as
     columns. Every blob is checked before anything is gathered."""
-    if native_gather is None:
+    gather = native_gather
+    if gather is None:
         return _joined(list(decode_chunks(blobs, skip_first, count, topic=topic, queue_id=queue_id,
                                           first_offset=first_offset, with_props=with_props)), count, with_props)
     chunks = plan(blobs, skip_first, count, topic=topic, queue_id=queue_id, first_offset=first_offset)
@@ -136,13 +139,13 @@ def decode(blobs: Sequence[bytes], skip_first: int, count: int, *, topic: str, q
     body_len = _lengths([h[2] for h in heads])
     times_ms = np.concatenate([t for _, _, t in chunks]) if chunks else np.zeros(0, np.int64)
     has_key = key_len != 0
-    keys = _gathered(chunks, KEY, key_len, has_key) if bool(has_key.any()) else pa.nulls(count, pa.binary())
-    values = _gathered(chunks, BODY, body_len, None)
-    props = _gathered(chunks, PROPS, props_len, None) if with_props else None
+    keys = _gathered(gather, chunks, KEY, key_len, has_key) if bool(has_key.any()) else pa.nulls(count, pa.binary())
+    values = _gathered(gather, chunks, BODY, body_len, None)
+    props = _gathered(gather, chunks, PROPS, props_len, None) if with_props else None
     return Columns(keys, values, props, times_ms, count)
 
 
-def _heads(blob: bytes, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _heads(blob: bytes | memoryview, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Key, properties and body lengths of the records at positions ``pos`` in ``blob``."""
     raw = np.frombuffer(blob, dtype=np.uint8)
     heads = raw[pos[:, None] + _HEAD_SPAN].view(_HEAD_DTYPE).reshape(len(pos))  # the 8-byte record heads, gathered
@@ -159,7 +162,7 @@ def _lengths(parts: list[np.ndarray]) -> np.ndarray:
     return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
-def _gathered(chunks: Plan, piece: int, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
+def _gathered(gather: Gather, chunks: Plan, piece: int, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
     """A ``binary`` array of one piece of every record: one C copy per blob into one buffer."""
     n = len(lengths)
     offsets = np.zeros(n + 1, dtype=np.int64)
@@ -171,14 +174,16 @@ def _gathered(chunks: Plan, piece: int, lengths: np.ndarray, valid: np.ndarray |
     at = 0
     for blob, positions, _ in chunks:
         try:
-            at = native_gather(blob, np.ascontiguousarray(positions, dtype=np.int64).data, piece, data, at)
+            at = gather(blob, np.ascontiguousarray(positions, dtype=np.int64).data, piece, data, at)
         except ValueError as exc:
             raise BatchFormatError(str(exc)) from None
     invariant(at == total, f"gathered {at} bytes, expected {total}")
     validity = None if valid is None else pa.py_buffer(np.packbits(valid, bitorder="little"))
     nulls = 0 if valid is None else n - int(np.count_nonzero(valid))
-    return pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)), data],
-                                 null_count=nulls)
+    column = pa.Array.from_buffers(pa.binary(), n, [validity, pa.py_buffer(offsets.astype(np.int32)), data],
+                                   null_count=nulls)
+    column.validate()  # the buffers' sizes against the offsets: a mistake here is an error, never a bad read
+    return column
 
 
 def _joined(chunks: list[Columns], count: int, with_props: bool) -> Columns:
@@ -192,7 +197,7 @@ def _joined(chunks: list[Columns], count: int, with_props: bool) -> Columns:
     )
 
 
-def _scan(blob: bytes, pos: int, end: int, record_count: int, skip: int, limit: int) -> np.ndarray:
+def _scan(blob: bytes | memoryview, pos: int, end: int, record_count: int, skip: int, limit: int) -> np.ndarray:
     """Positions of records ``skip..skip+limit`` of the batch whose records span ``[pos, end)``.
 
     Every record of the batch is walked (the framing checked) even when fewer are taken. When
@@ -214,7 +219,7 @@ def _scan(blob: bytes, pos: int, end: int, record_count: int, skip: int, limit: 
     return np.asarray(starts[skip : skip + limit], dtype=np.int64)
 
 
-def _columns(blob: bytes, pos: np.ndarray, with_props: bool) -> tuple[pa.Array, pa.Array, pa.Array | None]:
+def _columns(blob: bytes | memoryview, pos: np.ndarray, with_props: bool) -> tuple[pa.Array, pa.Array, pa.Array | None]:
     """Keys, values (and props) of the records at positions ``pos`` in ``blob``, gathered by Arrow."""
     n = len(pos)
     key_len, props_len, body_len = _heads(blob, pos)

@@ -167,13 +167,37 @@ def test_the_c_gather_and_arrow_take_decode_alike(monkeypatch: pytest.MonkeyPatc
             column.validate(full=True)
 
 
+def test_a_pull_of_16_mib_decodes_alike_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full pull (16,384 x 1 KiB, keys on every third record) in 17 blobs and in one 16 MiB blob,
+    from which the C gather copies with other threads let run."""
+    rng = random.Random(7)
+    rows = 16_384
+    everything = [(rng.randbytes(1024), b"k%d" % i if i % 3 == 0 else b"", b"") for i in range(rows)]
+    step = -(-rows // 17)
+    blobs = [make_batch(everything[a:a + step], base_queue_offset=a) for a in range(0, rows, step)]
+    gathered = dc.decode(blobs, 0, rows, topic="t", queue_id=0, first_offset=0, with_props=False)
+    monkeypatch.setattr(dc, "native_gather", None)
+    taken = dc.decode(blobs, 0, rows, topic="t", queue_id=0, first_offset=0, with_props=False)
+    assert gathered.values.nbytes > 16 << 20 and len(blobs) == 17
+    assert gathered.values.equals(taken.values) and gathered.keys.equals(taken.keys)
+    assert gathered.values.to_pylist() == [body for body, _, _ in everything]
+    assert gathered.keys.null_count == rows - len(range(0, rows, 3))
+    whole = dc.decode([b"".join(blobs)], 0, rows, topic="t", queue_id=0, first_offset=0, with_props=False)
+    monkeypatch.undo()
+    one_blob = dc.decode([b"".join(blobs)], 0, rows, topic="t", queue_id=0, first_offset=0, with_props=False)
+    assert one_blob.values.equals(whole.values) and one_blob.keys.equals(whole.keys)  # a 16 MiB blob: copied without the GIL
+    assert one_blob.values.equals(gathered.values)
+
+
 @pytest.mark.parametrize(("case", "message"), [
     ("position past the bytes", "outside the pulled bytes"),
     ("negative position", "outside the pulled bytes"),
     ("length past the bytes", "ends past the pulled bytes"),
     ("key longer than the record", "does not hold its key"),
     ("output too small", "do not fit in the output"),
-    ("bad piece", "bad piece"),
+    ("bad piece", "piece must be 0, 1 or 2"),
+    ("positions cut", "whole int64 values"),
+    ("out_at past the output", "out_at outside the output"),
 ])
 def test_the_c_gather_refuses_what_does_not_fit(case: str, message: str) -> None:
     """The C gather trusts no position, length or size: each misfit is a ValueError, never a read or
@@ -195,8 +219,13 @@ def test_the_c_gather_refuses_what_does_not_fit(case: str, message: str) -> None
         out = bytearray(7)
     elif case == "bad piece":
         piece = 3
+    at, view = 0, positions.data
+    if case == "positions cut":
+        view = view.cast("B")[:15]
+    elif case == "out_at past the output":
+        at = 17
     with pytest.raises(ValueError, match=message):
-        dc.native_gather(blob, positions.data, piece, out, 0)
+        dc.native_gather(blob, view, piece, out, at)
     assert dc.native_gather(b"\0" * 5 + rec + rec, np.array([5, 5 + len(rec)], dtype=np.int64).data, dc.BODY,
                             bytearray(8), 0) == 8  # the same call on sound input
 

@@ -342,7 +342,9 @@ fallback:
  * piece instead of Arrow's ``take`` and a concatenation. Its twin is that path, kept in Python.
  * Nothing is trusted: a position outside ``blob``, a record head whose key and properties do not
  * fit its length, a record that ends past ``blob`` or pieces that do not fit in ``out`` raise
- * ValueError (``out`` may then hold the pieces before the bad record). */
+ * ValueError (``out`` may then hold the pieces before the bad record). Each position is read with
+ * memcpy (no alignment assumption; native byte order, as numpy's int64 writes it), and pieces
+ * are copied with memmove, so even an ``out`` that overlaps ``blob`` is defined behaviour. */
 static PyObject *gather(PyObject *self, PyObject *args) {
     Py_buffer blob, positions, out;
     int piece;
@@ -354,25 +356,28 @@ static PyObject *gather(PyObject *self, PyObject *args) {
     Py_ssize_t bad = -1;
     Py_ssize_t n = positions.len / (Py_ssize_t)sizeof(int64_t);
     if (piece < 0 || piece > 2 || positions.len % (Py_ssize_t)sizeof(int64_t) != 0 || at < 0 || at > out.len) {
-        error = "gather: bad piece, positions or out_at";
+        error = piece < 0 || piece > 2 ? "gather: piece must be 0, 1 or 2"
+                : at < 0 || at > out.len ? "gather: out_at outside the output"
+                : "gather: positions must be whole int64 values";
         goto done;
     }
     const unsigned char *buf = (const unsigned char *)blob.buf;
-    const int64_t *pos = (const int64_t *)positions.buf;
+    const unsigned char *pos = (const unsigned char *)positions.buf;
     unsigned char *w = (unsigned char *)out.buf;
     PyThreadState *state = NULL;
-    if (out.len - at >= RELEASE_LOCK_BYTES)
+    if (blob.len >= RELEASE_LOCK_BYTES) /* what this call may copy is at most the blob */
         state = PyEval_SaveThread();
     for (Py_ssize_t i = 0; i < n; i++) {
-        int64_t p = pos[i];
+        int64_t p;
+        memcpy(&p, pos + i * (Py_ssize_t)sizeof(int64_t), sizeof p);
         if (p < 0 || p > (int64_t)blob.len - RECORD_HEAD_BYTES) {
-            error = "a record position outside the pulled bytes";
+            error = "gather: a record position outside the pulled bytes";
             bad = i;
             break;
         }
         uint64_t size = le32(buf + p), klen = le16(buf + p + 4), plen = le16(buf + p + 6);
         if (size < 4 + klen + plen || (uint64_t)p + 4 + size > (uint64_t)blob.len) {
-            error = "a record whose length does not hold its key and properties, or that ends past the pulled bytes";
+            error = "gather: a record whose length does not hold its key and properties, or that ends past the pulled bytes";
             bad = i;
             break;
         }
@@ -386,11 +391,11 @@ static PyObject *gather(PyObject *self, PyObject *args) {
             len = size - 4 - klen - plen;
         }
         if (len > (uint64_t)(out.len - at)) {
-            error = "the gathered pieces do not fit in the output";
+            error = "gather: the gathered pieces do not fit in the output";
             bad = i;
             break;
         }
-        memcpy(w + at, buf + start, (size_t)len);
+        memmove(w + at, buf + start, (size_t)len);
         at += (Py_ssize_t)len;
     }
     if (state != NULL)
