@@ -23,6 +23,7 @@ from broker import alloc
 from broker.client.consumer import Consumer
 from broker.client.errors import BrokerError, error_for, from_rpc_error
 from broker.client.messages import Message, PoppedMessage, PopResult, PullResult, Receipt, Receipts, SendGroup, encode_messages
+from broker.client.pull_wire import parse_pull_response
 from broker.errors import shown
 from broker.logformat import batch as bf
 from broker.logformat.timer_props import TIMER_TOPIC
@@ -164,6 +165,10 @@ class BrokerClient:
         else:
             self._channel = grpc.insecure_channel(address, options=options)
         self._stub = pb_grpc.BrokerStub(self._channel)
+        # Pull responses read by hand: each run of batches a span of the received bytes (pull_wire.py)
+        self._stub.Pull = self._channel.unary_unary("/tidemark.v1.Broker/Pull",
+                                                    request_serializer=pb.PullRequest.SerializeToString,
+                                                    response_deserializer=parse_pull_response, _registered_method=True)
 
     def close(self) -> None:
         """Close the channel (also at the end of a ``with`` block); the client is not usable after."""

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, overload
 
+from broker.client.pull_wire import PullResponseView
 from broker.logformat import batch as bf
 from broker.logformat.scan import Mode, scan_bytes
 from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, scheduled_props, target_props
@@ -134,7 +135,7 @@ class PullResult(Sequence[PulledMessage]):
     before the requested offset and ``count`` records are returned in all.
     """
 
-    def __init__(self, response: pb.PullResponse) -> None:
+    def __init__(self, response: pb.PullResponse | PullResponseView) -> None:
         self.next_offset = response.next_offset
         self.min_offset = response.min_offset
         self.max_offset = response.max_offset
@@ -181,11 +182,15 @@ class PullResult(Sequence[PulledMessage]):
         return PulledMessage(mv, pos, h.topic, h.queue_id, h.base_queue_offset + i, h.base_offset + pos - start,
                              h.store_time_ms)
 
-    def raw_batches(self) -> tuple[list[bytes], int]:
+    def raw_batches(self) -> tuple[list[bytes] | list[memoryview], int]:
         """The pulled log bytes (runs of whole batches, docs/formats/commitlog.md) and how many
         records of the first batch lie before the requested offset; ``len(self)`` records follow.
-        For columnar readers (the Spark connector) that decode without per-record objects."""
-        return list(self._response.batches), self._response.skip_first
+        For columnar readers (the Spark connector) that decode without per-record objects: views
+        of the received response when ``pull_wire`` read it, else ``bytes``."""
+        response = self._response
+        if isinstance(response, PullResponseView):
+            return response.batch_views(), response.skip_first
+        return list(response.batches), response.skip_first
 
     def bodies(self) -> list[bytes]:
         """All bodies at once, in one pass over the batches, without per-message objects."""

@@ -17,22 +17,15 @@ give it (scalars: the last occurrence wins; integers cut to their type's width a
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from broker.protowire import LEN, U32, NotFast, fields
 from proto import tidemark_pb2 as pb
 
-_VARINT, _LEN = 0, 2
 # Beyond these, the protobuf parser (in C) reads the request: a client sends each field once, and
 # one batch per queue it writes to.
 BATCH_FIELDS_MAX = 16
 REQUEST_FIELDS_MAX = 4096
-_U64 = (1 << 64) - 1
-_U32 = (1 << 32) - 1
-
-
-class _NotFast(Exception):
-    """Something this reader leaves to the protobuf parser."""
 
 
 @dataclass(slots=True)
@@ -60,83 +53,42 @@ class SendRequestView:
     messages: tuple[pb.PlainMessage, ...] = ()
 
 
-def _varint(data: bytes, pos: int, end: int) -> tuple[int, int]:
-    value = shift = 0
-    while shift < 70:
-        if pos >= end:
-            raise _NotFast
-        b = data[pos]
-        pos += 1
-        value |= (b & 0x7F) << shift
-        if b < 0x80:
-            return value & _U64, pos
-        shift += 7
-    raise _NotFast  # more than 10 bytes
-
-
 def _signed64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
 def _int32(v: int) -> int:
-    v &= _U32
+    v &= U32
     return v - (1 << 32) if v >= 1 << 31 else v
-
-
-def _fields(data: bytes, pos: int, end: int, most: int) -> Iterator[tuple[int, int, int, int]]:
-    """(field number, wire type, value or start, end) of each field between ``pos`` and ``end``;
-    more than ``most`` fields go to the protobuf parser (a request of millions of repeated scalars
-    is valid, and would hold the event loop for seconds here)."""
-    count = 0
-    while pos < end:
-        count += 1
-        if count > most:
-            raise _NotFast
-        tag_at = pos
-        tag, pos = _varint(data, pos, end)
-        if pos - tag_at > 5 or tag > _U32:  # upb refuses a tag longer than 5 bytes or above 32 bits
-            raise _NotFast
-        number, wire = tag >> 3, tag & 7
-        if wire == _VARINT:
-            value, pos = _varint(data, pos, end)
-            yield number, wire, value, pos
-        elif wire == _LEN:
-            size, pos = _varint(data, pos, end)
-            if size > end - pos:
-                raise _NotFast
-            yield number, wire, pos, pos + size
-            pos += size
-        else:
-            raise _NotFast
 
 
 def _batch(data: bytes, view: memoryview, start: int, end: int) -> SendBatchView:
     b = SendBatchView()
-    for number, wire, a, z in _fields(data, start, end, BATCH_FIELDS_MAX):
-        if wire == _LEN:
+    for number, wire, a, z in fields(data, start, end, BATCH_FIELDS_MAX):
+        if wire == LEN:
             if number == 7:
                 b.records = view[a:z]
             elif number == 1:
                 try:
                     b.topic = data[a:z].decode()
                 except UnicodeDecodeError:
-                    raise _NotFast from None
+                    raise NotFast from None
             else:
-                raise _NotFast
+                raise NotFast
         elif number == 2:
-            b.queue_id = a & _U32
+            b.queue_id = a & U32
         elif number == 3:
             b.producer_id = a
         elif number == 4:
             b.base_sequence = _signed64(a)
         elif number == 5:
-            b.record_count = a & _U32
+            b.record_count = a & U32
         elif number == 6:
-            b.records_crc = a & _U32
+            b.records_crc = a & U32
         elif number == 8:
             b.delayed = a != 0
         else:
-            raise _NotFast
+            raise NotFast
     return b
 
 
@@ -146,19 +98,19 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
     try:
         view = memoryview(data)
         request = SendRequestView()
-        for number, wire, a, z in _fields(data, 0, len(data), REQUEST_FIELDS_MAX):
-            if wire == _LEN:
+        for number, wire, a, z in fields(data, 0, len(data), REQUEST_FIELDS_MAX):
+            if wire == LEN:
                 if number != 1:
-                    raise _NotFast
+                    raise NotFast
                 request.batches.append(_batch(data, view, a, z))
             elif number == 2:
                 request.ack = _int32(a)
             elif number == 3:
-                request.timeout_ms = a & _U32
+                request.timeout_ms = a & U32
             elif number == 5:
                 request.producer_id = a
             else:
-                raise _NotFast
+                raise NotFast
         return request
-    except _NotFast:
+    except NotFast:
         return pb.SendRequest.FromString(data)
