@@ -134,10 +134,8 @@ def decode(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, 
                                           first_offset=first_offset, with_props=with_props)), count, with_props)
     chunks = plan(blobs, skip_first, count, topic=topic, queue_id=queue_id, first_offset=first_offset)
     heads = [_heads(blob, positions) for blob, positions, _ in chunks]
-    key_len = _lengths([h[0] for h in heads])
-    props_len = _lengths([h[1] for h in heads])
-    body_len = _lengths([h[2] for h in heads])
-    times_ms = np.concatenate([t for _, _, t in chunks]) if chunks else np.zeros(0, np.int64)
+    key_len, props_len, body_len = (_cat([h[k] for h in heads]) for k in range(3))
+    times_ms = _cat([t for _, _, t in chunks])
     has_key = key_len != 0
     keys = _gathered(gather, chunks, KEY, key_len, has_key) if bool(has_key.any()) else pa.nulls(count, pa.binary())
     values = _gathered(gather, chunks, BODY, body_len, None)
@@ -158,8 +156,9 @@ def _heads(blob: bytes | memoryview, pos: np.ndarray) -> tuple[np.ndarray, np.nd
     return key_len, props_len, body_len
 
 
-def _lengths(parts: list[np.ndarray]) -> np.ndarray:
-    return parts[0] if len(parts) == 1 else np.concatenate(parts) if parts else np.zeros(0, np.int64)
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """Per-blob int64 arrays as one (empty when there is no blob)."""
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
 
 
 def _gathered(gather: Gather, chunks: Plan, piece: int, lengths: np.ndarray, valid: np.ndarray | None) -> pa.Array:
@@ -192,7 +191,7 @@ def _joined(chunks: list[Columns], count: int, with_props: bool) -> Columns:
         keys=_concat([c.keys for c in chunks], pa.binary()),
         values=_concat([c.values for c in chunks], pa.binary()),
         props=_concat([c.props for c in chunks if c.props is not None], pa.binary()) if with_props else None,
-        times_ms=np.concatenate([c.times_ms for c in chunks]) if chunks else np.zeros(0, np.int64),
+        times_ms=_cat([c.times_ms for c in chunks]),
         count=count,
     )
 
