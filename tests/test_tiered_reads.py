@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import time
 import urllib.request
 from collections.abc import Callable
@@ -18,7 +19,7 @@ from tests.nodeutil import log_bytes, status
 from tests.procs import DaemonProcess, free_port
 from tests.s3server import ACCESS_KEY, SECRET_KEY, s3_config
 from tests.storeutil import create_topic, open_store, send
-from tests.tieredutil import Sender, caught_up, check_chain, objects, promote_while_sending, read_all, tiered_config
+from tests.tieredutil import OBJECT_BYTES, Sender, caught_up, check_chain, objects, promote_while_sending, read_all, tiered_config
 from tests.waits import wait_until
 from tieredstore.backend import Backend
 from tieredstore.objects import LOG_PREFIX
@@ -104,6 +105,24 @@ def _spark_partitions_read_everything(address: str, sent: list[bytes]) -> None:
 def _metrics(text: str) -> dict[str, float]:
     return {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
             if line and not line.startswith("#") and "{" not in line}
+
+
+def test_a_batch_longer_than_an_object_is_uploaded_alone(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
+    """docs/formats/tiered-objects.md: an object holds at most tieredstore.object_bytes, or one batch
+    when that batch alone is bigger (the uploader used to read only object_bytes and wait forever)."""
+    root = str(tmp_path / "tiered")
+    d = spawn("n", config=tiered_config(root))
+    big = [b"b-%04d-" % i + b"r" * 1000 for i in range(3 * OBJECT_BYTES // 1000)]  # one send: one batch of ~3 objects
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=1)
+        c.send("t", [Message(body=b"small-1")], ack="flush")
+        c.send("t", [Message(body=b) for b in big], ack="flush")
+        c.send("t", [Message(body=b"small-2")], ack="flush")
+    wait_until(lambda: caught_up(d), what="the upload of every batch")
+    sizes = [o.end - o.start for o in objects(PosixBackend(root))]
+    assert any(n > 3 * OBJECT_BYTES for n in sizes) and all(n <= OBJECT_BYTES for n in sizes if n < 3 * OBJECT_BYTES), sizes
+    chain = objects(PosixBackend(root))
+    assert all(a.end == b.start for a, b in itertools.pairwise(chain)) and chain[0].start == 0
 
 
 def test_tiered_retention_deletes_whole_old_objects(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from broker.errors import BrokerError
 from broker.invariant import CorruptionError, InvariantError, invariant
 from broker.logformat import batch as bf
 from broker.logformat import system_records
+from broker.logformat.scan import batch_boundary
 from broker.storage.failpoints import failpoint
 from broker.store import Store
 from tieredstore import metrics
@@ -237,6 +238,11 @@ class Uploader:
         """Read whole batches [start, <= start + length) into buffer ``which`` and verify them."""
         data = self._read(start, length, which)
         n = whole_batches(data, start, self.object_bytes)
+        if n == 0:  # a batch longer than an object: it goes alone, whole, once it is all confirmed
+            whole = batch_boundary(data, start, self.object_bytes)
+            if len(data) < whole <= self.store.watermarks.confirm_offset - start:
+                data = self._read(start, whole, which)
+                n = whole_batches(data, start, self.object_bytes)
         if n == 0:
             return None
         body = data[:n]
