@@ -107,6 +107,12 @@ def _metrics(text: str) -> dict[str, float]:
             if line and not line.startswith("#") and "{" not in line}
 
 
+def _recorded_past(d: DaemonProcess, offset: int) -> bool:
+    """An upload past ``offset`` is recorded: its progress record ends the log, alone."""
+    st = status(d)
+    return int(st["tiered"]["recorded_offset"]) > offset and int(st["confirm_offset"]) > int(st["tiered"]["recorded_offset"])
+
+
 def test_a_batch_longer_than_an_object_is_uploaded_alone(spawn: Callable[..., DaemonProcess], tmp_path: Path) -> None:
     """docs/formats/tiered-objects.md: an object holds at most tieredstore.object_bytes, or one batch
     when that batch alone is bigger (the uploader used to read only object_bytes and wait forever)."""
@@ -115,8 +121,9 @@ def test_a_batch_longer_than_an_object_is_uploaded_alone(spawn: Callable[..., Da
     big = [b"b-%04d-" % i + b"r" * 1000 for i in range(3 * OBJECT_BYTES // 1000)]  # one send: one batch of ~3 objects
     with BrokerClient(d.address) as c:
         c.create_topic("t", queues=1)
-        c.send("t", [Message(body=b"small-1")], ack="flush")
-        c.send("t", [Message(body=b) for b in big], ack="flush")
+        first = c.send("t", [Message(body=b"small-1")], ack="flush")[0].commit_offset
+        wait_until(lambda: _recorded_past(d, first), what="the upload of small-1 and its record")
+        c.send("t", [Message(body=b) for b in big], ack="flush")  # too long to join that record in one object
         c.send("t", [Message(body=b"small-2")], ack="flush")
     wait_until(lambda: caught_up(d), what="the upload of every batch")
     sizes = [o.end - o.start for o in objects(PosixBackend(root))]

@@ -205,8 +205,11 @@ class Uploader:
             if prepared is None:
                 return False
             body, described = prepared
-            if body.nbytes < self.object_bytes and _single_progress_record(body):
-                return False  # never upload just the record of our last upload: that would feed itself forever
+            if point + body.nbytes >= confirm and _single_progress_record(body):
+                # never upload just the record of our last upload at the end of the log: that would
+                # feed itself forever (when more follows that did not fit, as a batch longer than
+                # an object, the record goes alone)
+                return False
         body, described = prepared
         obj = described.obj
         # the invariant, checked right before the put: only confirmed bytes, only as the master
@@ -341,8 +344,9 @@ def _single_progress_record(data: memoryview) -> bool:
     """True when ``data`` is one batch holding only ``tiered.uploaded`` records.
 
     Each upload appends one such batch. Uploading it alone would append the next one, forever;
-    so a lone record waits for other data (or a full object). Several of them (a catch-up upload
-    ran ahead of its records) are uploaded: that leaves one, and the loop stops there.
+    so a lone record at the end of what is confirmed waits for other data (followed by a batch
+    too long to join it in one object, it goes alone). Several of them (a catch-up upload ran
+    ahead of its records) are uploaded: that leaves one, and the loop stops there.
     """
     header = bf.decode_header(data, 0, check_crc=False)
     if header.batch_bytes != len(data) or header.topic != system_records.METADATA_TOPIC:
