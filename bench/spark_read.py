@@ -4,11 +4,14 @@ One daemon holds ``--messages`` (default 2,000,000) distinct 1 KiB keyless messa
 ``--queues`` queues, filled by two producer processes (ack=leader). One SparkSession
 (local[2]) then runs Trigger.AvailableNow streaming queries:
 
-1. tidemark → noop sink (the target: >= 150,000 rows/s);
-2. generator → noop sink: a Python data source yielding the same rows (same schema, same
+1. tidemark → noop sink (the target: >= 150,000 rows/s), with the default ``localReads``: the
+   executors, on the daemon's host, read the batches from its segment files;
+2. the same with ``localReads=false``: every batch through the daemon and gRPC, as for executors
+   on another host;
+3. generator → noop sink: a Python data source yielding the same rows (same schema, same
    partitions, same Arrow batch size) from pre-built buffers, with no broker and no decoding:
    the ceiling for a Python source here (the target: tidemark >= 50% of it);
-3. tidemark → Parquet and 4. generator → Parquet.
+4. the three again → Parquet.
 
 Each query first runs once on a small warm-up topic (so Python workers are started); then the
 timed runs (``--repeat``, interleaved between the two sources, the best counts: the machine is
@@ -48,6 +51,7 @@ WARMUP_TOPIC = "bench-spark-warmup"
 WARMUP_MESSAGES = 20_000
 TARGET_ROWS_S = 150_000
 TARGET_RATIO = 0.5
+LABELS = {"tidemark": "tidemark", "tidemark_grpc": "tidemark over gRPC", "tidemark_generator": "generator (ceiling)"}
 POOL_BYTES = 64 << 20  # distinct bodies are windows of one random pool (Parquet cannot dictionary-encode them)
 BATCH_ROWS = 16384  # rows per Arrow batch in the generator, as spark_connector.partition.PULL_MESSAGES_MAX
 
@@ -282,25 +286,28 @@ def main() -> int:
         gen_warm = {**gen, "rows": str(WARMUP_MESSAGES)}
         sinks = ["noop"] if a.no_parquet else ["noop", "parquet"]
         rates: dict[tuple[str, str], float] = {}
+        grpc_only = {"localReads": "false"}  # the same source, every batch received over gRPC
         for sink in sinks:
-            sources = (("tidemark", tidemark, warm, daemon.proc.pid), ("tidemark_generator", gen, gen_warm, None))
-            for source, _, warm_opts, pid in sources:
-                run_query(spark, source, warm_opts, sink, wd, f"{source}-{sink}-warmup", pid)
+            sources = (("tidemark", "tidemark", tidemark, warm, daemon.proc.pid),
+                       ("tidemark_grpc", "tidemark", {**tidemark, **grpc_only}, {**warm, **grpc_only}, daemon.proc.pid),
+                       ("tidemark_generator", "tidemark_generator", gen, gen_warm, None))
+            for source, fmt, _, warm_opts, pid in sources:
+                run_query(spark, fmt, warm_opts, sink, wd, f"{source}-{sink}-warmup", pid)
             best: dict[str, tuple[Run, float]] = {}
-            for attempt in range(a.repeat):  # interleaved, so both sources see the same machine
-                for source, opts, _, pid in sources:
+            for attempt in range(a.repeat):  # interleaved, so all sources see the same machine
+                for source, fmt, opts, _, pid in sources:
                     busy = float(common.wait_for_quiet(a.max_wait_quiet, busy_max=0.2)["cpu_busy_before"])
-                    r = run_query(spark, source, opts, sink, wd, f"{source}-{sink}-{attempt}", pid)
+                    r = run_query(spark, fmt, opts, sink, wd, f"{source}-{sink}-{attempt}", pid)
                     if r.rows != messages:
                         raise SystemExit(f"{source} → {sink}: read {r.rows} rows, expected {messages}")
                     log(f"{source} → {sink}: {r.rows / r.seconds:,.0f} rows/s (run {attempt + 1} of {a.repeat})")
                     if source not in best or r.seconds < best[source][0].seconds:
                         best[source] = (r, busy)
-            for source, _, _, _ in sources:
+            for source, _, _, _, _ in sources:
                 r, busy = best[source]
                 rate = r.rows / r.seconds
                 rates[(source, sink)] = rate
-                label = "tidemark" if source == "tidemark" else "generator (ceiling)"
+                label = LABELS[source]
                 judged = (source, sink) == ("tidemark", "noop") and not a.quick  # quick: fixed costs dominate
                 target, ok = common.at_least(rate, TARGET_ROWS_S) if judged else ("", None)
                 per_row = ", ".join(f"{k} {v / r.rows * 1e6:.1f}" for k, v in r.cpu_s.items() if v)
@@ -311,6 +318,8 @@ def main() -> int:
             ratio = rates[("tidemark", sink)] / rates[("tidemark_generator", sink)]
             target, ok = common.at_least(ratio, TARGET_RATIO) if sink == "noop" and not a.quick else ("", None)
             res.add(f"tidemark / generator ({sink})", ratio, "x", target=target, ok=ok)
+            res.add(f"tidemark over gRPC / generator ({sink})", rates[("tidemark_grpc", sink)] / rates[("tidemark_generator", sink)],
+                    "x", note="localReads=false: every batch through the daemon and gRPC (executors on another host)")
         spark.stop()
         daemon.stop()
     res.print_table()

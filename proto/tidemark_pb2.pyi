@@ -200,6 +200,52 @@ class PullResponse(_message.Message):
     messages: _containers.RepeatedCompositeFieldContainer[PulledMessage]
     def __init__(self, batches: _Optional[_Iterable[bytes]] = ..., skip_first: _Optional[int] = ..., count: _Optional[int] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PulledMessage, _Mapping]]] = ...) -> None: ...
 
+class LogSpan(_message.Message):
+    __slots__ = ("path", "position", "length")
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    POSITION_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    path: str
+    position: int
+    length: int
+    def __init__(self, path: _Optional[str] = ..., position: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class PullLocalRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    offset: int
+    max_messages: int
+    max_wait_ms: int
+    max_bytes: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+
+class PullLocalResponse(_message.Message):
+    __slots__ = ("spans", "skip_first", "count", "next_offset", "min_offset", "max_offset", "instance_file", "instance")
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_FIRST_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FILE_FIELD_NUMBER: _ClassVar[int]
+    INSTANCE_FIELD_NUMBER: _ClassVar[int]
+    spans: _containers.RepeatedCompositeFieldContainer[LogSpan]
+    skip_first: int
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+    instance_file: str
+    instance: str
+    def __init__(self, spans: _Optional[_Iterable[_Union[LogSpan, _Mapping]]] = ..., skip_first: _Optional[int] = ..., count: _Optional[int] = ..., next_offset: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., instance_file: _Optional[str] = ..., instance: _Optional[str] = ...) -> None: ...
+
 class OffsetForTimeRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "timestamp_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -145,6 +145,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.DescribeTopicRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.DescribeTopicResponse.FromString,
                 _registered_method=True)
+        self.PullLocal = channel.unary_unary(
+                '/tidemark.v1.Broker/PullLocal',
+                request_serializer=proto_dot_tidemark__pb2.PullLocalRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.PullLocalResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -305,6 +310,14 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PullLocal(self, request, context):
+        """Pull for a reader on the node's host: where the batches lie in its segment files (no bytes).
+        FAILED_PRECONDITION when some are not in local segments (tiered storage): use Pull.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -417,6 +430,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.DescribeTopic,
                     request_deserializer=proto_dot_tidemark__pb2.DescribeTopicRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.DescribeTopicResponse.SerializeToString,
+            ),
+            'PullLocal': grpc.unary_unary_rpc_method_handler(
+                    servicer.PullLocal,
+                    request_deserializer=proto_dot_tidemark__pb2.PullLocalRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.PullLocalResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1014,6 +1032,33 @@ class Broker:
             '/tidemark.v1.Broker/DescribeTopic',
             proto_dot_tidemark__pb2.DescribeTopicRequest.SerializeToString,
             proto_dot_tidemark__pb2.DescribeTopicResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PullLocal(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/PullLocal',
+            proto_dot_tidemark__pb2.PullLocalRequest.SerializeToString,
+            proto_dot_tidemark__pb2.PullLocalResponse.FromString,
             options,
             channel_credentials,
             insecure,

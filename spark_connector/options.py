@@ -16,7 +16,7 @@ from typing import Literal
 from spark_connector.offsets import EARLIEST, LATEST, QueueKey
 
 OPTIONS = ("broker", "subscribe", "startingOffsets", "endingOffsets", "maxOffsetsPerTrigger", "failOnDataLoss",
-           "includeHeaders", "tlsCaFile", "tokenFile")
+           "includeHeaders", "tlsCaFile", "tokenFile", "localReads")
 CANONICAL = {name.lower(): name for name in OPTIONS}
 # Kafka-source options a user may carry over; each gets a specific hint instead of "unknown".
 KAFKA_ONLY = {
@@ -64,6 +64,7 @@ class ReadOptions:
     include_headers: bool
     tls_ca_file: str | None = None  # TLS to the brokers, verified against this CA (PEM), on every process
     token_file: str | None = None  # bearer token (needed for reads only with auth.require_for_reads)
+    local_reads: bool = True  # executors on a node's host read its segment files (broker/client/local_reads.py)
 
     def for_batch(self) -> ReadOptions:
         """Checks that only apply to ``spark.read``; returns the options with defaults filled in."""
@@ -118,6 +119,7 @@ def parse_options(options: Mapping[str, str]) -> ReadOptions:
         include_headers=_boolean("includeHeaders", given.get("includeHeaders", "false")),
         tls_ca_file=_path("tlsCaFile", given["tlsCaFile"]) if "tlsCaFile" in given else None,
         token_file=_path("tokenFile", given["tokenFile"]) if "tokenFile" in given else None,
+        local_reads=_boolean("localReads", given.get("localReads", "true")),
     )
 
 

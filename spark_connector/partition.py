@@ -49,6 +49,7 @@ class QueueRange(InputPartition):
     fail_on_data_loss: bool
     tls_ca_file: str | None = None
     token_file: str | None = None
+    local_reads: bool = True  # on a node's host, read its segment files (broker/client/local_reads.py)
 
     def __repr__(self) -> str:
         return f"QueueRange({self.topic}/{self.queue_id} [{self.start}, {self.end}))"
@@ -93,7 +94,8 @@ def _pulls(client: BrokerClient, p: QueueRange, offset: int) -> Iterator[PullRes
     remaining = p.end - offset
     if remaining <= PULL_MESSAGES_MAX:
         while True:
-            result = client.pull(p.topic, p.queue_id, offset, max_messages=remaining, max_bytes=PULL_BYTES_MAX)
+            result = client.pull(p.topic, p.queue_id, offset, max_messages=remaining, max_bytes=PULL_BYTES_MAX,
+                                 local_reads=p.local_reads)
             yield result
             offset += len(result)
             remaining = p.end - offset
@@ -101,7 +103,7 @@ def _pulls(client: BrokerClient, p: QueueRange, offset: int) -> Iterator[PullRes
                 return
     # iter_pull keeps one request in flight; the last one may read up to one pull past ``end``
     yield from client.iter_pull(p.topic, p.queue_id, offset, max_messages=PULL_MESSAGES_MAX,
-                                max_bytes=PULL_BYTES_MAX, stop_at_end=False)
+                                max_bytes=PULL_BYTES_MAX, stop_at_end=False, local_reads=p.local_reads)
 
 
 def _resume_after_loss(client: BrokerClient, p: QueueRange, offset: int, exc: BrokerError) -> int:

@@ -80,7 +80,7 @@ def plan(start: of.Offsets, end: of.Offsets, opts: ReadOptions) -> list[InputPar
             continue
         if last > first:
             out.append(QueueRange(opts.brokers, topic, queue_id, first, last, opts.include_headers,
-                                  opts.fail_on_data_loss, opts.tls_ca_file, opts.token_file))
+                                  opts.fail_on_data_loss, opts.tls_ca_file, opts.token_file, opts.local_reads))
     return out
 
 

@@ -118,10 +118,12 @@ def test_roles_decide_each_call_and_system_topics_need_the_system_role(spawn: Ca
         app.send("t", [Message(b"now"), Message(b"later", deliver_at_ms=int(time.time() * 1000) + 60_000)])
         wait_until(lambda: len(anon.pull("t", 0, 0)) == 1, 10, what="the send to be readable")  # views apply after acks
         for client in (app, anon):
-            with pytest.raises(BrokerError) as hidden:
-                client.pull("__timer", 0, 0)
-            assert hidden.value.code == grpc.StatusCode.PERMISSION_DENIED and "system role" in hidden.value.details
+            for local_reads in (False, True):  # PullLocal (the segment files' spans) is checked as Pull is
+                with pytest.raises(BrokerError) as hidden:
+                    client.pull("__timer", 0, 0, local_reads=local_reads)
+                assert hidden.value.code == grpc.StatusCode.PERMISSION_DENIED and "system role" in hidden.value.details
         wait_until(lambda: len(ops.pull("__timer", 0, 0)) == 1, 10, what="the scheduled record to be readable")
+        assert len(ops.pull("__timer", 0, 0, local_reads=True)) == 1
         with pytest.raises(BrokerError) as unauthenticated:
             anon.send("t", [Message(b"x")])
         assert unauthenticated.value.code == grpc.StatusCode.UNAUTHENTICATED

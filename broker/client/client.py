@@ -22,6 +22,7 @@ import grpc
 from broker import alloc
 from broker.client.consumer import Consumer
 from broker.client.errors import BrokerError, error_for, from_rpc_error
+from broker.client.local_reads import LocalPullResponse, SegmentFiles, mark_not_local, not_local
 from broker.client.messages import Message, PoppedMessage, PopResult, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.client.pull_wire import parse_pull_response
 from broker.errors import shown
@@ -80,6 +81,11 @@ def _redirect(exc: grpc.RpcError) -> str | None:
         if key == "tidemark-master":
             return str(value)
     return None
+
+
+def _local_request(req: pb.PullRequest) -> pb.PullLocalRequest:
+    return pb.PullLocalRequest(topic=req.topic, queue_id=req.queue_id, offset=req.offset, max_messages=req.max_messages,
+                               max_wait_ms=req.max_wait_ms, max_bytes=req.max_bytes)
 
 
 def _request(cls: Callable[..., T], **fields: Any) -> T:
@@ -146,6 +152,7 @@ class BrokerClient:
         self._stub: pb_grpc.BrokerStub | None = None
         self._lock = threading.Lock()
         self._producer = _Producer()
+        self._segment_files = SegmentFiles()  # local reads (local_reads.py)
         self._queues: dict[str, int] = {}
         self._round_robin = itertools.count()
         alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
@@ -175,6 +182,7 @@ class BrokerClient:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        self._segment_files.close()
 
     def __enter__(self) -> BrokerClient:
         return self
@@ -372,13 +380,35 @@ class BrokerClient:
 
     # -- pull ----------------------------------------------------------------------------------
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
-             max_wait_ms: int = 0, max_bytes: int = 0) -> PullResult:
+             max_wait_ms: int = 0, max_bytes: int = 0, *, local_reads: bool = False) -> PullResult:
         """Up to ``max_messages`` from ``offset`` of one queue (what is confirmed), decoded lazily;
         ``max_wait_ms``: wait that long for the first one; ``next_offset`` says where to go on.
-        An offset removed by retention, or beyond the end, raises ``OutOfRange``."""
+        An offset removed by retention, or beyond the end, raises ``OutOfRange``.
+        ``local_reads``: on the node's host, read the batches from its segment files when it can
+        (``broker/client/local_reads.py``; the same answer, without moving the bytes through gRPC)."""
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                              max_wait_ms=max_wait_ms, max_bytes=max_bytes)
-        return PullResult(self._call("Pull", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
+        timeout_s = self.timeout_s + max_wait_ms / 1000.0
+        if local_reads and not_local(self.current_address) is None:
+            try:
+                local = self._read_local(self._call("PullLocal", _local_request(req), timeout_s=timeout_s))
+            except BrokerError as exc:
+                self._local_refused(exc.code, exc)
+                local = None
+            if local is not None:
+                return PullResult(local)
+        return PullResult(self._call("Pull", req, timeout_s=timeout_s))
+
+    def _read_local(self, response: pb.PullLocalResponse) -> LocalPullResponse | None:
+        return self._segment_files.read(self.current_address, response)
+
+    def _local_refused(self, code: grpc.StatusCode, exc: Exception) -> None:
+        """A ``PullLocal`` refused: the pull goes over gRPC (UNIMPLEMENTED: an older node, never
+        again from it; FAILED_PRECONDITION: a range in tiered storage), or the error stands."""
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            mark_not_local(self.current_address, "the node does not serve PullLocal")
+        elif code != grpc.StatusCode.FAILED_PRECONDITION:
+            raise exc
 
     def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
                     max_wait_ms: int = 0) -> grpc.Future:
@@ -390,23 +420,41 @@ class BrokerClient:
         return self._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
 
     def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
-                  max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True) -> Iterator[PullResult]:
+                  max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True,
+                  local_reads: bool = False) -> Iterator[PullResult]:
         """Pull continuously from ``offset``, keeping the next request in flight while the caller
-        works on the current result (fetch pipelining). Stops at the queue's end unless told not to."""
+        works on the current result (fetch pipelining). Stops at the queue's end unless told not to.
+        ``local_reads``: as for ``pull``."""
         timeout = self.timeout_s + max_wait_ms / 1000.0
 
-        def request(at: int) -> Any:
+        def request(at: int) -> tuple[Any, bool, Any]:
             req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
                                  max_wait_ms=max_wait_ms, max_bytes=max_bytes)
             assert self._stub is not None
-            return self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
+            local = local_reads and not_local(self.current_address) is None
+            if local:
+                return req, True, self._stub.PullLocal.future(_local_request(req), timeout=timeout, metadata=self._metadata)
+            return req, False, self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
 
         pending = request(offset)
         while True:
+            req, local, future = pending
             try:
-                result = PullResult(pending.result())
+                response = future.result()
+                if local:
+                    response = self._read_local(response)
             except grpc.RpcError as exc:
-                raise from_rpc_error(exc) from None
+                if not local:
+                    raise from_rpc_error(exc) from None
+                self._local_refused(exc.code(), from_rpc_error(exc))  # type: ignore[attr-defined]
+                response = None
+            if response is None:  # not readable locally: this one over gRPC
+                try:
+                    assert self._stub is not None
+                    response = self._stub.Pull(req, timeout=timeout, metadata=self._metadata)
+                except grpc.RpcError as exc:
+                    raise from_rpc_error(exc) from None
+            result = PullResult(response)
             if not len(result) and stop_at_end:
                 return
             pending = request(result.next_offset)

@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, overload
 
+from broker.client.local_reads import LocalPullResponse
 from broker.client.pull_wire import PullResponseView
 from broker.logformat import batch as bf
 from broker.logformat.scan import Mode, scan_bytes
@@ -135,7 +136,7 @@ class PullResult(Sequence[PulledMessage]):
     before the requested offset and ``count`` records are returned in all.
     """
 
-    def __init__(self, response: pb.PullResponse | PullResponseView) -> None:
+    def __init__(self, response: pb.PullResponse | PullResponseView | LocalPullResponse) -> None:
         self.next_offset = response.next_offset
         self.min_offset = response.min_offset
         self.max_offset = response.max_offset

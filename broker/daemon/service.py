@@ -33,7 +33,9 @@ from broker.groups.pops import PopService, as_messages
 from broker.logformat import system_records
 from broker.ports import BatchReceipt, IncomingBatch, RoleController
 from broker.security.auth import current_caller
+from broker.storage import instance
 from broker.store import Store
+from broker.store.reads import LocalPull, PullResult
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -124,6 +126,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.groups = GroupAdmin(store, heartbeats.membership)
         self.pops = PopService(store)
         self.groups.pops = self.pops
+        self.instance_file, self.instance = instance.publish(self.config["node.data_dir"])  # for PullLocal
 
     # -- a new master's metadata fence (wire.add_broker_service runs these before every call) -----
     def wait_fence(self) -> None:
@@ -196,9 +199,14 @@ class BrokerService(pb_grpc.BrokerServicer):
 
         The read runs in the read pool; a pull that finds nothing parks a future (longpoll.py) and
         holds no thread until its queue grows or ``max_wait_ms`` passes."""
-        return await _handle_async(context, lambda: self._pull(request))
+        return await _handle_async(context, lambda: self._pull(request, local=False))
 
-    async def _pull(self, request: pb.PullRequest) -> bytes:
+    async def PullLocal(self, request: pb.PullLocalRequest, context: grpc.aio.ServicerContext) -> pb.PullLocalResponse:
+        """A pull answered with where its batches lie in this node's segment files, for a reader on
+        this host that reads them itself (broker/storage/instance.py); the same checks as Pull."""
+        return await _handle_async(context, lambda: self._pull(request, local=True))
+
+    async def _pull(self, request: pb.PullRequest | pb.PullLocalRequest, *, local: bool) -> Any:
         loop = asyncio.get_running_loop()
         if request.topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
             raise BrokerError("PERMISSION_DENIED", f"reading the system topic {shown(request.topic)} needs a "
@@ -206,8 +214,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
         max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
-        read = functools.partial(self.store.reads.pull, request.topic, request.queue_id, request.offset,
-                                 max_messages, max_bytes, 0)
+        reads = self.store.reads
+        read: Callable[[], PullResult | LocalPull] = functools.partial(
+            reads.pull_spans if local else reads.pull, request.topic, request.queue_id, request.offset, max_messages,
+            max_bytes, 0)
         key = (request.topic, request.queue_id)
         deadline = loop.time() + wait_s
         await self._read_your_writes(request.topic, request.queue_id, request.offset, max_messages)
@@ -217,17 +227,24 @@ class BrokerService(pb_grpc.BrokerServicer):
                 r = await loop.run_in_executor(self.read_pool, read)
                 left = deadline - loop.time()
                 if r.count or parked is None or left <= 0 or self.store.closing:
-                    if request.decode:
-                        return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
-                                               next_offset=r.next_offset, min_offset=r.min_offset,
-                                               max_offset=r.max_offset, count=r.count).SerializeToString()
-                    return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count,
-                                               next_offset=r.next_offset, min_offset=r.min_offset,
-                                               max_offset=r.max_offset)
+                    return self._pull_answer(request, r)
                 await self.longpolls.wait(parked, left)
             finally:
                 if parked is not None:
                     self.longpolls.unpark(key, parked)
+
+    def _pull_answer(self, request: pb.PullRequest | pb.PullLocalRequest, r: PullResult | LocalPull) -> Any:
+        if isinstance(r, LocalPull):
+            return pb.PullLocalResponse(spans=[pb.LogSpan(path=p, position=at, length=n) for p, at, n in r.spans],
+                                        skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
+                                        min_offset=r.min_offset, max_offset=r.max_offset,
+                                        instance_file=self.instance_file, instance=self.instance)
+        if isinstance(request, pb.PullRequest) and request.decode:
+            return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
+                                   next_offset=r.next_offset, min_offset=r.min_offset,
+                                   max_offset=r.max_offset, count=r.count).SerializeToString()
+        return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
+                                   min_offset=r.min_offset, max_offset=r.max_offset)
 
     async def _read_your_writes(self, topic: str, queue_id: int, offset: int, max_messages: int) -> None:
         """A pull that could take more than the queue view holds of its queue, while records of that

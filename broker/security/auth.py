@@ -46,6 +46,7 @@ LEGACY_NAME = "auth.token_file"
 ALWAYS_OPEN = frozenset({"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch"})
 METHOD_ROLES = {
     "/tidemark.v1.Broker/Pull": "read",
+    "/tidemark.v1.Broker/PullLocal": "read",
     "/tidemark.v1.Broker/OffsetForTime": "read",
     "/tidemark.v1.Broker/GetOffset": "read",
     "/tidemark.v1.Broker/ListTopics": "read",

@@ -213,6 +213,22 @@ class CommitLog:
             length -= len(chunk)
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
+    def locate(self, offset: int, length: int) -> list[tuple[str, int, int]]:
+        """Where bytes [offset, offset+length) lie: (segment path, position in it, bytes) per segment,
+        clipped like ``read`` (below the log start or past its end: the caller checks the total)."""
+        spans: list[tuple[str, int, int]] = []
+        with self._lock:
+            i = bisect.bisect_right(self._starts, offset) - 1
+            for seg in self._segments[max(i, 0) :]:
+                if length <= 0 or offset < seg.start_offset:
+                    break
+                take = min(length, seg.end_offset - offset)
+                if take > 0:
+                    spans.append((seg.path, offset - seg.start_offset, take))
+                    offset += take
+                    length -= take
+        return spans
+
     def close(self) -> None:
         with self._lock:
             if self._pinned:

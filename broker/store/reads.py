@@ -27,6 +27,18 @@ PULL_ENTRIES_PER_READ = 256
 
 
 @dataclass(frozen=True, slots=True)
+class LocalPull:
+    """A pull's answer as spans of segment files: (path, position in the file, bytes)."""
+
+    spans: list[tuple[str, int, int]]
+    skip_first: int
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True, slots=True)
 class PullResult:
     batches: list[bytes]  # runs of whole, adjacent batches
     skip_first: int  # records of the first batch before the requested offset
@@ -68,6 +80,33 @@ class Reads:
         return low, qf.next_queue_offset
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int) -> PullResult:
+        found = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
+        if isinstance(found, PullResult):
+            return found
+        entries, skip, count, low, high = found
+        return PullResult(self._read_batches(entries), skip, count, offset + count, low, high)
+
+    def pull_spans(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
+                   max_wait_ms: int) -> LocalPull:
+        """What ``pull`` would answer, with each run of batches as spans of segment files (for a
+        reader on this host, ``PullLocal``); FAILED_PRECONDITION when a run is not in local segments."""
+        found = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
+        if isinstance(found, PullResult):
+            return LocalPull([], 0, 0, found.next_offset, found.min_offset, found.max_offset)
+        entries, skip, count, low, high = found
+        spans: list[tuple[str, int, int]] = []
+        for start, end in _runs(entries):
+            located = self.log.locate(start, end - start)
+            if sum(n for _, _, n in located) != end - start:
+                raise BrokerError("FAILED_PRECONDITION", f"log range {start}..{end} is not in local segments "
+                                  "(tiered storage): read it with Pull")
+            spans += located
+        return LocalPull(spans, skip, count, offset + count, low, high)
+
+    def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
+              max_wait_ms: int) -> PullResult | tuple[list[Entry], int, int, int, int]:
+        """The consume-queue entries a pull from ``offset`` answers, the records to skip in the
+        first, the count and the queue's bounds; or the empty answer at the end of the queue."""
         if offset < 0:
             raise invalid(f"offset {offset} is negative")
         if max_messages <= 0:
@@ -87,30 +126,21 @@ class Reads:
         if offset == high:
             return PullResult([], 0, 0, offset, low, high)
         entries, byte_total = _entries(qf, offset, max_messages, max_bytes)
-        batches = self._read_batches(entries)
         skip = offset - entries[0].base_queue_offset
         available = entries[-1].base_queue_offset + entries[-1].record_count - offset
         count = min(max_messages, available)
         metrics.PULL_MESSAGES.inc(count)
         metrics.PULL_BYTES.inc(byte_total)
-        return PullResult(batches, skip, count, offset + count, low, high)
+        return entries, skip, count, low, high
 
     def _read_batches(self, entries: list[Entry]) -> list[bytes]:
         """Read the entries' batches: each run of adjacent batches is one pread and one blob."""
         out: list[bytes] = []
-        i = 0
-        while i < len(entries):
-            start = entries[i].commit_offset
-            end = start + entries[i].batch_bytes
-            j = i + 1
-            while j < len(entries) and entries[j].commit_offset == end:
-                end += entries[j].batch_bytes
-                j += 1
+        for start, end in _runs(entries):
             data = self.read_log(start, end - start)
             if len(data) != end - start:
                 raise BrokerError("OUT_OF_RANGE", f"log range {start}..{end} is no longer stored locally")
             out.append(data)
-            i = j
         return out
 
     def readable_min_offset(self) -> int:
@@ -158,6 +188,17 @@ class Reads:
         if timer_records.is_event_batch(data, header):
             return False
         return any(e.commit_offset + pos == offset for pos, _, _, _ in bf.iter_records(data, header))
+
+
+def _runs(entries: list[Entry]) -> list[tuple[int, int]]:
+    """The log ranges [start, end) of the entries' batches, adjacent batches joined."""
+    runs: list[tuple[int, int]] = []
+    for e in entries:
+        if runs and runs[-1][1] == e.commit_offset:
+            runs[-1] = (runs[-1][0], e.commit_offset + e.batch_bytes)
+        else:
+            runs.append((e.commit_offset, e.commit_offset + e.batch_bytes))
+    return runs
 
 
 def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> tuple[list[Entry], int]:

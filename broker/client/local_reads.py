@@ -1,0 +1,113 @@
+"""Local reads: a reader on a node's host reads a pull's batches from the node's segment files.
+
+A pull over gRPC costs both sides a copy per hop: the node reads the log into memory and gRPC
+moves it through HTTP/2 and the loopback socket; the reader receives it. ``PullLocal`` answers the
+same pull (the same checks: only below the confirm offset, roles, the fence) with where the
+batches lie, ``(segment file, position, bytes)``, and the reader preads them: one copy, from the
+page cache. Like HDFS's short-circuit local reads.
+
+It is used only when it is sure to read the node's own bytes:
+
+- the answer names the node's ``instance`` file and the token it holds
+  (``broker/storage/instance.py``); a reader that does not find that token there (another host,
+  another node at the same path) does not read local files from that address again;
+- a file it cannot open for lack of permission (the data directory is the daemon user's, 0700 by
+  default) turns local reads off for that address too: run the reader as that user to use them;
+- a segment gone since the answer (retention), a short read, a range in tiered storage
+  (FAILED_PRECONDITION), or a node without ``PullLocal`` (UNIMPLEMENTED): that pull goes over
+  gRPC instead.
+
+The bytes are then checked like any pulled bytes by whoever decodes them (CRC32C, topic, queue,
+queue offsets; ``spark_connector/decode.py``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from broker.storage.instance import matches
+from proto import tidemark_pb2 as pb
+
+OPEN_FILES_MAX = 8  # segment files a client keeps open (each may be up to commitlog.segment_bytes)
+REMOTE_MEMORY_MAX = 1024  # addresses remembered as not readable locally
+_NOT_LOCAL: OrderedDict[str, str] = OrderedDict()  # address -> why local reads are off for it (this process)
+
+
+@dataclass(frozen=True, slots=True)
+class LocalPullResponse:
+    """The fields of a ``PullResponse``, its runs of batches read from the node's files."""
+
+    batches: list[bytes]
+    skip_first: int
+    count: int
+    next_offset: int
+    min_offset: int
+    max_offset: int
+
+
+def not_local(address: str) -> str | None:
+    """Why local reads are off for ``address`` in this process (None: they are tried)."""
+    return _NOT_LOCAL.get(address)
+
+
+def mark_not_local(address: str, why: str) -> None:
+    _NOT_LOCAL[address] = why
+    _NOT_LOCAL.move_to_end(address)
+    while len(_NOT_LOCAL) > REMOTE_MEMORY_MAX:
+        _NOT_LOCAL.popitem(last=False)
+
+
+class SegmentFiles:
+    """The segment files one client reads: a small LRU of read-only descriptors."""
+
+    def __init__(self) -> None:
+        self._fds: OrderedDict[str, int] = OrderedDict()
+        self._verified: set[tuple[str, str]] = set()  # (instance file, token) pairs found to match
+
+    def read(self, address: str, response: pb.PullLocalResponse) -> LocalPullResponse | None:
+        """The answer's batches read from its files; None when they cannot be (the pull then goes
+        over gRPC; ``address`` is marked not local when it never will be)."""
+        if response.spans and not self._sees(response.instance_file, response.instance):
+            mark_not_local(address, f"{response.instance_file} does not hold the node's instance token")
+            return None
+        batches: list[bytes] = []
+        for span in response.spans:
+            try:
+                fd = self._open(span.path)
+                data = os.pread(fd, span.length, span.position)
+            except OSError as exc:
+                if exc.errno in (errno.EACCES, errno.EPERM):
+                    mark_not_local(address, f"cannot read {span.path}: {exc.strerror}")
+                return None  # ENOENT: deleted by retention since the answer; the pull goes over gRPC
+            if len(data) != span.length:
+                return None
+            batches.append(data)
+        return LocalPullResponse(batches, response.skip_first, response.count, response.next_offset,
+                                 response.min_offset, response.max_offset)
+
+    def _sees(self, path: str, token: str) -> bool:
+        if (path, token) in self._verified:
+            return True
+        if not matches(path, token):
+            return False
+        self._verified.add((path, token))
+        return True
+
+    def _open(self, path: str) -> int:
+        fd = self._fds.get(path)
+        if fd is not None:
+            self._fds.move_to_end(path)
+            return fd
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fds[path] = fd
+        while len(self._fds) > OPEN_FILES_MAX:
+            os.close(self._fds.popitem(last=False)[1])
+        return fd
+
+    def close(self) -> None:
+        """Close every descriptor (a segment deleted meanwhile frees its space only then)."""
+        while self._fds:
+            os.close(self._fds.popitem()[1])
