@@ -120,10 +120,13 @@ def test_a_restart_publishes_a_new_token(spawn: Callable[..., DaemonProcess]) ->
 
 def test_files_that_cannot_be_read_fall_back(tmp_path: Path) -> None:
     """A segment gone since the answer (retention) or cut short: that pull goes over gRPC (None),
-    and the address stays eligible; a token that does not match marks it not local."""
+    and the address stays eligible; a token that does not match, or a path that is not a segment
+    file of the node's log directory, marks it not local."""
     token_path, token = instance.publish(str(tmp_path))
-    seg = tmp_path / "00000000000000000000.log"
+    (tmp_path / "log").mkdir()
+    seg = tmp_path / "log" / "00000000000000000000.log"
     seg.write_bytes(b"x" * 100)
+    (tmp_path / "secret").write_bytes(b"y" * 100)
     files = SegmentFiles()
     try:
         def answer(path: str, length: int, tok: str = token) -> pb.PullLocalResponse:
@@ -132,11 +135,15 @@ def test_files_that_cannot_be_read_fall_back(tmp_path: Path) -> None:
 
         read = files.read("a:1", answer(str(seg), 50))
         assert read is not None and read.batches == [b"x" * 50]
-        assert files.read("a:1", answer(str(tmp_path / "gone.log"), 50)) is None
+        assert files.read("a:1", answer(str(tmp_path / "log" / "00000000000000000100.log"), 50)) is None  # gone
         assert files.read("a:1", answer(str(seg), 500)) is None  # past the file's end
         assert lr.not_local("a:1") is None
         assert files.read("a:1", answer(str(seg), 50, tok="f" * 32)) is None
-        assert lr.not_local("a:1") is not None
+        assert "does not hold" in (lr.not_local("a:1") or "")
+        for outside in (tmp_path / "secret", tmp_path / "log" / ".." / "secret", tmp_path / "log" / "x.log"):
+            assert files.read("b:1", answer(str(outside), 50)) is None  # never opened: not a segment file of log/
+            assert "not a segment file" in (lr.not_local("b:1") or "")
+            lr._NOT_LOCAL.clear()
     finally:
         files.close()
 

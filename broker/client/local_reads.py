@@ -11,6 +11,8 @@ It is used only when it is sure to read the node's own bytes:
 - the answer names the node's ``instance`` file and the token it holds
   (``broker/storage/instance.py``); a reader that does not find that token there (another host,
   another node at the same path) does not read local files from that address again;
+- it opens only segment files of that directory (``log/<20 digits>.log``), whatever an answer
+  names;
 - a file it cannot open for lack of permission (the data directory is the daemon user's, 0700 by
   default) turns local reads off for that address too: run the reader as that user to use them;
 - a segment gone since the answer (retention), a short read, a range in tiered storage
@@ -29,8 +31,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from broker.storage.instance import matches
+from broker.storage.segment import parse_segment_name
 from proto import tidemark_pb2 as pb
 
+LOG_DIR = "log"  # DATA_DIR/log/<start offset, 20 digits>.log (docs/formats/README.md)
 OPEN_FILES_MAX = 8  # segment files a client keeps open (each may be up to commitlog.segment_bytes)
 REMOTE_MEMORY_MAX = 1024  # addresses remembered as not readable locally
 _NOT_LOCAL: OrderedDict[str, str] = OrderedDict()  # address -> why local reads are off for it (this process)
@@ -73,6 +77,11 @@ class SegmentFiles:
         if response.spans and not self._sees(response.instance_file, response.instance):
             mark_not_local(address, f"{response.instance_file} does not hold the node's instance token")
             return None
+        log_dir = os.path.join(os.path.dirname(response.instance_file), LOG_DIR)
+        for span in response.spans:  # only the node's segment files, whatever an answer names
+            if os.path.dirname(span.path) != log_dir or parse_segment_name(os.path.basename(span.path)) is None:
+                mark_not_local(address, f"the node named {span.path[:200]!r}, not a segment file of {log_dir}")
+                return None
         batches: list[bytes] = []
         for span in response.spans:
             try:

@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import json
+import os
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -235,7 +236,7 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def _pull_answer(self, request: pb.PullRequest | pb.PullLocalRequest, r: PullResult | LocalPull) -> Any:
         if isinstance(r, LocalPull):
-            return pb.PullLocalResponse(spans=[pb.LogSpan(path=p, position=at, length=n) for p, at, n in r.spans],
+            return pb.PullLocalResponse(spans=[pb.LogSpan(path=os.path.abspath(p), position=at, length=n) for p, at, n in r.spans],
                                         skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
                                         min_offset=r.min_offset, max_offset=r.max_offset,
                                         instance_file=self.instance_file, instance=self.instance)
