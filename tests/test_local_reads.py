@@ -5,6 +5,7 @@ be sure of the files: another node's files at the path, a segment gone, a range 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -93,6 +94,10 @@ def test_spans_name_the_nodes_segment_files(spawn: Callable[..., DaemonProcess])
     assert response.instance_file == os.path.abspath(os.path.join(d.data_dir, instance.FILE_NAME))
     assert instance.matches(response.instance_file, response.instance)
     assert response.count == 500
+    with BrokerClient(d.address) as c:  # the client reads the runs across the segments
+        local, remote = c.pull("t", 0, 0, max_messages=500, local_reads=True), c.pull("t", 0, 0, max_messages=500)
+        assert _local(local) and len(local._response.batches) == len(response.spans)  # type: ignore[attr-defined]
+        assert local.bodies() == remote.bodies() and len(local) == 500
 
 
 def test_another_nodes_files_are_never_read(spawn: Callable[..., DaemonProcess]) -> None:
@@ -167,3 +172,58 @@ def test_ranges_in_tiered_storage_are_pulled_over_grpc(spawn: Callable[..., Daem
         hot = c.pull("t", 0, 2900, max_messages=100, local_reads=True)
         assert _local(hot) and hot.bodies() == bodies[2900:]
         assert [b for r in c.iter_pull("t", 0, 0, max_messages=500, local_reads=True) for b in r.bodies()] == bodies
+
+
+def _answer(data_dir: Path, segment: str, length: int) -> pb.PullLocalResponse:
+    token = (data_dir / instance.FILE_NAME).read_text().strip()
+    return pb.PullLocalResponse(spans=[pb.LogSpan(path=str(data_dir / "log" / segment), position=0, length=length)],
+                                count=1, instance_file=str(data_dir / instance.FILE_NAME), instance=token)
+
+
+def test_a_new_instance_closes_the_files_of_the_old(tmp_path: Path) -> None:
+    """A node re-bootstrapped at the same path (its directory moved aside, a new one installed, a
+    new token): the cached descriptor of the old directory's segment is never read again."""
+    node = tmp_path / "node"
+    (node / "log").mkdir(parents=True)
+    name = "00000000000000000000.log"
+    (node / "log" / name).write_bytes(b"OLD-HISTORY-")
+    instance.publish(str(node))
+    files = SegmentFiles()
+    try:
+        first = files.read("n:1", _answer(node, name, 12))
+        assert first is not None and first.batches == [b"OLD-HISTORY-"]
+        node.rename(tmp_path / "node.old-1")
+        (node / "log").mkdir(parents=True)
+        (node / "log" / name).write_bytes(b"NEW-HISTORY-")
+        instance.publish(str(node))
+        second = files.read("n:1", _answer(node, name, 12))
+        assert second is not None and second.batches == [b"NEW-HISTORY-"]
+    finally:
+        files.close()
+
+
+def test_a_deleted_segment_is_let_go(tmp_path: Path) -> None:
+    """Retention deleted a cached segment: its descriptor is closed at the next read (the space is
+    freed) and that pull goes over gRPC."""
+    (tmp_path / "log").mkdir()
+    name = "00000000000000000000.log"
+    (tmp_path / "log" / name).write_bytes(b"z" * 64)
+    instance.publish(str(tmp_path))
+    files = SegmentFiles()
+    try:
+        assert files.read("n:1", _answer(tmp_path, name, 64)) is not None
+        (tmp_path / "log" / name).unlink()
+        assert files.read("n:1", _answer(tmp_path, name, 64)) is None
+        assert not files._fds and lr.not_local("n:1") is None
+    finally:
+        files.close()
+    assert files.read("n:1", _answer(tmp_path, name, 64)) is None  # closed: nothing is opened again
+
+
+def test_not_local_is_forgotten_after_a_while(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart or an upgrade may make a node readable locally: the memo expires."""
+    monkeypatch.setattr(lr, "NOT_LOCAL_FOR_S", 0.05)
+    lr.mark_not_local("x:1", "test")
+    assert lr.not_local("x:1") == "test"
+    time.sleep(0.1)
+    assert lr.not_local("x:1") is None

@@ -83,6 +83,9 @@ def _redirect(exc: grpc.RpcError) -> str | None:
     return None
 
 
+COLD_PULLS_REMOTE = 16  # iter_pull(local_reads=True): pulls over gRPC after PullLocal refused a tiered range
+
+
 def _local_request(req: pb.PullRequest) -> pb.PullLocalRequest:
     return pb.PullLocalRequest(topic=req.topic, queue_id=req.queue_id, offset=req.offset, max_messages=req.max_messages,
                                max_wait_ms=req.max_wait_ms, max_bytes=req.max_bytes)
@@ -408,7 +411,7 @@ class BrokerClient:
         if code == grpc.StatusCode.UNIMPLEMENTED:
             mark_not_local(self.current_address, "the node does not serve PullLocal")
         elif code != grpc.StatusCode.FAILED_PRECONDITION:
-            raise exc
+            raise exc from None
 
     def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
                     max_wait_ms: int = 0) -> grpc.Future:
@@ -427,11 +430,15 @@ class BrokerClient:
         ``local_reads``: as for ``pull``."""
         timeout = self.timeout_s + max_wait_ms / 1000.0
 
+        remote_left = 0  # after a range in tiered storage, this many pulls go over gRPC before trying again
+
         def request(at: int) -> tuple[Any, bool, Any]:
+            nonlocal remote_left
             req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
                                  max_wait_ms=max_wait_ms, max_bytes=max_bytes)
             assert self._stub is not None
-            local = local_reads and not_local(self.current_address) is None
+            local = local_reads and not remote_left and not_local(self.current_address) is None
+            remote_left = max(0, remote_left - 1)
             if local:
                 return req, True, self._stub.PullLocal.future(_local_request(req), timeout=timeout, metadata=self._metadata)
             return req, False, self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
@@ -447,6 +454,7 @@ class BrokerClient:
                 if not local:
                     raise from_rpc_error(exc) from None
                 self._local_refused(exc.code(), from_rpc_error(exc))  # type: ignore[attr-defined]
+                remote_left = COLD_PULLS_REMOTE  # a tiered range: keep the pipeline on gRPC through it
                 response = None
             if response is None:  # not readable locally: this one over gRPC
                 try:

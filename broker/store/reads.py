@@ -84,7 +84,9 @@ class Reads:
         if isinstance(found, PullResult):
             return found
         entries, skip, count, low, high = found
-        return PullResult(self._read_batches(entries), skip, count, offset + count, low, high)
+        batches = self._read_batches(entries)
+        _count(entries, count)
+        return PullResult(batches, skip, count, offset + count, low, high)
 
     def pull_spans(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
                    max_wait_ms: int) -> LocalPull:
@@ -98,9 +100,10 @@ class Reads:
         for start, end in _runs(entries):
             located = self.log.locate(start, end - start)
             if sum(n for _, _, n in located) != end - start:
-                raise BrokerError("FAILED_PRECONDITION", f"log range {start}..{end} is not in local segments "
-                                  "(tiered storage): read it with Pull")
+                raise BrokerError("FAILED_PRECONDITION", f"log range {start}..{end} is below the local log start "
+                                  "(in tiered storage, or deleted by retention meanwhile): read it with Pull")
             spans += located
+        _count(entries, count)
         return LocalPull(spans, skip, count, offset + count, low, high)
 
     def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
@@ -125,13 +128,10 @@ class Reads:
             raise BrokerError("OUT_OF_RANGE", f"offset {offset} of {topic}/{queue_id} was removed by retention; earliest is {low}")
         if offset == high:
             return PullResult([], 0, 0, offset, low, high)
-        entries, byte_total = _entries(qf, offset, max_messages, max_bytes)
+        entries = _entries(qf, offset, max_messages, max_bytes)
         skip = offset - entries[0].base_queue_offset
         available = entries[-1].base_queue_offset + entries[-1].record_count - offset
-        count = min(max_messages, available)
-        metrics.PULL_MESSAGES.inc(count)
-        metrics.PULL_BYTES.inc(byte_total)
-        return entries, skip, count, low, high
+        return entries, skip, min(max_messages, available), low, high
 
     def _read_batches(self, entries: list[Entry]) -> list[bytes]:
         """Read the entries' batches: each run of adjacent batches is one pread and one blob."""
@@ -190,6 +190,12 @@ class Reads:
         return any(e.commit_offset + pos == offset for pos, _, _, _ in bf.iter_records(data, header))
 
 
+def _count(entries: list[Entry], count: int) -> None:
+    """An answered pull in the metrics."""
+    metrics.PULL_MESSAGES.inc(count)
+    metrics.PULL_BYTES.inc(sum(e.batch_bytes for e in entries))
+
+
 def _runs(entries: list[Entry]) -> list[tuple[int, int]]:
     """The log ranges [start, end) of the entries' batches, adjacent batches joined."""
     runs: list[tuple[int, int]] = []
@@ -201,8 +207,8 @@ def _runs(entries: list[Entry]) -> list[tuple[int, int]]:
     return runs
 
 
-def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> tuple[list[Entry], int]:
-    """The consume-queue entries a pull from ``offset`` returns, and their bytes."""
+def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> list[Entry]:
+    """The consume-queue entries a pull from ``offset`` returns."""
     index = qf.locate(offset)
     entries: list[Entry] = []
     wanted = offset + max_messages
@@ -222,4 +228,4 @@ def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> t
             index += len(chunk)
             continue
         break
-    return entries, byte_total
+    return entries
