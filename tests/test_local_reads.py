@@ -5,6 +5,7 @@ be sure of the files: another node's files at the path, a segment gone, a range 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -227,3 +228,46 @@ def test_not_local_is_forgotten_after_a_while(monkeypatch: pytest.MonkeyPatch) -
     assert lr.not_local("x:1") == "test"
     time.sleep(0.1)
     assert lr.not_local("x:1") is None
+
+
+def test_local_reads_stay_right_while_retention_deletes_segments(spawn: Callable[..., DaemonProcess]) -> None:
+    """A reader following a queue with local reads while sends roll 64 KiB segments and local
+    retention deletes them every 10 ms: every message it gets is the one at its offset, reads
+    fall back or restart at the earliest offset when a segment went, and most are local."""
+    d = spawn("n", config={"commitlog.segment_bytes": 64 * 1024, "retention.local_bytes": 256 * 1024,
+                           "retention.check_interval_ms": 10, "checkpoint.interval_ms": 50})
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=1)
+    stop = threading.Event()
+    sent = [0]
+
+    def send() -> None:
+        with BrokerClient(d.address) as s:
+            while not stop.is_set() and sent[0] < 20_000:
+                s.send("t", [Message(body=b"%08d-" % (sent[0] + k) + b"p" * 500) for k in range(50)], ack="flush")
+                sent[0] += 50
+
+    sender = threading.Thread(target=send)
+    sender.start()
+    got = local = restarts = 0
+    offset = 0
+    try:
+        wait_until(lambda: sent[0] >= 2_000, what="a backlog")
+        with BrokerClient(d.address) as c:
+            deadline = time.monotonic() + 60
+            while got < 5_000 and time.monotonic() < deadline:
+                try:
+                    for r in c.iter_pull("t", 0, offset, max_messages=100, local_reads=True):
+                        for i, body in enumerate(r.bodies()):
+                            assert body.startswith(b"%08d-" % (offset + i)), (offset + i, body[:9])
+                        offset, got, local = r.next_offset, got + len(r), local + _local(r)
+                        time.sleep(0.01)  # slower than the sender: retention overtakes the reader
+                except BrokerError as exc:  # retention passed us: go on from the earliest offset
+                    assert exc.code == grpc.StatusCode.OUT_OF_RANGE, exc
+                    offset = c.pull("t", 0, c.list_topics()["t"]["max_offsets"][0], max_messages=1).min_offset
+                    restarts += 1
+    finally:
+        stop.set()
+        sender.join()
+    assert got >= 5_000 and local > 0, (got, local, restarts)
+    assert int(status(d)["min_offset"]) > 0  # retention did delete segments meanwhile
