@@ -27,6 +27,18 @@ PULL_ENTRIES_PER_READ = 256
 
 
 @dataclass(frozen=True, slots=True)
+class _Found:
+    """What a pull answers: consume-queue entries (none at the end of the queue), the records of
+    the first batch before the offset asked for, the records answered, the queue's bounds."""
+
+    entries: list[Entry]
+    skip: int
+    count: int
+    low: int
+    high: int
+
+
+@dataclass(frozen=True, slots=True)
 class LocalPull:
     """A pull's answer as spans of segment files: (path, position in the file, bytes)."""
 
@@ -80,36 +92,28 @@ class Reads:
         return low, qf.next_queue_offset
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int) -> PullResult:
-        found = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
-        if isinstance(found, PullResult):
-            return found
-        entries, skip, count, low, high = found
-        batches = self._read_batches(entries)
-        _count(entries, count)
-        return PullResult(batches, skip, count, offset + count, low, high)
+        f = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
+        batches = self._read_batches(f.entries)
+        _count(f)
+        return PullResult(batches, f.skip, f.count, offset + f.count, f.low, f.high)
 
     def pull_spans(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
                    max_wait_ms: int) -> LocalPull:
         """What ``pull`` would answer, with each run of batches as spans of segment files (for a
         reader on this host, ``PullLocal``); FAILED_PRECONDITION when a run is not in local segments."""
-        found = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
-        if isinstance(found, PullResult):
-            return LocalPull([], 0, 0, found.next_offset, found.min_offset, found.max_offset)
-        entries, skip, count, low, high = found
+        f = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
         spans: list[tuple[str, int, int]] = []
-        for start, end in _runs(entries):
+        for start, end in _runs(f.entries):
             located = self.log.locate(start, end - start)
             if sum(n for _, _, n in located) != end - start:
                 raise BrokerError("FAILED_PRECONDITION", f"log range {start}..{end} is below the local log start "
                                   "(in tiered storage, or deleted by retention meanwhile): read it with Pull")
             spans += located
-        _count(entries, count)
-        return LocalPull(spans, skip, count, offset + count, low, high)
+        _count(f)
+        return LocalPull(spans, f.skip, f.count, offset + f.count, f.low, f.high)
 
-    def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
-              max_wait_ms: int) -> PullResult | tuple[list[Entry], int, int, int, int]:
-        """The consume-queue entries a pull from ``offset`` answers, the records to skip in the
-        first, the count and the queue's bounds; or the empty answer at the end of the queue."""
+    def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int) -> _Found:
+        """What a pull from ``offset`` answers (no entries at the end of the queue)."""
         if offset < 0:
             raise invalid(f"offset {offset} is negative")
         if max_messages <= 0:
@@ -127,11 +131,10 @@ class Reads:
         if offset < low:
             raise BrokerError("OUT_OF_RANGE", f"offset {offset} of {topic}/{queue_id} was removed by retention; earliest is {low}")
         if offset == high:
-            return PullResult([], 0, 0, offset, low, high)
+            return _Found([], 0, 0, low, high)
         entries = _entries(qf, offset, max_messages, max_bytes)
-        skip = offset - entries[0].base_queue_offset
         available = entries[-1].base_queue_offset + entries[-1].record_count - offset
-        return entries, skip, min(max_messages, available), low, high
+        return _Found(entries, offset - entries[0].base_queue_offset, min(max_messages, available), low, high)
 
     def _read_batches(self, entries: list[Entry]) -> list[bytes]:
         """Read the entries' batches: each run of adjacent batches is one pread and one blob."""
@@ -190,10 +193,11 @@ class Reads:
         return any(e.commit_offset + pos == offset for pos, _, _, _ in bf.iter_records(data, header))
 
 
-def _count(entries: list[Entry], count: int) -> None:
+def _count(f: _Found) -> None:
     """An answered pull in the metrics."""
-    metrics.PULL_MESSAGES.inc(count)
-    metrics.PULL_BYTES.inc(sum(e.batch_bytes for e in entries))
+    if f.count:
+        metrics.PULL_MESSAGES.inc(f.count)
+        metrics.PULL_BYTES.inc(sum(e.batch_bytes for e in f.entries))
 
 
 def _runs(entries: list[Entry]) -> list[tuple[int, int]]:
