@@ -403,7 +403,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("node_id", "address", "acked_offset", "in_sync", "connected", "lag_bytes", "coordinator_unreachable_ms")
+    __slots__ = ("node_id", "address", "acked_offset", "in_sync", "connected", "lag_bytes", "coordinator_unreachable_ms", "answered_ms_ago")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -411,6 +411,7 @@ class ReplicaStatus(_message.Message):
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_MS_AGO_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     acked_offset: int
@@ -418,7 +419,8 @@ class ReplicaStatus(_message.Message):
     connected: bool
     lag_bytes: int
     coordinator_unreachable_ms: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., connected: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ...) -> None: ...
+    answered_ms_ago: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., connected: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ..., answered_ms_ago: _Optional[int] = ...) -> None: ...
 
 class FollowerStatus(_message.Message):
     __slots__ = ("master", "connected", "master_confirm_offset", "master_end_offset", "lag_bytes", "in_sync", "error")
@@ -936,12 +938,14 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., log_end: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
-    __slots__ = ("flushed_offset", "coordinator_unreachable_ms")
+    __slots__ = ("flushed_offset", "coordinator_unreachable_ms", "answers_sent_at_us")
     FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
+    ANSWERS_SENT_AT_US_FIELD_NUMBER: _ClassVar[int]
     flushed_offset: int
     coordinator_unreachable_ms: int
-    def __init__(self, flushed_offset: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ...) -> None: ...
+    answers_sent_at_us: int
+    def __init__(self, flushed_offset: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ..., answers_sent_at_us: _Optional[int] = ...) -> None: ...
 
 class SlaveMessage(_message.Message):
     __slots__ = ("hello", "ack")
@@ -968,18 +972,20 @@ class Welcome(_message.Message):
     def __init__(self, cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., truncate_to: _Optional[int] = ..., log_start: _Optional[int] = ..., client_address: _Optional[str] = ...) -> None: ...
 
 class Data(_message.Message):
-    __slots__ = ("start_offset", "batches", "confirm_offset", "epoch", "master_end")
+    __slots__ = ("start_offset", "batches", "confirm_offset", "epoch", "master_end", "sent_at_us")
     START_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     CONFIRM_OFFSET_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     MASTER_END_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_US_FIELD_NUMBER: _ClassVar[int]
     start_offset: int
     batches: bytes
     confirm_offset: int
     epoch: int
     master_end: int
-    def __init__(self, start_offset: _Optional[int] = ..., batches: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ..., epoch: _Optional[int] = ..., master_end: _Optional[int] = ...) -> None: ...
+    sent_at_us: int
+    def __init__(self, start_offset: _Optional[int] = ..., batches: _Optional[bytes] = ..., confirm_offset: _Optional[int] = ..., epoch: _Optional[int] = ..., master_end: _Optional[int] = ..., sent_at_us: _Optional[int] = ...) -> None: ...
 
 class MasterMessage(_message.Message):
     __slots__ = ("welcome", "data")

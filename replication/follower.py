@@ -242,7 +242,7 @@ class Follower:
         # every message is answered, heartbeats too: the master learns we are alive and whether we
         # reach etcd (its failsafe, DESIGN §11); once our log end at this message is flushed,
         # without holding this loop
-        acker.want(store.log.max_offset, self.last_heard)
+        acker.want(store.log.max_offset, self.last_heard, d.sent_at_us)
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it

@@ -28,6 +28,11 @@ from replication.protocol import HEARTBEAT_S, PROTOCOL_VERSION, epochs_from_pb, 
 log = structlog.get_logger("replication.master")
 
 
+def _us(monotonic_s: float) -> int:
+    """A ``sent_at_us`` stamp: our monotonic clock, which the slave echoes in its ack."""
+    return int(monotonic_s * 1_000_000)
+
+
 def _violation(node: str, peer: str, what: str) -> None:
     """A replica claimed something it cannot know: logged and counted; the caller ends its stream."""
     metrics.REPLICATION_VIOLATIONS.inc()
@@ -119,7 +124,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
                     self.insync.sent_to_end(replica, pos)
                 last_sent, last_confirm = now, store.watermarks.confirm_offset
                 yield pb.MasterMessage(data=pb.Data(start_offset=pos - len(data), batches=data, confirm_offset=last_confirm,
-                                                    epoch=store.epoch, master_end=end))
+                                                    epoch=store.epoch, master_end=end, sent_at_us=_us(now)))
                 continue
             now = time.monotonic()
             if store.watermarks.confirm_offset != last_confirm or now - last_sent >= HEARTBEAT_S:
@@ -127,7 +132,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
                     self.insync.sent_to_end(replica, pos)
                 last_sent, last_confirm = now, store.watermarks.confirm_offset
                 yield pb.MasterMessage(data=pb.Data(start_offset=pos, confirm_offset=last_confirm, epoch=store.epoch,
-                                                    master_end=end))
+                                                    master_end=end, sent_at_us=_us(now)))
             store.appender.wait_appended(pos if pos < end else end, 0.01 if pos - replica.acked_offset >= window else HEARTBEAT_S / 2)
 
     def _read_acks(self, request_iterator: Iterator[pb.SlaveMessage], replica: Replica) -> None:
@@ -140,7 +145,8 @@ class MasterSide(pb_grpc.ReplicationServicer):
                     _violation(replica.node_id, replica.address, why)
                     self.insync.evict(replica, why)
                     break
-                self.insync.acked(replica, msg.ack.flushed_offset, msg.ack.coordinator_unreachable_ms)
+                self.insync.acked(replica, msg.ack.flushed_offset, msg.ack.coordinator_unreachable_ms,
+                                  msg.ack.answers_sent_at_us / 1e6)
                 self.store.watermarks.advance_confirm()
         except grpc.RpcError:
             pass

@@ -225,6 +225,27 @@ def test_a_slave_whose_fsyncs_stall_stops_counting_itself_in_sync(spawn: Callabl
     _wait(lambda: _in_sync(m) and slave_in_sync(), what="both count it in sync again once the fsync is done")
 
 
+def test_the_master_dates_a_replicas_answers_by_what_it_sent(spawn: Callable[..., DaemonProcess]) -> None:
+    """The slave echoes the master's stamp in each ack; status shows how long ago the master sent
+    what the acks answered. It stays a round trip while the slave follows and grows while the slave
+    is paused: the failsafe permit (DESIGN §11) relies on this age, not on when acks arrive."""
+    m, s = _pair(spawn)
+    assert s.proc is not None
+
+    def answered_ms_ago() -> int:
+        return int(_status(m)["replicas"][0]["answered_ms_ago"])  # type: ignore[index]
+
+    _wait(lambda: _in_sync(m), what="the slave in sync")
+    _wait(lambda: 0 < answered_ms_ago() < 500, what="heartbeats answered within a round trip")
+    s.proc.send_signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.5)
+        assert answered_ms_ago() >= 1400, _status(m)["replicas"]
+    finally:
+        s.proc.send_signal(signal.SIGCONT)
+    _wait(lambda: 0 < answered_ms_ago() < 500, what="answers again once resumed")
+
+
 def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProcess]) -> None:
     """Writes only a cut-off master took (ack=leader) are cut when it rejoins; both logs then agree."""
     m = spawn("m", config={**FAST, "replication.max_lag_ms": 3000})

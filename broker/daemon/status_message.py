@@ -41,7 +41,8 @@ def to_message(st: Mapping[str, Any]) -> pb.NodeStatus:
         msg.replicas.add(node_id=str(r.get("node_id") or ""), address=str(r.get("address") or ""),
                          acked_offset=_u(r.get("acked_offset")), in_sync=bool(r.get("in_sync")),
                          connected=bool(r.get("connected")), lag_bytes=_u(r.get("lag_bytes")),
-                         coordinator_unreachable_ms=_u(r.get("coordinator_unreachable_ms")))
+                         coordinator_unreachable_ms=_u(r.get("coordinator_unreachable_ms")),
+                         answered_ms_ago=_u(r.get("answered_ms_ago")))
     follower = st.get("replication")
     if follower:
         msg.replication.CopyFrom(pb.FollowerStatus(

@@ -11,7 +11,11 @@ One thread runs an asyncio loop with two tasks:
   margin is a fifth of the TTL, for clock-rate drift and the time a check takes). Past that, with
   etcd unreachable, the **failsafe**: while a slave of the recorded in-sync set keeps acknowledging
   (within ``FAILSAFE_ACK_S``), writes go on with every ack mode waiting for that slave, so whatever
-  is acknowledged is on the only node that could be elected. Otherwise the master steps down.
+  is acknowledged is on the only node that could be elected. Otherwise the master steps down. An
+  ack is dated by when we *sent* the message it answers (the slave echoes our stamp), never by
+  when it arrived: after a pause (SIGSTOP, a stalled VM) the acks that waited in the socket
+  buffer arrive at once and would look fresh while the slave, which stopped hearing us long ago,
+  may have been elected meanwhile.
 
 Who may campaign (the leader key is absent):
 - not a slave that still hears a live master (a master cut off from etcd but not from us);
@@ -50,7 +54,7 @@ from replication.roles import RoleController
 log = structlog.get_logger("replication.coordinator")
 
 PERMIT_TICK_S = 0.05
-FAILSAFE_ACK_S = 0.5  # the failsafe holds while the in-sync slave acknowledged within this long
+FAILSAFE_ACK_S = 0.5  # the failsafe holds while the in-sync slave answered a message sent within this long
 REGISTER_EVERY_S = 1.0
 SWITCHOVER_WAIT_S = 10.0
 SWITCHOVER_CATCH_UP_S = 5.0  # the master waits this long for the target to hold its whole log
@@ -468,14 +472,16 @@ class Coordinator:
         # and every ack mode waits for it: what we acknowledge is on the node that could be elected.
         # (Requiring the slave to have lost etcd too made a master that reconnected to a restarted
         # etcd more slowly than its slave step down for nothing.)
-        acks = [r.last_ack_at for r in self.insync.replicas.values()
-                if r.node_id in self.insync.pinned and r.connected and not r.evicted]
-        last_ack = max(acks, default=0.0)
-        if now - last_ack < FAILSAFE_ACK_S:
+        # the slave heard us at or after ``heard`` (our stamp, echoed) and campaigns only after a
+        # quarter lease of silence from then on: the failsafe ends before that
+        heard = max((r.answered_sent_at for r in self.insync.replicas.values()
+                     if r.node_id in self.insync.pinned and r.connected and not r.evicted), default=0.0)
+        window_s = min(FAILSAFE_ACK_S, self.ttl_s / 4 - PERMIT_TICK_S)
+        if now - heard < window_s:
             if not self.failsafe:
                 log.warning("failsafe", note="etcd unreachable: acknowledging only what the in-sync slave holds")
             self.failsafe = True
-            permit.grant(max(normal_until, last_ack + FAILSAFE_ACK_S), strict=True)
+            permit.grant(max(normal_until, heard + window_s), strict=True)
             return False
         if self.failsafe or permit.valid() or not permit.reason:
             log.warning("self_fenced", reason="lease not renewed and no in-sync slave acknowledging")
