@@ -31,6 +31,7 @@ from replication.bootstrap import restart_for_bootstrap
 from replication.channel import call_metadata, open_channel
 from replication.confirm import InSyncSet
 from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
+from replication.send_clock import SendClock
 from replication.slave_acks import FlushAcks
 
 log = structlog.get_logger("replication.follower")
@@ -54,10 +55,12 @@ class Follower:
         self.insync = insync
         self.master_end = 0
         self.last_heard = 0.0
-        # when we received the newest message whose log end we have since fsynced and acknowledged:
-        # the master counts a replica in sync from such acks, so this is what ages our knowledge
-        # (a slave whose fsyncs stall keeps hearing heartbeats but no longer acknowledges)
+        # when the master sent (on our clock: send_clock.py) the newest message whose log end we have
+        # since fsynced and acknowledged: the master counts a replica in sync from such acks, so this
+        # is what ages our knowledge (a slave whose fsyncs stall keeps hearing heartbeats but no
+        # longer acknowledges; one resumed after a pause reads old messages that arrive "now")
         self.acked_heard_at = 0.0
+        self._send_clock = SendClock()
         self.in_sync_when_heard = False
         self.connected = False
         self.error = ""
@@ -148,6 +151,7 @@ class Follower:
 
     def _follow_once(self) -> None:
         store = self.store
+        self._send_clock = SendClock()  # this stream's master may run on another clock
         acks: queue.Queue[object] = queue.Queue(maxsize=1024)
         ident = store.identity
         # the master counts our log end as acknowledged (flushed) from the Hello on: make it so first
@@ -242,7 +246,7 @@ class Follower:
         # every message is answered, heartbeats too: the master learns we are alive and whether we
         # reach etcd (its failsafe, DESIGN §11); once our log end at this message is flushed,
         # without holding this loop
-        acker.want(store.log.max_offset, self.last_heard, d.sent_at_us)
+        acker.want(store.log.max_offset, self._send_clock.sent_at(d.sent_at_us, self.last_heard), d.sent_at_us)
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it

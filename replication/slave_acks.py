@@ -47,9 +47,9 @@ class FlushAcks:
         return self
 
     def want(self, end: int, heard_at: float, sent_at_us: int = 0) -> None:
-        """Acknowledge once log end ``end`` (as of a message received at monotonic ``heard_at``,
-        stamped ``sent_at_us`` by the master) is flushed; the ack echoes the stamp, and
-        ``on_acked(heard_at)`` is called once it is queued."""
+        """Acknowledge once log end ``end`` (as of a message stamped ``sent_at_us`` by the master,
+        sent at ``heard_at`` on our monotonic clock: send_clock.py) is flushed; the ack echoes the
+        stamp, and ``on_acked(heard_at)`` is called once it is queued."""
         with self._cond:
             if self._pending is not None:
                 end = max(end, self._pending[0])

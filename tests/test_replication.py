@@ -246,6 +246,41 @@ def test_the_master_dates_a_replicas_answers_by_what_it_sent(spawn: Callable[...
     _wait(lambda: 0 < answered_ms_ago() < 500, what="answers again once resumed")
 
 
+def test_a_slave_resumed_after_a_pause_ages_what_it_heard_from_when_the_master_sent_it(
+        spawn: Callable[..., DaemonProcess]) -> None:
+    """The slave is paused; the master's heartbeats of the next half second wait in its socket
+    buffer; then the link goes silent, the master drops the slave (max_lag_ms) and confirms a write
+    alone. Resumed, the slave reads the buffered heartbeats at once. Dated by their arrival they made
+    it "in sync" for another max_lag_ms and a clean promote lost the write confirmed alone; dated by
+    when the master sent them (send_clock.py) they are 1.5 s old: the promote is refused."""
+    m = spawn("m", config=FAST)  # max_lag_ms 1000, min_insync_replicas 1: the master may confirm alone
+    proxy = TcpProxy(m.port)
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
+    assert s.proc is not None
+    try:
+        with BrokerClient(m.address) as c:
+            c.create_topic("t")
+            c.send("t", [Message(body=b"both")], ack="replica")
+            _wait(lambda: _in_sync(m) and _status(s)["replication"]["in_sync"], what="in sync on both sides")  # type: ignore[index]
+            s.proc.send_signal(signal.SIGSTOP)
+            paused_at = time.monotonic()
+            try:
+                time.sleep(0.5)  # five heartbeats wait in the slave's socket buffer
+                proxy.silence()
+                _wait(lambda: not _in_sync(m), what="the master dropping the silent slave")
+                c.send("t", [Message(body=b"confirmed alone")], ack="replica")
+                time.sleep(max(0.0, 2.0 - (time.monotonic() - paused_at)))
+            finally:
+                s.proc.send_signal(signal.SIGCONT)
+        time.sleep(0.3)  # the buffered heartbeats read and acknowledged (into the silenced link)
+        with BrokerClient(s.address, follow_master=False) as direct, pytest.raises(BrokerError) as refused:
+            direct.promote()
+        assert "not known to be in sync" in str(refused.value), refused.value
+        assert _status(s)["role"] == "slave"
+    finally:
+        proxy.close()
+
+
 def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProcess]) -> None:
     """Writes only a cut-off master took (ack=leader) are cut when it rejoins; both logs then agree."""
     m = spawn("m", config={**FAST, "replication.max_lag_ms": 3000})
