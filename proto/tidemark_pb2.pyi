@@ -403,7 +403,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ReplicaStatus(_message.Message):
-    __slots__ = ("node_id", "address", "acked_offset", "in_sync", "connected", "lag_bytes", "coordinator_unreachable_ms", "answered_ms_ago")
+    __slots__ = ("node_id", "address", "acked_offset", "in_sync", "connected", "lag_bytes", "coordinator_unreachable_ms", "heard_ms_ago")
     NODE_ID_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     ACKED_OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -411,7 +411,7 @@ class ReplicaStatus(_message.Message):
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     LAG_BYTES_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
-    ANSWERED_MS_AGO_FIELD_NUMBER: _ClassVar[int]
+    HEARD_MS_AGO_FIELD_NUMBER: _ClassVar[int]
     node_id: str
     address: str
     acked_offset: int
@@ -419,8 +419,8 @@ class ReplicaStatus(_message.Message):
     connected: bool
     lag_bytes: int
     coordinator_unreachable_ms: int
-    answered_ms_ago: int
-    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., connected: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ..., answered_ms_ago: _Optional[int] = ...) -> None: ...
+    heard_ms_ago: int
+    def __init__(self, node_id: _Optional[str] = ..., address: _Optional[str] = ..., acked_offset: _Optional[int] = ..., in_sync: _Optional[bool] = ..., connected: _Optional[bool] = ..., lag_bytes: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ..., heard_ms_ago: _Optional[int] = ...) -> None: ...
 
 class FollowerStatus(_message.Message):
     __slots__ = ("master", "connected", "master_confirm_offset", "master_end_offset", "lag_bytes", "in_sync", "error")
@@ -938,14 +938,14 @@ class Hello(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., cluster_id: _Optional[str] = ..., node_id: _Optional[str] = ..., epochs: _Optional[_Iterable[_Union[EpochEntry, _Mapping]]] = ..., log_end: _Optional[int] = ..., address: _Optional[str] = ...) -> None: ...
 
 class ReplicaAck(_message.Message):
-    __slots__ = ("flushed_offset", "coordinator_unreachable_ms", "answers_sent_at_us")
+    __slots__ = ("flushed_offset", "coordinator_unreachable_ms", "heard_sent_at_us")
     FLUSHED_OFFSET_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_UNREACHABLE_MS_FIELD_NUMBER: _ClassVar[int]
-    ANSWERS_SENT_AT_US_FIELD_NUMBER: _ClassVar[int]
+    HEARD_SENT_AT_US_FIELD_NUMBER: _ClassVar[int]
     flushed_offset: int
     coordinator_unreachable_ms: int
-    answers_sent_at_us: int
-    def __init__(self, flushed_offset: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ..., answers_sent_at_us: _Optional[int] = ...) -> None: ...
+    heard_sent_at_us: int
+    def __init__(self, flushed_offset: _Optional[int] = ..., coordinator_unreachable_ms: _Optional[int] = ..., heard_sent_at_us: _Optional[int] = ...) -> None: ...
 
 class SlaveMessage(_message.Message):
     __slots__ = ("hello", "ack")

@@ -42,10 +42,11 @@ class Replica:
     sent_end: int = 0  # the log end shipped to it so far
     evicted: str = ""  # why it was thrown out (a protocol violation)
     last_ack_at: float = 0.0  # monotonic: when its last ack arrived
-    # monotonic: when we sent the newest message its acks answered. An ack proves the slave was
-    # alive and following us at that time, not when the ack arrives: acks that waited in a socket
-    # buffer while this process was paused arrive "now" and prove nothing about now
-    answered_sent_at: float = 0.0
+    # monotonic: when we sent the newest message it had received when it last acknowledged (it
+    # echoes our stamp). An ack proves the slave heard us at that time, not when the ack arrives:
+    # acks that waited in a socket buffer while this process was paused arrive "now" and prove
+    # nothing about now
+    heard_sent_at: float = 0.0
     coordinator_unreachable_ms: int = 0  # as its last ack said: how long it has not reached etcd
     # (log end reached by a send, when it was sent): acking past it means caught up at that time
     sent_to_end: collections.deque[tuple[int, float]] = field(default_factory=collections.deque)
@@ -134,12 +135,12 @@ class InSyncSet:
             replica.sent_to_end.append((log_end, time.monotonic()))
 
     def acked(self, replica: Replica, flushed_offset: int, coordinator_unreachable_ms: int = 0,
-              answers_sent_at: float = 0.0) -> None:
+              heard_sent_at: float = 0.0) -> None:
         with self._lock:
             replica.last_ack_at = now = time.monotonic()
             # a stamp from the future is not one we sent: it dates nothing
-            if answers_sent_at <= now:
-                replica.answered_sent_at = max(replica.answered_sent_at, answers_sent_at)
+            if heard_sent_at <= now:
+                replica.heard_sent_at = max(replica.heard_sent_at, heard_sent_at)
             replica.coordinator_unreachable_ms = coordinator_unreachable_ms
             replica.acked_offset = max(replica.acked_offset, flushed_offset)
             while replica.sent_to_end and replica.sent_to_end[0][0] <= flushed_offset:
@@ -171,7 +172,7 @@ class InSyncSet:
             return [{"node_id": r.node_id, "address": r.address, "acked_offset": r.acked_offset, "in_sync": r.in_sync,
                      "connected": r.connected, "lag_bytes": max(0, log_end - r.acked_offset),
                      "coordinator_unreachable_ms": r.coordinator_unreachable_ms,
-                     "answered_ms_ago": int((now - r.answered_sent_at) * 1000) if r.answered_sent_at else 0}
+                     "heard_ms_ago": int((now - r.heard_sent_at) * 1000) if r.heard_sent_at else 0}
                     for r in self.replicas.values()]
 
     # -- events of the slave's follower -----------------------------------------------------------

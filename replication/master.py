@@ -146,7 +146,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
                     self.insync.evict(replica, why)
                     break
                 self.insync.acked(replica, msg.ack.flushed_offset, msg.ack.coordinator_unreachable_ms,
-                                  msg.ack.answers_sent_at_us / 1e6)
+                                  msg.ack.heard_sent_at_us / 1e6)
                 self.store.watermarks.advance_confirm()
         except grpc.RpcError:
             pass

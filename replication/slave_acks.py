@@ -35,9 +35,12 @@ class FlushAcks:
         self._on_error = on_error
         self._on_acked = on_acked
         self._cond = threading.Condition()
-        # what the next ack must cover: the highest log end wanted, when the newest message wanting
-        # it was received and the master's stamp on it (None: nothing wanted since the last ack)
-        self._pending: tuple[int, float, int] | None = None
+        # what the next ack must cover: the highest log end wanted, and when the master sent the
+        # newest message wanting it (None: nothing wanted since the last ack)
+        self._pending: tuple[int, float] | None = None
+        # the master's stamp on the newest message received: every ack carries it, flushed or not
+        # (the master's failsafe asks "does the slave still hear me?", not "what has it stored?")
+        self._heard_stamp_us = 0
         self._stopped = False
         self.error = ""
         self._thread = threading.Thread(target=self._run, name="follower-acks", daemon=True)
@@ -48,13 +51,13 @@ class FlushAcks:
 
     def want(self, end: int, heard_at: float, sent_at_us: int = 0) -> None:
         """Acknowledge once log end ``end`` (as of a message stamped ``sent_at_us`` by the master,
-        sent at ``heard_at`` on our monotonic clock: send_clock.py) is flushed; the ack echoes the
-        stamp, and ``on_acked(heard_at)`` is called once it is queued."""
+        sent at ``heard_at`` on our monotonic clock: send_clock.py) is flushed;
+        ``on_acked(heard_at)`` is called once that acknowledgement is queued."""
         with self._cond:
             if self._pending is not None:
                 end = max(end, self._pending[0])
-                sent_at_us = max(sent_at_us, self._pending[2])
-            self._pending = (end, heard_at, sent_at_us)
+            self._pending = (end, heard_at)
+            self._heard_stamp_us = max(self._heard_stamp_us, sent_at_us)
             self._cond.notify()
 
     def stop(self) -> None:
@@ -81,12 +84,14 @@ class FlushAcks:
                     self._cond.wait_for(lambda: self._pending is not None or self._stopped)
                     if self._stopped or self._pending is None:
                         return
-                    (target, heard_at, sent_at_us), self._pending = self._pending, None
+                    (target, heard_at), self._pending = self._pending, None
                 if target > self._wm.flushed_offset:
                     self._wm.wait_ack(target, "flush", FLUSH_WAIT_MS, give_up=lambda: self._stopped)
+                with self._cond:
+                    heard_stamp_us = self._heard_stamp_us
                 if self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
                         flushed_offset=self._wm.flushed_offset, coordinator_unreachable_ms=self._unreachable_ms(),
-                        answers_sent_at_us=sent_at_us))):
+                        heard_sent_at_us=heard_stamp_us))):
                     self._on_acked(heard_at)
         except Exception as exc:  # never silently: the stream ends and the follower says why
             if self._stopped:  # a stop gave up the wait: nobody reads the ack any more

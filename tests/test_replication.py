@@ -225,25 +225,56 @@ def test_a_slave_whose_fsyncs_stall_stops_counting_itself_in_sync(spawn: Callabl
     _wait(lambda: _in_sync(m) and slave_in_sync(), what="both count it in sync again once the fsync is done")
 
 
-def test_the_master_dates_a_replicas_answers_by_what_it_sent(spawn: Callable[..., DaemonProcess]) -> None:
-    """The slave echoes the master's stamp in each ack; status shows how long ago the master sent
-    what the acks answered. It stays a round trip while the slave follows and grows while the slave
-    is paused: the failsafe permit (DESIGN §11) relies on this age, not on when acks arrive."""
+def test_the_master_dates_what_a_replica_heard_by_when_it_sent_it(spawn: Callable[..., DaemonProcess]) -> None:
+    """The slave echoes the master's stamp of the newest message it received in each ack; status
+    shows how long ago the master sent that message. It stays a round trip while the slave follows
+    and grows while the slave is paused: the failsafe permit (DESIGN §11) relies on this age, not
+    on when acks arrive."""
     m, s = _pair(spawn)
     assert s.proc is not None
 
-    def answered_ms_ago() -> int:
-        return int(_status(m)["replicas"][0]["answered_ms_ago"])  # type: ignore[index]
+    def heard_ms_ago() -> int:
+        return int(_status(m)["replicas"][0]["heard_ms_ago"])  # type: ignore[index]
 
     _wait(lambda: _in_sync(m), what="the slave in sync")
-    _wait(lambda: 0 < answered_ms_ago() < 500, what="heartbeats answered within a round trip")
+    _wait(lambda: 0 < heard_ms_ago() < 500, what="heartbeats answered within a round trip")
     s.proc.send_signal(signal.SIGSTOP)
     try:
         time.sleep(1.5)
-        assert answered_ms_ago() >= 1400, _status(m)["replicas"]
+        assert heard_ms_ago() >= 1400, _status(m)["replicas"]
     finally:
         s.proc.send_signal(signal.SIGCONT)
-    _wait(lambda: 0 < answered_ms_ago() < 500, what="answers again once resumed")
+    _wait(lambda: 0 < heard_ms_ago() < 500, what="answers again once resumed")
+
+
+def test_a_slave_whose_fsyncs_are_slow_still_shows_it_hears_the_master(spawn: Callable[..., DaemonProcess]) -> None:
+    """Under writes a slave acknowledges once per fsync. Each ack carries the stamp of the newest
+    message it had *received*, flushed or not: with 300 ms fsyncs the master's view of when the
+    slave last heard it stays within one fsync, under the failsafe's 450 ms window. (Stamping the
+    newest message an ack *covers* made it twice as old: the failsafe would lapse with etcd down.)"""
+    m = spawn("m", config=FAST)
+    spawn("s", config={**FAST, "node.role": "slave", "node.master": m.address},
+          env={"TIDEMARK_FAILPOINTS": "commitlog_before_fsync=sleep:300"})
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+    _wait(lambda: bool(_status(m)["replicas"]) and _status(m)["replicas"][0]["connected"], what="the slave following")  # type: ignore[index]
+    lagging = 0
+    producer = Producer(m.address, "t", "p", ack="leader", batch=20, pause_s=0.01)
+    producer.start()
+    try:
+        ages = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            replica = _status(m)["replicas"][0]  # type: ignore[index]
+            ages.append(int(replica["heard_ms_ago"]))
+            lagging += replica["lag_bytes"] > 0
+            time.sleep(0.02)
+    finally:
+        producer.stop.set()
+        producer.join(10)
+    assert len(producer.acked) > 200, "the producer kept sending"
+    assert lagging > len(ages) / 2, "the slave's acks trail its slow fsyncs"
+    assert 0 < max(ages) < 450, sorted(ages)[-10:]
 
 
 def test_a_slave_resumed_after_a_pause_ages_what_it_heard_from_when_the_master_sent_it(

@@ -42,7 +42,7 @@ def to_message(st: Mapping[str, Any]) -> pb.NodeStatus:
                          acked_offset=_u(r.get("acked_offset")), in_sync=bool(r.get("in_sync")),
                          connected=bool(r.get("connected")), lag_bytes=_u(r.get("lag_bytes")),
                          coordinator_unreachable_ms=_u(r.get("coordinator_unreachable_ms")),
-                         answered_ms_ago=_u(r.get("answered_ms_ago")))
+                         heard_ms_ago=_u(r.get("heard_ms_ago")))
     follower = st.get("replication")
     if follower:
         msg.replication.CopyFrom(pb.FollowerStatus(

@@ -12,7 +12,7 @@ One thread runs an asyncio loop with two tasks:
   etcd unreachable, the **failsafe**: while a slave of the recorded in-sync set keeps acknowledging
   (within ``FAILSAFE_ACK_S``), writes go on with every ack mode waiting for that slave, so whatever
   is acknowledged is on the only node that could be elected. Otherwise the master steps down. An
-  ack is dated by when we *sent* the message it answers (the slave echoes our stamp), never by
+  ack is dated by when we *sent* the newest message the slave had heard (it echoes our stamp), never by
   when it arrived: after a pause (SIGSTOP, a stalled VM) the acks that waited in the socket
   buffer arrive at once and would look fresh while the slave, which stopped hearing us long ago,
   may have been elected meanwhile.
@@ -54,7 +54,7 @@ from replication.roles import RoleController
 log = structlog.get_logger("replication.coordinator")
 
 PERMIT_TICK_S = 0.05
-FAILSAFE_ACK_S = 0.5  # the failsafe holds while the in-sync slave answered a message sent within this long
+FAILSAFE_ACK_S = 0.5  # the failsafe holds while the in-sync slave acknowledged hearing a message sent within this long
 REGISTER_EVERY_S = 1.0
 SWITCHOVER_WAIT_S = 10.0
 SWITCHOVER_CATCH_UP_S = 5.0  # the master waits this long for the target to hold its whole log
@@ -474,7 +474,7 @@ class Coordinator:
         # etcd more slowly than its slave step down for nothing.)
         # the slave heard us at or after ``heard`` (our stamp, echoed) and campaigns only after a
         # quarter lease of silence from then on: the failsafe ends before that
-        heard = max((r.answered_sent_at for r in self.insync.replicas.values()
+        heard = max((r.heard_sent_at for r in self.insync.replicas.values()
                      if r.node_id in self.insync.pinned and r.connected and not r.evicted), default=0.0)
         window_s = min(FAILSAFE_ACK_S, self.ttl_s / 4 - PERMIT_TICK_S)
         if now - heard < window_s:
