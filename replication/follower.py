@@ -60,7 +60,6 @@ class Follower:
         # is what ages our knowledge (a slave whose fsyncs stall keeps hearing heartbeats but no
         # longer acknowledges; one resumed after a pause reads old messages that arrive "now")
         self.acked_heard_at = 0.0
-        self._send_clock = SendClock()
         self.in_sync_when_heard = False
         self.connected = False
         self.error = ""
@@ -151,7 +150,7 @@ class Follower:
 
     def _follow_once(self) -> None:
         store = self.store
-        self._send_clock = SendClock()  # this stream's master may run on another clock
+        send_clock = SendClock()  # one per stream: this stream's master may run on another clock
         acks: queue.Queue[object] = queue.Queue(maxsize=1024)
         ident = store.identity
         # the master counts our log end as acknowledged (flushed) from the Hello on: make it so first
@@ -196,7 +195,7 @@ class Follower:
                     self.error = ""
                     self.store.incidents.clear("follower")
                 elif kind == "data":
-                    self._data(msg.data, acker)
+                    self._data(msg.data, acker, send_clock)
         except grpc.RpcError as exc:
             if acker.error and exc.code() == grpc.StatusCode.CANCELLED:  # type: ignore[attr-defined]
                 raise FollowError(acker.error) from None  # acknowledging failed and cancelled the call: say why
@@ -234,7 +233,7 @@ class Follower:
     def _acked(self, heard_at: float) -> None:
         self.acked_heard_at = max(self.acked_heard_at, heard_at)
 
-    def _data(self, d: pb.Data, acker: FlushAcks) -> None:
+    def _data(self, d: pb.Data, acker: FlushAcks, send_clock: SendClock) -> None:
         store = self.store
         self.last_heard = time.monotonic()
         self.master_end = d.master_end
@@ -246,7 +245,7 @@ class Follower:
         # every message is answered, heartbeats too: the master learns we are alive and whether we
         # reach etcd (its failsafe, DESIGN §11); once our log end at this message is flushed,
         # without holding this loop
-        acker.want(store.log.max_offset, self._send_clock.sent_at(d.sent_at_us, self.last_heard), d.sent_at_us)
+        acker.want(store.log.max_offset, send_clock.sent_at(d.sent_at_us, self.last_heard), d.sent_at_us)
         if d.epoch > store.epoch and store.log.max_offset >= d.master_end:
             # caught up with a master that has written nothing in its epoch yet: it starts here. A
             # slave still behind learns the epoch from the first batch that carries it
