@@ -17,6 +17,7 @@ from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
 from replication.coordination.coordinator import Coordinator
 from replication.master import MasterSide
+from replication.master_loop import LoopReplication
 from replication.roles import RoleController
 
 log = structlog.get_logger("replication")
@@ -39,8 +40,9 @@ def attach(daemon: Any) -> None:
         server.start()
         daemon.on_stop.append(lambda: server.stop(1).wait())
     else:
-        daemon.add_blocking_servicer(pb_grpc.add_ReplicationServicer_to_server, master_side,
-                                     {"Stream": True, "Snapshot": False})
+        # the stream runs on the loop that appends (master_loop.py); a snapshot in a thread
+        daemon.add_blocking_servicer(pb_grpc.add_ReplicationServicer_to_server, LoopReplication(master_side),
+                                     {"Snapshot": False})
     if config["auth.token_file"] and not config["auth.tokens_file"] and not config["replication.tls_cert_file"]:
         log.warning("replication_credential_missing",
                     note="auth.token_file's token has every role but replication: a slave needs a token with the "

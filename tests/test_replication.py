@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -505,6 +506,45 @@ def test_separate_replication_port(spawn: Callable[..., DaemonProcess]) -> None:
         c.create_topic("t")
         c.send("t", [Message(body=b"x")] * 10, ack="replica")
     _wait(lambda: _converged(m, s), what="convergence over the replication port")
+    assert log_bytes(m) == log_bytes(s)
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+@pytest.mark.parametrize("port", ["client", "replication"])
+def test_a_master_whose_send_window_is_full_waits_without_spinning(spawn: Callable[..., DaemonProcess], port: str) -> None:
+    """A slave that stops acknowledging (paused) fills the master's send window; the stream then
+    waits for acks rather than looking again in a busy loop, on the client port's event loop
+    (the default) as on the separate replication port: the master's CPU stays low. Once the slave
+    resumes, everything arrives."""
+    window = {"replication.window_bytes": 64 * 1024, "replication.chunk_bytes": 64 * 1024}
+    if port == "client":
+        m = spawn("m", config={**FAST, **window})
+        via = m.address
+    else:
+        via = f"127.0.0.1:{free_port()}"
+        m = spawn("m", config={**FAST, **window, "replication.listen": via})
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": via})
+    assert s.proc is not None and m.proc is not None
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+        _wait(lambda: _in_sync(m), what="the slave in sync")
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(40):  # 40 batches of 50 KB: 2 MB, 30 windows
+                c.send("t", [Message(body=b"x" * 1000)] * 50, ack="leader")
+            time.sleep(0.5)
+            cpu0, t0 = _cpu_seconds(m.proc.pid), time.monotonic()
+            time.sleep(2.0)
+            cores = (_cpu_seconds(m.proc.pid) - cpu0) / (time.monotonic() - t0)
+            assert cores < 0.3, f"the master used {cores:.2f} cores waiting for a paused slave's acks"
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+    _wait(lambda: _converged(m, s), what="convergence once the slave resumed")
     assert log_bytes(m) == log_bytes(s)
 
 

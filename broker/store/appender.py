@@ -39,6 +39,7 @@ from broker.storage.quarantine import keep_log_range
 from broker.storage.segment import FsyncFailed
 from broker.store.disk import DiskSpace
 from broker.store.viewset import ViewSet
+from broker.store.waiters import OffsetWaiters
 from broker.store.watermarks import Watermarks
 from broker.views import ConsumeQueueView, ProducerStateView
 from broker.views.producer_state import ProducerTable
@@ -121,7 +122,7 @@ class Appender:
         self.check_writable = check_writable
         self.on_topic_deleted = on_topic_deleted
         self.lock = threading.Lock()  # one append (or truncation) at a time
-        self._appended = threading.Condition()  # notified after every append (replication senders wait here)
+        self._appended = OffsetWaiters()  # released after every append (replication senders wait here)
         self._stop = watermarks.stop
 
     # -- validation -----------------------------------------------------------------------------
@@ -347,12 +348,15 @@ class Appender:
         return topic in self.tail.topics and info is not None and 0 <= queue_id < info["queues"]
 
     def wait_appended(self, offset: int, timeout_s: float) -> int:
-        """Wait until the log grows past ``offset`` (or the timeout); return the log end."""
-        with self._appended:
-            self._appended.wait_for(lambda: self.log.max_offset > offset or self._stop.is_set(), timeout_s)
+        """Wait until the log grows past ``offset`` (or the timeout, or a stop); return the log end."""
+        self._appended.wait(lambda: self.log.max_offset > offset or self._stop.is_set(), offset + 1, timeout_s)
+        return self.log.max_offset
+
+    async def wait_appended_async(self, offset: int, timeout_s: float) -> int:
+        """``wait_appended`` for a coroutine on the server's event loop."""
+        await self._appended.wait_async(lambda: self.log.max_offset > offset or self._stop.is_set(), offset + 1, timeout_s)
         return self.log.max_offset
 
     def _notify_appended(self) -> None:
-        with self._appended:
-            self._appended.notify_all()
+        self._appended.wake(self.log.max_offset)
 
