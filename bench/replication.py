@@ -5,8 +5,12 @@ loopback, default configuration, fresh temp directories):
 
 1. Send throughput, ack=replica against ack=flush on the same pair: ``--producers`` processes, each
    with its own ``BrokerClient``, each ``send()`` carrying ``--batch`` keyless 1 KiB messages (the same
-   shape as bench/send_throughput.py). Each round starts a new pair and measures both modes on it,
-   the order alternating between rounds; figures are medians over ``--rounds``. While it runs the
+   shape as bench/send_throughput.py). Each round measures both modes, the order alternating, each
+   window on a new pair: a pair's second window ran slower than its first (its log several GB
+   long, the page cache full), so with both modes on one pair the ratio leaned towards whichever
+   mode ran first, and with an odd number of rounds that was ack=flush twice out of three (in 11
+   such rounds, 2026-11-26: ack=replica / ack=flush 0.92 when ack=flush ran first, 0.99 when
+   ack=replica did). Figures are medians over ``--rounds``. While it runs the
    master's ``status()`` is sampled every 100 ms: if the slave ever leaves the in-sync set, ack=replica
    confirms without it (min_insync_replicas=1) and the figure is flagged.
 2. Replication lag at half of the maximum load: the same producers with ack=leader, rate-limited to 50%
@@ -187,10 +191,10 @@ def part_throughput(res: Results, a: Any, workdir: str) -> float:
     runs: dict[str, list[dict[str, Any]]] = {"flush": [], "replica": []}
     for round_no in range(1, a.rounds + 1):
         order = ["flush", "replica"] if round_no % 2 else ["replica", "flush"]
-        with running_pair(workdir, f"tput{round_no}") as (m, s):
-            with BrokerClient(m.address) as c:
-                c.create_topic(TOPIC, queues=QUEUES)
-            for ack in order:
+        for ack in order:
+            with running_pair(workdir, f"tput{round_no}{ack}") as (m, s):  # a fresh pair per window (see above)
+                with BrokerClient(m.address) as c:
+                    c.create_topic(TOPIC, queues=QUEUES)
                 r = redo_while_disturbed(functools.partial(throughput_window, a, m, s, ack, round_no),
                                          lambda: wait_for_quiet(a))
                 log(f"round {round_no}: ack={ack}: {r['rate']:,.0f} msg/s, p50 {r['p50_ms']:.0f} ms p99 {r['p99_ms']:.0f} ms "
@@ -198,8 +202,8 @@ def part_throughput(res: Results, a: Any, workdir: str) -> float:
                     f"machine {r['machine_cpu']:.2f} (others {r['other_cpu']:.2f}); slave in sync {r['in_sync_fraction']:.0%} of samples, "
                     f"lag p50 {r['lag_bytes_p50'] / MiB:.1f} MiB max {r['lag_bytes_max'] / MiB:.1f} MiB")
                 runs[ack].append(r)
-            m.stop()
-            s.stop()
+                m.stop()
+                s.stop()
     median: dict[str, float] = {}
     for ack, rs in runs.items():
         rates = [r["rate"] for r in rs]
