@@ -25,19 +25,10 @@ from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.bundle import stream_bundle
 from replication.confirm import InSyncSet, Replica
-from replication.protocol import PROTOCOL_VERSION, epochs_from_pb, epochs_to_pb
+from replication.protocol import PROTOCOL_VERSION, Refused, epochs_from_pb, epochs_to_pb
 from replication.shipping import Shipper
 
 log = structlog.get_logger("replication.master")
-
-
-class Refused(Exception):
-    """A stream the master will not serve: ended with this gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code = code
-        self.details = details
 
 
 def _violation(node: str, peer: str, what: str) -> None:
@@ -72,8 +63,8 @@ class MasterSide(pb_grpc.ReplicationServicer):
             raise  # not reached: abort raises
         reader = threading.Thread(target=self._read_acks, args=(request_iterator, replica), daemon=True)
         reader.start()
-        yield welcome
         try:
+            yield welcome
             shipper = Shipper(self.store, self.config, self.insync, replica, start)
             while context.is_active() and shipper.streaming():
                 msg = shipper.next_message()
@@ -83,6 +74,8 @@ class MasterSide(pb_grpc.ReplicationServicer):
                     yield msg
             if replica.evicted:
                 context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"replication protocol violation: {replica.evicted}")
+        except Refused as r:
+            context.abort(r.code, r.details)
         finally:
             self.ended(replica)
 

@@ -9,8 +9,10 @@ full ack=replica load, the stream run in a thread of its own (bridged to the loo
 thread, its message waiting for the busy loop, an ack passed to a reader thread and back.
 
 What runs on the loop is short: the handshake, an ack's bookkeeping, and reading the batches just
-appended (in the page cache). A slave catching up from further back reads in a worker thread, so a
-cold segment's disk reads never hold the loop.
+appended (at most ``replication.chunk_bytes``, in the page cache). A slave catching up from further
+back reads in a worker thread, so a cold segment's disk reads never hold the loop. At most
+``STREAMS_MAX`` streams are open at once; more are refused (RESOURCE_EXHAUSTED), and a slave
+refused retries with its backoff.
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ import structlog
 
 from proto import tidemark_pb2 as pb
 from replication.confirm import Replica
-from replication.master import MasterSide, Refused
+from replication.master import MasterSide
+from replication.protocol import Refused
 from replication.shipping import Shipper
 
 log = structlog.get_logger("replication.master")
+STREAMS_MAX = 32  # replication streams at once on the client port (slaves reconnecting are a handful)
 
 
 class LoopReplication:
@@ -36,17 +40,22 @@ class LoopReplication:
 
     def __init__(self, side: MasterSide) -> None:
         self.side = side
+        self._streams = 0  # open streams (all on the loop's thread)
 
     def Snapshot(self, request: pb.SnapshotRequest, context: Any) -> Iterator[pb.SnapshotChunk]:
         return self.side.Snapshot(request, context)
 
     async def Stream(self, request_iterator: AsyncIterator[pb.SlaveMessage],
                      context: grpc.aio.ServicerContext) -> AsyncIterator[pb.MasterMessage]:
+        if self._streams >= STREAMS_MAX:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"{STREAMS_MAX} replication streams are open already")
+        self._streams += 1
         side = self.side
         try:
             first = await anext(aiter(request_iterator), None)
             replica, start, welcome = side.handshake(first, context.peer())
         except Refused as r:
+            self._streams -= 1
             await context.abort(r.code, r.details)
             return
         reading = asyncio.ensure_future(self._read_acks(request_iterator, replica))
@@ -54,19 +63,25 @@ class LoopReplication:
         try:
             yield welcome
             shipper = Shipper(side.store, side.config, side.insync, replica, start)
-            catch_up_bytes = side.config["replication.window_bytes"]
-            while not context.done() and shipper.streaming():
-                if shipper.behind_bytes() > catch_up_bytes:  # older than what was just appended: maybe on disk
-                    msg = await loop.run_in_executor(None, shipper.next_message)
-                else:
+            inline_bytes = side.config["replication.chunk_bytes"]
+            while shipper.streaming():
+                # what was just appended is read here: in the page cache, and its headers cost the
+                # loop little beside the sends that wrote them; a slave further behind is read in a
+                # worker thread (maybe from the disk, maybe many small batches)
+                if shipper.behind_bytes() <= inline_bytes:
                     msg = shipper.next_message()
+                else:
+                    msg = await loop.run_in_executor(None, shipper.next_message)
                 if msg is None:
                     await shipper.wait_async()
                 else:
                     yield msg
             if replica.evicted:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"replication protocol violation: {replica.evicted}")
+        except Refused as r:
+            await context.abort(r.code, r.details)
         finally:
+            self._streams -= 1
             reading.cancel()
             side.ended(replica)
 

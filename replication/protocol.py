@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import grpc
+
 from broker.logformat.scan import batch_boundary
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 
 PROTOCOL_VERSION = 1
 HEARTBEAT_S = 0.1  # an idle master still sends its confirm offset this often
+
+
+class Refused(Exception):
+    """A stream the master will not serve (or no longer can): it ends with this gRPC status."""
+
+    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
 
 
 def epochs_to_pb(entries: list[tuple[int, int]]) -> list[pb.EpochEntry]:

@@ -17,11 +17,13 @@ import asyncio
 import time
 from dataclasses import dataclass
 
+import grpc
+
 from broker.config import Config
 from broker.store import Store
 from proto import tidemark_pb2 as pb
 from replication.confirm import InSyncSet, Replica
-from replication.protocol import HEARTBEAT_S, read_whole_batches
+from replication.protocol import HEARTBEAT_S, Refused, read_whole_batches
 
 WINDOW_FULL_WAIT_S = 0.01  # with the window full, look again this often (an ack usually comes first)
 
@@ -69,6 +71,11 @@ class Shipper:
         end = store.log.max_offset
         if self.pos < end and not self._window_full():
             data = read_whole_batches(store, self.pos, self._chunk_bytes)
+            if not data:  # never sent as an empty message again and again: the stream ends, saying why
+                if self.pos < store.log.min_offset:  # retention removed it under a slave that lagged this far
+                    raise Refused(grpc.StatusCode.OUT_OF_RANGE, f"the log at {self.pos} was removed (it starts at "
+                                  f"{store.log.min_offset} now): bootstrap needed")
+                raise Refused(grpc.StatusCode.DATA_LOSS, f"no whole batch could be read at {self.pos} (log end {end})")
             start, self.pos = self.pos, self.pos + len(data)
             replica.sent_end = self.pos  # before the send: the ack may come back before we resume
             return self._message(start, data, end)

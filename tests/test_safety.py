@@ -8,10 +8,12 @@ import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -23,6 +25,7 @@ from broker.store.incidents import Incidents
 from broker.store.offset_buffer import OffsetBuffer
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from replication.master_loop import STREAMS_MAX
 from tests.procs import DaemonProcess, free_port
 from tests.waits import wait_until
 
@@ -523,3 +526,44 @@ def test_a_cancelled_long_poll_ends_at_once(daemon: DaemonProcess) -> None:
             wait_until(lambda: c.status()["long_polls"] == 1, 10, what="the pull to park")
             poll.cancel()
             wait_until(lambda: c.status()["long_polls"] == 0, 5, what="the cancelled pull to end")
+
+
+def test_replication_streams_on_the_client_port_are_bounded(spawn: Callable[..., DaemonProcess]) -> None:
+    """At most STREAMS_MAX replication streams are open at once on the client port (each one a
+    replica entry and a send window): one more is refused with RESOURCE_EXHAUSTED, and once one
+    closes a new one is served."""
+    d = spawn("m")
+    with BrokerClient(d.address) as c:
+        cluster = c.status()["cluster_id"]
+    done = threading.Event()
+
+    def outgoing(node_id: str) -> Iterator[pb.SlaveMessage]:
+        yield pb.SlaveMessage(hello=pb.Hello(protocol_version=1, cluster_id=cluster, node_id=node_id, log_end=0,
+                                             address="127.0.0.1:1"))
+        done.wait(30)
+
+    with grpc.insecure_channel(d.address) as ch:
+        stub = pb_grpc.ReplicationStub(ch)
+
+        def open_stream(i: int) -> Any:
+            responses = stub.Stream(outgoing(f"r{i}"), timeout=30)
+            assert next(responses).WhichOneof("kind") == "welcome"
+            return responses
+
+        streams = [open_stream(i) for i in range(STREAMS_MAX)]
+        with pytest.raises(grpc.RpcError) as refused:
+            open_stream(STREAMS_MAX)
+        assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED  # type: ignore[attr-defined]
+        streams.pop().cancel()
+
+        def served() -> bool:
+            try:
+                streams.append(open_stream(STREAMS_MAX + 1))
+            except grpc.RpcError:
+                return False
+            return True
+
+        wait_until(served, 10, what="a stream served once another closed")
+        done.set()
+        for s in streams:
+            s.cancel()
