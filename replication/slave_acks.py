@@ -6,6 +6,11 @@ flushed offset. Appends, the fsync and the acknowledgement overlap: while one fs
 chunks that arrive meanwhile are appended, and the next fsync covers them all with one ack. A
 heartbeat with nothing to flush is answered at once (the master learns we are alive).
 
+An fsync slower than ``HEARD_EVERY_S`` does not silence us: while it runs, an ack every
+``HEARD_EVERY_S`` repeats the flushed offset with the stamp of the newest message received. The
+master's failsafe asks whether we still hear it (DESIGN §11), not how fast our disk is; waiting for
+the fsync that covers a chunk received during the previous one left up to two fsyncs between acks.
+
 How far the slave may run ahead of its fsyncs is bounded by the master's send window (bytes
 sent and not yet acknowledged), not here.
 """
@@ -14,16 +19,19 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import structlog
 
 from broker.store.watermarks import Watermarks
 from proto import tidemark_pb2 as pb
+from replication.protocol import HEARTBEAT_S
 
 log = structlog.get_logger("replication.slave_acks")
 PUT_RETRY_S = 0.1
 FLUSH_WAIT_MS = 30_000  # an fsync that takes longer than this ends the stream (the follower reconnects)
+HEARD_EVERY_S = HEARTBEAT_S  # while an fsync runs, say we hear the master at least this often
 
 
 class FlushAcks:
@@ -77,6 +85,14 @@ class FlushAcks:
                 continue
         return False
 
+    def _ack(self) -> bool:
+        """Queue an ack: the flushed offset, and the stamp of the newest message received."""
+        with self._cond:
+            heard_stamp_us = self._heard_stamp_us
+        return self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
+            flushed_offset=self._wm.flushed_offset, coordinator_unreachable_ms=self._unreachable_ms(),
+            heard_sent_at_us=heard_stamp_us)))
+
     def _run(self) -> None:
         try:
             while True:
@@ -85,13 +101,15 @@ class FlushAcks:
                     if self._stopped or self._pending is None:
                         return
                     (target, heard_at), self._pending = self._pending, None
-                if target > self._wm.flushed_offset:
-                    self._wm.wait_ack(target, "flush", FLUSH_WAIT_MS, give_up=lambda: self._stopped)
-                with self._cond:
-                    heard_stamp_us = self._heard_stamp_us
-                if self._put(pb.SlaveMessage(ack=pb.ReplicaAck(
-                        flushed_offset=self._wm.flushed_offset, coordinator_unreachable_ms=self._unreachable_ms(),
-                        heard_sent_at_us=heard_stamp_us))):
+                deadline = time.monotonic() + FLUSH_WAIT_MS / 1000.0
+                while not self._wm.wait_flushed(target, HEARD_EVERY_S):
+                    if self._stopped:
+                        return
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"offset {target} not flushed within {FLUSH_WAIT_MS} ms")
+                    if not self._ack():  # the fsync is slow: we still hear the master, and say so
+                        return
+                if self._ack():
                     self._on_acked(heard_at)
         except Exception as exc:  # never silently: the stream ends and the follower says why
             if self._stopped:  # a stop gave up the wait: nobody reads the ack any more

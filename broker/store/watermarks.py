@@ -201,6 +201,11 @@ class Watermarks:
                 break
         self._ack_outcome(ok, ack, timeout_ms, give_up)
 
+    def wait_flushed(self, offset: int, timeout_s: float) -> bool:
+        """Ask for an fsync and wait until ``offset`` is durable here; False after ``timeout_s``."""
+        self.want_flush()
+        return self._flushed_waiters.wait(lambda: self.flushed_offset >= offset, offset, timeout_s)
+
     def _ack_waiters(self, offset: int, ack: str) -> tuple[OffsetWaiters, Callable[[], bool]]:
         """Where a wait for ``offset`` in mode ``ack`` parks, and its condition (asks for an fsync)."""
         need = self.config["replication.min_insync_replicas"] - 1  # replicas besides this node
