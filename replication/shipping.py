@@ -14,6 +14,7 @@ then the stream waits (``wait``, ``wait_async``) for the log to grow, an ack to 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from proto import tidemark_pb2 as pb
 from replication.confirm import InSyncSet, Replica
 from replication.protocol import HEARTBEAT_S, Refused, read_whole_batches
 
-WINDOW_FULL_WAIT_S = 0.01  # with the window full, look again this often (an ack usually comes first)
+WINDOW_FULL_WAIT_S = 0.01  # with the window full, a blocking stream looks again this often (one on the loop is woken by the ack)
 
 
 def sent_stamp_us(monotonic_s: float) -> int:
@@ -84,6 +85,19 @@ class Shipper:
             return self._message(self.pos, b"", end)
         return None
 
+    def next_messages(self, chunks_max: int) -> list[pb.MasterMessage]:
+        """Up to ``chunks_max`` messages at once (a read from the disk in a worker: one hop for
+        many chunks); stops at a heartbeat, a full window or the log end."""
+        out: list[pb.MasterMessage] = []
+        while len(out) < chunks_max:
+            msg = self.next_message()
+            if msg is None:
+                break
+            out.append(msg)
+            if not msg.data.batches:
+                break
+        return out
+
     def _message(self, start: int, data: bytes, end: int) -> pb.MasterMessage:
         now = time.monotonic()
         if self.pos >= end:
@@ -100,8 +114,14 @@ class Shipper:
         else:
             self.store.appender.wait_appended(w.offset, w.timeout_s)
 
-    async def wait_async(self) -> None:
-        """``wait`` for a stream on the event loop."""
+    async def wait_async(self, acked: asyncio.Event | None = None) -> None:
+        """``wait`` for a stream on the event loop. With the window full, ``acked`` (set by each ack
+        that arrives after the stream last cleared it) wakes it; otherwise it looks again every
+        ``WINDOW_FULL_WAIT_S``."""
+        if acked is not None and self._window_full():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(acked.wait(), self._heartbeat_wait_s())
+            return
         w = self._wait()
         if w.offset is None:
             await asyncio.sleep(w.timeout_s)
@@ -111,6 +131,8 @@ class Shipper:
     def _wait(self) -> Wait:
         if self._window_full():
             return Wait(None, WINDOW_FULL_WAIT_S)
-        # the heartbeat's time, and a moved confirm offset noticed within half of it
-        left = max(0.0, self._last_sent + HEARTBEAT_S - time.monotonic())
-        return Wait(self.pos, min(left, HEARTBEAT_S / 2))
+        return Wait(self.pos, self._heartbeat_wait_s())
+
+    def _heartbeat_wait_s(self) -> float:
+        """Until the heartbeat's time, and at most half of it (a moved confirm offset is noticed)."""
+        return min(max(0.0, self._last_sent + HEARTBEAT_S - time.monotonic()), HEARTBEAT_S / 2)
