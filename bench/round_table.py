@@ -47,6 +47,13 @@ ROWS: tuple[Row, ...] = (
         "send_throughput", r"ratio null broker MB/s / disk 1 MiB \+ fdatasync MB/s", "(for comparison)", None),
     Row("send 1 KiB ack=flush / the same clients to a server that stores nothing", "send_throughput",
         r"ratio tidemark_flush / null broker", "(for comparison)", None),
+    Row("the daemon's CPU budget per payload MB for 0.9 of the disk: all cores over 0.9 x the disk's MB/s, less the "
+        "clients' CPU per MB (ms)", "send_throughput", r"CPU ms per payload MB the daemon may spend for the disk row's goal",
+        "(the floor)", None),
+    Row("CPU per payload MB of a server that only receives (the null broker; ms)", "send_throughput",
+        r"CPU ms per payload MB, null broker server", "(the floor)", None),
+    Row("CPU per payload MB of the daemon at ack=flush (ms)", "send_throughput",
+        r"CPU ms per payload MB, tidemark ack=flush daemon", "(for comparison)", None),
     Row("ack=replica / ack=flush on a pair", "replication", r"ratio ack=replica / ack=flush", "≥ 0.95",
         lambda v: v >= 0.95),
     Row("replication lag p99 at 50% load (ms)", "replication", r"replication lag p99 at 50% load", "≤ 20 ms",

@@ -180,6 +180,31 @@ def bench_system(name: str, a: Any, warmup: float, seconds: float, round_no: int
     return r
 
 
+def _ms_per_mb(r: dict[str, Any], key: str, body: int) -> float:
+    """CPU milliseconds (of ``key``: server_cpu or client_cpu, in cores) per payload MB of run ``r``."""
+    return 1000 * r[key] / (r["rate"] * body / 1e6)
+
+
+def _cpu_budget(res: Results, runs: dict[str, list[dict[str, Any]]], median: dict[str, float], body: int,
+                disk_mbps: float) -> None:
+    """The disk row's floor on this machine, as arithmetic on CPU measured in the same run: at 0.9 of
+    the disk the clients and the daemon together may spend ``cores / (0.9 * disk MB/s)`` per MB. The
+    clients' share is what they spend against the server that stores nothing (their least); the rest
+    is the daemon's budget, to set against what receiving alone costs (the null broker's server)."""
+    cores = os.cpu_count() or 1
+    mid = {name: sorted(rs, key=lambda r: r["rate"])[len(rs) // 2] for name, rs in runs.items()}
+    flush, null = mid["tidemark ack=flush"], mid[NULL_BROKER]
+    total_ms = 1000 * cores / (DISK_RATIO_TARGET * disk_mbps)
+    clients_ms = _ms_per_mb(null, "client_cpu", body)
+    for name, r in (("tidemark ack=flush daemon", flush), ("null broker server", null)):
+        res.add(f"CPU ms per payload MB, {name}", _ms_per_mb(r, "server_cpu", body), "ms",
+                note=f"clients {_ms_per_mb(r, 'client_cpu', body):.2f} ms; machine {r['machine_cpu']:.2f} of {cores} cores busy")
+    res.add("CPU ms per payload MB the daemon may spend for the disk row's goal", total_ms - clients_ms,
+            "ms", note=f"{cores} cores / ({DISK_RATIO_TARGET} x {disk_mbps:,.0f} MB/s) = {total_ms:.2f} ms for clients and "
+            f"daemon, less the clients' {clients_ms:.2f} (against the null broker); receiving alone costs "
+            f"{_ms_per_mb(null, 'server_cpu', body):.2f}, tidemark {_ms_per_mb(flush, 'server_cpu', body):.2f}")
+
+
 def main() -> int:
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--producers", type=int, default=4)
@@ -253,6 +278,7 @@ def main() -> int:
     res.add("ratio tidemark_flush / null broker", median[flush] / median[NULL_BROKER], "x",
             note="of the medians; per round: " + " / ".join(
                 f"{t['rate'] / n['rate']:.2f}" for t, n in zip(runs[flush], runs[NULL_BROKER], strict=True)))
+    _cpu_budget(res, runs, median, a.body, disk_mbps)
     if not a.skip_redis:
         for fsync, want in (("always", 6.0), ("everysec", 1.5)):
             other = f"redis appendfsync={fsync}"
