@@ -70,3 +70,45 @@ def test_full_disk_refuses_then_resumes(spawn: Callable[..., DaemonProcess], sma
     d.start()
     with BrokerClient(d.address) as c:
         assert _read_all(c) == stored
+
+
+@pytest.mark.root
+def test_a_daemon_restarted_on_a_full_disk_serves_reads_and_resumes_writes(spawn: Callable[..., DaemonProcess],
+                                                                          small_fs: Path) -> None:
+    """A node killed and restarted on a disk with no byte free starts (no traceback, no exit): it
+    serves what it stored, refuses writes with RESOURCE_EXHAUSTED, and takes them again once
+    space returns."""
+    log_path = small_fs.parent / "node.log"  # the log on another disk: it shows what the start met
+    d = spawn(str(small_fs / "data"), config={"storage.min_free_bytes": 0}, log_path=str(log_path))
+    filler = small_fs / "filler"
+    acked: list[bytes] = []
+    with BrokerClient(d.address) as c:
+        c.create_topic("t")
+        for i in range(20):
+            bodies = [b"%03d-%03d-" % (i, j) + b"y" * 500 for j in range(20)]
+            c.send("t", [Message(body=b) for b in bodies], ack="flush")
+            acked += bodies
+    d.kill9()
+    fd = os.open(filler, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:  # every byte: large writes, then small ones for what they leave
+        for size in (MiB, 4096, 1):
+            while True:
+                try:
+                    os.write(fd, b"\0" * size)
+                except OSError:
+                    break
+    finally:
+        os.close(fd)
+    assert os.statvfs(small_fs).f_bavail == 0
+    d.start()
+    with BrokerClient(d.address) as c:
+        assert _read_all(c) == acked
+        with pytest.raises(BrokerError) as refused:
+            c.send("t", [Message(body=b"while full" + b"w" * 1000)] * 64, ack="flush")  # more than the last page holds
+        assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+        filler.unlink()
+        wait_until(lambda: c.status()["free_disk_bytes"] >= MiB, 10, "the freed space seen by the broker")
+        c.send("t", [Message(body=b"after")], ack="flush")
+        assert _read_all(c) == [*acked, b"after"]
+    started = log_path.read_text(errors="replace")
+    assert "Traceback" not in started and "instance_file_not_written" in started, started[-3000:]

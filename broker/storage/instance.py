@@ -7,14 +7,20 @@ the reader's host. The answer names this file and its token; a reader that finds
 the file sees this node's directory.
 
 The file is rewritten at every start (new token), without fsync: a copy lost to a power cut is
-replaced at the next start, and until then a reader finds no match and pulls over gRPC.
+replaced at the next start, and until then a reader finds no match and pulls over gRPC. A start
+that cannot write it (a full disk) goes on without it: the old file, if any, holds an older token,
+so readers pull over gRPC until a start writes it again.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 
+import structlog
+
+log = structlog.get_logger("storage.instance")
 FILE_NAME = "instance"
 TOKEN_BYTES = 16
 
@@ -24,9 +30,14 @@ def publish(data_dir: str) -> tuple[str, str]:
     path = os.path.abspath(os.path.join(data_dir, FILE_NAME))
     token = secrets.token_hex(TOKEN_BYTES)
     tmp = path + ".tmp"
-    with open(tmp, "w", encoding="ascii") as f:
-        f.write(token + "\n")
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w", encoding="ascii") as f:
+            f.write(token + "\n")
+        os.replace(tmp, path)
+    except OSError as exc:  # local reads are a shortcut: without them a reader pulls over gRPC
+        log.warning("instance_file_not_written", path=path, error=str(exc), note="local reads off until the next start")
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
     return path, token
 
 
