@@ -83,6 +83,8 @@ class LoopReplication:
                 if not msgs:
                     await shipper.wait_async(acked)
                 for msg in msgs:
+                    if not shipper.streaming():  # fenced, demoted or closing meanwhile: not another chunk
+                        break
                     yield msg
             if replica.evicted:
                 await context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"replication protocol violation: {replica.evicted}")

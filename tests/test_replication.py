@@ -704,3 +704,24 @@ def test_a_full_send_window_reopens_when_the_slaves_ack_arrives(spawn: Callable[
     elapsed_s = time.monotonic() - t0
     print(f"caught up {windows:.0f} windows in {elapsed_s:.2f}s")
     assert elapsed_s < windows * WINDOW_FULL_WAIT_S / 2, f"{windows:.0f} windows took {elapsed_s:.1f}s"
+
+
+def test_a_slave_beyond_the_cache_window_is_read_in_batches_off_the_loop(spawn: Callable[..., DaemonProcess]) -> None:
+    """With no cache window every read for a lagging slave goes to a worker thread, several chunks
+    per hop (``COLD_READ_CHUNKS``): a slave paused while 8 MB were written converges once resumed,
+    byte for byte, through a window smaller than one hop."""
+    m = spawn("m", config={**FAST, "commitlog.cache_window_bytes": 0, "replication.chunk_bytes": 64 * 1024,
+                           "replication.window_bytes": 256 * 1024})
+    s = spawn("s", config={**FAST, "node.role": "slave", "node.master": m.address})
+    assert s.proc is not None
+    with BrokerClient(m.address) as c:
+        c.create_topic("t")
+        _wait(lambda: _in_sync(m), what="the slave in sync")
+        s.proc.send_signal(signal.SIGSTOP)
+        try:
+            for _ in range(160):  # 160 batches of 50 KB
+                c.send("t", [Message(body=b"c" * 1000)] * 50, ack="leader")
+        finally:
+            s.proc.send_signal(signal.SIGCONT)
+    wait_until(lambda: _converged(m, s), 60, what="convergence once the slave resumed")
+    assert log_bytes(m) == log_bytes(s)

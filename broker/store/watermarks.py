@@ -203,6 +203,8 @@ class Watermarks:
 
     def wait_flushed(self, offset: int, timeout_s: float) -> bool:
         """Ask for an fsync and wait until ``offset`` is durable here; False after ``timeout_s``."""
+        if self.flushed_offset >= offset:
+            return True
         self.want_flush()
         return self._flushed_waiters.wait(lambda: self.flushed_offset >= offset, offset, timeout_s)
 
