@@ -185,15 +185,14 @@ def _ms_per_mb(r: dict[str, Any], key: str, body: int) -> float:
     return 1000 * r[key] / (r["rate"] * body / 1e6)
 
 
-def _cpu_budget(res: Results, runs: dict[str, list[dict[str, Any]]], median: dict[str, float], body: int,
+def _cpu_budget(res: Results, runs: dict[str, list[dict[str, Any]]], body: int,
                 disk_mbps: float) -> None:
     """The disk row's floor on this machine, as arithmetic on CPU measured in the same run: at 0.9 of
     the disk the clients and the daemon together may spend ``cores / (0.9 * disk MB/s)`` per MB. The
     clients' share is what they spend against the server that stores nothing (their least); the rest
     is the daemon's budget, to set against what receiving alone costs (the null broker's server)."""
     cores = os.cpu_count() or 1
-    mid = {name: sorted(rs, key=lambda r: r["rate"])[len(rs) // 2] for name, rs in runs.items()}
-    flush, null = mid["tidemark ack=flush"], mid[NULL_BROKER]
+    flush, null = (sorted(runs[name], key=lambda r: r["rate"])[len(runs[name]) // 2] for name in ("tidemark ack=flush", NULL_BROKER))
     total_ms = 1000 * cores / (DISK_RATIO_TARGET * disk_mbps)
     clients_ms = _ms_per_mb(null, "client_cpu", body)
     for name, r in (("tidemark ack=flush daemon", flush), ("null broker server", null)):
@@ -278,7 +277,7 @@ def main() -> int:
     res.add("ratio tidemark_flush / null broker", median[flush] / median[NULL_BROKER], "x",
             note="of the medians; per round: " + " / ".join(
                 f"{t['rate'] / n['rate']:.2f}" for t, n in zip(runs[flush], runs[NULL_BROKER], strict=True)))
-    _cpu_budget(res, runs, median, a.body, disk_mbps)
+    _cpu_budget(res, runs, a.body, disk_mbps)
     if not a.skip_redis:
         for fsync, want in (("always", 6.0), ("everysec", 1.5)):
             other = f"redis appendfsync={fsync}"

@@ -205,8 +205,8 @@ class Watermarks:
         """Ask for an fsync and wait until ``offset`` is durable here; False after ``timeout_s``."""
         if self.flushed_offset >= offset:
             return True
-        self.want_flush()
-        return self._flushed_waiters.wait(lambda: self.flushed_offset >= offset, offset, timeout_s)
+        waiters, done = self._ack_waiters(offset, "flush")
+        return waiters.wait(done, offset, timeout_s)
 
     def _ack_waiters(self, offset: int, ack: str) -> tuple[OffsetWaiters, Callable[[], bool]]:
         """Where a wait for ``offset`` in mode ``ack`` parks, and its condition (asks for an fsync)."""
