@@ -22,6 +22,12 @@ against a Broker server that stores nothing (``grpc_floor.null_broker``: it read
 daemon does and answers receipts). Its MB/s over the disk's is what the disk row could reach if the
 daemon's own work cost nothing; Tidemark over it is how much of that ceiling the daemon keeps.
 
+The same send once more with ``--deep-producers`` x ``--deep-batch`` (8 x 2000: four times the bytes in
+flight, ``DEEP``). With 4 sends of 1 MB in flight the pair leaves about half a core idle: each send's
+time is mostly hops (the request reaching the handler, the wait for the group's fsync, the answer), not
+CPU. The deeper run shows what the daemon takes once the clients keep the machine busy, and the CPU
+ceiling row what both cores allow at the CPU per MB measured: ``cores / (daemon + clients ms per MB)``.
+
 Usage: .venv/bin/python bench/send_throughput.py [--quick] [--producers 4] [--seconds 15]
 """
 
@@ -49,6 +55,7 @@ QUEUES = 4
 REDIS_PIPELINE = 128
 DISK_RATIO_TARGET = 0.9
 NULL_BROKER = "null broker (stores nothing)"
+DEEP = "tidemark ack=flush deep"
 
 
 def redis_producer(port: int, index: int, body_bytes: int, start_at: float, warmup_s: float, seconds: float,
@@ -167,8 +174,10 @@ def bench_system(name: str, a: Any, warmup: float, seconds: float, round_no: int
     ``version``) or the null broker."""
     mode = name.rsplit("=", maxsplit=1)[-1]
     workdir = a.workdir or "/tmp"
-    if name.startswith("tidemark"):
-        r: dict[str, Any] = bench_tidemark(workdir, mode, a.producers, a.batch, a.body, warmup, seconds)
+    if name == DEEP:
+        r: dict[str, Any] = bench_tidemark(workdir, "flush", a.deep_producers, a.deep_batch, a.body, warmup, seconds)
+    elif name.startswith("tidemark"):
+        r = bench_tidemark(workdir, mode, a.producers, a.batch, a.body, warmup, seconds)
     elif name == NULL_BROKER:
         r = bench_null_broker(a.producers, a.batch, a.body, warmup, seconds)
     else:
@@ -198,6 +207,11 @@ def _cpu_budget(res: Results, runs: dict[str, list[dict[str, Any]]], body: int,
     for name, r in (("tidemark ack=flush daemon", flush), ("null broker server", null)):
         res.add(f"CPU ms per payload MB, {name}", _ms_per_mb(r, "server_cpu", body), "ms",
                 note=f"clients {_ms_per_mb(r, 'client_cpu', body):.2f} ms; machine {r['machine_cpu']:.2f} of {cores} cores busy")
+    deep = sorted(runs[DEEP], key=lambda r: r["rate"])[len(runs[DEEP]) // 2]
+    both_ms = _ms_per_mb(deep, "server_cpu", body) + _ms_per_mb(deep, "client_cpu", body)
+    res.add("ratio CPU ceiling / disk 1 MiB + fdatasync MB/s", 1000 * cores / both_ms / disk_mbps, "x",
+            note=f"{cores} cores / ({_ms_per_mb(deep, 'server_cpu', body):.2f} ms daemon + {_ms_per_mb(deep, 'client_cpu', body):.2f} "
+            f"ms clients per MB, deep run) = {1000 * cores / both_ms:,.0f} MB/s, if every cycle of both cores went to sends")
     res.add("CPU ms per payload MB the daemon may spend for the disk row's goal", total_ms - clients_ms,
             "ms", note=f"{cores} cores / ({DISK_RATIO_TARGET} x {disk_mbps:,.0f} MB/s) = {total_ms:.2f} ms for clients and "
             f"daemon, less the clients' {clients_ms:.2f} (against the null broker); receiving alone costs "
@@ -211,6 +225,8 @@ def main() -> int:
     p.add_argument("--body", type=int, default=KiB)
     p.add_argument("--seconds", type=float, default=None, help="measured window per system (default 15, quick 3)")
     p.add_argument("--warmup", type=float, default=None, help="unmeasured warm-up per system (default 2, quick 1)")
+    p.add_argument("--deep-producers", type=int, default=8, help=f"producers of the '{DEEP}' run")
+    p.add_argument("--deep-batch", type=int, default=2000, help=f"messages per send of the '{DEEP}' run")
     p.add_argument("--skip-redis", action="store_true")
     p.add_argument("--rounds", type=int, default=None, help="interleaved rounds of every system; medians (default 3, quick 1)")
     a = p.parse_args()
@@ -224,7 +240,7 @@ def main() -> int:
     workdir = a.workdir
     common.require_free_disk(workdir or "/tmp", int(3 * 200_000 * a.body * seconds) if not a.quick else 1 << 30)
 
-    systems = ["tidemark ack=flush", "tidemark ack=leader", NULL_BROKER]
+    systems = ["tidemark ack=flush", "tidemark ack=leader", NULL_BROKER, DEEP]
     if not a.skip_redis:
         systems += ["redis appendfsync=always", "redis appendfsync=everysec"]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
@@ -249,7 +265,8 @@ def main() -> int:
         mid = sorted(rs, key=lambda r: r["rate"])[len(rs) // 2]
         label = name.replace("redis", f"redis {version}") if name.startswith("redis") else name
         redis_run = name.startswith("redis")
-        unit_note = f"per pipeline of {REDIS_PIPELINE}" if redis_run else f"per send of {a.batch}"
+        unit_note = (f"per pipeline of {REDIS_PIPELINE}" if redis_run else
+                     f"{a.deep_producers} producers, per send of {a.deep_batch}" if name == DEEP else f"per send of {a.batch}")
         server = "redis" if redis_run else "daemon" if name.startswith("tidemark") else "server"
         res.add(label, median[name], "msg/s",
                 note=f"median of {len(rates)}: " + " / ".join(f"{x:,.0f}" for x in rates)
@@ -270,6 +287,9 @@ def main() -> int:
     res.add("ratio ack=flush MB/s / disk 1 MiB + fdatasync MB/s", median[flush] * a.body / 1e6 / disk_mbps, "x",
             target=target, ok=ok, note="payload bytes; per round: " + " / ".join(
                 f"{r['rate'] * a.body / 1e6 / d:.2f}" for r, d in zip(runs[flush], disk, strict=True)))
+    res.add("ratio ack=flush deep MB/s / disk 1 MiB + fdatasync MB/s", median[DEEP] * a.body / 1e6 / disk_mbps, "x",
+            note=f"{a.deep_producers} producers x {a.deep_batch} messages per send; per round: " + " / ".join(
+                f"{r['rate'] * a.body / 1e6 / d:.2f}" for r, d in zip(runs[DEEP], disk, strict=True)))
     null_mbps = median[NULL_BROKER] * a.body / 1e6
     res.add("ratio null broker MB/s / disk 1 MiB + fdatasync MB/s", null_mbps / disk_mbps, "x",
             note="the disk row's ceiling with these clients on these cores; per round: " + " / ".join(
