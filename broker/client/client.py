@@ -164,7 +164,9 @@ class BrokerClient:
     # -- connection ----------------------------------------------------------------------------
     def _connect(self, index: int) -> None:
         if self._channel is not None:
-            self._channel.close()
+            # grpc's close() waits for the connectivity poller a readiness check (_unready) started:
+            # 200 ms, paid on every redirect and on every hop between nodes during a failover
+            threading.Thread(target=self._channel.close, name="tidemark-channel-close", daemon=True).start()
         self._current = index % len(self.addresses)
         address = self.addresses[self._current]
         options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
