@@ -128,7 +128,8 @@ def test_files_that_cannot_be_read_fall_back(tmp_path: Path) -> None:
     """A segment gone since the answer (retention) or cut short: that pull goes over gRPC (None),
     and the address stays eligible; a token that does not match, or a path that is not a segment
     file of the node's log directory, marks it not local."""
-    token_path, token = instance.publish(str(tmp_path))
+    published = instance.InstanceFile(str(tmp_path))
+    token_path, token = published.path, published.token
     (tmp_path / "log").mkdir()
     seg = tmp_path / "log" / "00000000000000000000.log"
     seg.write_bytes(b"x" * 100)
@@ -188,7 +189,7 @@ def test_a_new_instance_closes_the_files_of_the_old(tmp_path: Path) -> None:
     (node / "log").mkdir(parents=True)
     name = "00000000000000000000.log"
     (node / "log" / name).write_bytes(b"OLD-HISTORY-")
-    instance.publish(str(node))
+    instance.InstanceFile(str(node))
     files = SegmentFiles()
     try:
         first = files.read("n:1", _answer(node, name, 12))
@@ -196,7 +197,7 @@ def test_a_new_instance_closes_the_files_of_the_old(tmp_path: Path) -> None:
         node.rename(tmp_path / "node.old-1")
         (node / "log").mkdir(parents=True)
         (node / "log" / name).write_bytes(b"NEW-HISTORY-")
-        instance.publish(str(node))
+        instance.InstanceFile(str(node))
         second = files.read("n:1", _answer(node, name, 12))
         assert second is not None and second.batches == [b"NEW-HISTORY-"]
     finally:
@@ -209,7 +210,7 @@ def test_a_deleted_segment_is_let_go(tmp_path: Path) -> None:
     (tmp_path / "log").mkdir()
     name = "00000000000000000000.log"
     (tmp_path / "log" / name).write_bytes(b"z" * 64)
-    instance.publish(str(tmp_path))
+    instance.InstanceFile(str(tmp_path))
     files = SegmentFiles()
     try:
         assert files.read("n:1", _answer(tmp_path, name, 64)) is not None

@@ -127,7 +127,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.groups = GroupAdmin(store, heartbeats.membership)
         self.pops = PopService(store)
         self.groups.pops = self.pops
-        self.instance_file, self.instance = instance.publish(self.config["node.data_dir"])  # for PullLocal
+        self.instance = instance.InstanceFile(self.config["node.data_dir"])  # for PullLocal
 
     # -- a new master's metadata fence (wire.add_broker_service runs these before every call) -----
     def wait_fence(self) -> None:
@@ -236,10 +236,11 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def _pull_answer(self, request: pb.PullRequest | pb.PullLocalRequest, r: PullResult | LocalPull) -> Any:
         if isinstance(r, LocalPull):
+            self.instance.ensure()
             return pb.PullLocalResponse(spans=[pb.LogSpan(path=os.path.abspath(p), position=at, length=n) for p, at, n in r.spans],
                                         skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
                                         min_offset=r.min_offset, max_offset=r.max_offset,
-                                        instance_file=self.instance_file, instance=self.instance)
+                                        instance_file=self.instance.path, instance=self.instance.token)
         if isinstance(request, pb.PullRequest) and request.decode:
             return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
                                    next_offset=r.next_offset, min_offset=r.min_offset,

@@ -9,7 +9,8 @@ the file sees this node's directory.
 The file is rewritten at every start (new token), without fsync: a copy lost to a power cut is
 replaced at the next start, and until then a reader finds no match and pulls over gRPC. A start
 that cannot write it (a full disk) goes on without it: the old file, if any, holds an older token,
-so readers pull over gRPC until a start writes it again.
+so readers pull over gRPC until it is written. The daemon tries again when a local pull is asked
+for, at most every ``RETRY_S``, so local reads come back once space returns.
 """
 
 from __future__ import annotations
@@ -17,28 +18,52 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import time
 
 import structlog
 
 log = structlog.get_logger("storage.instance")
 FILE_NAME = "instance"
 TOKEN_BYTES = 16
+RETRY_S = 5.0  # a token file not written is tried again at most this often (when a local pull asks)
 
 
-def publish(data_dir: str) -> tuple[str, str]:
-    """Write a new token to ``DATA_DIR/instance``; return (the file's absolute path, the token)."""
-    path = os.path.abspath(os.path.join(data_dir, FILE_NAME))
-    token = secrets.token_hex(TOKEN_BYTES)
+class InstanceFile:
+    """This start's token and the file that proves it to readers on this host."""
+
+    def __init__(self, data_dir: str) -> None:
+        self.path = os.path.abspath(os.path.join(data_dir, FILE_NAME))
+        self.token = secrets.token_hex(TOKEN_BYTES)
+        error = _write(self.path, self.token)
+        self.written = error is None
+        self._tried_at = time.monotonic()
+        if error is not None:
+            log.warning("instance_file_not_written", path=self.path, error=error,
+                        note=f"local reads off until it is written (tried again at most every {RETRY_S:.0f} s)")
+
+    def ensure(self) -> None:
+        """Write the file again if it was not written, at most every ``RETRY_S`` (a few microseconds
+        when it is: an attribute read)."""
+        if self.written or time.monotonic() - self._tried_at < RETRY_S:
+            return
+        self._tried_at = time.monotonic()
+        self.written = _write(self.path, self.token) is None
+        if self.written:
+            log.info("instance_file_written", path=self.path, note="local reads on again")
+
+
+def _write(path: str, token: str) -> str | None:
+    """Replace ``path`` with ``token``; the error when it could not be written."""
     tmp = path + ".tmp"
     try:
         with open(tmp, "w", encoding="ascii") as f:
             f.write(token + "\n")
         os.replace(tmp, path)
+        return None
     except OSError as exc:  # local reads are a shortcut: without them a reader pulls over gRPC
-        log.warning("instance_file_not_written", path=path, error=str(exc), note="local reads off until the next start")
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-    return path, token
+        return str(exc)
 
 
 def matches(path: str, token: str) -> bool:
