@@ -25,6 +25,7 @@ from broker.invariant import CorruptionError
 from broker.ports import Truncation
 from broker.storage import identity as identity_mod
 from broker.store import Store
+from broker.threads import NamedThread
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.bootstrap import restart_for_bootstrap
@@ -70,7 +71,7 @@ class Follower:
         # longer send on the call: closing a channel under that thread crashed the process
         self._call_lock = threading.Lock()
         self._call: grpc.Future | None = None
-        self._thread = threading.Thread(target=self._run, name="follower", daemon=True)
+        self._thread = NamedThread(target=self._run, name="follower", daemon=True)
 
     # -- life cycle ---------------------------------------------------------------------------------
     def start(self) -> None:

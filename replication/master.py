@@ -10,7 +10,6 @@ port the same stream runs as coroutines (``master_loop.py``).
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import grpc
@@ -21,6 +20,7 @@ from broker.config import Config
 from broker.security.auth import current_caller
 from broker.storage.epochs import divergence_point
 from broker.store import Store
+from broker.threads import NamedThread
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.bundle import stream_bundle
@@ -61,7 +61,7 @@ class MasterSide(pb_grpc.ReplicationServicer):
         except Refused as r:
             context.abort(r.code, r.details)
             raise  # not reached: abort raises
-        reader = threading.Thread(target=self._read_acks, args=(request_iterator, replica), daemon=True)
+        reader = NamedThread(target=self._read_acks, args=(request_iterator, replica), name="replica-acks", daemon=True)
         reader.start()
         try:
             yield welcome

@@ -25,6 +25,7 @@ from collections.abc import Callable
 import structlog
 
 from broker.store.watermarks import Watermarks
+from broker.threads import NamedThread
 from proto import tidemark_pb2 as pb
 from replication.protocol import HEARTBEAT_S
 
@@ -51,7 +52,7 @@ class FlushAcks:
         self._heard_stamp_us = 0
         self._stopped = False
         self.error = ""
-        self._thread = threading.Thread(target=self._run, name="follower-acks", daemon=True)
+        self._thread = NamedThread(target=self._run, name="follower-acks", daemon=True)
 
     def start(self) -> FlushAcks:
         self._thread.start()

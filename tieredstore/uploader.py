@@ -34,6 +34,7 @@ from broker.logformat import system_records
 from broker.logformat.scan import batch_boundary
 from broker.storage.failpoints import failpoint
 from broker.store import Store
+from broker.threads import NamedThread, name_pool_thread
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectExists
 from tieredstore.index import ObjectIndex
@@ -64,7 +65,7 @@ class Uploader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bufs = [bytearray(0), bytearray(0)]  # read buffers: one being put, one being prefetched
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiered-prefetch")
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiered-prefetch", initializer=name_pool_thread)
         self._next: tuple[int, Future[tuple[memoryview, Described] | None]] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------
@@ -73,7 +74,7 @@ class Uploader:
             return
         self._stop = threading.Event()
         self.break_point = None
-        self._thread = threading.Thread(target=self._run, name="tiered-uploader", daemon=True)
+        self._thread = NamedThread(target=self._run, name="tiered-uploader", daemon=True)
         self._thread.start()
         log.info("uploader_started")
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
 import uvloop
+
+from broker.threads import NamedThread
 
 T = TypeVar("T")
 
@@ -26,7 +27,7 @@ T = TypeVar("T")
 class LoopThread:
     def __init__(self, name: str = "grpc-loop") -> None:
         self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = NamedThread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:

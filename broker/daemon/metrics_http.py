@@ -23,6 +23,8 @@ import structlog
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
+from broker.threads import NamedThread
+
 log = structlog.get_logger("metrics_http")
 CONNECTIONS_MAX = 16
 SCHEME = "Bearer "
@@ -103,7 +105,7 @@ def serve(host: str, port: int, registry: CollectorRegistry, *, tls: ssl.SSLCont
           authorize: Callable[[str | None], int] | None = None) -> Callable[[], None]:
     """Start serving on a daemon thread; returns a function that stops it. OSError if it cannot listen."""
     server = _Server((host, port), registry, tls, authorize)
-    thread = threading.Thread(target=server.serve_forever, name="metrics-http", daemon=True)
+    thread = NamedThread(target=server.serve_forever, name="metrics-http", daemon=True)
     thread.start()
 
     def stop() -> None:

@@ -44,6 +44,7 @@ from broker.security import auth, tls
 from broker.storage.dirlock import LOCK_NAME, DirLock
 from broker.storage.handles import HANDLES
 from broker.store import Store
+from broker.threads import NamedThread, name_pool_thread
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("server")
@@ -68,9 +69,10 @@ class Daemon:
         self.aio = LoopThread()
         self.health = health_async.HealthServicer()
         self.longpolls = LongPolls(self.aio.loop)
-        self.read_pool = futures.ThreadPoolExecutor(max_workers=config["limits.grpc_workers"], thread_name_prefix="pull")
+        self.read_pool = futures.ThreadPoolExecutor(max_workers=config["limits.grpc_workers"], thread_name_prefix="pull",
+                                                    initializer=name_pool_thread)
         # one thread per long-lived blocking stream (replication to a slave, a snapshot download)
-        self.stream_pool = futures.ThreadPoolExecutor(max_workers=STREAMS_MAX, thread_name_prefix="stream")
+        self.stream_pool = futures.ThreadPoolExecutor(max_workers=STREAMS_MAX, thread_name_prefix="stream", initializer=name_pool_thread)
         self.stopping = threading.Event()
         self.on_start: list[Callable[[], None]] = []  # plugins: run once serving
         self.on_stop: list[Callable[[], None]] = []  # plugins: run before the store stops
@@ -130,7 +132,7 @@ class Daemon:
             self._serve_metrics()
         self.aio.call(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
         self.aio.call(self.health.set("tidemark.v1.Broker", health_pb2.HealthCheckResponse.SERVING))
-        threading.Thread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
+        NamedThread(target=self._lag_metrics_loop, name="lag-metrics", daemon=True).start()
         log.info("serving", listen=self.config["node.listen"], role=self.store.role,
                  recovery=self.store.recovery_report)
         if not bf.NATIVE_FRAMING:
@@ -149,7 +151,8 @@ class Daemon:
     async def _make_server(self, options: list[tuple[str, Any]]) -> grpc.aio.Server:
         """The asyncio server, made on its loop: coroutine handlers (Pull) run on the loop, plain
         ones in a pool of ``limits.grpc_workers`` threads."""
-        pool = futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"], thread_name_prefix="grpc")
+        pool = futures.ThreadPoolExecutor(max_workers=self.config["limits.grpc_workers"], thread_name_prefix="grpc",
+                                          initializer=name_pool_thread)
         return grpc.aio.server(migration_thread_pool=pool, options=options,
                                interceptors=[auth.AsyncAuthInterceptor(self.authorizer)])
 
@@ -363,7 +366,7 @@ def _keepalive(notifier: Notifier, done: threading.Event) -> None:
         while not done.wait(interval):
             notifier.watchdog()
 
-    threading.Thread(target=run, name="startup-keepalive", daemon=True).start()
+    NamedThread(target=run, name="startup-keepalive", daemon=True).start()
 
 
 def serve(config: Config, load_config: Callable[[], Config] | None = None,

@@ -36,6 +36,7 @@ from broker.store.appender import Appender
 from broker.store.dispatcher import Dispatcher
 from broker.store.reads import Reads
 from broker.store.watermarks import Watermarks
+from broker.threads import NamedThread
 from broker.timers import timerlog as tl
 from broker.timers.index import CANCELLED, PENDING, STATE_NAMES
 from broker.timers.view import TimerView
@@ -98,7 +99,7 @@ class TimerService:
                 log.warning("timer_firing_not_restarted", note="the previous firing thread has not ended yet")
             return
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="timer-firing", daemon=True)
+        self._thread = NamedThread(target=self._run, name="timer-firing", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:

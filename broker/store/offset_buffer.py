@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from broker.errors import BrokerError
+from broker.threads import NamedThread
 
 OffsetKey = tuple[str, str, int]
 
@@ -46,7 +47,7 @@ class OffsetBuffer:
         self._discards = 0  # on_role calls that dropped the buffer: a failed write must not restore it
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="offset-flush", daemon=True)
+        self._thread = NamedThread(target=self._run, name="offset-flush", daemon=True)
         self.records_written = 0
 
     def start(self) -> None:

@@ -49,6 +49,7 @@ from broker.store.reads import Reads
 from broker.store.retention import Retention
 from broker.store.viewset import ViewSet
 from broker.store.watermarks import OUTCOME_UNKNOWN, Watermarks
+from broker.threads import NamedThread
 
 log = structlog.get_logger("store")
 
@@ -143,7 +144,7 @@ class Store:
             (lambda: self.dispatcher.loop([self.retention.maybe_enforce]), "dispatcher"),
         ]
         for target, name in threads:
-            t = threading.Thread(target=_fatal_on_error(target, name), name=name, daemon=True)
+            t = NamedThread(target=_fatal_on_error(target, name), name=name, daemon=True)
             t.start()
             self._threads.append(t)
         self.offsets.start()

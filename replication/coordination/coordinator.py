@@ -46,6 +46,7 @@ from broker import metrics
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.store import Store
+from broker.threads import NamedThread
 from replication.confirm import InSyncSet
 from replication.coordination import records as rec
 from replication.coordination.etcd import Etcd, Unreachable, View
@@ -95,7 +96,7 @@ class Coordinator:
         self._waiting = ""  # why we do not campaign (logged when it changes)
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread = threading.Thread(target=self._run, name="coordinator", daemon=True)
+        self._thread = NamedThread(target=self._run, name="coordinator", daemon=True)
         store.register_status_provider(self._status)
         # a slave whose master fell silent for as long as makes it campaign names no master to writers
         store.master_silent = lambda: not self._hears_live_master()
