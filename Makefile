@@ -51,7 +51,9 @@ lint: venv
 test: venv sysdeps lint
 	$(BIN)/python -m pytest -q tests
 
+# perf (Debian's linux-perf) for bench/send_profile.py's stacks; the benchmarks run without it too
 bench: venv sysdeps
+	@command -v perf >/dev/null || $(call APT_INSTALL,linux-perf) || echo "warning: no perf: send_profile prints no stacks"
 	$(BIN)/python bench/run_all.py
 
 # A long chaos run (tests/chaos): DURATION=30m by default, SEED=<n> to replay one; the slow tests first.

@@ -20,7 +20,8 @@ import time
 import common
 import round_table
 
-BENCHES = ("send_throughput", "grpc_floor", "pull_throughput", "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
+BENCHES = ("send_throughput", "send_profile", "grpc_floor", "pull_throughput",
+           "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
            "longpoll", "many_queues", "failover", "groups", "pop", "plain_api")
 
 
