@@ -41,7 +41,7 @@ from broker.client import BrokerClient
 TOPIC = "bench-profile"
 QUEUES = 4
 STATES = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
-# function names looked for in a sample's stack (perf), in the order printed
+# function names looked for in a sample's stack (perf); each thread prints its 6 most frequent
 IN_STACK = ("do_writev", "__x64_sys_fdatasync", "sys_recvmsg", "sys_sendmsg", "__x64_sys_pread64", "__x64_sys_futex",
             "epoll_wait", "__schedule", "_PyEval_EvalFrameDefault", "memmove", "crc32c")
 

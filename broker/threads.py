@@ -5,6 +5,7 @@ waits for one. Linux keeps at most 15 bytes of a name; elsewhere names stay Pyth
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import sys
 import threading
@@ -23,8 +24,10 @@ if sys.platform.startswith("linux"):
 
 def name_os_thread(name: str) -> None:
     """Give the calling thread ``name`` (cut to 15 bytes) as its OS name; a no-op off Linux."""
-    if _prctl is not None:
-        _prctl(PR_SET_NAME, name.encode("utf-8", "replace")[:OS_NAME_BYTES_MAX], 0, 0, 0)
+    if _prctl is None:
+        return
+    with contextlib.suppress(Exception):  # cosmetic: nothing here may keep a flusher or a pool worker from running
+        _prctl(PR_SET_NAME, name.encode("ascii", "replace")[:OS_NAME_BYTES_MAX], 0, 0, 0)
 
 
 class NamedThread(threading.Thread):

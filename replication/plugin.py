@@ -13,6 +13,7 @@ import grpc
 import structlog
 
 from broker.security import auth, tls
+from broker.threads import name_pool_thread
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
 from replication.coordination.coordinator import Coordinator
@@ -33,7 +34,7 @@ def attach(daemon: Any) -> None:
         creds = tls.replication_server_credentials(config)  # mutual TLS: unknown slaves fail the handshake
         # with mutual TLS the handshake is the credential; without it, a token with the replication role
         authz = auth.Authorizer(daemon.tokens, config["auth.require_for_reads"], peer_certified=creds is not None)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=8, thread_name_prefix="repl", initializer=name_pool_thread),
                              options=[("grpc.max_send_message_length", 1 << 30)], interceptors=[auth.AuthInterceptor(authz)])
         pb_grpc.add_ReplicationServicer_to_server(master_side, server)
         tls.listen_on(server, "replication.listen", listen, creds)

@@ -109,7 +109,8 @@ def test_a_daemon_restarted_on_a_full_disk_serves_reads_and_resumes_writes(spawn
         with pytest.raises(BrokerError) as refused:
             c.send("t", [Message(body=b"while full" + b"w" * 1000)] * 64, ack="flush")  # more than the last page holds
         assert refused.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
-        stub = pb_grpc.BrokerStub(grpc.insecure_channel(d.address))
+        channel = grpc.insecure_channel(d.address)
+        stub = pb_grpc.BrokerStub(channel)
         local = pb.PullLocalRequest(topic="t", queue_id=0, offset=0, max_messages=10)
         assert not instance.matches((r := stub.PullLocal(local)).instance_file, r.instance)  # not written: no local reads
         filler.unlink()
@@ -117,8 +118,9 @@ def test_a_daemon_restarted_on_a_full_disk_serves_reads_and_resumes_writes(spawn
         c.send("t", [Message(body=b"after")], ack="flush")
         assert _read_all(c) == [*acked, b"after"]
     # the token file the start could not write is written once space returns: local reads come back
-    wait_until(lambda: instance.matches((r := stub.PullLocal(local)).instance_file, r.instance), instance.RETRY_S + 5,
+    wait_until(lambda: instance.matches((r := stub.PullLocal(local)).instance_file, r.instance), 15,
                "the instance file written after space returned")
+    channel.close()
     started = log_path.read_text(errors="replace")
     assert "Traceback" not in started and "instance_file_not_written" in started, started[-3000:]
     assert "instance_file_written" in started

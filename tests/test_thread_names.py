@@ -7,6 +7,7 @@ import threading
 
 from broker.threads import NamedThread
 from tests.procs import DaemonProcess
+from tests.waits import wait_until
 
 
 def _os_names(pid: int) -> list[str]:
@@ -24,8 +25,10 @@ def test_a_daemons_threads_are_named_in_proc(daemon: DaemonProcess) -> None:
     """``top -H`` and ``/proc/PID/task/*/comm`` tell the flusher from the event loop; before, every
     Python thread of the daemon showed as ``python``."""
     assert daemon.proc is not None
-    names = _os_names(daemon.proc.pid)
-    assert {"grpc-loop", "flusher", "dispatcher", "offset-flush", "timer-firing", "lag-metrics"} <= set(names), names
+    pid = daemon.proc.pid
+    want = {"grpc-loop", "flusher", "dispatcher", "offset-flush", "timer-firing", "lag-metrics"}
+    # a thread names itself once it runs, and lag-metrics starts just after the daemon says SERVING
+    wait_until(lambda: want <= set(_os_names(pid)), 10, f"threads named {sorted(want)} (seen: {sorted(set(_os_names(pid)))})")
 
 
 def test_a_long_name_is_cut_to_what_linux_keeps() -> None:

@@ -65,7 +65,7 @@ class Uploader:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._bufs = [bytearray(0), bytearray(0)]  # read buffers: one being put, one being prefetched
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tiered-prefetch", initializer=name_pool_thread)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="tier-prefetch", initializer=name_pool_thread)
         self._next: tuple[int, Future[tuple[memoryview, Described] | None]] | None = None
 
     # -- life cycle ---------------------------------------------------------------------------

@@ -166,7 +166,10 @@ class BrokerClient:
         if self._channel is not None:
             # grpc's close() waits for the connectivity poller a readiness check (_unready) started:
             # 200 ms, paid on every redirect and on every hop between nodes during a failover
-            threading.Thread(target=self._channel.close, name="tidemark-channel-close", daemon=True).start()
+            try:
+                threading.Thread(target=self._channel.close, name="tidemark-channel-close", daemon=True).start()
+            except RuntimeError:  # no thread to be had: pay the wait here
+                self._channel.close()
         self._current = index % len(self.addresses)
         address = self.addresses[self._current]
         options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -183,7 +186,8 @@ class BrokerClient:
                                                     response_deserializer=parse_pull_response, _registered_method=True)
 
     def close(self) -> None:
-        """Close the channel (also at the end of a ``with`` block); the client is not usable after."""
+        """Close the channel (also at the end of a ``with`` block); the client is not usable after.
+        Up to 200 ms with several addresses (grpc's close waits for the readiness check's poller)."""
         if self._channel is not None:
             self._channel.close()
             self._channel = None

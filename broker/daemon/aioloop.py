@@ -15,11 +15,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import uvloop
 
-from broker.threads import NamedThread
+from broker.threads import NamedThread, name_pool_thread
 
 T = TypeVar("T")
 
@@ -27,6 +28,8 @@ T = TypeVar("T")
 class LoopThread:
     def __init__(self, name: str = "grpc-loop") -> None:
         self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+        # run_in_executor(None, ...) threads: named, not the loop's name they would inherit
+        self.loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="loop-io", initializer=name_pool_thread))
         self._thread = NamedThread(target=self._run, name=name, daemon=True)
         self._thread.start()
 

@@ -236,6 +236,7 @@ class Daemon:
 
     def _lag_metrics_loop(self) -> None:
         while not self.stopping.wait(5.0):
+            self.service.instance.ensure()  # the token file a full disk kept from being written at start
             try:
                 lag: dict[tuple[str, ...], float] = {}
                 for group, topic, queue, offset in self.store.views.metadata.group_offsets():
@@ -366,7 +367,7 @@ def _keepalive(notifier: Notifier, done: threading.Event) -> None:
         while not done.wait(interval):
             notifier.watchdog()
 
-    NamedThread(target=run, name="startup-keepalive", daemon=True).start()
+    NamedThread(target=run, name="start-keepalive", daemon=True).start()
 
 
 def serve(config: Config, load_config: Callable[[], Config] | None = None,

@@ -236,7 +236,6 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     def _pull_answer(self, request: pb.PullRequest | pb.PullLocalRequest, r: PullResult | LocalPull) -> Any:
         if isinstance(r, LocalPull):
-            self.instance.ensure()
             return pb.PullLocalResponse(spans=[pb.LogSpan(path=os.path.abspath(p), position=at, length=n) for p, at, n in r.spans],
                                         skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
                                         min_offset=r.min_offset, max_offset=r.max_offset,

@@ -9,8 +9,9 @@ the file sees this node's directory.
 The file is rewritten at every start (new token), without fsync: a copy lost to a power cut is
 replaced at the next start, and until then a reader finds no match and pulls over gRPC. A start
 that cannot write it (a full disk) goes on without it: the old file, if any, holds an older token,
-so readers pull over gRPC until it is written. The daemon tries again when a local pull is asked
-for, at most every ``RETRY_S``, so local reads come back once space returns.
+so readers pull over gRPC until it is written. The daemon tries again every 5 s (its housekeeping
+thread, ``lag-metrics``), so local reads come back once space returns: at once for a new reader,
+within ``NOT_LOCAL_FOR_S`` (5 min) for one that found no match meanwhile (broker/client/local_reads.py).
 """
 
 from __future__ import annotations
@@ -18,14 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import time
 
 import structlog
 
 log = structlog.get_logger("storage.instance")
 FILE_NAME = "instance"
 TOKEN_BYTES = 16
-RETRY_S = 5.0  # a token file not written is tried again at most this often (when a local pull asks)
 
 
 class InstanceFile:
@@ -36,17 +35,15 @@ class InstanceFile:
         self.token = secrets.token_hex(TOKEN_BYTES)
         error = _write(self.path, self.token)
         self.written = error is None
-        self._tried_at = time.monotonic()
         if error is not None:
             log.warning("instance_file_not_written", path=self.path, error=error,
-                        note=f"local reads off until it is written (tried again at most every {RETRY_S:.0f} s)")
+                        note="local reads off until it is written (tried again every 5 s)")
 
     def ensure(self) -> None:
-        """Write the file again if it was not written, at most every ``RETRY_S`` (a few microseconds
-        when it is: an attribute read)."""
-        if self.written or time.monotonic() - self._tried_at < RETRY_S:
+        """Write the file again if the last try failed (an attribute read when it did not). Called
+        from one thread only: the daemon's housekeeping loop."""
+        if self.written:
             return
-        self._tried_at = time.monotonic()
         self.written = _write(self.path, self.token) is None
         if self.written:
             log.info("instance_file_written", path=self.path, note="local reads on again")

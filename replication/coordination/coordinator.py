@@ -38,6 +38,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -46,7 +47,7 @@ from broker import metrics
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.store import Store
-from broker.threads import NamedThread
+from broker.threads import NamedThread, name_pool_thread
 from replication.confirm import InSyncSet
 from replication.coordination import records as rec
 from replication.coordination.etcd import Etcd, Unreachable, View
@@ -126,6 +127,7 @@ class Coordinator:
 
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="coord-step", initializer=name_pool_thread))
         self._steps = asyncio.Lock()
         self.etcd = Etcd(self.config)
         permit = asyncio.ensure_future(self._permit_loop())
