@@ -67,7 +67,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
 
 
 # -- the machine ---------------------------------------------------------------------------------
-def _cpu_ticks() -> list[int]:
+def cpu_ticks() -> list[int]:
     """The machine's CPU ticks from /proc/stat: user, nice, system, idle, iowait, irq, ..."""
     with open("/proc/stat") as f:
         return [int(x) for x in f.readline().split()[1:]]
@@ -77,7 +77,7 @@ def cpu_busy_fraction(interval_s: float = 1.0) -> float:
     """Share of all CPUs busy over ``interval_s`` (from /proc/stat)."""
 
     def snap() -> tuple[int, int]:
-        vals = _cpu_ticks()
+        vals = cpu_ticks()
         return sum(vals), vals[3] + vals[4]
 
     t0, i0 = snap()
@@ -210,7 +210,7 @@ def cpu_seconds_of(pid: int, with_children: bool = False) -> float:
 
 def machine_busy_seconds() -> float:
     """CPU seconds all processes on the machine have spent busy so far (from /proc/stat)."""
-    vals = _cpu_ticks()
+    vals = cpu_ticks()
     return (sum(vals) - vals[3] - vals[4]) / os.sysconf("SC_CLK_TCK")
 
 

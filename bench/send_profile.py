@@ -61,11 +61,6 @@ def _threads(pid: int) -> dict[str, tuple[str, int, int, int]]:
     return out
 
 
-def _machine() -> list[int]:
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:9]]
-
-
 def _metrics(port: int) -> dict[str, float]:
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     out: dict[str, float] = {}
@@ -118,7 +113,7 @@ def main() -> int:
 
         def at_start() -> None:  # the window opens: first snapshots, then sample until it ends
             snaps["t0"], snaps["threads0"], snaps["machine0"], snaps["metrics0"] = (
-                time.monotonic(), _threads(pid), _machine(), _metrics(metrics_port))
+                time.monotonic(), _threads(pid), common.cpu_ticks()[:8], _metrics(metrics_port))
             if use_perf:
                 snaps["perf"] = subprocess.Popen(["perf", "record", "-q", "-F", "499", "-g", "-p", str(pid), "-o", perf_data,
                                                   "--", "sleep", str(seconds * 0.8)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -126,7 +121,7 @@ def main() -> int:
             def end() -> None:
                 time.sleep(seconds * 0.9)
                 snaps["t1"], snaps["threads1"], snaps["machine1"], snaps["metrics1"] = (
-                    time.monotonic(), _threads(pid), _machine(), _metrics(metrics_port))
+                    time.monotonic(), _threads(pid), common.cpu_ticks()[:8], _metrics(metrics_port))
             snaps["ender"] = threading.Thread(target=end)
             snaps["ender"].start()
 
