@@ -47,7 +47,10 @@ ROWS: tuple[Row, ...] = (
         r"ratio ack=flush deep MB/s / disk 1 MiB \+ fdatasync MB/s", "(for comparison)", None),
     Row("what both cores allow at the CPU per MB of that run (daemon + clients) / the disk's", "send_throughput",
         r"ratio CPU ceiling / disk 1 MiB \+ fdatasync MB/s", "(the floor)", None),
-    Row("the same clients' MB/s to a server that stores nothing / the disk's (the ceiling of the row above)",
+    Row("what both cores allow a broker whose only work is receiving (the null broker and its clients) and writing + "
+        "fdatasync (the disk probe), at the machine's CPU per MB of each / the disk's", "send_throughput",
+        r"ratio storage \+ transport CPU ceiling / disk 1 MiB \+ fdatasync MB/s", "(the floor)", None),
+    Row("the same clients' MB/s to a server that stores nothing / the disk's (the ack=flush row's ceiling if storing cost nothing)",
         "send_throughput", r"ratio null broker MB/s / disk 1 MiB \+ fdatasync MB/s", "(for comparison)", None),
     Row("send 1 KiB ack=flush / the same clients to a server that stores nothing", "send_throughput",
         r"ratio tidemark_flush / null broker", "(for comparison)", None),

@@ -28,6 +28,11 @@ time is mostly hops (the request reaching the handler, the wait for the group's 
 CPU. The deeper run shows what the daemon takes once the clients keep the machine busy, and the CPU
 ceiling row what both cores allow at the CPU per MB measured: ``cores / (daemon + clients ms per MB)``.
 
+The storage + transport ceiling needs no daemon at all: the machine's CPU per MB while the null broker
+and its clients ran (receiving) plus the machine's CPU per MB while the disk probe ran (writing and
+syncing), both from the same round. ``cores / (their sum)`` over the disk's MB/s is the most any broker
+that receives with grpcio and writes through the page cache can reach with these clients on these cores.
+
 Usage: .venv/bin/python bench/send_throughput.py [--quick] [--producers 4] [--seconds 15]
 """
 
@@ -134,23 +139,28 @@ def bench_null_broker(producers: int, batch: int, body: int, warmup_s: float, se
         server.join()
 
 
-def disk_probe(workdir: str, seconds: float, block_bytes: int = 1 << 20) -> float:
+def disk_probe(workdir: str, seconds: float, block_bytes: int = 1 << 20) -> tuple[float, float]:
     """MB/s of ``block_bytes`` writes, each followed by ``fdatasync``, into a fresh file in ``workdir``
-    (each block's pages given back once synced: see the module's docstring)."""
+    (each block's pages given back once synced: see the module's docstring), and the machine's busy
+    cores meanwhile (the probe's own CPU, the kernel's writeback and interrupts included)."""
     block = os.urandom(block_bytes)
     with common.temp_dir("tm-disk-", workdir) as wd:
         fd = os.open(os.path.join(wd, "probe"), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             written = 0
+            ticks0 = common.cpu_ticks()
             t0 = time.perf_counter()
             while (elapsed := time.perf_counter() - t0) < seconds:
                 n = os.write(fd, block)
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, written, n, os.POSIX_FADV_DONTNEED)  # clean now: its pages are recycled
                 written += n
+            ticks1 = common.cpu_ticks()
         finally:
             os.close(fd)
-    return written / elapsed / 1e6
+    delta = [b - a for a, b in zip(ticks0, ticks1, strict=True)]
+    busy_cores = (sum(delta) - delta[3] - delta[4]) / max(1, sum(delta)) * (os.cpu_count() or 1)
+    return written / elapsed / 1e6, busy_cores
 
 
 def bench_redis(workdir: str, appendfsync: str, producers: int, body: int, warmup_s: float,
@@ -218,6 +228,27 @@ def _cpu_budget(res: Results, runs: dict[str, list[dict[str, Any]]], body: int,
             f"{_ms_per_mb(null, 'server_cpu', body):.2f}, tidemark {_ms_per_mb(flush, 'server_cpu', body):.2f}")
 
 
+def _storage_transport_ceiling(res: Results, null_runs: list[dict[str, Any]], disk: list[float],
+                               disk_ms_per_mb: list[float], body: int) -> None:
+    """What any broker on these cores could reach whose only work were receiving (the null broker's
+    server, with its clients: the machine's CPU per MB of that run) and writing with one fdatasync
+    per MiB (the probe's: the machine's CPU per MB while it ran): ``cores / (both ms per MB)``,
+    against the disk, per round. No broker that receives with grpcio and writes through the page
+    cache does less work per MB than these two, so this is the disk row's ceiling on this machine,
+    whatever the daemon's own code costs."""
+    cores = os.cpu_count() or 1
+    ratios: list[float] = []
+    notes: list[str] = []
+    for null, d, d_ms in zip(null_runs, disk, disk_ms_per_mb, strict=True):
+        transport_ms = 1000 * null["machine_cpu"] / (null["rate"] * body / 1e6)
+        ratios.append(1000 * cores / (transport_ms + d_ms) / d)
+        notes.append(f"{transport_ms:.2f} + {d_ms:.2f}")
+    res.add("ratio storage + transport CPU ceiling / disk 1 MiB + fdatasync MB/s", statistics.median(ratios), "x",
+            note=f"{cores} cores / (ms per MB receiving, null broker and clients + writing and syncing, disk probe) "
+            f"per round: {' / '.join(notes)} ms; ratios " + " / ".join(f"{r:.2f}" for r in ratios),
+            rates=ratios)
+
+
 def main() -> int:
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--producers", type=int, default=4)
@@ -245,6 +276,7 @@ def main() -> int:
         systems += ["redis appendfsync=always", "redis appendfsync=everysec"]
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in systems}
     disk: list[float] = []
+    disk_ms_per_mb: list[float] = []  # the machine's CPU per MB while the probe ran
     version = ""
     for round_no in range(1, a.rounds + 1):
         log(f"round {round_no} of {a.rounds}")
@@ -254,8 +286,10 @@ def main() -> int:
             version = r.pop("version", version)
             runs[name].append(r)
             if name == "tidemark ack=leader":
-                disk.append(disk_probe(a.workdir or "/tmp", seconds))
-                log(f"round {round_no}: disk 1 MiB writes + fdatasync: {disk[-1]:,.0f} MB/s")
+                mbps, busy = disk_probe(a.workdir or "/tmp", seconds)
+                disk.append(mbps)
+                disk_ms_per_mb.append(1000 * busy / mbps)
+                log(f"round {round_no}: disk 1 MiB writes + fdatasync: {mbps:,.0f} MB/s ({busy:.2f} cores busy)")
 
     median: dict[str, float] = {}
     for name in systems:
@@ -298,6 +332,7 @@ def main() -> int:
             note="of the medians; per round: " + " / ".join(
                 f"{t['rate'] / n['rate']:.2f}" for t, n in zip(runs[flush], runs[NULL_BROKER], strict=True)))
     _cpu_budget(res, runs, a.body, disk_mbps)
+    _storage_transport_ceiling(res, runs[NULL_BROKER], disk, disk_ms_per_mb, a.body)
     if not a.skip_redis:
         for fsync, want in (("always", 6.0), ("everysec", 1.5)):
             other = f"redis appendfsync={fsync}"
