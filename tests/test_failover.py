@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 import random
 import re
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -167,6 +171,11 @@ def test_an_old_master_that_diverged_keeps_what_only_it_held(spawn: Spawn, etcd:
         kept = cut[0].read_bytes()
         start, end = (int(x) for x in cut[0].stem.split("-")[1:])
         assert len(kept) == end - start  # the whole cut, at its offsets
+        # the operator's view of it: every write only the old master held, record by record
+        listed = subprocess.run([sys.executable, "-m", "broker.cli", "log", "quarantine", master.data_dir, "--records"],
+                                capture_output=True, text=True, timeout=60, check=True)
+        bodies = [base64.b64decode(json.loads(line)["body_b64"]) for line in listed.stdout.splitlines()]
+        assert sorted(b for b in bodies if b.startswith(b"only-on")) == sorted(only_old)
     assert all(b in kept for b in only_old)
     assert status(slave)["role"] == "master" and status(master)["role"] == "slave"
 

@@ -12,6 +12,7 @@ from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from broker.cli.demo import run_demo
+from broker.cli.quarantine import show_quarantine
 from broker.cli.verify import verify_data_dir
 from broker.client import BrokerClient, BrokerError, Message
 from broker.config import Config, ConfigError
@@ -161,6 +162,9 @@ def _parser() -> argparse.ArgumentParser:
     lgs = lg.add_subparsers(dest="log_command", required=True)
     lv = lgs.add_parser("verify")
     lv.add_argument("data_dir")
+    lq = lgs.add_parser("quarantine", help="what was cut from the log and kept in DATA_DIR/quarantine (reads only)")
+    lq.add_argument("data_dir")
+    lq.add_argument("--records", action="store_true", help="one JSON object per record of the cut batches, body in base64")
     return p
 
 
@@ -191,7 +195,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             print(f"{args.file}: ok ({len(cfg.as_dict())} settings)")
             return 0
         if cmd == "log":
-
+            if args.log_command == "quarantine":
+                return show_quarantine(args.data_dir, records=args.records, out=sys.stdout, err=sys.stderr)
             return verify_data_dir(args.data_dir)
         if cmd == "topic":
             return _topic(args)

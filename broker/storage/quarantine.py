@@ -3,8 +3,9 @@
 Two cuts keep what they remove: recovery's torn tail (``torn-S-E.broken``, bytes that failed their
 checks) and a divergence from a new master (``diverged-S-E.log``, whole batches this node held that
 the master's log does not: after an unclean election they can include writes acknowledged with
-ack=leader, or confirmed by this node alone). Nothing reads them back; nothing deletes them. The
-format of each is the commit log's: ``[S, E)`` at their original offsets (docs/formats/README.md).
+ack=leader, or confirmed by this node alone). Only ``tidemark log quarantine`` reads them back, for
+an operator (``broker/cli/quarantine.py``); nothing deletes them. The format of each is the commit
+log's: ``[S, E)`` at their original offsets (docs/formats/README.md).
 """
 
 from __future__ import annotations
