@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import crc32c
@@ -21,9 +24,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60, check=False)
 
 
-def _send(s: Store, topic: str, queue: int, records: list[tuple[bytes, bytes, bytes]]) -> int:
+def _send(s: Store, topic: str, queue: int, records: list[tuple[bytes, bytes, bytes]], producer_id: int = 0,
+          base_sequence: int = bf.NO_SEQUENCE) -> int:
     encoded, _ = bf.encode_records(records)
-    _, end = s.appender.append([IncomingBatch(topic, queue, encoded, len(records), crc32c.crc32c(encoded))])
+    _, end = s.appender.append([IncomingBatch(topic, queue, encoded, len(records), crc32c.crc32c(encoded), producer_id,
+                                              base_sequence)])
     s.watermarks.wait_ack(end, "flush", 5000)
     return end
 
@@ -44,7 +49,7 @@ def test_a_cut_range_is_summarised_and_its_records_read_back(tmp_path: Path) -> 
     shown = _cli(str(tmp_path))
     assert shown.returncode == 0, shown.stderr
     head, q0, q1, total = shown.stdout.splitlines()
-    assert head == f"{path}: diverged, offsets [{start}, {end}), {end - start} bytes; 2 whole batches, 5 records"
+    assert head == f"{path}: diverged, offsets [{start}, {end}), {end - start} bytes; 2 valid batches, 5 records"
     assert q0.startswith("  t/0: 4 records, queue offsets [3, 7), epochs ") and q1.startswith("  t/1: 1 records, queue offsets [0, 1)")
     assert total.endswith(": 1 cut log ranges, " + f"{end - start} bytes")
 
@@ -72,20 +77,83 @@ def test_a_torn_tail_says_where_its_valid_batches_end(tmp_path: Path) -> None:
     s.stop()
 
     shown = _cli(str(tmp_path))
-    assert shown.returncode == 0, shown.stderr
-    head = shown.stdout.splitlines()[0]
-    assert f"torn, offsets [{end}, {end + 30}), 30 bytes; 0 whole batches, 0 records; valid up to offset {end}" in head
-    assert _cli(str(tmp_path), "--records").stdout == ""
+    assert shown.returncode == 0, shown.stderr  # a torn tail is damaged by nature
+    head, problem = shown.stdout.splitlines()[:2]
+    assert f"torn, offsets [{end}, {end + 30}), 30 bytes; 0 valid batches, 0 records" in head
+    assert problem.startswith(f"  offset {end}: incomplete: ") and problem.endswith("30 bytes from there to the end not read")
+    listed = _cli(str(tmp_path), "--records")
+    assert listed.returncode == 0 and listed.stdout == "" and f": offset {end}: incomplete: " in listed.stderr
+
+
+def test_a_damaged_batch_is_named_and_stepped_over(tmp_path: Path) -> None:
+    """A diverged file damaged since it was kept: the bad batch is named at its commit offset, the
+    batches after it are still read, and the exit says not everything could be."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    start = s.log.max_offset
+    ends = [_send(s, "t", 0, [(b"batch-%d-%d" % (n, i), b"", b"") for i in range(3)]) for n in range(3)]
+    path = Path(keep_log_range(str(tmp_path), s.log, start, ends[-1], "diverged", ".log"))
+    s.stop()
+    data = bytearray(path.read_bytes())
+    data[ends[1] - start - 2] ^= 0xFF  # inside the second batch's last record
+    path.write_bytes(bytes(data))
+
+    shown = _cli(str(tmp_path))
+    assert shown.returncode == 1
+    lines = shown.stdout.splitlines()
+    assert "; 2 valid batches, 6 records" in lines[0]
+    assert lines[1].startswith(f"  offset {ends[0]}: invalid: batch body checksum mismatch") and f"at offset {ends[0]})" in lines[1]
+    listed = _cli(str(tmp_path), "--records")
+    assert listed.returncode == 1 and f"offset {ends[0]}: invalid" in listed.stderr
+    bodies = [base64.b64decode(json.loads(line)["body_b64"]) for line in listed.stdout.splitlines()]
+    assert bodies == [b"batch-0-%d" % i for i in range(3)] + [b"batch-2-%d" % i for i in range(3)]
+
+
+def test_records_keep_sequences_and_bytes_that_are_not_text(tmp_path: Path) -> None:
+    """Sequences count up from the batch's base; a key or properties that are not UTF-8 come back as base64."""
+    s = open_store(str(tmp_path))
+    create_topic(s, "t")
+    start = s.log.max_offset
+    end = _send(s, "t", 0, [(b"a", b"\xff\xfekey", b""), (b"b", b"k", b"\x01\x00\xff\x01\x00v")], producer_id=7, base_sequence=40)
+    keep_log_range(str(tmp_path), s.log, start, end, "diverged", ".log")
+    s.stop()
+    listed = _cli(str(tmp_path), "--records")
+    assert listed.returncode == 0, listed.stderr
+    a, b = (json.loads(line) for line in listed.stdout.splitlines())
+    assert (a["producer_id"], a["sequence"], b["sequence"]) == (7, 40, 41)
+    assert a["key"] is None and base64.b64decode(a["key_b64"]) == b"\xff\xfekey" and a["properties"] == {}
+    assert b["key"] == "k" and b["properties"] is None and base64.b64decode(b["properties_b64"]) == b"\x01\x00\xff\x01\x00v"
+    assert a["system"] is False and a["flags"] == 0
 
 
 def test_nothing_cut_and_bad_arguments(tmp_path: Path) -> None:
-    """No quarantine yet: one line, exit 0. Not a directory: one line, exit 2. A stray file: named, exit 1."""
+    """No quarantine yet: one line, exit 0. Not a directory: one line, exit 2. A stray file, a
+    directory under a cut range's name, an unreadable file: each named on one line, exit 1."""
     none = _cli(str(tmp_path))
     assert none.returncode == 0 and none.stdout.strip().endswith("none (nothing was ever cut from this node's log)")
     missing = _cli(str(tmp_path / "absent"))
-    assert missing.returncode == 2 and len(missing.stderr.strip().splitlines()) == 1 and "not a directory" in missing.stderr
+    assert missing.returncode == 2 and missing.stderr.strip().splitlines() == [f"tidemark: {tmp_path / 'absent'}: no such directory"]
+    (tmp_path / "quarantine").write_text("x")
+    not_dir = _cli(str(tmp_path))
+    assert not_dir.returncode == 2 and not_dir.stderr.strip().endswith("quarantine: not a directory")
+    (tmp_path / "quarantine").unlink()
     (tmp_path / "quarantine").mkdir()
     (tmp_path / "quarantine" / "notes.txt").write_text("x")
+    (tmp_path / "quarantine" / f"torn-{0:020d}-{10:020d}.broken").mkdir()
     stray = _cli(str(tmp_path))
-    assert stray.returncode == 1 and "notes.txt: not a cut log range" in stray.stderr
-    assert stray.stdout.strip().endswith(": 0 cut log ranges, 0 bytes")
+    assert stray.returncode == 1 and "notes.txt: not a cut log range" in stray.stderr and ".broken: not a cut log range" in stray.stderr
+    assert stray.stdout.strip().endswith(": 0 cut log ranges, 0 bytes") and "Traceback" not in stray.stderr
+    # a file the operator may not read (kept with mode 0600 by the daemon's user): as another user
+    data_dir = Path(tempfile.mkdtemp(dir="/tmp"))
+    try:
+        data_dir.chmod(0o755)
+        (data_dir / "quarantine").mkdir(mode=0o755)
+        unreadable = data_dir / "quarantine" / f"diverged-{0:020d}-{10:020d}.log"
+        unreadable.write_bytes(b"x" * 10)
+        unreadable.chmod(0)
+        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+        shown = subprocess.run([*as_other, sys.executable, "-m", "broker.cli", "log", "quarantine", str(data_dir)],
+                               capture_output=True, text=True, timeout=60, check=False, cwd=Path(__file__).resolve().parent.parent)
+        assert shown.returncode == 1 and shown.stderr == f"{unreadable}: Permission denied\n", shown.stderr
+    finally:
+        shutil.rmtree(data_dir)

@@ -6,12 +6,19 @@ election it can hold writes that were acknowledged). The daemon never reads them
 deletes them; this is how an operator sees what they hold before deciding.
 
 Reads only (it may run beside a live daemon). One line per file: its kind, its offsets, its bytes,
-the whole valid batches and their records from its start (and where and why the walk stopped, for a
-torn tail), then one line per topic and queue: records, queue offsets, epochs and store times.
-``--records`` prints instead one JSON object per record of the valid batches (topic, queue, queue
-offset, store time, producer id, sequence, key, properties, body in base64), so the records can be
-checked against the master's log or sent again. Exit 0; 1 when a file there is not named as a cut
-log range (named, not read); 2 when DATA_DIR is not a directory.
+its valid batches and their records, each batch that fails its checks (stepped over, as ``log
+verify`` does) or is cut short (the end of the walk), then one line per topic and queue: records,
+queue offsets, epochs and store times. ``--records`` prints instead one JSON object per record of
+the valid batches (topic, queue, queue offset, store time, producer id, sequence, flags, key,
+properties, body in base64; a key or properties that are not UTF-8 in base64 too), and each
+damaged batch as one line on stderr, so the records can be checked against the master's log or
+sent again. Records of ``__`` topics are the broker's own (topic changes, offsets, timers, pop
+leases): ``"system": true``, not to be sent again.
+
+Exit 0; 1 when something could not be read: a file that cannot be opened, a name that is not a
+cut log range (named, not read), a ``diverged-`` file with a damaged batch (it held whole batches
+when kept; a ``torn-`` file is damaged by nature); 2 when DATA_DIR or its quarantine is not a
+directory this user can read.
 """
 
 from __future__ import annotations
@@ -20,13 +27,17 @@ import base64
 import json
 import os
 import re
+import stat
+import struct
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO
 
 from broker.logformat import batch as bf
-from broker.logformat.scan import Mode, Scan
+from broker.logformat.scan import Mode, Problem, Scan
+from broker.logformat.system_records import SYSTEM_PREFIX
 from broker.storage.quarantine import QUARANTINE
 
 NAME = re.compile(r"^(torn|diverged)-(\d{20})-(\d{20})\.(broken|log)$")
@@ -53,16 +64,34 @@ class QueueSummary:
 
 
 @contextmanager
-def _batches(path: str, start: int) -> Iterator[Scan]:
-    """A scan of the file's whole valid batches, at their original offsets."""
+def _opened(path: str) -> Iterator[tuple[IO[bytes], int]]:
     with open(path, "rb") as f:
+        yield f, os.fstat(f.fileno()).st_size
 
-        def read(offset: int, length: int) -> bytes:
-            f.seek(offset - start)
-            return f.read(length)
 
-        yield Scan(read, start, start + os.fstat(f.fileno()).st_size, mode=Mode.TORN_TAIL, verify_body=True,
-                   check_offsets=True, chunk_bytes=CHUNK_BYTES, path=path)
+def _batches(f: IO[bytes], start: int, size: int, path: str, problems: list[str]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:
+    """Every valid batch of a cut range at its original offsets. A batch that is whole but fails a
+    check is named in ``problems`` and stepped over (its length field says where the next one
+    starts, as ``log verify`` does); a batch cut short ends the walk, named too."""
+
+    def read(offset: int, length: int) -> bytes:
+        f.seek(offset - start)
+        return f.read(length)
+
+    end = start + size
+    at = start
+    while at < end:
+        walk = Scan(read, at, end, mode=Mode.TORN_TAIL, verify_body=True, check_offsets=True, chunk_bytes=CHUNK_BYTES,
+                    path=path)
+        yield from walk
+        stop = walk.stop
+        if stop is None:
+            return
+        problems.append(f"offset {stop.offset}: {stop.problem.value}: {stop.error}")
+        if stop.problem is Problem.INCOMPLETE or stop.declared_bytes < bf.HEADER_BYTES:
+            problems[-1] += f"; {end - stop.offset} bytes from there to the end not read"
+            return
+        at = stop.offset + stop.declared_bytes
 
 
 def _cut_ranges(qdir: str) -> Iterator[tuple[str, str, int, int]]:
@@ -70,69 +99,117 @@ def _cut_ranges(qdir: str) -> Iterator[tuple[str, str, int, int]]:
     for name in sorted(os.listdir(qdir)):
         m = NAME.match(name)
         path = os.path.join(qdir, name)
-        if m is None:
+        if m is None or not os.path.isfile(path):
             yield path, "", 0, 0
         else:
             yield path, m.group(1), int(m.group(2)), int(m.group(3))
 
 
-def _summary(path: str, kind: str, start: int, end: int) -> list[str]:
-    size = os.path.getsize(path)
+def _summary(path: str, kind: str, start: int, end: int, problems: list[str]) -> list[str]:
     queues: dict[tuple[str, int], QueueSummary] = {}
     batches = records = 0
-    with _batches(path, start) as scan:
-        for h, _ in scan:
+    with _opened(path) as (f, size):
+        for h, _ in _batches(f, start, size, path, problems):
             batches += 1
             records += h.record_count
             queues.setdefault((h.topic, h.queue_id), QueueSummary()).add(h)
-    lines = [f"{path}: {kind}, offsets [{start}, {end}), {size} bytes; {batches} whole batches, {records} records"]
+    lines = [f"{path}: {kind}, offsets [{start}, {end}), {size} bytes; {batches} valid batches, {records} records"]
     if size != end - start:
         lines[0] += f"; the name says {end - start} bytes"
-    if scan.stop is not None:
-        lines[0] += f"; valid up to offset {scan.stop.offset} ({scan.stop.problem.value}: {scan.stop.error})"
+    lines += [f"  {p}" for p in problems]
     for (topic, q), s in sorted(queues.items()):
         lines.append(f"  {topic}/{q}: {s.records} records, queue offsets [{s.first_queue_offset}, {s.next_queue_offset}), "
-                     f"epochs {','.join(str(e) for e in sorted(s.epochs))}, store time {s.first_store_ms}..{s.last_store_ms} ms")
+                     f"epochs {','.join(str(e) for e in sorted(s.epochs))}, store time {s.first_store_ms}..{s.last_store_ms} ms"
+                     + ("; the broker's own records (not to be sent again)" if topic.startswith(SYSTEM_PREFIX) else ""))
     return lines
 
 
-def _records(path: str, start: int, out: IO[str]) -> None:
-    with _batches(path, start) as scan:
-        for h, batch in scan:
+def _text_or_b64(name: str, raw: memoryview, row: dict[str, object]) -> None:
+    """``row[name]``: the UTF-8 text, or None and ``row[name_b64]`` when the bytes are not UTF-8."""
+    try:
+        row[name] = bytes(raw).decode("utf-8") if len(raw) else None
+    except UnicodeDecodeError:
+        row[name], row[name + "_b64"] = None, base64.b64encode(raw).decode("ascii")
+
+
+def _records(path: str, start: int, out: IO[str], problems: list[str]) -> None:
+    with _opened(path) as (f, size):
+        for h, batch in _batches(f, start, size, path, problems):
             for i, (_, key, props, body) in enumerate(bf.iter_records(batch, h)):
-                out.write(json.dumps({
+                row: dict[str, object] = {
                     "file": os.path.basename(path), "topic": h.topic, "queue_id": h.queue_id,
                     "queue_offset": h.base_queue_offset + i, "commit_offset": h.base_offset, "epoch": h.epoch,
                     "store_time_ms": h.store_time_ms, "producer_id": h.producer_id,
                     "sequence": h.base_sequence + i if h.base_sequence >= 0 else h.base_sequence,
-                    "key": bytes(key).decode("utf-8", "replace") if len(key) else None,
-                    "properties": bf.decode_props(props) if len(props) else {},
-                    "body_b64": base64.b64encode(body).decode("ascii"),
-                }) + "\n")
+                    "flags": h.flags, "system": h.topic.startswith(SYSTEM_PREFIX),
+                }
+                _text_or_b64("key", key, row)
+                try:
+                    row["properties"] = bf.decode_props(props) if len(props) else {}
+                except (ValueError, struct.error):  # not UTF-8, or not properties at all: the bytes as they are
+                    row["properties"], row["properties_b64"] = None, base64.b64encode(props).decode("ascii")
+                row["body_b64"] = base64.b64encode(body).decode("ascii")
+                out.write(json.dumps(row) + "\n")
 
 
 def show_quarantine(data_dir: str, *, records: bool, out: IO[str], err: IO[str]) -> int:
-    if not os.path.isdir(data_dir):
-        err.write(f"tidemark: {data_dir}: not a directory\n")
-        return 2
+    try:
+        return _show(data_dir, records, out, err)
+    except BrokenPipeError:  # a reader that stopped early (``| head``): nothing more to say to it
+        if out is sys.stdout:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def _show(data_dir: str, records: bool, out: IO[str], err: IO[str]) -> int:
     qdir = os.path.join(data_dir, QUARANTINE)
+    for path, must_exist in ((data_dir, True), (qdir, False)):
+        try:
+            if not stat.S_ISDIR(os.stat(path).st_mode):
+                err.write(f"tidemark: {path}: not a directory\n")
+                return 2
+        except FileNotFoundError:
+            if must_exist:
+                err.write(f"tidemark: {path}: no such directory\n")
+                return 2
+        except OSError as exc:
+            err.write(f"tidemark: {path}: {exc.strerror or exc}\n")
+            return 2
     if not os.path.isdir(qdir):
         if not records:
             out.write(f"{qdir}: none (nothing was ever cut from this node's log)\n")
         return 0
-    unknown = 0
+    failed = False
     total_bytes = files = 0
-    for path, kind, start, end in _cut_ranges(qdir):
+    try:
+        ranges = list(_cut_ranges(qdir))
+    except OSError as exc:
+        err.write(f"tidemark: {qdir}: {exc.strerror or exc}\n")
+        return 1
+    for path, kind, start, end in ranges:
         if not kind:
-            unknown += 1
-            err.write(f"{path}: not a cut log range (named torn-S-E.broken or diverged-S-E.log); not read\n")
+            failed = True
+            err.write(f"{path}: not a cut log range (a file named torn-S-E.broken or diverged-S-E.log); not read\n")
             continue
-        files += 1
-        total_bytes += os.path.getsize(path)
+        problems: list[str] = []
+        try:
+            if records:
+                _records(path, start, out, problems)
+            else:
+                out.write("\n".join(_summary(path, kind, start, end, problems)) + "\n")
+            files += 1
+            total_bytes += os.path.getsize(path)
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            failed = True
+            err.write(f"{path}: {exc.strerror or exc}\n")
+            continue
         if records:
-            _records(path, start, out)
-        else:
-            out.write("\n".join(_summary(path, kind, start, end)) + "\n")
+            for p in problems:
+                err.write(f"{path}: {p}\n")
+        if problems and kind == "diverged":  # whole batches when kept: damage since (a torn one is damaged by nature)
+            failed = True
     if not records:
         out.write(f"{qdir}: {files} cut log ranges, {total_bytes} bytes\n")
-    return 1 if unknown else 0
+    return 1 if failed else 0

@@ -9,5 +9,6 @@ class CorruptionError(Exception):
     def __init__(self, message: str, *, path: str = "", offset: int = -1) -> None:
         where = f" ({path} at offset {offset})" if path and offset >= 0 else f" ({path})" if path else ""
         super().__init__(message + where)
+        self.message = message
         self.path = path
         self.offset = offset

@@ -105,6 +105,8 @@ class Scan:
                     if self.check_offsets and header.base_offset != at:
                         raise CorruptionError(f"batch claims offset {header.base_offset}", path=self.path, offset=at)
                 except CorruptionError as exc:
+                    if exc.offset not in (-1, at):  # the checks name a position in the chunk: say where in the range
+                        exc = CorruptionError(exc.message, path=exc.path, offset=at)
                     self._problem(Problem.INVALID, at, size, str(exc), at + size == end, exc)
                     return
                 yield header, data[i : i + size]
