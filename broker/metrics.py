@@ -26,6 +26,9 @@ OFFSET = Gauge("tidemark_offset_bytes", "Commit-log offsets", ["kind"], registry
 VIEW_LAG = Gauge("tidemark_view_lag_bytes", "Confirm offset minus the view's applied offset", ["view"], registry=REGISTRY)
 RECOVERY_SECONDS = Gauge("tidemark_recovery_seconds", "Duration of the last start-up recovery", registry=REGISTRY)
 SEGMENTS = Gauge("tidemark_segments", "Commit-log segment files", registry=REGISTRY)
+QUARANTINE_BYTES = Gauge("tidemark_quarantine_bytes", "Bytes cut from the log and kept in DATA_DIR/quarantine (a torn "
+                         "tail, a divergence): `tidemark log quarantine DATA_DIR` shows them; nothing deletes them",
+                         registry=REGISTRY)
 FREE_DISK = Gauge("tidemark_free_disk_bytes", "Free bytes on the data directory's filesystem", registry=REGISTRY)
 REPLICA_LAG = Gauge("tidemark_replica_lag_bytes", "Master log end minus the replica's acked offset", ["node"],
                     registry=REGISTRY)

@@ -41,6 +41,7 @@ from broker.daemon.wire import add_broker_service
 from broker.invariant import StartupRefused
 from broker.logformat import batch as bf
 from broker.security import auth, tls
+from broker.storage import quarantine
 from broker.storage.dirlock import LOCK_NAME, DirLock
 from broker.storage.handles import HANDLES
 from broker.store import Store
@@ -129,6 +130,7 @@ class Daemon:
         for hook in self.on_start:
             hook()
         if self.config["node.metrics_listen"]:
+            metrics.QUARANTINE_BYTES.set(quarantine.kept_bytes(self.config["node.data_dir"]))  # what recovery just kept
             self._serve_metrics()
         self.aio.call(self.health.set("", health_pb2.HealthCheckResponse.SERVING))
         self.aio.call(self.health.set("tidemark.v1.Broker", health_pb2.HealthCheckResponse.SERVING))
@@ -249,6 +251,7 @@ class Daemon:
                 metrics.set_bounded(metrics.GROUP_LAG, lag)
                 metrics.POP_IN_FLIGHT.set(self.service.pops.in_flight_total())
                 metrics.SEGMENTS.set(len(self.store.log.segments))
+                metrics.QUARANTINE_BYTES.set(quarantine.kept_bytes(self.config["node.data_dir"]))
                 metrics.export_status(self.store.status())  # also refreshes replica lag and free disk
             except Exception as exc:
                 self.store.incidents.record("metrics", f"{type(exc).__name__}: {exc}")

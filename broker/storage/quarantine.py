@@ -25,6 +25,22 @@ def quarantine_dir(data_dir: str) -> str:
     return path
 
 
+def kept_bytes(data_dir: str) -> int:
+    """Bytes of the files in ``quarantine/`` now (0 without one): the ``tidemark_quarantine_bytes`` gauge."""
+    try:
+        entries = list(os.scandir(os.path.join(data_dir, QUARANTINE)))
+    except OSError:  # none yet (made on demand), or unreadable: nothing to count
+        return 0
+    total = 0
+    for entry in entries:
+        try:
+            if entry.is_file(follow_symlinks=False):
+                total += entry.stat(follow_symlinks=False).st_size
+        except OSError:  # deleted by an operator meanwhile
+            continue
+    return total
+
+
 def keep_log_range(data_dir: str, log_: CommitLog, start: int, end: int, kind: str, suffix: str) -> str:
     """Copy log bytes ``[start, end)`` to ``quarantine/<kind>-<start>-<end><suffix>``, durably
     (file and directory entry), before the caller cuts them; return the path."""

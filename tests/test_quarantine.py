@@ -1,22 +1,30 @@
-"""``tidemark log quarantine``: what a real store cut and kept, read back by the CLI as a separate process."""
+"""The quarantine seen by an operator: ``tidemark log quarantine`` reads back what a real store cut and
+kept (the CLI as a separate process), and a real daemon exports its size (``tidemark_quarantine_bytes``)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 import crc32c
 
+from broker.cli.node_process import free_port
+from broker.client import BrokerClient, Message
 from broker.logformat import batch as bf
 from broker.storage.quarantine import keep_log_range
 from broker.store import IncomingBatch, Store
+from tests.procs import DaemonProcess
 from tests.storeutil import create_topic, open_store, wait_views_applied
+from tests.waits import wait_until
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -157,3 +165,29 @@ def test_nothing_cut_and_bad_arguments(tmp_path: Path) -> None:
         assert shown.returncode == 1 and shown.stderr == f"{unreadable}: Permission denied\n", shown.stderr
     finally:
         shutil.rmtree(data_dir)
+
+
+def test_a_daemon_exports_what_its_quarantine_holds(spawn: Callable[..., DaemonProcess]) -> None:
+    """A torn tail cut at start shows in ``tidemark_quarantine_bytes`` at once; the gauge returns
+    to 0 within its 5 s refresh once the operator deletes the file."""
+    port = free_port()
+    node = spawn("node", config={"node.metrics_listen": f"127.0.0.1:{port}"})
+    with BrokerClient(node.address) as c:
+        c.create_topic("t")
+        c.send("t", [Message(body=b"x" * 100)], ack="flush")
+
+    def gauge() -> float:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return float(re.search(r"^tidemark_quarantine_bytes (\S+)$", text, re.M).group(1))  # type: ignore[union-attr]
+
+    assert gauge() == 0
+    node.kill9()
+    seg = sorted(Path(node.data_dir, "log").glob("*.log"))[-1]
+    with open(seg, "ab") as f:
+        f.write(b"\x01" * 77)  # a torn write past the last whole batch
+    node.start()
+    kept = list(Path(node.data_dir, "quarantine").iterdir())
+    assert [p.stat().st_size for p in kept] == [77]
+    assert gauge() == 77
+    kept[0].unlink()
+    wait_until(lambda: gauge() == 0, 15, "the gauge back to 0 after the file was deleted")
