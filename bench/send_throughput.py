@@ -150,18 +150,16 @@ def disk_probe(workdir: str, seconds: float, block_bytes: int = 1 << 20) -> tupl
         fd = os.open(os.path.join(wd, "probe"), os.O_WRONLY | os.O_CREAT, 0o644)
         try:
             written = 0
-            ticks0 = common.cpu_ticks()
+            busy0 = common.machine_busy_seconds()  # as the machine's CPU of every other run is counted
             t0 = time.perf_counter()
             while (elapsed := time.perf_counter() - t0) < seconds:
                 n = os.write(fd, block)
                 os.fdatasync(fd)
                 os.posix_fadvise(fd, written, n, os.POSIX_FADV_DONTNEED)  # clean now: its pages are recycled
                 written += n
-            ticks1 = common.cpu_ticks()
+            busy_cores = (common.machine_busy_seconds() - busy0) / elapsed
         finally:
             os.close(fd)
-    d = [b - a for a, b in zip(ticks0[:8], ticks1[:8], strict=True)]  # user nice system idle iowait irq softirq steal
-    busy_cores = (d[0] + d[1] + d[2] + d[5] + d[6]) / max(1, sum(d)) * (os.cpu_count() or 1)  # (guest time is inside user)
     return written / elapsed / 1e6, busy_cores
 
 

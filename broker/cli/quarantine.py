@@ -31,12 +31,11 @@ import stat
 import struct
 import sys
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import IO
 
 from broker.logformat import batch as bf
-from broker.logformat.scan import Mode, Problem, Scan
+from broker.logformat.scan import Stop, scan_past_damage
 from broker.logformat.system_records import SYSTEM_PREFIX
 from broker.storage.quarantine import QUARANTINE
 
@@ -63,35 +62,23 @@ class QueueSummary:
         self.last_store_ms = max(self.last_store_ms, h.store_time_ms)
 
 
-@contextmanager
-def _opened(path: str) -> Iterator[tuple[IO[bytes], int]]:
+def _batches(path: str, start: int, problems: list[str]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:
+    """Every valid batch of a cut range at its original offsets; each damaged one named in ``problems``
+    (a whole one stepped over, as ``log verify`` does; one cut short ends the walk)."""
     with open(path, "rb") as f:
-        yield f, os.fstat(f.fileno()).st_size
+        end = start + os.fstat(f.fileno()).st_size
 
+        def read(offset: int, length: int) -> bytes:
+            f.seek(offset - start)
+            return f.read(length)
 
-def _batches(f: IO[bytes], start: int, size: int, path: str, problems: list[str]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:
-    """Every valid batch of a cut range at its original offsets. A batch that is whole but fails a
-    check is named in ``problems`` and stepped over (its length field says where the next one
-    starts, as ``log verify`` does); a batch cut short ends the walk, named too."""
-
-    def read(offset: int, length: int) -> bytes:
-        f.seek(offset - start)
-        return f.read(length)
-
-    end = start + size
-    at = start
-    while at < end:
-        walk = Scan(read, at, end, mode=Mode.TORN_TAIL, verify_body=True, check_offsets=True, chunk_bytes=CHUNK_BYTES,
-                    path=path)
-        yield from walk
-        stop = walk.stop
-        if stop is None:
-            return
-        problems.append(f"offset {stop.offset}: {stop.problem.value}: {stop.error}")
-        if stop.problem is Problem.INCOMPLETE or stop.declared_bytes < bf.HEADER_BYTES:
-            problems[-1] += f"; {end - stop.offset} bytes from there to the end not read"
-            return
-        at = stop.offset + stop.declared_bytes
+        for item in scan_past_damage(read, start, end, chunk_bytes=CHUNK_BYTES, path=path):
+            if not isinstance(item, Stop):
+                yield item
+                continue
+            problems.append(f"offset {item.offset}: {item.problem.value}: {item.error}")
+            if item.ends_walk:
+                problems[-1] += f"; {end - item.offset} bytes from there to the end not read"
 
 
 def _cut_ranges(qdir: str) -> Iterator[tuple[str, str, int, int]]:
@@ -108,11 +95,11 @@ def _cut_ranges(qdir: str) -> Iterator[tuple[str, str, int, int]]:
 def _summary(path: str, kind: str, start: int, end: int, problems: list[str]) -> list[str]:
     queues: dict[tuple[str, int], QueueSummary] = {}
     batches = records = 0
-    with _opened(path) as (f, size):
-        for h, _ in _batches(f, start, size, path, problems):
-            batches += 1
-            records += h.record_count
-            queues.setdefault((h.topic, h.queue_id), QueueSummary()).add(h)
+    for h, _ in _batches(path, start, problems):
+        batches += 1
+        records += h.record_count
+        queues.setdefault((h.topic, h.queue_id), QueueSummary()).add(h)
+    size = os.path.getsize(path)
     lines = [f"{path}: {kind}, offsets [{start}, {end}), {size} bytes; {batches} valid batches, {records} records"]
     if size != end - start:
         lines[0] += f"; the name says {end - start} bytes"
@@ -133,23 +120,22 @@ def _text_or_b64(name: str, raw: memoryview, row: dict[str, object]) -> None:
 
 
 def _records(path: str, start: int, out: IO[str], problems: list[str]) -> None:
-    with _opened(path) as (f, size):
-        for h, batch in _batches(f, start, size, path, problems):
-            for i, (_, key, props, body) in enumerate(bf.iter_records(batch, h)):
-                row: dict[str, object] = {
-                    "file": os.path.basename(path), "topic": h.topic, "queue_id": h.queue_id,
-                    "queue_offset": h.base_queue_offset + i, "commit_offset": h.base_offset, "epoch": h.epoch,
-                    "store_time_ms": h.store_time_ms, "producer_id": h.producer_id,
-                    "sequence": h.base_sequence + i if h.base_sequence >= 0 else h.base_sequence,
-                    "flags": h.flags, "system": h.topic.startswith(SYSTEM_PREFIX),
-                }
-                _text_or_b64("key", key, row)
-                try:
-                    row["properties"] = bf.decode_props(props) if len(props) else {}
-                except (ValueError, struct.error):  # not UTF-8, or not properties at all: the bytes as they are
-                    row["properties"], row["properties_b64"] = None, base64.b64encode(props).decode("ascii")
-                row["body_b64"] = base64.b64encode(body).decode("ascii")
-                out.write(json.dumps(row) + "\n")
+    for h, batch in _batches(path, start, problems):
+        for i, (_, key, props, body) in enumerate(bf.iter_records(batch, h)):
+            row: dict[str, object] = {
+                "file": os.path.basename(path), "topic": h.topic, "queue_id": h.queue_id,
+                "queue_offset": h.base_queue_offset + i, "commit_offset": h.base_offset, "epoch": h.epoch,
+                "store_time_ms": h.store_time_ms, "producer_id": h.producer_id,
+                "sequence": h.base_sequence + i if h.base_sequence >= 0 else h.base_sequence,
+                "flags": h.flags, "system": h.topic.startswith(SYSTEM_PREFIX),
+            }
+            _text_or_b64("key", key, row)
+            try:
+                row["properties"] = bf.decode_props(props) if len(props) else {}
+            except (ValueError, struct.error):  # not UTF-8, or not properties at all: the bytes as they are
+                row["properties"], row["properties_b64"] = None, base64.b64encode(props).decode("ascii")
+            row["body_b64"] = base64.b64encode(body).decode("ascii")
+            out.write(json.dumps(row) + "\n")
 
 
 def show_quarantine(data_dir: str, *, records: bool, out: IO[str], err: IO[str]) -> int:

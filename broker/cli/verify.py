@@ -9,8 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from broker.logformat import batch as bf
-from broker.logformat.scan import Mode, Problem, scan
+from broker.logformat.scan import Stop, scan_past_damage
 from broker.storage import atomic_file, dirlock, epochs, identity
 from broker.storage.commitlog import CommitLog
 from broker.storage.segment import parse_segment_name
@@ -40,21 +39,14 @@ def _verify_segment(path: str, start: int, problems: list[str]) -> tuple[int, in
             f.seek(offset - start)
             return f.read(length)
 
-        at = start
-        while at < end:  # after a damaged batch, go on at the next one its length field names
-            walk = scan(read, at, end, mode=Mode.TORN_TAIL, verify_body=True, chunk_bytes=CHUNK_BYTES, path=path)
-            for _ in walk:
-                batches += 1
-            stop = walk.stop
-            if stop is None:
-                break
-            if stop.problem is Problem.INCOMPLETE or stop.declared_bytes < bf.HEADER_BYTES:
-                problems.append(f"{path}: offset {stop.offset}: torn or corrupt batch (length {stop.declared_bytes}); "
-                                f"{end - stop.offset} bytes to the end of the segment")
-                return batches, stop.offset - start
-            problems.append(f"{path}: offset {stop.offset}: {stop.error}")
+        for item in scan_past_damage(read, start, end, chunk_bytes=CHUNK_BYTES, path=path):
+            if isinstance(item, Stop) and item.ends_walk:
+                problems.append(f"{path}: offset {item.offset}: torn or corrupt batch (length {item.declared_bytes}); "
+                                f"{end - item.offset} bytes to the end of the segment")
+                return batches, item.offset - start
+            if isinstance(item, Stop):
+                problems.append(f"{path}: offset {item.offset}: {item.error}")
             batches += 1
-            at = stop.offset + stop.declared_bytes
     return batches, size
 
 

@@ -54,6 +54,11 @@ class Stop:
     error: str  # what failed, for logs and refusals
     at_range_end: bool  # the bad batch would end exactly where the range ends (a torn last write)
 
+    @property
+    def ends_walk(self) -> bool:
+        """Nothing past this stop can be found: the batch is cut short, or its length cannot be one's."""
+        return self.problem is Problem.INCOMPLETE or self.declared_bytes < HEADER_BYTES
+
 
 class Scan:
     """Iterate once for ``(header, batch memoryview)``; then ``end`` and ``stop`` tell the outcome."""
@@ -132,6 +137,26 @@ def scan(read: Reader, start: int, end: int, *, mode: Mode, verify_body: bool = 
     less at the end of what it holds)."""
     return Scan(read, start, end, mode=mode, verify_body=verify_body, check_offsets=check_offsets,
                 chunk_bytes=chunk_bytes, path=path)
+
+
+def scan_past_damage(read: Reader, start: int, end: int, *, chunk_bytes: int = CHUNK_BYTES,
+                     path: str = "") -> Iterator[tuple[BatchHeader, memoryview] | Stop]:
+    """Every batch in [start, end) for a reader of damaged bytes (``log verify``, ``log quarantine``):
+    each valid batch (both CRCs, its offset) as ``(header, batch)``, each damaged one as its ``Stop``.
+    A batch that is whole but fails a check is stepped over (its length field says where the next
+    one starts); a batch cut short, or a length that cannot be one, is the last thing yielded."""
+    at = start
+    while at < end:
+        walk = Scan(read, at, end, mode=Mode.TORN_TAIL, verify_body=True, check_offsets=True, chunk_bytes=chunk_bytes,
+                    path=path)
+        yield from walk
+        stop = walk.stop
+        if stop is None:
+            return
+        yield stop
+        if stop.ends_walk:
+            return
+        at = stop.offset + stop.declared_bytes
 
 
 def scan_bytes(data: bytes | memoryview, base_offset: int = 0, *, mode: Mode, verify_body: bool = False,
