@@ -6,6 +6,7 @@ single source of truth for names, types and bounds. Errors name the key and the 
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 import tomllib
@@ -258,6 +259,19 @@ def tiering_enabled(config: Config) -> bool:
     """Tiered storage is on with backend s3, or backend posix and a root directory."""
     backend = config["tieredstore.backend"]
     return backend == "s3" or (backend == "posix" and bool(config["tieredstore.root"]))
+
+
+# What a setting needs beyond ``[project].dependencies``: (key, value) -> (module, extra).
+EXTRAS_NEEDED = {("tieredstore.backend", "s3"): ("boto3", "s3")}
+
+
+def missing_extras(config: Config) -> list[str]:
+    """One line per setting whose optional package is not installed (found, never imported)."""
+    missing = []
+    for (key, value), (module, extra) in EXTRAS_NEEDED.items():
+        if config[key] == value and importlib.util.find_spec(module) is None:
+            missing.append(f"{key} = {value!r} needs {module}, which is not installed: pip install 'tidemark[{extra}]'")
+    return missing
 
 
 def _check_address(name: str, value: str) -> None:

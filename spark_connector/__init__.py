@@ -15,9 +15,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from spark_connector.options import OptionError, ReadOptions, parse_options
-from spark_connector.partition import DataLossError, QueueRange, read_partition
-from spark_connector.source import TidemarkBatchReader, TidemarkDataSource, TidemarkStreamReader
+try:
+    from spark_connector.options import OptionError, ReadOptions, parse_options
+    from spark_connector.partition import DataLossError, QueueRange, read_partition
+    from spark_connector.source import TidemarkBatchReader, TidemarkDataSource, TidemarkStreamReader
+except ModuleNotFoundError as exc:  # the extra is not installed: say which, not a traceback into pyspark
+    if exc.name not in ("pyspark", "pyarrow", "pandas"):
+        raise
+    raise ModuleNotFoundError(f"spark_connector needs {exc.name}: pip install 'tidemark[spark]'", name=exc.name) from None
 
 __all__ = [
     "DataLossError",

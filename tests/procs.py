@@ -6,13 +6,14 @@ environment, TLS for the readiness check, exit codes and memory readings.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 
 import grpc
 
 from broker.cli.node_process import NodeProcess, free_port
 
-__all__ = ["DaemonProcess", "free_port"]
+__all__ = ["ArgvDaemon", "DaemonProcess", "free_port"]
 
 
 class DaemonProcess(NodeProcess):
@@ -63,3 +64,15 @@ class DaemonProcess(NodeProcess):
                 if line.startswith("RssAnon:"):
                     return int(line.split()[1]) * 1024
         return 0
+
+
+class ArgvDaemon(DaemonProcess):
+    """A daemon started with exactly the arguments a documented line gives ``tidemark``
+    (the README's runbooks, run as written)."""
+
+    def __init__(self, argv: list[str], data_dir: str, port: int) -> None:
+        super().__init__(data_dir, port=port)
+        self.argv = argv
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", "broker.cli", *self.argv]

@@ -7,10 +7,8 @@ import base64
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -151,20 +149,18 @@ def test_nothing_cut_and_bad_arguments(tmp_path: Path) -> None:
     stray = _cli(str(tmp_path))
     assert stray.returncode == 1 and "notes.txt: not a cut log range" in stray.stderr and ".broken: not a cut log range" in stray.stderr
     assert stray.stdout.strip().endswith(": 0 cut log ranges, 0 bytes") and "Traceback" not in stray.stderr
-    # a file the operator may not read (kept with mode 0600 by the daemon's user): as another user
-    data_dir = Path(tempfile.mkdtemp(dir="/tmp"))
-    try:
-        data_dir.chmod(0o755)
-        (data_dir / "quarantine").mkdir(mode=0o755)
-        unreadable = data_dir / "quarantine" / f"diverged-{0:020d}-{10:020d}.log"
-        unreadable.write_bytes(b"x" * 10)
-        unreadable.chmod(0)
-        as_other = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-        shown = subprocess.run([*as_other, sys.executable, "-m", "broker.cli", "log", "quarantine", str(data_dir)],
-                               capture_output=True, text=True, timeout=60, check=False, cwd=Path(__file__).resolve().parent.parent)
-        assert shown.returncode == 1 and shown.stderr == f"{unreadable}: Permission denied\n", shown.stderr
-    finally:
-        shutil.rmtree(data_dir)
+    # a file the operator may not read (kept with mode 0600 by the daemon's user): root runs the
+    # command without the capabilities that bypass file modes, so the checkout's own mode (a clone
+    # in a 0700 directory) does not matter, as it would for another user
+    unreadable = tmp_path / "quarantine" / f"diverged-{0:020d}-{10:020d}.log"
+    (tmp_path / "quarantine" / "notes.txt").unlink()
+    (tmp_path / "quarantine" / f"torn-{0:020d}-{10:020d}.broken").rmdir()
+    unreadable.write_bytes(b"x" * 10)
+    unreadable.chmod(0)
+    no_bypass = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    shown = subprocess.run([*no_bypass, sys.executable, "-m", "broker.cli", "log", "quarantine", str(tmp_path)],
+                           capture_output=True, text=True, timeout=60, check=False, cwd=Path(__file__).resolve().parent.parent)
+    assert shown.returncode == 1 and shown.stderr == f"{unreadable}: Permission denied\n", shown.stderr
 
 
 def test_a_daemon_exports_what_its_quarantine_holds(spawn: Callable[..., DaemonProcess]) -> None:

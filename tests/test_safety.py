@@ -26,7 +26,7 @@ from broker.store.offset_buffer import OffsetBuffer
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.master_loop import STREAMS_MAX
-from tests.procs import DaemonProcess, free_port
+from tests.procs import ArgvDaemon, DaemonProcess, free_port
 from tests.waits import wait_until
 
 
@@ -413,20 +413,9 @@ def test_per_topic_metrics_are_bounded(spawn: Callable[..., DaemonProcess]) -> N
 
 
 # -- the README's replication runbook ---------------------------------------------------------------------------
-class _ReadmeNode(DaemonProcess):
-    """A daemon started with exactly the arguments a README line gives ``tidemark``."""
-
-    def __init__(self, argv: list[str], data_dir: str, port: int) -> None:
-        super().__init__(data_dir, port=port)
-        self.argv = argv
-
-    def command(self) -> list[str]:
-        return [sys.executable, "-m", "broker.cli", *self.argv]
-
-
 def _readme_runbook() -> list[str]:
     text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    section = text[text.index("## Replication\n"):]
+    section = text[text.index("## A pair and a failover\n"):]
     block = section[section.index("```sh\n") + 6:]
     return block[:block.index("```")].splitlines()
 
@@ -435,7 +424,7 @@ def test_the_readme_runbook_never_makes_two_masters(tmp_path: Path) -> None:
     """Every command of the README's replication block, run in order (a kill -9 where it says so):
     after each step at most one node is an unfenced master, and the end state is B master, A its slave."""
     ports = {"7600": str(free_port()), "7601": str(free_port())}
-    nodes: list[_ReadmeNode] = []
+    nodes: list[ArgvDaemon] = []
 
     def mapped(word: str) -> str:
         for old, new in ports.items():
@@ -464,7 +453,7 @@ def test_the_readme_runbook_never_makes_two_masters(tmp_path: Path) -> None:
                 assert words[-1] == "&", line
                 argv = words[1:-1]
                 listen = argv[argv.index("--listen") + 1]
-                node = _ReadmeNode(argv, argv[argv.index("--data-dir") + 1], int(listen.rpartition(":")[2]))
+                node = ArgvDaemon(argv, argv[argv.index("--data-dir") + 1], int(listen.rpartition(":")[2]))
                 node.log_path = f"{tmp_path}/node{len(nodes)}.log"
                 nodes.append(node.start())
             else:

@@ -8,7 +8,6 @@ import json
 import os
 import sys
 import time
-from importlib.metadata import entry_points
 from typing import Any, NoReturn
 
 from broker.cli.demo import run_demo
@@ -16,7 +15,7 @@ from broker.cli.quarantine import show_quarantine
 from broker.cli.verify import verify_data_dir
 from broker.client import BrokerClient, BrokerError, Message
 from broker.config import Config, ConfigError
-from broker.daemon import logsetup
+from broker.daemon import logsetup, plugins
 from broker.daemon.server import serve
 from broker.invariant import StartupRefused
 from broker.logformat import system_records
@@ -237,8 +236,8 @@ def _serve(args: argparse.Namespace) -> int:
     logsetup.configure(cfg["log.level"], cfg["log.format"])
 
     def prestart(config: Config, lock: DirLock) -> None:
-        for hook in entry_points(group="tidemark.prestart"):  # e.g. a slave's bootstrap from its master
-            hook.load()(config, lock)
+        for _name, hook in plugins.load(plugins.PRESTART):  # e.g. a slave's bootstrap from its master
+            hook(config, lock)
 
     try:
         return serve(cfg, load_config=lambda: Config.load(args.config, overrides), prestart=prestart)

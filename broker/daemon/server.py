@@ -19,7 +19,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent import futures
-from importlib.metadata import entry_points
 from typing import Any
 
 import grpc
@@ -28,8 +27,8 @@ from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from broker import alloc, gcpause, metrics
-from broker.config import KEYS, Config, ConfigError, insecure_exposures
-from broker.daemon import logsetup, metrics_http, reflection
+from broker.config import KEYS, Config, ConfigError, insecure_exposures, missing_extras
+from broker.daemon import logsetup, metrics_http, plugins, reflection
 from broker.daemon.aioloop import LoopThread
 from broker.daemon.bridge import BridgedServicer
 from broker.daemon.heartbeats import Heartbeats
@@ -122,9 +121,9 @@ class Daemon:
         add_broker_service(self.service, server, FENCE_EXEMPT)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable(server, [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME])
-        for plugin in entry_points(group="tidemark.plugins"):
-            plugin.load()(self)
-            log.info("plugin_attached", plugin=plugin.name)
+        for name, attach in plugins.load(plugins.PLUGINS):
+            attach(self)
+            log.info("plugin_attached", plugin=name)
         tls.listen_on(server, "node.listen", self.config["node.listen"], tls.client_port_credentials(self.config))
         self.aio.call(server.start())
         for hook in self.on_start:
@@ -382,6 +381,8 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
     signals = _Signals()
     signals.install()
     tls.check_files(config)  # a bad certificate or token file fails before the data directory is touched
+    if missing := missing_extras(config):  # an extra the configuration needs: before anything logs
+        raise StartupRefused(missing[0])
     auth.load_tokens(config)
     check_ports(config)
     lock = DirLock.acquire(config["node.data_dir"])  # one daemon per directory, before anything reads it
