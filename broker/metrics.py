@@ -74,12 +74,22 @@ POP_REDELIVERIES = Counter("tidemark_pop_redeliveries", "Pop-mode messages deliv
                            "was nacked)", registry=REGISTRY)
 POP_DLQ = Counter("tidemark_pop_dlq", "Pop-mode messages moved to their group's DLQ topic after "
                   "groups.max_deliveries deliveries", registry=REGISTRY)
+POP_DLQ_HELD = Counter("tidemark_pop_dlq_held", "Pops that found dead letters whose DLQ topic is missing and "
+                       "could not create it (the caller lacks admin): those messages wait, undelivered",
+                       registry=REGISTRY)
 POP_IN_FLIGHT = Gauge("tidemark_pop_in_flight", "Pop-mode messages delivered and not yet acked, all groups",
                       registry=REGISTRY)
+LONG_POLLS_REFUSED = Counter("tidemark_long_polls_refused", "Pulls and pops refused because limits.parked_waits_max "
+                             "calls already waited", registry=REGISTRY)
 LONG_POLLS = Gauge("tidemark_long_polls", "Pulls parked waiting for new messages (they hold no thread)",
                    registry=REGISTRY)
 AUTH_REFUSED = Counter("tidemark_auth_refused", "Calls refused for a missing or wrong bearer token", ["code"],
                        registry=REGISTRY)
+METRICS_CONNECTIONS_REFUSED = Counter(
+    "tidemark_metrics_connections_refused", "Connections to the metrics port closed by its bounds, by reason: "
+    "deadline (TLS handshake and request head not in within 5 s), evicted (the oldest idle one, for a new "
+    "connection), full (every connection being answered a scrape), head_too_large, body", ["reason"],
+    registry=REGISTRY)
 CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],
                          registry=REGISTRY)
 

@@ -15,18 +15,16 @@ without the C module, concatenates them).
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Sequence
 
 import numpy as np
 import pyarrow as pa
 
 from broker.client import PullResult
+from broker.logformat import batch as bf
 from spark_connector import schema as sc
 from spark_connector.decode import decode
 from spark_connector.invariant import invariant
-
-_U16 = struct.Struct("<H")
 
 
 def repeated_string(text: str, count: int) -> pa.Array:
@@ -65,15 +63,7 @@ def raw_batch(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, 
 
 
 def headers(raw: bytes) -> list[tuple[str, bytes]]:
-    """Encoded properties (``u16 len, name, u16 len, value`` repeated) as header tuples."""
-    out: list[tuple[str, bytes]] = []
-    pos = 0
-    while pos < len(raw):
-        (n,) = _U16.unpack_from(raw, pos)
-        name = raw[pos + 2 : pos + 2 + n].decode()
-        pos += 2 + n
-        (v,) = _U16.unpack_from(raw, pos)
-        out.append((name, raw[pos + 2 : pos + 2 + v]))
-        pos += 2 + v
-    invariant(pos == len(raw), "properties overrun their record")
-    return out
+    """Encoded properties (``u16 len, name, u16 len, value`` repeated) as header tuples. Never fails
+    on a record's bytes (a query must not stop at one odd message): a name that is not UTF-8 reads
+    as U+FFFD, a property running past its record is left out."""
+    return [(name.decode(errors="replace"), value) for name, value in bf.iter_props_lenient(raw)]

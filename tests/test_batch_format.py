@@ -215,3 +215,36 @@ def test_native_and_python_encoders_agree() -> None:
     assert bf.encode_records([(bytearray(b"b"), b"k", b"")]) == bf._encode_records_py([(b"b", b"k", b"")])
     with pytest.raises(struct.error):
         bf.encode_records([(b"b", b"k" * 65_536, b"")])
+
+
+def test_native_and_python_content_checks_agree() -> None:
+    """The C contents check (UTF-8 keys, names and values; properties filling their length; no
+    ``__`` name past the leading ones) accepts and rejects exactly what the Python one does, with
+    the same message, on valid records and on every byte of them flipped."""
+    native = importlib.import_module("broker.logformat._framing")
+    rng = random.Random(35)
+    names = ["a", "é", "__x", "_y", "", "日本", "\U0001f600"]
+    cases: list[tuple[bytes, int]] = []
+    for _ in range(200):
+        items = []
+        for _ in range(rng.randrange(1, 5)):
+            props = {rng.choice(names): rng.choice(names) for _ in range(rng.randrange(0, 4))}
+            items.append((rng.randbytes(rng.randrange(0, 8)), rng.choice(names).encode(), bf.encode_props(props)))
+        records, _ = bf.encode_records(items)
+        cases += [(records, rng.randrange(0, 3))]
+        for _ in range(4):  # bytes of keys and properties replaced, framing kept
+            broken = bytearray(records)
+            broken[rng.randrange(len(broken))] = rng.choice([0x80, 0xC0, 0xED, 0xF4, 0xFF, ord("_"), 0, 1, 2])
+            try:
+                bf.check_framing(bytes(broken), len(items))
+            except ValueError:
+                continue
+            cases.append((bytes(broken), rng.randrange(0, 3)))
+    for bad_utf8 in (b"\xc0\x80", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\xe0\x80\x80", b"\xf0\x80\x80\x80", b"\xc3"):
+        records, _ = bf.encode_records([(b"", bad_utf8, b"")])
+        cases.append((records, 0))
+    for records, leading in cases:
+        python = _outcome(bf._check_record_contents_py, records, leading)
+        assert _outcome(native.check_contents, records, leading) == python, (records[:40], leading)
+    verdicts = {_outcome(bf._check_record_contents_py, r, lead).split(": ", 1)[-1][:20] for r, lead in cases}
+    assert {"ok", "its key is not UTF-8", "property 0 has a res", "property 0 runs past"} <= verdicts, verdicts

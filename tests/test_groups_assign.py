@@ -3,6 +3,7 @@ and the coordinator's rule that a queue reaches its new owner only after the old
 
 from __future__ import annotations
 
+import functools
 import random
 
 import pytest
@@ -124,12 +125,18 @@ def test_rejoin_grace_holds_back_unreported_queues_but_keeps_reported_ones() -> 
 
 
 def test_members_max_and_bad_member_ids() -> None:
-    m = Membership(lambda t: 1, lambda keys: None, members_max=2, rejoin_grace_ms=0)
-    m.heartbeat("g", "", ["t"], [], session_timeout_ms=1000, client_id="", now=0.0)
-    m.heartbeat("h", "", ["t"], [], session_timeout_ms=1000, client_id="", now=0.0)
-    with pytest.raises(BrokerError) as exc:
-        m.heartbeat("g", "", ["t"], [], session_timeout_ms=1000, client_id="", now=0.0)
-    assert exc.value.code == "RESOURCE_EXHAUSTED"
+    """``members_max`` bounds each group and ``groups_max`` the groups: a full group, or as many
+    groups as allowed, never keeps a new member of another existing group out (issue 35, finding 8)."""
+    m = Membership(lambda t: 1, lambda keys: None, members_max=2, rejoin_grace_ms=0, groups_max=2)
+    beat = functools.partial(m.heartbeat, topics=["t"], owned=[], session_timeout_ms=1000, client_id="", now=0.0)
+    beat("g", "")
+    beat("g", "")
+    beat("h", "")
+    for group in ("g", "k"):  # g is full; k would be a third group
+        with pytest.raises(BrokerError) as exc:
+            beat(group, "")
+        assert exc.value.code == "RESOURCE_EXHAUSTED"
+    beat("h", "")  # h still takes a member
     with pytest.raises(BrokerError) as exc:
         m.heartbeat("g", "x" * 65, ["t"], [], session_timeout_ms=1000, client_id="", now=0.0)
     assert exc.value.code == "INVALID_ARGUMENT"

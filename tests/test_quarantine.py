@@ -31,10 +31,12 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _send(s: Store, topic: str, queue: int, records: list[tuple[bytes, bytes, bytes]], producer_id: int = 0,
-          base_sequence: int = bf.NO_SEQUENCE) -> int:
+          base_sequence: int = bf.NO_SEQUENCE, *, internal: bool = False) -> int:
+    """``internal``: past the send path's contents check (records a log from before it, or a
+    peer's, may hold)."""
     encoded, _ = bf.encode_records(records)
     _, end = s.appender.append([IncomingBatch(topic, queue, encoded, len(records), crc32c.crc32c(encoded), producer_id,
-                                              base_sequence)])
+                                              base_sequence)], internal=internal)
     s.watermarks.wait_ack(end, "flush", 5000)
     return end
 
@@ -120,7 +122,8 @@ def test_records_keep_sequences_and_bytes_that_are_not_text(tmp_path: Path) -> N
     s = open_store(str(tmp_path))
     create_topic(s, "t")
     start = s.log.max_offset
-    end = _send(s, "t", 0, [(b"a", b"\xff\xfekey", b""), (b"b", b"k", b"\x01\x00\xff\x01\x00v")], producer_id=7, base_sequence=40)
+    end = _send(s, "t", 0, [(b"a", b"\xff\xfekey", b""), (b"b", b"k", b"\x01\x00\xff\x01\x00v")], producer_id=7, base_sequence=40,
+                internal=True)
     keep_log_range(str(tmp_path), s.log, start, end, "diverged", ".log")
     s.stop()
     listed = _cli(str(tmp_path), "--records")

@@ -20,7 +20,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from broker.client import BrokerClient, BrokerError, Message
-from broker.daemon.service import _unexpected
+from broker.daemon.failures import unexpected as _unexpected
 from broker.store.incidents import Incidents
 from broker.store.offset_buffer import OffsetBuffer
 from proto import tidemark_pb2 as pb

@@ -6,17 +6,18 @@ election it can hold writes that were acknowledged). The daemon never reads them
 deletes them; this is how an operator sees what they hold before deciding.
 
 Reads only (it may run beside a live daemon). One line per file: its kind, its offsets, its bytes,
-its valid batches and their records, each batch that fails its checks (stepped over, as ``log
+its valid batches and their records, each run of batches that fail their checks (stepped over, as ``log
 verify`` does) or is cut short (the end of the walk), then one line per topic and queue: records,
 queue offsets, epochs and store times. ``--records`` prints instead one JSON object per record of
 the valid batches (topic, queue, queue offset, store time, producer id, sequence, flags, key,
 properties, body in base64; a key or properties that are not UTF-8 in base64 too), and each
-damaged batch as one line on stderr, so the records can be checked against the master's log or
+run of damaged batches as one line on stderr, so the records can be checked against the master's log or
 sent again. Records of ``__`` topics are the broker's own (topic changes, offsets, timers, pop
 leases): ``"system": true``, not to be sent again.
 
-Exit 0; 1 when something could not be read: a file that cannot be opened, a name that is not a
-cut log range (named, not read), a ``diverged-`` file with a damaged batch (it held whole batches
+Exit 0; 1 when something could not be read: a file that cannot be opened or is not a regular
+file (a FIFO, a symlink: refused, never waited on or followed), a name that is not a cut log range
+(named, not read), a ``diverged-`` file with a damaged batch (it held whole batches
 when kept; a ``torn-`` file is damaged by nature); 2 when DATA_DIR or its quarantine is not a
 directory this user can read.
 """
@@ -34,12 +35,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import IO
 
+from broker.cli.verify import walk_file
 from broker.logformat import batch as bf
-from broker.logformat.scan import Stop, scan_past_damage
+from broker.logformat.scan import Damage, Stop
 from broker.logformat.system_records import SYSTEM_PREFIX
 from broker.storage.quarantine import QUARANTINE
 
-NAME = re.compile(r"^(torn|diverged)-(\d{20})-(\d{20})\.(broken|log)$")
+NAME = re.compile(r"^(torn|diverged)-([0-9]{20})-([0-9]{20})\.(broken|log)$")  # ASCII digits (\d takes any script's)
 CHUNK_BYTES = 8 << 20
 
 
@@ -64,21 +66,16 @@ class QueueSummary:
 
 def _batches(path: str, start: int, problems: list[str]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:
     """Every valid batch of a cut range at its original offsets; each damaged one named in ``problems``
-    (a whole one stepped over, as ``log verify`` does; one cut short ends the walk)."""
-    with open(path, "rb") as f:
-        end = start + os.fstat(f.fileno()).st_size
-
-        def read(offset: int, length: int) -> bytes:
-            f.seek(offset - start)
-            return f.read(length)
-
-        for item in scan_past_damage(read, start, end, chunk_bytes=CHUNK_BYTES, path=path):
-            if not isinstance(item, Stop):
+    (a run of whole ones stepped over, as ``log verify`` does; one cut short ends the walk)."""
+    with walk_file(path, start, CHUNK_BYTES) as (end, walk):
+        for item in walk:
+            if isinstance(item, Damage):
+                problems.append(f"offset {item.first.offset}: {item.first.problem.value}: {item.first.error}{item.more}")
+            elif isinstance(item, Stop):  # the end of the walk
+                problems.append(f"offset {item.offset}: {item.problem.value}: {item.error}; "
+                                f"{end - item.offset} bytes from there to the end not read")
+            else:
                 yield item
-                continue
-            problems.append(f"offset {item.offset}: {item.problem.value}: {item.error}")
-            if item.ends_walk:
-                problems[-1] += f"; {end - item.offset} bytes from there to the end not read"
 
 
 def _cut_ranges(qdir: str) -> Iterator[tuple[str, str, int, int]]:
@@ -86,7 +83,7 @@ def _cut_ranges(qdir: str) -> Iterator[tuple[str, str, int, int]]:
     for name in sorted(os.listdir(qdir)):
         m = NAME.match(name)
         path = os.path.join(qdir, name)
-        if m is None or not os.path.isfile(path):
+        if m is None or os.path.isdir(path):  # a FIFO or a symlink so named is refused when opened
             yield path, "", 0, 0
         else:
             yield path, m.group(1), int(m.group(2)), int(m.group(3))

@@ -1,18 +1,24 @@
 """``tidemark log verify DATA_DIR``: offline check of every segment, checkpoint and queue file.
 
 Reads only (every file is opened read-only; it may run beside a live daemon); renames nothing.
-Prints one line per problem and a summary; exit 1 when any.
+Opens data-directory files only as regular files (``broker/storage/regular.py``: a FIFO or a
+symlink is a problem, never waited on or followed), and walks damage in one pass. Prints one line
+per problem as it is found (a run of adjacent damaged batches is one) and a summary; exit 1 when any.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
-from broker.logformat.scan import Stop, scan_past_damage
+from broker.logformat.batch import BatchHeader
+from broker.logformat.scan import Damage, Stop, scan_past_damage
 from broker.storage import atomic_file, dirlock, epochs, identity
 from broker.storage.commitlog import CommitLog
-from broker.storage.segment import parse_segment_name
+from broker.storage.regular import open_regular, regular_stat
+from broker.storage.segment import parse_segment_name, segment_name
 from broker.store import recovery
 from broker.timers import snapshot as snaps
 from broker.timers import timerlog
@@ -26,32 +32,58 @@ SMALL_FILES = (
     (recovery.CLEAN_MARKER, recovery.CLEAN_MAGIC, recovery.CLEAN_VERSION),
 )
 CHUNK_BYTES = 8 << 20
+Walk = Iterator[tuple[BatchHeader, memoryview] | Damage | Stop]
+STRAY = "not a segment name (20 ASCII digits and .log); not read"
 
 
-def _verify_segment(path: str, start: int, problems: list[str]) -> tuple[int, int]:
-    """Check every batch of one segment; return (batches, bytes valid from its start)."""
-    size = os.path.getsize(path)
-    end = start + size
+class Problems:
+    """Each problem printed as it is found, and counted (a segment full of damage is never held in memory)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def add(self, line: str) -> None:
+        print(line)
+        self.count += 1
+
+
+@contextmanager
+def walk_file(path: str, start: int, chunk_bytes: int = CHUNK_BYTES) -> Iterator[tuple[int, Walk]]:
+    """``(end offset, scan_past_damage's walk)`` of a file of log bytes whose first byte is at offset
+    ``start`` (a segment, a quarantined range), opened as a regular file (``NotRegularFile``
+    otherwise), read with ``pread``; closed when the block ends."""
+    fd = open_regular(path, os.O_RDONLY)
+    try:
+        end = start + os.fstat(fd).st_size
+        yield end, scan_past_damage(lambda offset, length: os.pread(fd, length, offset - start), start, end,
+                                    chunk_bytes=chunk_bytes, path=path)
+    finally:
+        os.close(fd)
+
+
+def _verify_segment(path: str, start: int, problems: Problems) -> tuple[int, int]:
+    """Check every batch of one segment; return (valid batches, bytes valid from its start). Raises
+    ``OSError`` (``NotRegularFile``: a FIFO, a symlink) when the file cannot be read."""
     batches = 0
-    with open(path, "rb") as f:
-
-        def read(offset: int, length: int) -> bytes:
-            f.seek(offset - start)
-            return f.read(length)
-
-        for item in scan_past_damage(read, start, end, chunk_bytes=CHUNK_BYTES, path=path):
-            if isinstance(item, Stop) and item.ends_walk:
-                problems.append(f"{path}: offset {item.offset}: torn or corrupt batch (length {item.declared_bytes}); "
-                                f"{end - item.offset} bytes to the end of the segment")
-                return batches, item.offset - start
+    with walk_file(path, start) as (end, walk):
+        for item in walk:
             if isinstance(item, Stop):
-                problems.append(f"{path}: offset {item.offset}: {item.error}")
+                problems.add(f"{path}: offset {item.offset}: torn or corrupt batch (length {item.declared_bytes}); "
+                             f"{end - item.offset} bytes to the end of the segment")
+                return batches, item.offset - start
+            if isinstance(item, Damage):
+                problems.add(f"{path}: offset {item.first.offset}: {item.first.error}{item.more}")
+                continue
             batches += 1
-    return batches, size
+    return batches, end - start
+
+
+def _unreadable(path: str, exc: OSError) -> str:
+    return f"{path}: {exc.strerror or exc}"
 
 
 def verify_data_dir(data_dir: str) -> int:
-    problems: list[str] = []
+    problems = Problems()
     log_dir = os.path.join(data_dir, "log")
     if not os.path.isdir(log_dir):
         print(f"{data_dir}: no commit log directory")
@@ -60,67 +92,88 @@ def verify_data_dir(data_dir: str) -> int:
     if pid is not None:
         print(f"{data_dir}: in use by pid {pid}: checking a live directory (reads only); its tail may be "
               "moving, so damage reported at the very end can be a write in progress", file=sys.stderr)
-    starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(log_dir)) if s is not None)
-    expected = starts[0] if starts else 0
+    names = sorted(os.listdir(log_dir))
+    for name in names:
+        if parse_segment_name(name) is None:
+            problems.add(f"{os.path.join(log_dir, name)}: {STRAY}")
+    starts = sorted(s for s in (parse_segment_name(n) for n in names) if s is not None)
+    expected: int | None = starts[0] if starts else 0
     total_batches = 0
     for start in starts:
-        path = os.path.join(log_dir, f"{start:020d}.log")
-        if start != expected:
-            problems.append(f"{path}: starts at {start} but the previous segment ends at {expected}")
-        n, valid = _verify_segment(path, start, problems)
+        path = os.path.join(log_dir, segment_name(start))
+        if expected is not None and start != expected:
+            problems.add(f"{path}: starts at {start} but the previous segment ends at {expected}")
+        try:
+            n, valid = _verify_segment(path, start, problems)
+        except OSError as exc:
+            problems.add(_unreadable(path, exc))
+            expected = None  # its end is unknown: the next segment's start is not checked against it
+            continue
         total_batches += n
         expected = start + valid
     for rel, magic, version in SMALL_FILES:
         for suffix in ("", ".bak"):
             path = os.path.join(data_dir, rel + suffix)
-            if not os.path.exists(path):
+            if not os.path.lexists(path):
                 continue
             try:
-                with open(path, "rb") as f:
-                    atomic_file.decode(f.read(), magic, version)
+                atomic_file.read_copy(path, magic, version)
             except atomic_file.InvalidFile as exc:
-                problems.append(f"{path}: {exc}")
+                problems.add(f"{path}: {exc}")
+            except OSError as exc:
+                problems.add(_unreadable(path, exc))
     cq_dir = os.path.join(data_dir, "cq")
     cq_files = 0
     for root, _, files in os.walk(cq_dir):
         for name in files:
             if name.endswith(".cq"):
                 cq_files += 1
-                size = os.path.getsize(os.path.join(root, name))
+                path = os.path.join(root, name)
+                try:
+                    size = regular_stat(path).st_size
+                except OSError as exc:
+                    problems.add(_unreadable(path, exc))
+                    continue
                 if size % consume_queue.ENTRY_BYTES:
-                    problems.append(f"{os.path.join(root, name)}: size {size} is not a whole number of entries")
+                    problems.add(f"{path}: size {size} is not a whole number of entries")
     timer_groups = _verify_timer_state(data_dir, problems)
-    for p in problems:
-        print(p)
     print(f"{data_dir}: {len(starts)} segments, {total_batches} batches, {cq_files} queue files, "
-          f"{timer_groups} timer-log groups, {len(problems)} problems")
-    return 1 if problems else 0
+          f"{timer_groups} timer-log groups, {problems.count} problems")
+    return 1 if problems.count else 0
 
 
-def _verify_timer_state(data_dir: str, problems: list[str]) -> int:
+def _verify_timer_state(data_dir: str, problems: Problems) -> int:
     """Timer-log groups (MARK positions and CRCs) and every wheel snapshot; returns the groups."""
 
     log_dir = os.path.join(data_dir, "timer", "log")
     if not os.path.isdir(log_dir):
         return 0
-    tlog = CommitLog(log_dir, 1 << 40, read_only=True)
     try:
+        tlog = CommitLog(log_dir, 1 << 40, read_only=True)
+    except OSError as exc:  # a segment that is not a regular file, or cannot be read
+        problems.add(_unreadable(exc.filename or log_dir, exc))
+        return 0
+    try:
+        for name in tlog.stray_names:
+            problems.add(f"{os.path.join(log_dir, name)}: {STRAY}")
         scan = timerlog.scan_groups(tlog, tlog.min_offset)
         end = tlog.max_offset
     finally:
         tlog.close()
     if scan.valid_end != end:
-        problems.append(f"{log_dir}: timer log valid up to position {scan.valid_end} of {end} "
-                        "(a torn or damaged tail; recovery cuts it and replays the commit log)")
+        problems.add(f"{log_dir}: timer log valid up to position {scan.valid_end} of {end} "
+                     "(a torn or damaged tail; recovery cuts it and replays the commit log)")
     snap_dir = os.path.join(data_dir, "timer", "snapshots")
     for position in snaps.positions(snap_dir):
         path = snaps.path_for(snap_dir, position)
         try:
-            with open(path, "rb") as f:
-                loaded = atomic_file.decode(f.read(), snaps.MAGIC, snaps.VERSION)
-            snaps.Snapshot.decode(loaded.payload)
+            loaded = atomic_file.read_copy(path, snaps.MAGIC, snaps.VERSION)
+            if loaded is not None:
+                snaps.Snapshot.decode(loaded.payload)
         except (atomic_file.InvalidFile, ValueError, KeyError) as exc:
-            problems.append(f"{path}: {exc}")
+            problems.add(f"{path}: {exc}")
+        except OSError as exc:
+            problems.add(_unreadable(path, exc))
         if position > end:
-            problems.append(f"{path}: beyond the timer log's end {end}")
+            problems.add(f"{path}: beyond the timer log's end {end}")
     return scan.groups

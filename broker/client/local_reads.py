@@ -38,6 +38,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from broker.storage.instance import matches
+from broker.storage.regular import open_regular
 from broker.storage.segment import parse_segment_name
 from proto import tidemark_pb2 as pb
 
@@ -163,7 +164,7 @@ class SegmentFiles:
                 return fd
             del self._fds[path]
             os.close(fd)
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path, os.O_RDONLY)  # a FIFO or a symlink there: over gRPC (NotRegularFile, EINVAL)
         self._fds[path] = fd
         while len(self._fds) > OPEN_FILES_MAX:
             os.close(self._fds.popitem(last=False)[1])

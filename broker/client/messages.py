@@ -11,7 +11,7 @@ from broker.client.local_reads import LocalPullResponse
 from broker.client.pull_wire import PullResponseView
 from broker.logformat import batch as bf
 from broker.logformat.scan import Mode, scan_bytes
-from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, scheduled_props, target_props
+from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, field_number, scheduled_props, target_props
 from proto import tidemark_pb2 as pb
 
 _RECORD_HEAD = bf.RECORD_HEAD
@@ -81,12 +81,12 @@ class PulledMessage:
     def key(self) -> str | None:
         """The key it was sent with, or None."""
         _, kl, _ = _RECORD_HEAD.unpack_from(self._batch, self._pos)
-        return bytes(self._batch[self._pos + 8 : self._pos + 8 + kl]).decode() if kl else None
+        return bytes(self._batch[self._pos + 8 : self._pos + 8 + kl]).decode(errors="replace") if kl else None
 
     def _all_properties(self) -> dict[str, str]:
         _, kl, pl = _RECORD_HEAD.unpack_from(self._batch, self._pos)
         start = self._pos + 8 + kl
-        return bf.decode_props(self._batch[start : start + pl]) if pl else {}
+        return bf.decode_props_lenient(self._batch[start : start + pl]) if pl else {}
 
     @property
     def properties(self) -> dict[str, str]:
@@ -99,14 +99,12 @@ class PulledMessage:
     @property
     def deliver_at_ms(self) -> int | None:
         """When a timer message was due (None for an ordinary message)."""
-        value = self._all_properties().get(DELIVER_AT)
-        return int(value) if value is not None else None
+        return field_number(self._all_properties().get(DELIVER_AT))
 
     @property
     def timer_offset(self) -> int | None:
         """A delivered timer message's origin: the commit offset of its scheduled record."""
-        value = self._all_properties().get(TIMER_OFFSET)
-        return int(value) if value is not None else None
+        return field_number(self._all_properties().get(TIMER_OFFSET))
 
     def __repr__(self) -> str:
         key = f", key={self.key!r}" if self.key is not None else ""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
@@ -26,8 +26,11 @@ T = TypeVar("T")
 
 
 class LoopThread:
-    def __init__(self, name: str = "grpc-loop") -> None:
-        self.loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
+    def __init__(self, name: str = "grpc-loop",
+                 new_loop: Callable[[], asyncio.AbstractEventLoop] = uvloop.new_event_loop) -> None:
+        """``new_loop``: asyncio's own where uvloop falls short (its server-side ``start_tls`` of a
+        stream hangs, uvloop issue 707: the metrics port)."""
+        self.loop: asyncio.AbstractEventLoop = new_loop()
         # run_in_executor(None, ...) threads: named, not the loop's name they would inherit
         self.loop.set_default_executor(ThreadPoolExecutor(thread_name_prefix="loop-io", initializer=name_pool_thread))
         self._thread = NamedThread(target=self._run, name=name, daemon=True)

@@ -3,6 +3,7 @@ group's offsets, describe a topic. Request checks live here too, so the service 
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -33,6 +34,13 @@ def check_group(group: str) -> None:
         raise invalid(f"invalid group name {shown(group)}")
 
 
+def _member(member_id: str, shown_whole: bool) -> str:
+    """A member id as a caller may see it: whole (admin), or a stable stand-in of its hash."""
+    if shown_whole or not member_id:
+        return member_id
+    return "h:" + hashlib.sha256(member_id.encode()).hexdigest()[:8]
+
+
 class GroupAdmin:
     def __init__(self, store: Store, membership: Membership) -> None:
         self.store = store
@@ -57,8 +65,24 @@ class GroupAdmin:
         if not SESSION_TIMEOUT_MS_MIN <= session_ms <= SESSION_TIMEOUT_MS_MAX:
             raise invalid(f"session_timeout_ms must be {SESSION_TIMEOUT_MS_MIN}..{SESSION_TIMEOUT_MS_MAX}, "
                           f"got {session_ms}")
-        owned = [(r.topic, r.queue_id) for r in request.owned]
-        return request.group, topics, owned, session_ms
+        return request.group, topics, self._owned(request.owned), session_ms
+
+    def _owned(self, refs: Iterable[pb.QueueRef]) -> list[QueueKey]:
+        """The queues a member says it holds, kept only where they exist (each once): what a member
+        can claim is bounded by the queues there are, not by what it sends (65,536 references to
+        long made-up names were kept for its session). A queue of a deleted topic is held by nobody."""
+        queues: dict[str, int | None] = {}
+        owned: dict[QueueKey, None] = {}
+        for r in refs:
+            if r.topic not in queues:
+                if len(queues) >= TOPICS_PER_MEMBER_MAX * 4:  # names beyond any member's: not looked up
+                    continue
+                info = self.store.views.metadata.topic(r.topic)
+                queues[r.topic] = int(info["queues"]) if info is not None else None
+            count = queues[r.topic]
+            if count is not None and 0 <= r.queue_id < count:
+                owned[(r.topic, r.queue_id)] = None
+        return list(owned)
 
     # -- reads -------------------------------------------------------------------------------------
     def _committed(self, group: str) -> dict[QueueKey, int]:
@@ -93,7 +117,9 @@ class GroupAdmin:
         return [pb.GroupSummary(name=g, members=members.get(g, 0), topics=sorted(topics[g]), lag=lag.get(g, 0))
                 for g in sorted(topics)]
 
-    def describe(self, group: str) -> pb.GroupDescription:
+    def describe(self, group: str, *, member_ids: bool = True) -> pb.GroupDescription:
+        """``member_ids``: the caller may see them (admin). A member id is what a heartbeat or a
+        leave names a member by; others see a stable stand-in (``h:`` and 8 hex digits of its hash)."""
         check_group(group)
         live = self.membership.describe(group, time.monotonic())
         committed = self._committed(group)
@@ -107,7 +133,7 @@ class GroupAdmin:
             desc.generation, desc.rebalances = live["generation"], live["rebalances"]
             owners = live["owners"]
             for m in live["members"]:
-                desc.members.add(member_id=m["member_id"], client_id=m["client_id"], topics=m["topics"],
+                desc.members.add(member_id=_member(m["member_id"], member_ids), client_id=m["client_id"], topics=m["topics"],
                                  assigned=[pb.QueueRef(topic=t, queue_id=q) for t, q in m["assigned"]],
                                  session_timeout_ms=m["session_timeout_ms"],
                                  last_heartbeat_ms_ago=m["last_heartbeat_ms_ago"])
@@ -124,7 +150,7 @@ class GroupAdmin:
             lag = int(info["lag"]) if info and c is None else max(0, high - (c if c is not None else low))
             desc.queues.add(topic=t, queue_id=q, has_committed=c is not None, committed_offset=c or 0,
                             end_offset=high, lag=lag,
-                            owner=owners.get((t, q), ""), in_flight=int(info.get("in_flight", 0)),
+                            owner=_member(owners.get((t, q), ""), member_ids), in_flight=int(info.get("in_flight", 0)),
                             pop_offset=int(info.get("pop_offset", 0)))
         if pop is not None:
             desc.dlq_messages = int(pop.get("dlq_messages", 0))

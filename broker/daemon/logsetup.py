@@ -7,6 +7,8 @@ import sys
 
 import structlog
 
+from broker import logsafe
+
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 
@@ -14,13 +16,14 @@ def configure(level: str = "info", fmt: str = "console") -> None:
     renderer: structlog.typing.Processor
     if fmt == "json":
         renderer = structlog.processors.JSONRenderer()
-    else:
-        renderer = structlog.dev.ConsoleRenderer(colors=False)
+    else:  # exceptions never reach it (exc_info_to_fields): no renderer of local variables runs
+        renderer = structlog.dev.ConsoleRenderer(colors=False, exception_formatter=structlog.dev.plain_traceback)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            logsafe.exc_info_to_fields,  # an exception: one bounded line, in both formats
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[level]),

@@ -12,6 +12,7 @@ into ``PulledMessage``s (``PullRequest.decode``).
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -20,11 +21,15 @@ import crc32c
 from broker.errors import BrokerError, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
-from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TimerRecordError, scheduled_props
+from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TimerRecordError, field_number, scheduled_props
 from broker.ports import NO_SEQUENCE, BatchReceipt, IncomingBatch
 from proto import tidemark_pb2 as pb
 
 _rotation = itertools.count()
+# A long encode or decode (a pool thread's job, one at a time: service._heavy) gives the interpreter
+# lock away every this many messages (~1.5 ms of work), so that a call on the event loop and the
+# flusher's fsync wait behind it for that long, not for a 5 ms switch interval each time they run.
+YIELD_EVERY = 500
 
 
 @dataclass(slots=True)
@@ -50,6 +55,8 @@ def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Cal
     groups: dict[tuple[str, int, bool], _Group] = {}
     keyless_queue: dict[str, int] = {}
     for i, m in enumerate(messages):
+        if i % YIELD_EVERY == YIELD_EVERY - 1:
+            time.sleep(0)  # let the event loop and the flusher in (see YIELD_EVERY)
         if m.topic.startswith(system_records.SYSTEM_PREFIX):
             raise invalid(f"message {i}: system topic {shown(m.topic)} does not take messages")
         queues = queues_of(m.topic)
@@ -65,6 +72,7 @@ def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Cal
             q = keyless_queue.setdefault(m.topic, next(_rotation) % queues)
         if m.deliver_at_ms < 0:
             raise invalid(f"message {i}: deliver_at_ms {m.deliver_at_ms} is negative")
+        _check_sizes(i, m)
         if producer_id and (not m.HasField("queue_id") or not m.HasField("sequence") or m.sequence < 0):
             raise invalid(f"message {i}: an idempotent send (producer_id set) names each message's queue_id "
                           "and a sequence >= 0")
@@ -93,6 +101,28 @@ def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Cal
         out.groups.append(g)
         out.positions.append(positions)
     return out
+
+
+# The scheduled fields a delayed message's properties carry before the user's (timer_props):
+# three names, a 19-digit time, a 255-byte topic and a queue number, with their lengths.
+_SCHEDULED_PROPS_BYTES_MAX = 3 * 4 + len(DELIVER_AT) + 19 + len("__topic") + bf.TOPIC_BYTES_MAX + len("__queue") + 5
+
+
+def _check_sizes(i: int, m: pb.PlainMessage) -> None:
+    """What the record format cannot hold, or the broker reserves, as INVALID_ARGUMENT naming the
+    message, before anything of the request is encoded or stored. The appender's ``check_records``
+    then checks the encoded records as it checks a client's pre-encoded ones."""
+    key_bytes = len(m.key.encode())
+    if key_bytes > bf.KEY_BYTES_MAX:
+        raise invalid(f"message {i}: its key takes {key_bytes} bytes, more than {bf.KEY_BYTES_MAX}")
+    props_bytes = _SCHEDULED_PROPS_BYTES_MAX if m.deliver_at_ms > 0 else 0
+    for name, value in m.properties.items():
+        if name.startswith(bf.RESERVED_PREFIX):
+            raise invalid(f"message {i}: property {shown(name)} has a reserved name (names starting with "
+                          f"{bf.RESERVED_PREFIX} belong to the broker)")
+        props_bytes += 4 + len(name.encode()) + len(value.encode())
+    if props_bytes > bf.PROPS_BYTES_MAX:
+        raise invalid(f"message {i}: its properties take {props_bytes} bytes encoded, more than {bf.PROPS_BYTES_MAX}")
 
 
 def _items(messages: Sequence[pb.PlainMessage], g: _Group) -> Iterable[tuple[bytes, bytes, bytes]]:
@@ -136,19 +166,23 @@ def decode(batches: Iterable[bytes], skip_first: int, count: int) -> list[pb.Pul
             batch = mv[pos : pos + header.batch_bytes]
             qoff = header.base_queue_offset
             for rpos, key, props_raw, body in bf.iter_records(batch, header):
+                if len(out) % YIELD_EVERY == YIELD_EVERY - 1:
+                    time.sleep(0)  # let the event loop and the flusher in (see YIELD_EVERY)
                 if skip > 0:
                     skip -= 1
                 elif len(out) < count:
-                    props = bf.decode_props(props_raw) if len(props_raw) else {}
-                    deliver_at = props.get(DELIVER_AT)
-                    timer_offset = props.get(TIMER_OFFSET)
+                    props = bf.decode_props_lenient(props_raw) if len(props_raw) else {}
+                    deliver_at = field_number(props.get(DELIVER_AT))
+                    timer_offset = field_number(props.get(TIMER_OFFSET))
                     for name in TIMER_PROPERTIES:
                         props.pop(name, None)
-                    out.append(pb.PulledMessage(
+                    m = pb.PulledMessage(
                         queue_offset=qoff, commit_offset=header.base_offset + rpos, store_time_ms=header.store_time_ms,
-                        key=bytes(key).decode(errors="replace"), body=bytes(body), properties=props,
-                        deliver_at_ms=int(deliver_at) if deliver_at else 0,
-                        timer_offset=int(timer_offset) if timer_offset else 0))
+                        key=bytes(key).decode(errors="replace"), body=bytes(body),
+                        deliver_at_ms=deliver_at or 0, timer_offset=timer_offset or 0)
+                    if props:  # a map field set from a dict is a Python loop even when it is empty
+                        m.properties.update(props)
+                    out.append(m)
                 qoff += 1
             pos += header.batch_bytes
     return out

@@ -51,6 +51,7 @@ class SendRequestView:
     timeout_ms: int = 0
     producer_id: int = 0
     messages: tuple[pb.PlainMessage, ...] = ()
+    wire_bytes: int = 0  # the request's size (logged with an unexpected failure)
 
 
 def _signed64(v: int) -> int:
@@ -97,7 +98,7 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
     parser's ``SendRequest`` (or its ``DecodeError``)."""
     try:
         view = memoryview(data)
-        request = SendRequestView()
+        request = SendRequestView(wire_bytes=len(data))
         for number, wire, a, z in fields(data, 0, len(data), REQUEST_FIELDS_MAX):
             if wire == LEN:
                 if number != 1:

@@ -43,6 +43,7 @@ from broker.security import auth, tls
 from broker.storage import quarantine
 from broker.storage.dirlock import LOCK_NAME, DirLock
 from broker.storage.handles import HANDLES
+from broker.storage.regular import NotRegularFile
 from broker.store import Store
 from broker.threads import NamedThread, name_pool_thread
 from proto import tidemark_pb2 as pb
@@ -68,7 +69,7 @@ class Daemon:
         self.grpc_server: grpc.aio.Server | None = None
         self.aio = LoopThread()
         self.health = health_async.HealthServicer()
-        self.longpolls = LongPolls(self.aio.loop)
+        self.longpolls = LongPolls(self.aio.loop, lambda: self.config["limits.parked_waits_max"])
         self.read_pool = futures.ThreadPoolExecutor(max_workers=config["limits.grpc_workers"], thread_name_prefix="pull",
                                                     initializer=name_pool_thread)
         # one thread per long-lived blocking stream (replication to a slave, a snapshot download)
@@ -89,6 +90,7 @@ class Daemon:
         bound_open_files(self.config["limits.open_files_max"])
         with gcpause.paused():  # recovery's objects live for good: no collection walks them
             self.store = Store.open(self.config)
+        gcpause.tune_for_serving()
         self.store.start()
         self.notifier.status("recovered; starting the gRPC server")
         limit = self.config["limits.request_bytes_max"]
@@ -113,7 +115,8 @@ class Daemon:
         self.store.register_queue_listener(self.longpolls.notify_threadsafe)
         self.heartbeats = Heartbeats(self.aio.loop, self._queue_count,
                                      members_max=self.config["groups.members_max"],
-                                     rejoin_grace_ms=self.config["groups.rejoin_grace_ms"])
+                                     rejoin_grace_ms=self.config["groups.rejoin_grace_ms"],
+                                     groups_max=self.config["groups.live_groups_max"])
         self.heartbeats.role_changed_threadsafe(self.store.role)
         self.store.register_role_listener(self.heartbeats.role_changed_threadsafe)
         self.heartbeats.start()
@@ -395,6 +398,8 @@ def serve(config: Config, load_config: Callable[[], Config] | None = None,
     daemon = Daemon(config, notifier)
     try:
         daemon.start()
+    except NotRegularFile as exc:  # a FIFO or a symlink where a data-directory file belongs
+        raise StartupRefused(str(exc)) from None
     finally:
         started.set()
     interval_s = min(MAIN_LOOP_S, notifier.watchdog_interval_s() or MAIN_LOOP_S)

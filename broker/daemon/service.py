@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import functools
 import json
 import os
@@ -24,9 +23,10 @@ import structlog
 
 from broker import clock, metrics
 from broker.daemon import plain, status_message
+from broker.daemon.failures import refuse, unexpected
 from broker.daemon.group_admin import GroupAdmin, check_group
 from broker.daemon.heartbeats import Heartbeats
-from broker.daemon.longpoll import LongPolls
+from broker.daemon.longpoll import ANY_QUEUE, LongPolls
 from broker.daemon.send_wire import SendRequestView
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import MESSAGE_MAX, BrokerError, invalid, shown
@@ -47,35 +47,26 @@ ACK_NAMES: dict[int, str] = {pb.ACK_UNSPECIFIED: "replica", pb.ACK_REPLICA: "rep
 
 
 def _handle(context: grpc.ServicerContext, fn: Callable[[], T]) -> T:
+    """``fn()``, or the call refused with the status of what it raised (``refuse``: the handler
+    answers None, which grpc does not send)."""
     try:
         return fn()
     except BrokerError as exc:
-        if exc.metadata:
-            context.set_trailing_metadata(exc.metadata)
-        context.abort(getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX])
+        failure = exc
     except Exception as exc:
-        failure = _unexpected(exc)
-        context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
-    raise AssertionError("unreachable")
-
-
-def _unexpected(exc: Exception) -> BrokerError:
-    """What a request that failed on anything but a ``BrokerError`` answers. The process out of file
-    descriptors (every idle file was already given back: sockets hold the rest) is a resource of
-    this node, not a bug: RESOURCE_EXHAUSTED, which a client may retry. Anything else is a bug that
-    must not take the daemon down: INTERNAL, logged with its traceback."""
-    if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):
-        log.warning("out_of_file_descriptors", error=str(exc))
-        return BrokerError("RESOURCE_EXHAUSTED", f"this node is out of file descriptors ({exc.strerror}): "
-                           "retry later, or raise LimitNOFILE above limits.open_files_max plus the connections")
-    log.exception("request_failed", error=str(exc))
-    return BrokerError("INTERNAL", f"internal error: {type(exc).__name__}: {exc}")
+        failure = unexpected(exc)
+    code, message, metadata = getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX], failure.metadata
+    del failure  # its traceback holds this frame: no cycle keeps the request alive
+    refuse(context, code, message, metadata)
+    return None  # type: ignore[return-value]
 
 
 # A send is checked (records CRC, the framing walk: ~2 ns a record in C, ~0.3 us in Python when the
 # C module is not built; plain messages encoded at a few us each) and appended on the event loop
 # when it is small enough not to hold the loop for long; a bigger one in a pool thread.
 SEND_ON_LOOP_RECORDS_MAX = 16_384
+MESSAGES_ON_LOOP_MAX = 500  # plain messages encoded, or messages decoded, on the loop (~3 us each)
+HEAVY_JOBS = 1  # pool jobs that loop over a request's messages in Python, at once (``_heavy``)
 SEND_ON_LOOP_BYTES_MAX = 8 << 20
 # How long a call waits, on a node that just took office, for its metadata view to apply what was
 # confirmed then (``Store.wait_metadata_fence``): a coroutine (no thread held), and a call run in
@@ -110,11 +101,11 @@ async def _handle_async(context: grpc.aio.ServicerContext, fn: Callable[[], Awai
     except BrokerError as exc:
         failure = exc
     except Exception as exc:
-        failure = _unexpected(exc)
-    if failure.metadata:
-        context.set_trailing_metadata(failure.metadata)
-    await context.abort(getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX])
-    raise AssertionError("unreachable")
+        failure = unexpected(exc)
+    code, message, metadata = getattr(grpc.StatusCode, failure.code), failure.message[:MESSAGE_MAX], failure.metadata
+    del failure  # its traceback holds this frame: no cycle keeps the request alive
+    refuse(context, code, message, metadata)
+    return None  # type: ignore[return-value]
 
 
 class BrokerService(pb_grpc.BrokerServicer):
@@ -128,6 +119,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         self.pops = PopService(store)
         self.groups.pops = self.pops
         self.instance = instance.InstanceFile(self.config["node.data_dir"])  # for PullLocal
+        self._heavy_slots: asyncio.Semaphore | None = None  # made on the loop at first use
 
     # -- a new master's metadata fence (wire.add_broker_service runs these before every call) -----
     def wait_fence(self) -> None:
@@ -154,9 +146,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
         # a framing walk stops at the declared record count, so declared counts bound the checks
-        on_loop = sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
-        plain_batches = await self._on_loop_or_pool(on_loop, plain.encode, request.messages, request.producer_id,
-                                                    self._queues_of) if request.messages else None
+        on_loop = (sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
+                   and len(request.messages) <= MESSAGES_ON_LOOP_MAX)
+        plain_batches = await self._heavy(on_loop, plain.encode, request.messages, request.producer_id,
+                                          self._queues_of) if request.messages else None
         batches = [
             IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
                           b.base_sequence, timer_target=(b.topic, b.queue_id))
@@ -182,7 +175,22 @@ class BrokerService(pb_grpc.BrokerServicer):
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(records_bytes)
-        return await self._on_loop_or_pool(on_loop, _send_response, request, receipts, plain_batches)
+        if plain_batches is None:
+            return _send_response(request, receipts, None)
+        return await self._heavy(on_loop, _send_response, request, receipts, plain_batches)
+
+    async def _heavy(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``: work that is a Python loop per message of one request (encoding plain
+        messages, decoding a pull or a pop, building their answers). Small, right here; large, in a
+        pool thread, one such job at a time (``HEAVY_JOBS``): the interpreter runs one thread at a
+        time, and four decoders at once made every other call wait for it in turn (health checks
+        1.8 s behind four decoded pulls of 100,000). Those waiting hold no thread."""
+        if on_loop:
+            return fn(*args)
+        if self._heavy_slots is None:
+            self._heavy_slots = asyncio.Semaphore(HEAVY_JOBS)
+        async with self._heavy_slots:
+            return await asyncio.get_running_loop().run_in_executor(self.read_pool, fn, *args)
 
     async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` right here on the loop, or (work that would hold the loop, and every other
@@ -209,10 +217,10 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def _pull(self, request: pb.PullRequest | pb.PullLocalRequest, *, local: bool) -> Any:
         loop = asyncio.get_running_loop()
-        if request.topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
-            raise BrokerError("PERMISSION_DENIED", f"reading the system topic {shown(request.topic)} needs a "
-                              "token with the system role")
+        _check_system_read(request.topic)
         max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
+        if isinstance(request, pb.PullRequest) and request.decode:
+            max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
         max_bytes = min(request.max_bytes or self.config["limits.pull_bytes_max"], self.config["limits.pull_bytes_max"])
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         reads = self.store.reads
@@ -228,7 +236,8 @@ class BrokerService(pb_grpc.BrokerServicer):
                 r = await loop.run_in_executor(self.read_pool, read)
                 left = deadline - loop.time()
                 if r.count or parked is None or left <= 0 or self.store.closing:
-                    return self._pull_answer(request, r)
+                    decoded = isinstance(request, pb.PullRequest) and request.decode
+                    return await self._heavy(not decoded or r.count <= MESSAGES_ON_LOOP_MAX, self._pull_answer, request, r)
                 await self.longpolls.wait(parked, left)
             finally:
                 if parked is not None:
@@ -266,13 +275,19 @@ class BrokerService(pb_grpc.BrokerServicer):
         await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
-        return _handle(context, lambda: pb.OffsetForTimeResponse(
-            offset=self.store.reads.offset_for_time(request.topic, request.queue_id, request.timestamp_ms)))
+        def run() -> pb.OffsetForTimeResponse:
+            _check_system_read(request.topic)
+            return pb.OffsetForTimeResponse(
+                offset=self.store.reads.offset_for_time(request.topic, request.queue_id, request.timestamp_ms))
+        return _handle(context, run)
 
     # -- consumer offsets ----------------------------------------------------------------------
     def CommitOffset(self, request: pb.CommitOffsetRequest, context: grpc.ServicerContext) -> pb.CommitOffsetResponse:
         def run() -> pb.CommitOffsetResponse:
             self.store.check_writable()
+            if len(request.offsets) > self.config["limits.commit_offsets_max"]:
+                raise invalid(f"{len(request.offsets)} offsets in one call; at most limits.commit_offsets_max "
+                              f"({self.config['limits.commit_offsets_max']})")
             entries = []
             for o in request.offsets:
                 self._check_group(o.group)
@@ -283,6 +298,7 @@ class BrokerService(pb_grpc.BrokerServicer):
                 if o.offset > high:
                     raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
                 entries.append((o.group, o.topic, o.queue_id, o.offset))
+            self._check_new_groups({g for g, _, _, _ in entries})
             # answered once durable: the commit is in a confirmed record (commitSync semantics)
             self.store.offsets.commit(entries, wait_s=self.config["limits.send_timeout_ms"] / 1000.0)
             return pb.CommitOffsetResponse()
@@ -297,6 +313,20 @@ class BrokerService(pb_grpc.BrokerServicer):
                 value = self.store.views.metadata.committed_offset(request.group, request.topic, request.queue_id)
             return pb.GetOffsetResponse(found=value is not None, offset=value or 0)
         return _handle(context, run)
+
+    def _check_new_groups(self, groups: set[str]) -> None:
+        """Groups with committed offsets are bounded (``groups.committed_groups_max``): every one is
+        kept, listed and measured for lag. A commit naming new groups beyond it is refused whole."""
+        metadata = self.store.views.metadata
+        buffered = {g for g, _, _ in self.store.offsets.buffered()}
+        new = {g for g in groups if g not in buffered and not metadata.group_known(g)}
+        if not new:
+            return
+        known = metadata.groups_count() + len({g for g in buffered if not metadata.group_known(g)})
+        top = self.config["groups.committed_groups_max"]
+        if known + len(new) > top:
+            raise BrokerError("RESOURCE_EXHAUSTED", f"{known} groups have committed offsets on this node "
+                              f"(groups.committed_groups_max = {top}); a commit of {len(new)} new group(s) is refused")
 
     @staticmethod
     def _check_group(group: str) -> None:
@@ -357,12 +387,25 @@ class BrokerService(pb_grpc.BrokerServicer):
     async def _write_metadata(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
         """Append ``changes`` as one batch; return once it is acknowledged (ack=replica) and applied."""
         self.store.watermarks.check_replica_ack_possible()
+        self._check_queues_total(changes)
         end = self.store.appender.append_system(changes)
         timeout_ms = self.config["limits.send_timeout_ms"]
         await self.store.watermarks.wait_ack_async(end, "replica", timeout_ms, give_up=self.store.lost_mastership)
         self.store.check_still_master_after_append()
         if not await self.store.wait_metadata_applied_async(end, timeout_ms / 1000.0):
             raise BrokerError("DEADLINE_EXCEEDED", f"{changes[0][0]} written but not yet applied within {timeout_ms} ms")
+
+    def _check_queues_total(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
+        """The queues of all topics stay within ``limits.queues_max`` (each costs memory and a file;
+        1,000 topics of 1,024 queues per call took 820 MB). Counted against what the metadata view
+        applied: creates in flight at the same moment may pass it by as many queues as they add."""
+        adding = sum(int(f["queues"]) for c, f in changes if c == system_records.TOPIC_CREATE)
+        if not adding:
+            return
+        total, top = self.store.views.metadata.queues_total, self.config["limits.queues_max"]
+        if total + adding > top:
+            raise BrokerError("RESOURCE_EXHAUSTED", f"this node holds {total} queues; {adding} more would pass "
+                              f"limits.queues_max ({top})")
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:
@@ -430,7 +473,8 @@ class BrokerService(pb_grpc.BrokerServicer):
         return _handle(context, lambda: pb.ListGroupsResponse(groups=self.groups.list_groups()))
 
     def DescribeGroup(self, request: pb.DescribeGroupRequest, context: grpc.ServicerContext) -> pb.DescribeGroupResponse:
-        return _handle(context, lambda: pb.DescribeGroupResponse(group=self.groups.describe(request.group)))
+        return _handle(context, lambda: pb.DescribeGroupResponse(
+            group=self.groups.describe(request.group, member_ids=current_caller().may("admin"))))
 
     def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: grpc.ServicerContext) -> pb.ResetOffsetsResponse:
         def run() -> pb.ResetOffsetsResponse:
@@ -441,7 +485,10 @@ class BrokerService(pb_grpc.BrokerServicer):
         return _handle(context, run)
 
     def DescribeTopic(self, request: pb.DescribeTopicRequest, context: grpc.ServicerContext) -> pb.DescribeTopicResponse:
-        return _handle(context, lambda: self.groups.describe_topic(request.name))
+        def run() -> pb.DescribeTopicResponse:
+            _check_system_read(request.name)
+            return self.groups.describe_topic(request.name)
+        return _handle(context, run)
 
     def CancelTimer(self, request: pb.CancelTimerRequest, context: grpc.ServicerContext) -> pb.CancelTimerResponse:
         def run() -> pb.CancelTimerResponse:
@@ -461,29 +508,38 @@ class BrokerService(pb_grpc.BrokerServicer):
         return await _handle_async(context, lambda: self._pop(request))
 
     async def _pop(self, request: pb.PopRequest) -> pb.PopResponse:
-        """Lease what is available; else wait (parked, no thread) until a queue of the topic grows
-        or the next lease ends, at most ``max_wait_ms``."""
+        """Lease what is available; else wait (parked on the topic: one future, however many queues
+        it has; no thread) until a queue of the topic grows or the next lease ends, at most
+        ``max_wait_ms``. The answer is built in the read pool (decoding is a Python loop per message)."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
-        queues = self.pops.topic_queues(request.topic)
+        self.pops.topic_queues(request.topic)
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
-        pop = functools.partial(self.pops.pop, request.group, request.topic, request.max_messages or 32,
-                                request.invisible_ms or 30_000, request.start_earliest)
+        max_messages = request.max_messages or 32
+        if request.decode:
+            max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
+        pop = functools.partial(self.pops.pop, request.group, request.topic, max_messages,
+                                request.invisible_ms or 30_000, request.start_earliest,
+                                current_caller().may("admin"))
         deadline = loop.time() + wait_s
+        key = (request.topic, ANY_QUEUE)
         while True:
-            keys = [(request.topic, q) for q in range(queues)] if wait_s > 0 else []
-            parked = [self.longpolls.park(k) for k in keys]
+            parked = self.longpolls.park(key) if wait_s > 0 else None
             try:
-                got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
+                idle, wake_ms = self.pops.idle(request.group, request.topic)
+                got: list[pb.PoppedRun] = []
+                if not idle:
+                    got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
                 left = deadline - loop.time()
-                if got or not parked or left <= 0 or self.store.closing:
-                    return _pop_response(request, got)
+                if got or parked is None or left <= 0 or self.store.closing:
+                    small = sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX
+                    return await self._heavy(request.as_runs or small, _pop_response, request, got)
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
-                await asyncio.wait(parked, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                await self.longpolls.wait(parked, left)
             finally:
-                for key, fut in zip(keys, parked, strict=True):
-                    self.longpolls.unpark(key, fut)
+                if parked is not None:
+                    self.longpolls.unpark(key, parked)
 
     def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
         return _handle(context, lambda: pb.AckResponse(results=_handle_results(
@@ -497,6 +553,14 @@ class BrokerService(pb_grpc.BrokerServicer):
                         context: grpc.ServicerContext) -> pb.ChangeInvisibleResponse:
         return _handle(context, lambda: pb.ChangeInvisibleResponse(receipt_handle=self.pops.change_invisible(
             request.group, request.receipt_handle, request.invisible_ms)))
+
+
+def _check_system_read(topic: str) -> None:
+    """``__`` topics hold users' delayed messages (``__timer``) and every topic and group name
+    (``__metadata``): reading them, their offsets or their description needs the system role."""
+    if topic.startswith(system_records.SYSTEM_PREFIX) and not current_caller().may("system"):
+        raise BrokerError("PERMISSION_DENIED", f"reading the system topic {shown(topic)} needs a token with the "
+                          "system role")
 
 
 def _pop_response(request: pb.PopRequest, runs: list[pb.PoppedRun]) -> pb.PopResponse:

@@ -16,6 +16,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from broker.daemon.failures import REQUEST, refuse
 from broker.daemon.send_wire import parse_send
 from broker.errors import MESSAGE_MAX, BrokerError
 from proto import tidemark_pb2 as pb
@@ -78,13 +79,14 @@ def _refused(exc: BrokerError) -> tuple[grpc.StatusCode, str]:
     return getattr(grpc.StatusCode, exc.code), exc.message[:MESSAGE_MAX]
 
 
-def _guarded(behavior: Callable[[Any, Any], Any], servicer: Any, fenced: bool) -> Callable[[Any, Any], Any]:
+def _guarded(behavior: Callable[[Any, Any], Any], servicer: Any, fenced: bool, method: str) -> Callable[[Any, Any], Any]:
     """``behavior``, unless the request does not decode (INVALID_ARGUMENT) or, when ``fenced``, a new
     master's metadata view did not apply in time what was confirmed when it took office
     (``BrokerService.wait_fence``: every call but the exempt ones reads topics, queues or offsets
     from the views). A coroutine handler waits for the fence as a coroutine."""
     if inspect.iscoroutinefunction(behavior):
         async def run_async(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            REQUEST.set((method, request))  # each call runs in a context of its own
             refused = _undecodable(request)
             if refused is None and fenced:
                 try:
@@ -92,12 +94,20 @@ def _guarded(behavior: Callable[[Any, Any], Any], servicer: Any, fenced: bool) -
                 except BrokerError as exc:
                     refused = _refused(exc)
             if refused is not None:
-                await context.abort(*refused)
+                refuse(context, *refused)
+                return None
             return await behavior(request, context)
 
         return run_async
 
     def run(request: Any, context: grpc.ServicerContext) -> Any:
+        token = REQUEST.set((method, request))  # a pool thread serves many calls: reset after
+        try:
+            return _run_guarded(request, context)
+        finally:
+            REQUEST.reset(token)
+
+    def _run_guarded(request: Any, context: grpc.ServicerContext) -> Any:
         refused = _undecodable(request)
         if refused is None and fenced:
             try:
@@ -105,7 +115,8 @@ def _guarded(behavior: Callable[[Any, Any], Any], servicer: Any, fenced: bool) -
             except BrokerError as exc:
                 refused = _refused(exc)
         if refused is not None:
-            context.abort(*refused)
+            refuse(context, *refused)
+            return None
         return behavior(request, context)
 
     return run
@@ -121,7 +132,7 @@ def add_broker_service(servicer: Any, server: grpc.aio.Server, fence_exempt: fro
         response_cls = getattr(pb, method.output_type.name)
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(getattr(servicer, method.name), servicer, method.name not in fence_exempt),
+            _guarded(getattr(servicer, method.name), servicer, method.name not in fence_exempt, method.name),
             request_deserializer=_lenient(parse_send if method.name == "Send" else request_cls.FromString),
             response_serializer=serialize,
         )

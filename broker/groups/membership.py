@@ -89,11 +89,14 @@ class Answer:
 
 class Membership:
     def __init__(self, queues_of: Callable[[str], int | None], notify: Callable[[set[MemberKey]], None], *,
-                 members_max: int, rejoin_grace_ms: int) -> None:
-        """``queues_of``: a topic's queue count (None when it does not exist)."""
+                 members_max: int, rejoin_grace_ms: int, groups_max: int = 10_000) -> None:
+        """``queues_of``: a topic's queue count (None when it does not exist). ``members_max``
+        bounds each group, ``groups_max`` the groups with live members: a flood of one group, or of
+        new groups, never keeps a new member of another existing group out."""
         self._queues_of = queues_of
         self._notify = notify
         self.members_max = members_max
+        self.groups_max = groups_max
         self.rejoin_grace_ms = rejoin_grace_ms
         self.groups: dict[str, Group] = {}
         self._hold_until = 0.0
@@ -120,8 +123,11 @@ class Membership:
             g = self.groups.get(group)
             m = g.members.get(member_id) if g is not None else None
             if g is None or m is None:
-                if sum(len(x.members) for x in self.groups.values()) >= self.members_max:
-                    raise BrokerError("RESOURCE_EXHAUSTED", f"this broker serves {self.members_max} group members "
+                if g is None and len(self.groups) >= self.groups_max:
+                    raise BrokerError("RESOURCE_EXHAUSTED", f"this broker serves {self.groups_max} groups with live "
+                                      "members (groups.live_groups_max); a new group cannot start")
+                if g is not None and len(g.members) >= self.members_max:
+                    raise BrokerError("RESOURCE_EXHAUSTED", f"group {shown(group)} has {self.members_max} members "
                                       "(groups.members_max); a new member cannot join")
                 if g is None:
                     g = self.groups[group] = Group(group)

@@ -49,7 +49,6 @@ from proto import tidemark_pb2 as pb
 log = structlog.get_logger("groups.pop")
 GROUP_LOCKS_MAX = 100_000  # entries of the per-queue bookkeeping dicts before they are cleared
 LOCK_STRIPES = 1024
-DLQ_SUFFIX = ".dlq"
 ORIGIN_PROPS = ("dlq.topic", "dlq.queue", "dlq.offset", "dlq.deliveries")
 FAILED_PRECONDITION = 9  # grpc.StatusCode.FAILED_PRECONDITION's value, per handle in Ack/Nack results
 TWICE = 5  # beyond PopQueue.check's reasons: the same lease twice in one call
@@ -81,6 +80,17 @@ def now_ms() -> int:
     return clock.wall_ms()
 
 
+def dead_letter_props(raw: bytes | memoryview, origin: dict[str, str]) -> bytes:
+    """A dead letter's properties: the message's own, read leniently (a record stored before the
+    send path checked contents may not decode strictly), then its origin. When both do not fit a
+    record's properties, the origin and how many bytes of the message's own were dropped: moving a
+    message to the DLQ never fails on the message."""
+    props = bf.decode_props_lenient(raw) if len(raw) else {}
+    props.update(origin)
+    fits = sum(4 + len(n.encode()) + len(v.encode()) for n, v in props.items()) <= bf.PROPS_BYTES_MAX
+    return bf.encode_props(props if fits else {**origin, "dlq.properties_dropped": str(len(raw))})
+
+
 class PopService:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -94,6 +104,15 @@ class PopService:
         self._last_end: dict[QueueKey, tuple[int, int]] = {}  # (epoch, end of our last record)
         self._rotation: dict[tuple[str, str], int] = {}
         self._dlq_lock = threading.Lock()
+        # A pop that found nothing on any queue is remembered (``_idle``) with what it depended on: the
+        # topic's growth, the group's own records on it (acks move the window, nacks and changed
+        # leases make messages visible), the epoch; until one of them changes or its next lease ends,
+        # the next pop answers at once instead of visiting every queue (2,000 waiting pops of a
+        # 1,024-queue topic each walked all of them whenever they came back)
+        self._grown: dict[str, int] = {}
+        self._changed: dict[tuple[str, str], int] = {}
+        self._idle: dict[tuple[str, str], tuple[tuple[int, int, int], int | None]] = {}
+        store.register_queue_listener(self._queues_grew)
 
     @property
     def cluster(self) -> int:
@@ -102,7 +121,7 @@ class PopService:
 
     # -- requests checks -------------------------------------------------------------------------
     def check_group(self, group: str) -> None:
-        if not group or system_records.topic_name_error(group + DLQ_SUFFIX) is not None:
+        if not group or system_records.topic_name_error(group + system_records.DLQ_SUFFIX) is not None:
             raise invalid(f"invalid pop group name {shown(group)}: use 1-123 of [A-Za-z0-9._-], starting alphanumeric "
                           "(its dead letters go to the topic '<group>.dlq')")
 
@@ -163,8 +182,44 @@ class PopService:
         if len(self._last_end) > GROUP_LOCKS_MAX:
             self._last_end.clear()  # the next call of each queue settles on the whole log
         epoch = self.store.epoch
+        with self._locks_guard:
+            for group, topic in {(g, t) for g, t, _ in keys}:
+                self._changed[(group, topic)] = self._changed.get((group, topic), 0) + 1
         for k in keys:
             self._last_end[k] = (epoch, end)
+
+    def _queues_grew(self, keys: set[tuple[str, int]] | None) -> None:
+        """The dispatcher's word that queues grew (None: anything may have changed)."""
+        with self._locks_guard:
+            if keys is None:
+                self._idle.clear()
+                return
+            for topic in {t for t, _ in keys}:
+                self._grown[topic] = self._grown.get(topic, 0) + 1
+
+    def _idle_state(self, group: str, topic: str) -> tuple[int, int, int]:
+        with self._locks_guard:
+            return self.store.epoch, self._grown.get(topic, 0), self._changed.get((group, topic), 0)
+
+    def idle(self, group: str, topic: str) -> tuple[bool, int | None]:
+        """``_still_idle`` now: cheap enough for the event loop, which asks before it hands a pop
+        to a pool thread (a long-polled pop looks again each time it is woken, and at its end)."""
+        return self._still_idle(group, topic, now_ms())
+
+    def _still_idle(self, group: str, topic: str, now: int) -> tuple[bool, int | None]:
+        """A pop of ``group`` on ``topic`` would find nothing, as the last one did (and when to look again)."""
+        with self._locks_guard:
+            idle = self._idle.get((group, topic))
+        if idle is None or idle[0] != self._idle_state(group, topic) or (idle[1] is not None and now >= idle[1]):
+            return False, None
+        return True, idle[1]
+
+    def _remember_idle(self, group: str, topic: str, state: tuple[int, int, int], wake: int | None) -> None:
+        with self._locks_guard:
+            if len(self._idle) > GROUP_LOCKS_MAX or len(self._changed) > GROUP_LOCKS_MAX:
+                self._idle.clear()
+                self._changed.clear()  # (an idle entry checks it: cleared together, nothing stale matches)
+            self._idle[(group, topic)] = (state, wake)
 
     def _append(self, batches: list[IncomingBatch]) -> int:
         _, end = self.store.appender.append(batches, internal=True)
@@ -181,10 +236,11 @@ class PopService:
 
     # -- pop ---------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
-            start_earliest: bool) -> tuple[list[pb.PoppedRun], int | None]:
+            start_earliest: bool, may_create_dlq: bool = True) -> tuple[list[pb.PoppedRun], int | None]:
         """Lease up to ``max_messages``; return them as runs of adjacent messages with the log
         batches that hold them (at most ``limits.pull_bytes_max`` and one batch), or no run and when
-        the next lease ends (ms).
+        the next lease ends (ms). ``may_create_dlq``: the caller has the role creating a topic needs
+        (admin), so a first dead letter may create ``<group>.dlq``.
 
         Calls of one group on different queues run side by side (their records share fsyncs): a
         pop takes the queues that no other call holds, from a rotating start; only when every queue
@@ -195,6 +251,11 @@ class PopService:
         if max_messages <= 0:
             raise invalid("max_messages must be positive")
         max_messages = min(max_messages, self.config["groups.pop_messages_max"])
+        idle, wake_at = self._still_idle(group, topic, now_ms())
+        if idle:
+            return [], wake_at
+        state = self._idle_state(group, topic)
+        found = False
         with self._locks_guard:
             first = self._rotation.get((group, topic), 0)
             self._rotation[(group, topic)] = (first + 1) % queues
@@ -223,22 +284,31 @@ class PopService:
                 if pick is not None:
                     picks.append(pick)
                     left -= int(pick.offsets.size)
+                    found = True
             if picks:
-                leased = self._lease(group, topic, picks, invisible_ms, now)
+                leased = self._lease(group, topic, picks, invisible_ms, now, may_create_dlq)
         finally:
             for lock in held:
                 lock.release()
         for key in busy if leased is None else ():  # second pass: wait for each busy queue, one at a time
+            idle, wake_at = self._still_idle(group, topic, now_ms())
+            if idle:  # another pop walked every queue since this one began, and found nothing
+                return [], wake_at
             with self._holding([key]):
                 now = now_ms()
                 pick, nxt = self._pick(key, max_messages, start_earliest, now)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
-                    leased = self._lease(group, topic, [pick], invisible_ms, now)
+                    found = True
+                    leased = self._lease(group, topic, [pick], invisible_ms, now, may_create_dlq)
                     break
         if leased is None:
+            if not found:  # every queue visited, under its lock
+                self._remember_idle(group, topic, state, wake)
             return [], wake
         out, end, dead = leased
+        if not end:
+            return out, wake
         self._durable(end)
         redelivered = sum(r.count for r in out if r.delivery_count > 1)
         if redelivered:
@@ -249,15 +319,19 @@ class PopService:
         return out, None
 
     def _lease(self, group: str, topic: str, picks: list[_Pick], invisible_ms: int,
-               now: int) -> tuple[list[pb.PoppedRun], int, int]:
+               now: int, may_create_dlq: bool) -> tuple[list[pb.PoppedRun], int, int]:
         """With the picked queues' locks held: read, append the lease record (and dead letters in
-        the same append); return the runs, the record's end and the number of dead letters."""
+        the same append); return the runs, the record's end and the number of dead letters. Dead
+        messages whose DLQ cannot take them (``_dlq_ready``) stay where they are, neither leased nor
+        dead: no consumer gets them again, and the next pop tries once more."""
         tag = secrets.randbits(63) + 1
+        dlq_ready = any(p.dead.size for p in picks) and self._dlq_ready(group, may_create_dlq)
         epoch, cluster = self.store.epoch, self.cluster
         budget = self.config["limits.pull_bytes_max"]
         out: list[pb.PoppedRun] = []
         dlq: list[tuple[bytes, bytes, bytes]] = []
         entries = []
+        touched: list[int] = []
         for p in picks:
             prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
             runs, got, gone, budget = self._read_runs(topic, p.queue_id, p.offsets, p.counts, budget)
@@ -267,20 +341,25 @@ class PopService:
                                         receipt_handle=f"{prefix}.{first:x}{more}.{topic}", batches=batches,
                                         skip_first=skip))
             gone = np.union1d(p.gone, gone)  # removed by retention meanwhile
-            dead = np.setdiff1d(p.dead, gone)
+            dead = np.setdiff1d(p.dead, gone) if dlq_ready else p.dead[:0]
+            if not (got.size or dead.size or gone.size or p.start is not None):
+                continue  # nothing changes on this queue (its dead letters wait for their DLQ)
             dlq += self._dead_letters(topic, p.queue_id, dead)
             entry: dict[str, object] = {"q": p.queue_id, "runs": pr.to_runs(got), "dead": pr.to_runs(dead),
                                         "gone": pr.to_runs(gone)}
             if p.start is not None:
                 entry["from"] = p.start
             entries.append(entry)
+            touched.append(p.queue_id)
+        if not entries:
+            return out, 0, 0  # no record: a pop that only found dead letters held back writes nothing
         batches_out = []
         if dlq:
             batches_out.append(self._dlq_batch(group, dlq))
         batches_out.append(_record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + invisible_ms, "tag": tag,
                                                     "queues": entries}))
         end = self._append(batches_out)
-        self._appended([(group, topic, p.queue_id) for p in picks], end)
+        self._appended([(group, topic, q) for q in touched], end)
         return out, end, len(dlq)
 
     def _new_queue(self, key: QueueKey) -> bool:
@@ -357,16 +436,29 @@ class PopService:
         runs, _, _, _ = self._read_runs(topic, queue_id, dead, np.zeros(dead.size, np.int64), 1 << 62)
         for first, count, _, batches, _ in runs:
             for r in run_records(first, count, batches):
-                props = bf.decode_props(r.props) if len(r.props) else {}
-                props.update(zip(ORIGIN_PROPS, (topic, str(queue_id), str(r.queue_offset), counts), strict=True))
-                out.append((bytes(r.body), bytes(r.key), bf.encode_props(props)))
+                origin = dict(zip(ORIGIN_PROPS, (topic, str(queue_id), str(r.queue_offset), counts), strict=True))
+                out.append((bytes(r.body), bytes(r.key), dead_letter_props(r.props, origin)))
         return out
 
-    def _dlq_batch(self, group: str, items: list[tuple[bytes, bytes, bytes]]) -> IncomingBatch:
-        name = group + DLQ_SUFFIX
+    def _dlq_ready(self, group: str, may_create: bool) -> bool:
+        """``<group>.dlq`` exists, or this caller may create it and did: dead letters can move.
+        Otherwise they are held back, said in the log and in status (``errors.dlq``)."""
+        name = group + system_records.DLQ_SUFFIX
         with self._dlq_lock:  # pops of two queues may both find it missing
+            if self.store.views.metadata.topic(name) is None and not may_create:
+                self.store.incidents.record("dlq", f"dead letters of pop group {shown(group)} are held back: its "
+                                            f"dead-letter topic {shown(name)} does not exist and the popping caller may "
+                                            "not create topics (admin): tidemark topic create it, or pop with an admin "
+                                            "token")
+                metrics.POP_DLQ_HELD.inc()
+                return False
             if self.store.views.metadata.topic(name) is None:
                 self._create_dlq(name)
+        self.store.incidents.clear("dlq")
+        return True
+
+    def _dlq_batch(self, group: str, items: list[tuple[bytes, bytes, bytes]]) -> IncomingBatch:
+        name = group + system_records.DLQ_SUFFIX
         records, _ = bf.encode_records(items)
         return IncomingBatch(name, 0, records, len(items), crc32c.crc32c(records))
 

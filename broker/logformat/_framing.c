@@ -26,6 +26,7 @@
 enum outcome { WALK_OK, WALK_MORE, WALK_TRUNCATED, WALK_BAD_LENGTH, WALK_FEWER };
 
 struct walk {
+    Py_ssize_t expected; /* the declared count */
     enum outcome outcome;
     Py_ssize_t count; /* records walked */
     Py_ssize_t pos;   /* where the walk stopped */
@@ -40,6 +41,7 @@ static uint32_t le16(const unsigned char *p) { return (uint32_t)p[0] | ((uint32_
 
 static void walk_records(const unsigned char *buf, Py_ssize_t end, Py_ssize_t expected, struct walk *w) {
     Py_ssize_t pos = 0, count = 0;
+    w->expected = expected;
     while (pos < end) {
         if (count == expected) {
             w->outcome = WALK_MORE;
@@ -71,21 +73,37 @@ static void walk_records(const unsigned char *buf, Py_ssize_t end, Py_ssize_t ex
     w->pos = pos;
 }
 
-static PyObject *check(PyObject *self, PyObject *args) {
+/* A walk over a buffer argument and one size argument (``format``: "y*n:name"), without the
+ * interpreter lock when the buffer is large. 0 when the arguments do not parse. */
+typedef void (*walk_fn)(const unsigned char *buf, Py_ssize_t end, Py_ssize_t n, void *out);
+
+static int run_walk(PyObject *args, const char *format, walk_fn fn, void *out) {
     Py_buffer view;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, format, &view, &n))
+        return 0;
+    if (view.len >= RELEASE_LOCK_BYTES) {
+        Py_BEGIN_ALLOW_THREADS
+        fn((const unsigned char *)view.buf, view.len, n, out);
+        Py_END_ALLOW_THREADS
+    } else {
+        fn((const unsigned char *)view.buf, view.len, n, out);
+    }
+    PyBuffer_Release(&view);
+    return 1;
+}
+
+static void walk_records_fn(const unsigned char *buf, Py_ssize_t end, Py_ssize_t n, void *out) {
+    walk_records(buf, end, n, (struct walk *)out);
+}
+
+static PyObject *check(PyObject *self, PyObject *args) {
     Py_ssize_t expected;
     struct walk w;
     (void)self;
-    if (!PyArg_ParseTuple(args, "y*n:check", &view, &expected))
+    if (!run_walk(args, "y*n:check", walk_records_fn, &w))
         return NULL;
-    if (view.len >= RELEASE_LOCK_BYTES) {
-        Py_BEGIN_ALLOW_THREADS
-        walk_records((const unsigned char *)view.buf, view.len, expected, &w);
-        Py_END_ALLOW_THREADS
-    } else {
-        walk_records((const unsigned char *)view.buf, view.len, expected, &w);
-    }
-    PyBuffer_Release(&view);
+    expected = w.expected;
     switch (w.outcome) {
     case WALK_OK:
         Py_RETURN_NONE;
@@ -101,6 +119,131 @@ static PyObject *check(PyObject *self, PyObject *args) {
     case WALK_FEWER:
     default:
         PyErr_Format(PyExc_ValueError, "batch declares %zd records but holds %zd", expected, w.count);
+        return NULL;
+    }
+}
+
+/* Strict UTF-8, as Python's codec decodes it: no overlong forms, no surrogates, nothing past
+ * U+10FFFF. */
+static int utf8_ok(const unsigned char *s, Py_ssize_t n) {
+    Py_ssize_t i = 0;
+    while (i < n) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+        } else if (c >= 0xC2 && c <= 0xDF) {
+            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80)
+                return 0;
+            i += 2;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            if (n - i < 3 || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] >= 0xA0))
+                return 0;
+            i += 3;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            if (n - i < 4 || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80)
+                return 0;
+            if ((c == 0xF0 && s[i + 1] < 0x90) || (c == 0xF4 && s[i + 1] >= 0x90))
+                return 0;
+            i += 4;
+        } else {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+enum content { CONTENT_OK, CONTENT_KEY, CONTENT_PROPS, CONTENT_NAME, CONTENT_VALUE, CONTENT_RESERVED };
+
+struct content_walk {
+    enum content outcome;
+    Py_ssize_t record; /* the record at fault */
+    Py_ssize_t prop;   /* its property at fault */
+};
+
+/* For records whose framing is already checked: every key, property name and value is UTF-8, the
+ * properties fill their length exactly, and from the property ``leading_reserved`` on no name starts
+ * with "__" (the broker's; a scheduled record's first three are its timer fields). */
+static void walk_contents(const unsigned char *buf, Py_ssize_t end, Py_ssize_t leading_reserved, struct content_walk *w) {
+    Py_ssize_t pos = 0, record = 0;
+    w->outcome = CONTENT_OK;
+    while (pos < end) {
+        uint32_t size = le32(buf + pos);
+        Py_ssize_t key_len = le16(buf + pos + 4), props_len = le16(buf + pos + 6);
+        const unsigned char *key = buf + pos + RECORD_HEAD_BYTES;
+        const unsigned char *p = key + key_len, *pe = p + props_len;
+        Py_ssize_t prop = 0;
+        w->record = record;
+        if (!utf8_ok(key, key_len)) {
+            w->outcome = CONTENT_KEY;
+            return;
+        }
+        while (p < pe) {
+            w->prop = prop;
+            if (pe - p < 4) {
+                w->outcome = CONTENT_PROPS;
+                return;
+            }
+            Py_ssize_t name_len = le16(p);
+            if (pe - p - 4 < name_len) {
+                w->outcome = CONTENT_PROPS;
+                return;
+            }
+            const unsigned char *name = p + 2, *v = name + name_len + 2;
+            Py_ssize_t value_len = le16(name + name_len);
+            if (pe - v < value_len) {
+                w->outcome = CONTENT_PROPS;
+                return;
+            }
+            if (!utf8_ok(name, name_len)) {
+                w->outcome = CONTENT_NAME;
+                return;
+            }
+            if (!utf8_ok(v, value_len)) {
+                w->outcome = CONTENT_VALUE;
+                return;
+            }
+            if (prop >= leading_reserved && name_len >= 2 && name[0] == '_' && name[1] == '_') {
+                w->outcome = CONTENT_RESERVED;
+                return;
+            }
+            p = v + value_len;
+            prop++;
+        }
+        record++;
+        pos += 4 + (Py_ssize_t)size;
+    }
+}
+
+static void walk_contents_fn(const unsigned char *buf, Py_ssize_t end, Py_ssize_t n, void *out) {
+    walk_contents(buf, end, n, (struct content_walk *)out);
+}
+
+static PyObject *check_contents(PyObject *self, PyObject *args) {
+    struct content_walk w;
+    (void)self;
+    if (!run_walk(args, "y*n:check_contents", walk_contents_fn, &w))
+        return NULL;
+    switch (w.outcome) {
+    case CONTENT_OK:
+        Py_RETURN_NONE;
+    case CONTENT_KEY:
+        PyErr_Format(PyExc_ValueError, "record %zd: its key is not UTF-8", w.record);
+        return NULL;
+    case CONTENT_PROPS:
+        PyErr_Format(PyExc_ValueError, "record %zd: property %zd runs past the record's properties", w.record, w.prop);
+        return NULL;
+    case CONTENT_NAME:
+        PyErr_Format(PyExc_ValueError, "record %zd: the name of property %zd is not UTF-8", w.record, w.prop);
+        return NULL;
+    case CONTENT_VALUE:
+        PyErr_Format(PyExc_ValueError, "record %zd: the value of property %zd is not UTF-8", w.record, w.prop);
+        return NULL;
+    case CONTENT_RESERVED:
+    default:
+        PyErr_Format(PyExc_ValueError, "record %zd: property %zd has a reserved name (names starting with __ "
+                     "belong to the broker)", w.record, w.prop);
         return NULL;
     }
 }
@@ -416,6 +559,8 @@ done:
 
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, "check(records, expected_count): raise ValueError on bad record framing."},
+    {"check_contents", check_contents, METH_VARARGS, "check_contents(records, leading_reserved): raise ValueError on a "
+     "key or property that is not UTF-8, malformed properties or a reserved name."},
     {"scheduled_ok", scheduled_ok, METH_VARARGS, "scheduled_ok(records, name, target, latest_ms) -> bool."},
     {"leading_ints", leading_ints, METH_VARARGS, "leading_ints(batch, start, end, name, skip, count) -> (positions, values) | None."},
     {"encode_records", encode_records, METH_O, "encode_records(items) -> (records, positions) | None."},

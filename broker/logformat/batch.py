@@ -127,6 +127,28 @@ def decode_props(data: bytes | memoryview) -> dict[str, str]:
     return out
 
 
+def iter_props_lenient(data: bytes | memoryview) -> Iterator[tuple[bytes, bytes]]:
+    """(name, value) bytes of each whole property; stops quietly at one that runs past the end."""
+    pos, end = 0, len(data)
+    while end - pos >= 4:
+        (n,) = _U16.unpack_from(data, pos)
+        if end - pos - 4 < n:
+            return
+        (v,) = _U16.unpack_from(data, pos + 2 + n)
+        at = pos + 4 + n
+        if end - at < v:
+            return
+        yield bytes(data[pos + 2 : pos + 2 + n]), bytes(data[at : at + v])
+        pos = at + v
+
+
+def decode_props_lenient(data: bytes | memoryview) -> dict[str, str]:
+    """``decode_props`` for readers, which must never fail on what a log holds: bytes that are not
+    UTF-8 read as U+FFFD, a property running past the end is dropped. Records stored since the send
+    path checks contents (``check_records``) decode alike either way; older ones, or a peer's, may not."""
+    return {n.decode(errors="replace"): v.decode(errors="replace") for n, v in iter_props_lenient(data)}
+
+
 def encode_record(body: bytes, key: bytes = b"", props: bytes = b"") -> bytes:
     """Encode one record (key and props already encoded)."""
     return encode_records([(body, key, props)])[0]
@@ -187,6 +209,69 @@ def check_framing(records: bytes | memoryview, expected_count: int) -> None:
         native.check(records, expected_count)
     else:
         record_positions(records, expected_count)
+
+
+RESERVED_PREFIX = "__"  # property names of the broker's own (timer fields, and those to come)
+
+
+def check_record_contents(records: bytes | memoryview, leading_reserved: int) -> None:
+    """For records whose framing is checked (``check_framing``): every key, property name and value
+    is UTF-8, the properties fill their length exactly, and from property ``leading_reserved`` on no
+    name starts with ``__``. ValueError names the record and property. So every record a client
+    stored can be decoded by every reader. In C when built (``_framing.check_contents``)."""
+    if native is not None:
+        native.check_contents(records, leading_reserved)
+    else:
+        _check_record_contents_py(records, leading_reserved)
+
+
+def _check_record_contents_py(records: bytes | memoryview, leading_reserved: int) -> None:
+    mv = memoryview(records)
+    pos, record, end = 0, 0, len(mv)
+    while pos < end:
+        size, key_len, props_len = RECORD_HEAD.unpack_from(mv, pos)
+        k0 = pos + RECORD_HEAD_BYTES
+        if not _utf8(mv[k0 : k0 + key_len]):
+            raise ValueError(f"record {record}: its key is not UTF-8")
+        p, pe, prop = k0 + key_len, k0 + key_len + props_len, 0
+        while p < pe:
+            if pe - p < 4:
+                raise ValueError(f"record {record}: property {prop} runs past the record's properties")
+            (name_len,) = _U16.unpack_from(mv, p)
+            if pe - p - 4 < name_len:
+                raise ValueError(f"record {record}: property {prop} runs past the record's properties")
+            (value_len,) = _U16.unpack_from(mv, p + 2 + name_len)
+            v = p + 4 + name_len
+            if pe - v < value_len:
+                raise ValueError(f"record {record}: property {prop} runs past the record's properties")
+            name = mv[p + 2 : p + 2 + name_len]
+            if not _utf8(name):
+                raise ValueError(f"record {record}: the name of property {prop} is not UTF-8")
+            if not _utf8(mv[v : v + value_len]):
+                raise ValueError(f"record {record}: the value of property {prop} is not UTF-8")
+            if prop >= leading_reserved and bytes(name[:2]) == b"__":
+                raise ValueError(f"record {record}: property {prop} has a reserved name (names starting with __ "
+                                 "belong to the broker)")
+            p = v + value_len
+            prop += 1
+        record += 1
+        pos += 4 + size
+
+
+def _utf8(raw: memoryview) -> bool:
+    try:
+        str(raw, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def check_records(records: bytes | memoryview, expected_count: int, leading_reserved: int = 0) -> None:
+    """What a client's records must be to be stored: framing (``check_framing``) and contents
+    (``check_record_contents``). The one validator of the send path, for plain messages (the server
+    encodes them) and pre-encoded batches alike."""
+    check_framing(records, expected_count)
+    check_record_contents(records, leading_reserved)
 
 
 def build_header(

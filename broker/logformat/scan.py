@@ -23,14 +23,18 @@ range's offsets are commit offsets).
 from __future__ import annotations
 
 import enum
+import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
-from broker.logformat.batch import HEADER_BYTES, BatchHeader, decode_header, peek_batch_bytes, verify_batch
+from broker.logformat.batch import HEADER_BYTES, MAGIC, VERSION, BatchHeader, decode_header, peek_batch_bytes, verify_batch
 from broker.logformat.errors import CorruptionError
 
 Reader = Callable[[int, int], "bytes | memoryview"]
 CHUNK_BYTES = 4 << 20  # one read of the range; a batch larger than this is read whole by itself
+TOPIC_LEN_AT = 58  # the header's topic_len byte (docs/formats/commitlog.md)
+_MAGIC_VERSION = struct.pack("<HB", MAGIC, VERSION)  # header bytes [8, 11)
 
 
 class Mode(enum.Enum):
@@ -60,6 +64,22 @@ class Stop:
         return self.problem is Problem.INCOMPLETE or self.declared_bytes < HEADER_BYTES
 
 
+@dataclass(frozen=True, slots=True)
+class Damage:
+    """Adjacent whole batches that fail their checks, stepped over by ``scan_past_damage``."""
+
+    first: Stop  # the first of them: where and why
+    end: int  # where the next batch starts
+    batches: int
+
+    @property
+    def more(self) -> str:
+        """What follows the first one's description: the rest of the run, if any."""
+        if self.batches == 1:
+            return ""
+        return f"; {self.batches - 1} more damaged batches after it, up to offset {self.end}"
+
+
 class Scan:
     """Iterate once for ``(header, batch memoryview)``; then ``end`` and ``stop`` tell the outcome."""
 
@@ -78,9 +98,23 @@ class Scan:
         self.stop: Stop | None = None
 
     def __iter__(self) -> Iterator[tuple[BatchHeader, memoryview]]:
+        return cast("Iterator[tuple[BatchHeader, memoryview]]", self._walk(step_over=False))  # yields no Stop
+
+    def _walk(self, *, step_over: bool) -> Iterator[tuple[BatchHeader, memoryview] | Damage | Stop]:
+        """The walk. Without ``step_over`` the first stop ends it (kept in ``stop``, raised by the
+        modes that raise). With it (``scan_past_damage``) a whole batch that fails its checks is
+        stepped over (the walk goes on where its length field says the next one starts, in the chunk
+        already read: one pass, linear in the bytes of the range), each run of them yielded as one
+        ``Damage``, and the stop that ends the walk is yielded too.
+
+        A length is trusted with a read of its own (a batch larger than a chunk) only once the
+        header it belongs to passed its checks (magic, version, header CRC) and it fits in the range:
+        garbage never sizes an allocation beyond the range's bytes."""
         check = verify_batch if self.verify_body else decode_header
         end = self.range_end
         pos = self.start
+        run: Stop | None = None  # step_over: the first damaged batch of the run being stepped over
+        run_batches = 0
         while pos < end:
             data = memoryview(self._read(pos, min(end - pos, self.chunk_bytes)))
             short = pos + len(data) < min(end, pos + self.chunk_bytes)  # the reader had less than the range
@@ -91,44 +125,94 @@ class Scan:
                 at = pos + i
                 avail = n - i
                 size = peek_batch_bytes(data, i) if avail >= 4 else -1
+                bad: CorruptionError | None = None
                 if avail < HEADER_BYTES or size > avail:
                     if size > limit - at or limit - at < HEADER_BYTES:
-                        self._problem(Problem.INCOMPLETE, at, size,
-                                      f"batch at {at} declares {size} bytes; {limit - at} remain", False)
+                        stop = self._problem(Problem.INCOMPLETE, at, size,
+                                             f"batch at {at} declares {size} bytes; {limit - at} remain", False)
+                        if step_over:
+                            yield from _last(run, run_batches, at, stop)
                         return
-                    if i == 0:  # one batch larger than a chunk: read exactly it
+                    if i > 0:
+                        break  # the rest of this batch is in the next chunk
+                    bad = _header_error(data, self.path)
+                    if bad is None:  # one batch larger than a chunk, its header valid: read exactly it
                         data = memoryview(self._read(at, size))
                         n = len(data)
                         if n < size:
-                            self._problem(Problem.INCOMPLETE, at, size, f"batch at {at} declares {size} bytes; "
-                                          f"{n} could be read", False)
+                            stop = self._problem(Problem.INCOMPLETE, at, size, f"batch at {at} declares {size} bytes; "
+                                                 f"{n} could be read", False)
+                            if step_over:
+                                yield from _last(run, run_batches, at, stop)
                             return
                         continue
-                    break  # the rest of this batch is in the next chunk
-                try:
-                    header = check(data, i, path=self.path)
-                    if self.check_offsets and header.base_offset != at:
-                        raise CorruptionError(f"batch claims offset {header.base_offset}", path=self.path, offset=at)
-                except CorruptionError as exc:
-                    if exc.offset not in (-1, at):  # the checks name a position in the chunk: say where in the range
-                        exc = CorruptionError(exc.message, path=exc.path, offset=at)
-                    self._problem(Problem.INVALID, at, size, str(exc), at + size == end, exc)
-                    return
+                elif run is not None and size >= HEADER_BYTES and data[i + 8 : i + 11] != _MAGIC_VERSION:
+                    run_batches += 1  # in a run of damage a bad magic is all there is to know (only the first is described)
+                    i += size
+                    continue
+                else:
+                    try:
+                        header = check(data, i, path=self.path)
+                        if self.check_offsets and header.base_offset != at:
+                            raise CorruptionError(f"batch claims offset {header.base_offset}", path=self.path, offset=at)
+                    except CorruptionError as exc:
+                        bad = exc
+                if bad is not None:
+                    if bad.offset not in (-1, at):  # the checks name a position in the chunk: say where in the range
+                        bad = CorruptionError(bad.message, path=bad.path, offset=at)
+                    stop = self._problem(Problem.INVALID, at, size, str(bad), at + size == end, bad)
+                    if not step_over:
+                        return
+                    if stop.ends_walk:
+                        yield from _last(run, run_batches, at, stop)
+                        return
+                    if run is None:
+                        run, run_batches = stop, 0
+                    run_batches += 1
+                    i += size  # stepped over: the next batch starts where this one's length says
+                    continue
+                if run is not None:
+                    yield Damage(run, at, run_batches)
+                    run = None
                 yield header, data[i : i + size]
                 i += size
                 self.end = at + size
                 self.batches += 1
             if i == 0:  # nothing whole in what the reader returned
-                self._problem(Problem.INCOMPLETE, pos, peek_batch_bytes(data, 0) if n >= 4 else -1,
-                              f"no whole batch readable at {pos}", False)
+                stop = self._problem(Problem.INCOMPLETE, pos, peek_batch_bytes(data, 0) if n >= 4 else -1,
+                                     f"no whole batch readable at {pos}", False)
+                if step_over:
+                    yield from _last(run, run_batches, pos, stop)
                 return
             pos += i
+        if run is not None:
+            yield Damage(run, end, run_batches)
 
     def _problem(self, problem: Problem, at: int, size: int, why: str, at_range_end: bool,
-                 exc: CorruptionError | None = None) -> None:
+                 exc: CorruptionError | None = None) -> Stop:
         self.stop = Stop(at, problem, size, why, at_range_end)
         if self.mode is Mode.STRICT or (self.mode is Mode.PREFIX and problem is Problem.INVALID):
             raise exc or CorruptionError(f"incomplete batch: {why}", path=self.path, offset=at)
+        return self.stop
+
+
+def _last(run: Stop | None, run_batches: int, at: int, stop: Stop) -> Iterator[Damage | Stop]:
+    """How a walk past damage ends: the run of damaged batches stepped over up to ``at``, if any, then ``stop``."""
+    if run is not None:
+        yield Damage(run, at, run_batches)
+    yield stop
+
+
+def _header_error(data: memoryview, path: str) -> CorruptionError | None:
+    """What is wrong with the header (magic, version, topic length, CRC) of the batch at the start of
+    ``data``; None when it is valid, or when ``data`` is too short to hold it and its topic."""
+    if len(data) < HEADER_BYTES or len(data) < HEADER_BYTES + data[TOPIC_LEN_AT]:
+        return None
+    try:
+        decode_header(data, 0, path=path)
+    except CorruptionError as exc:
+        return exc
+    return None
 
 
 def scan(read: Reader, start: int, end: int, *, mode: Mode, verify_body: bool = False, check_offsets: bool = True,
@@ -140,23 +224,15 @@ def scan(read: Reader, start: int, end: int, *, mode: Mode, verify_body: bool = 
 
 
 def scan_past_damage(read: Reader, start: int, end: int, *, chunk_bytes: int = CHUNK_BYTES,
-                     path: str = "") -> Iterator[tuple[BatchHeader, memoryview] | Stop]:
+                     path: str = "") -> Iterator[tuple[BatchHeader, memoryview] | Damage | Stop]:
     """Every batch in [start, end) for a reader of damaged bytes (``log verify``, ``log quarantine``):
-    each valid batch (both CRCs, its offset) as ``(header, batch)``, each damaged one as its ``Stop``.
-    A batch that is whole but fails a check is stepped over (its length field says where the next
-    one starts); a batch cut short, or a length that cannot be one, is the last thing yielded."""
-    at = start
-    while at < end:
-        walk = Scan(read, at, end, mode=Mode.TORN_TAIL, verify_body=True, check_offsets=True, chunk_bytes=chunk_bytes,
-                    path=path)
-        yield from walk
-        stop = walk.stop
-        if stop is None:
-            return
-        yield stop
-        if stop.ends_walk:
-            return
-        at = stop.offset + stop.declared_bytes
+    each valid batch (both CRCs, its offset) as ``(header, batch)``; each run of adjacent whole
+    batches that fail a check, stepped over (a length field says where the next one starts), as one
+    ``Damage``; a batch cut short, or a length that cannot be one's, as the ``Stop`` that ends the
+    walk. One pass over the range: time linear in its bytes, memory one chunk (or one batch)."""
+    walk = Scan(read, start, end, mode=Mode.TORN_TAIL, verify_body=True, check_offsets=True, chunk_bytes=chunk_bytes,
+                path=path)
+    return walk._walk(step_over=True)
 
 
 def scan_bytes(data: bytes | memoryview, base_offset: int = 0, *, mode: Mode, verify_body: bool = False,

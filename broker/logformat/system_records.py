@@ -19,6 +19,7 @@ from typing import Any
 
 METADATA_TOPIC = "__metadata"
 SYSTEM_PREFIX = "__"
+DLQ_SUFFIX = ".dlq"  # <group>.dlq: the dead letters of pop group <group>, and nothing else (DESIGN §12)
 TIMER_TOPIC = "__timer"  # records: broker/timers/records.py
 POP_TOPIC = "__pop"  # records: broker/logformat/pop_records.py
 SYSTEM_TOPICS = (METADATA_TOPIC, TIMER_TOPIC, POP_TOPIC)

@@ -31,6 +31,7 @@ FIRED = "fired"
 CANCELLED = "cancelled"
 DROPPED = "dropped"  # its topic was deleted before it fired: nothing was delivered
 TIMER_PROPERTIES = (DELIVER_AT, TARGET_TOPIC, TARGET_QUEUE, TIMER_OFFSET)  # reserved in a timer message
+SCHEDULED_LEADING_PROPS = 3  # a scheduled record's timer fields, before the user's properties
 
 _U16 = struct.Struct("<H")
 _DELIVER_AT_NAME = _U16.pack(len(DELIVER_AT)) + DELIVER_AT.encode()
@@ -39,6 +40,15 @@ _OFFSET_NAME = _U16.pack(len(TIMER_OFFSET)) + TIMER_OFFSET.encode()
 _TOPIC_NAME = _U16.pack(len(TARGET_TOPIC)) + TARGET_TOPIC.encode()
 _QUEUE_NAME = _U16.pack(len(TARGET_QUEUE)) + TARGET_QUEUE.encode()
 _DIGITS_MAX = 19
+
+
+def field_number(value: str | None) -> int | None:
+    """A timer field read back (``__deliver_at_ms``, ``__timer_offset``): its number, or None when
+    absent or not 1-19 ASCII digits. Readers never fail on what a log holds (a record stored before
+    the send path reserved ``__`` names could carry anything there)."""
+    if value is None or not 1 <= len(value) <= _DIGITS_MAX or not value.isascii() or not value.isdigit():
+        return None
+    return int(value)
 
 
 class TimerRecordError(ValueError):

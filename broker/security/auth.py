@@ -288,7 +288,19 @@ def _refusing(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, message: st
         on_refuse(context)
         await context.abort(code, message)
 
+    def deny_unary(_request: Any, context: Any) -> Any:
+        """No abort (it raises, and grpc keeps the exception in a cycle with this frame, whose
+        ``_request`` may be megabytes): the code set, nothing answered."""
+        on_refuse(context)
+        context.set_code(code)
+        context.set_details(message)
+
+    async def deny_unary_async(_request: Any, context: Any) -> Any:
+        deny_unary(_request, context)
+
     deny: Callable[..., Any] = deny_async if asynchronous else deny_sync
+    if not handler.response_streaming:
+        deny = deny_unary_async if asynchronous else deny_unary
 
     if handler.request_streaming and handler.response_streaming:
         return grpc.stream_stream_rpc_method_handler(deny)

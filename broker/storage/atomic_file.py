@@ -9,7 +9,9 @@ Persist: write ``NAME.tmp`` → fsync → if ``NAME`` is valid keep it as ``NAME
 ``NAME.tmp`` → ``NAME`` → fsync the directory.
 
 Load: the valid copy with the highest generation among ``NAME`` and ``NAME.bak``; every invalid
-copy is renamed ``*.broken`` and logged. ``None`` means no copy exists at all.
+copy is renamed ``*.broken`` and logged. ``None`` means no copy exists at all. Every copy (and
+``NAME.tmp``) is opened as a regular file only (``regular.open_regular``): a FIFO or a symlink in
+its place raises ``NotRegularFile`` and is left where it is.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import crc32c
 import structlog
 
 from broker.storage.failpoints import durable_sync, failpoint, fsync_dir, note_created
+from broker.storage.regular import open_regular, read_regular
 
 log = structlog.get_logger("atomic_file")
 
@@ -70,11 +73,11 @@ def decode(data: bytes, magic: bytes, version: int) -> Loaded:
     return Loaded(bytes(data[HEADER_BYTES:end]), generation, "")
 
 
-def _read_valid(path: str, magic: bytes, version: int) -> Loaded | None:
-    """Return the file's valid content, None if absent; raise InvalidFile when corrupt."""
+def read_copy(path: str, magic: bytes, version: int) -> Loaded | None:
+    """Return the file's valid content, None if absent; raise InvalidFile when corrupt, and
+    ``NotRegularFile`` when it is not a regular file (never quarantined: an operator looks first)."""
     try:
-        with open(path, "rb") as f:
-            data = f.read()
+        data = read_regular(path)
     except FileNotFoundError:
         return None
     loaded = decode(data, magic, version)
@@ -98,7 +101,7 @@ def load(path: str, magic: bytes, version: int) -> Loaded | None:
     best: Loaded | None = None
     for candidate in (path, path + ".bak"):
         try:
-            loaded = _read_valid(candidate, magic, version)
+            loaded = read_copy(candidate, magic, version)
         except InvalidFile as exc:
             quarantine(candidate, str(exc))
             continue
@@ -118,13 +121,13 @@ def persist(path: str, magic: bytes, version: int, payload: bytes, *, generation
     current: Loaded | None = None
     current_invalid = ""
     try:
-        current = _read_valid(path, magic, version)
+        current = read_copy(path, magic, version)
     except InvalidFile as exc:
         current_invalid = str(exc)
     if generation is None:
         previous = current.generation if current else 0
         try:
-            bak = _read_valid(path + ".bak", magic, version)
+            bak = read_copy(path + ".bak", magic, version)
             if bak is not None:
                 previous = max(previous, bak.generation)
         except InvalidFile:
@@ -132,7 +135,7 @@ def persist(path: str, magic: bytes, version: int, payload: bytes, *, generation
         generation = previous + 1
     tmp = path + ".tmp"
     data = encode(magic, version, generation, payload)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     note_created(tmp)
     try:
         view = memoryview(data)

@@ -37,7 +37,9 @@ class CommitLog:
         self._lock = threading.Lock()  # guards the segment list; appends are serialised by the caller
         self._read_only = read_only
         self._pinned = ""  # the active segment stays open (written and synced all the time)
-        starts = sorted(s for s in (parse_segment_name(n) for n in os.listdir(directory)) if s is not None)
+        names = os.listdir(directory)
+        starts = sorted(s for s in (parse_segment_name(n) for n in names) if s is not None)
+        self.stray_names = sorted(n for n in names if parse_segment_name(n) is None)  # not segments: never read
         for start in starts:
             self._segments.append(Segment(directory, start, read_only=read_only))
             self._starts.append(start)

@@ -14,6 +14,7 @@ import fcntl
 import os
 
 from broker.invariant import StartupRefused
+from broker.storage.regular import NotRegularFile, open_regular
 
 LOCK_NAME = "LOCK"
 
@@ -35,7 +36,9 @@ class DirLock:
         try:
             os.makedirs(data_dir, mode=0o700, exist_ok=True)
             path = os.path.join(data_dir, LOCK_NAME)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = open_regular(path, os.O_RDWR | os.O_CREAT)
+        except NotRegularFile as exc:
+            raise StartupRefused(str(exc)) from None
         except OSError as exc:
             raise StartupRefused(f"data directory {data_dir}: {exc.strerror}") from None
         try:
@@ -86,7 +89,7 @@ def holder(data_dir: str) -> int | None:
 def _probe(path: str) -> int | None:
     """Without ``/proc/locks``: try a shared lock (released at once)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(path, os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -109,7 +112,7 @@ def only_lock_inside(data_dir: str) -> bool:
 
 def _pid_in(path: str) -> int:
     try:
-        with open(path, encoding="ascii") as f:
-            return int(f.read().strip() or 0)
+        with open(open_regular(path, os.O_RDONLY), encoding="ascii") as f:
+            return int(f.read(32).strip() or 0)
     except (OSError, ValueError):
         return 0

@@ -26,6 +26,7 @@ import threading
 import time
 
 from broker.errors import shown
+from broker.storage.regular import open_regular
 
 _ENV_FAILPOINTS = "TIDEMARK_FAILPOINTS"
 _ENV_JOURNAL = "TIDEMARK_FSYNC_JOURNAL"
@@ -128,7 +129,7 @@ def durable_sync_many(paths: list[str], directories: list[str], anchor: str) -> 
     file is journalled as synced at its size before the sync, as ``durable_sync`` does)."""
     if len(paths) + len(directories) <= SYNCFS_MIN:
         for path in paths:
-            fd = os.open(path, os.O_RDONLY)
+            fd = open_regular(path, os.O_RDONLY)
             try:
                 durable_sync(fd, path)
             finally:

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from broker import metrics
+from broker.storage.regular import open_regular
 
 OPEN_FILES_DEFAULT = 1024
 
@@ -110,14 +111,15 @@ class FileHandles:
             return len(self._open)
 
     def _open_fd(self, path: str) -> int:
+        """Regular files only (a FIFO or a symlink in a segment's place is refused, never waited on)."""
         flags = self._flags.get(path, os.O_RDONLY)
         try:
-            return os.open(path, flags | os.O_CLOEXEC)
+            return open_regular(path, flags)
         except OSError as exc:
             if exc.errno not in (errno.EMFILE, errno.ENFILE):
                 raise
             self._evict(keep=0)  # the process is out of descriptors: give back every idle one, once
-            return os.open(path, flags | os.O_CLOEXEC)
+            return open_regular(path, flags)
 
     def _evict(self, keep: int | None = None) -> None:
         limit = self.limit if keep is None else keep

@@ -22,6 +22,8 @@ import secrets
 
 import structlog
 
+from broker.storage.regular import open_regular
+
 log = structlog.get_logger("storage.instance")
 FILE_NAME = "instance"
 TOKEN_BYTES = 16
@@ -53,7 +55,7 @@ def _write(path: str, token: str) -> str | None:
     """Replace ``path`` with ``token``; the error when it could not be written."""
     tmp = path + ".tmp"
     try:
-        with open(tmp, "w", encoding="ascii") as f:
+        with open(open_regular(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o666), "w", encoding="ascii") as f:
             f.write(token + "\n")
         os.replace(tmp, path)
         return None
@@ -66,7 +68,7 @@ def _write(path: str, token: str) -> str | None:
 def matches(path: str, token: str) -> bool:
     """Whether ``path`` holds ``token`` (False when it cannot be read)."""
     try:
-        with open(path, encoding="ascii") as f:
+        with open(open_regular(path, os.O_RDONLY), encoding="ascii") as f:
             return f.read(2 * TOKEN_BYTES + 1).strip() == token
     except (OSError, UnicodeDecodeError):
         return False

@@ -14,6 +14,7 @@ import os
 
 from broker.storage.commitlog import CommitLog
 from broker.storage.failpoints import durable_sync, fsync_dir
+from broker.storage.regular import open_regular
 
 QUARANTINE = "quarantine"
 CHUNK_BYTES = 8 << 20
@@ -46,7 +47,7 @@ def keep_log_range(data_dir: str, log_: CommitLog, start: int, end: int, kind: s
     (file and directory entry), before the caller cuts them; return the path."""
     directory = quarantine_dir(data_dir)
     path = os.path.join(directory, f"{kind}-{start:020d}-{end:020d}{suffix}")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    fd = open_regular(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     try:
         pos = start
         while pos < end:

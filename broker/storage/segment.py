@@ -24,12 +24,14 @@ def segment_name(start_offset: int) -> str:
     return f"{start_offset:020d}{SUFFIX}"
 
 
-def parse_segment_name(name: str) -> int | None:
-    """Start offset encoded in a segment file name, None for other files."""
-    if not name.endswith(SUFFIX) or len(name) != 20 + len(SUFFIX):
+def parse_segment_name(name: str, suffix: str = SUFFIX) -> int | None:
+    """Start offset encoded in a segment file name (``suffix``: of another file named the same
+    way), None for other files. ASCII digits only: ``str.isdigit`` and ``int`` take other scripts'
+    digits too ('١٢٣'), which no file of ours is named in."""
+    stem = name[: -len(suffix)]
+    if not name.endswith(suffix) or len(stem) != 20 or not (stem.isascii() and stem.isdigit()):
         return None
-    stem = name[:20]
-    return int(stem) if stem.isdigit() else None
+    return int(stem)
 
 
 class Segment:

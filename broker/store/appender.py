@@ -133,8 +133,10 @@ class Appender:
         else:
             self._validate_plain(batch, internal=internal)
 
-    def _validate_plain(self, batch: IncomingBatch, *, internal: bool = False) -> None:
-        """Topic, queue, count, CRC, framing and sequence of a batch."""
+    def _validate_plain(self, batch: IncomingBatch, *, internal: bool = False, leading_reserved: int = 0) -> None:
+        """Topic, queue, count, CRC, records and sequence of a batch. A client's records must decode
+        for every reader (``check_records``: UTF-8 keys and properties, no ``__`` names past the
+        first ``leading_reserved``); the node's own writers are checked for framing only."""
         if batch.topic.startswith(system_records.SYSTEM_PREFIX):
             if not internal:
                 raise invalid(f"topic {shown(batch.topic)} is a reserved system topic")
@@ -144,6 +146,10 @@ class Appender:
             if info is None:
                 raise not_found(f"unknown topic {shown(batch.topic)}")
             queues = info["queues"]
+            if not internal and batch.topic.endswith(system_records.DLQ_SUFFIX):
+                raise invalid(f"topic {shown(batch.topic)} is the dead-letter topic of pop group "
+                              f"{shown(batch.topic[:-len(system_records.DLQ_SUFFIX)])}: it takes only that group's "
+                              "dead letters")
         if not 0 <= batch.queue_id < queues:
             raise invalid(f"queue {batch.queue_id} out of range: topic {shown(batch.topic)} has {queues} queues")
         if batch.record_count <= 0:
@@ -151,7 +157,10 @@ class Appender:
         if crc32c.crc32c(batch.records) != batch.body_crc:
             raise invalid(f"batch for {batch.topic}/{batch.queue_id}: records checksum mismatch")
         try:
-            bf.check_framing(batch.records, batch.record_count)
+            if internal:
+                bf.check_framing(batch.records, batch.record_count)
+            else:
+                bf.check_records(batch.records, batch.record_count, leading_reserved)
         except ValueError as exc:
             raise invalid(f"batch for {batch.topic}/{batch.queue_id}: {exc}") from None
         if batch.base_sequence < bf.NO_SEQUENCE or batch.base_sequence > 0x7FFFFFFF:
@@ -163,7 +172,8 @@ class Appender:
         if batch.topic != system_records.TIMER_TOPIC or batch.queue_id != 0:
             raise invalid("a delayed batch is stored in __timer queue 0")
         self._validate_plain(IncomingBatch(topic, queue_id, batch.records, batch.record_count, batch.body_crc,
-                                           batch.producer_id, batch.base_sequence))
+                                           batch.producer_id, batch.base_sequence),
+                             leading_reserved=timer_records.SCHEDULED_LEADING_PROPS)
         try:
             timer_records.check_scheduled_batch(batch.records, batch.record_count, topic, queue_id, clock.wall_ms(),
                                                 self.config["timer.max_delay_ms"])

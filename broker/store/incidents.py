@@ -4,6 +4,11 @@ Every background loop that survives a failure records it here (logged, counted i
 ``tidemark_background_errors{component}``, shown in ``status()["errors"]`` with its count, last
 message and time) and clears it once the loop succeeds again, so a problem that persists stays
 visible and one that healed leaves only its count.
+
+An incident belongs to the thread that recorded it. A role change ends some loops for good (the
+follower on a promote; the tiered uploader and the timer firing on a demote): an ended loop can
+never clear what it reported, so ``Store.set_role`` retires the incidents whose thread has ended
+(``retire_ended``: inactive, count kept). A loop that goes on reports again at its next attempt.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ class Incident:
     message: str
     at_ms: int
     active: bool
+    thread: threading.Thread | None = None  # the one that recorded it last
 
 
 class Incidents:
@@ -45,6 +51,7 @@ class Incidents:
             inc.message = message[:MESSAGE_MAX]
             inc.at_ms = now_ms
             inc.active = True
+            inc.thread = threading.current_thread()
         metrics.BACKGROUND_ERRORS.labels(component).inc()
         if first or inc.count == 1 or inc.count % 100 == 0:
             log.warning("background_error", component=component, error=message, count=inc.count)
@@ -57,6 +64,16 @@ class Incidents:
                 return
             inc.active = False
         log.info("background_recovered", component=component)
+
+    def retire_ended(self, why: str) -> None:
+        """The loops that recorded active incidents and have ended since will not clear them: retire those."""
+        with self._lock:
+            ended = [name for name, i in self._by_component.items()
+                     if i.active and i.thread is not None and not i.thread.is_alive()]
+            for name in ended:
+                self._by_component[name].active = False
+        for name in ended:
+            log.info("background_error_retired", component=name, reason=why)
 
     def report_to(self, component: str) -> Callable[[str], None]:
         """A callback for a loop of ``component``: a message records a failure, "" a success."""

@@ -4,7 +4,8 @@ view's newest valid checkpoint, then replay the log from there up to the confirm
 
 1. Identity (``load_identity``, run first of all by ``Store.open``): load ``identity`` or create
    it in a new directory; refuse a non-new directory without a valid one.
-2. Segment chain: every segment must start where the previous one ends.
+2. Segment chain: every segment must start where the previous one ends (a name in ``log/`` that
+   is not a segment's is never read: logged once, ``log_file_ignored``).
 3. View checkpoints: load each view's newest valid checkpoint (``View.load``). A view without a
    usable one is rebuilt from offset 0 (``View.reset``) when the log still starts at 0; otherwise
    start-up is refused *before* anything is reset. A missing epoch history is rebuilt from the log.
@@ -44,7 +45,7 @@ from broker.storage.commitlog import CommitLog
 from broker.storage.epochs import EpochHistory
 from broker.storage.failpoints import failpoint, fsync_dir
 from broker.storage.quarantine import keep_log_range
-from broker.storage.segment import Segment
+from broker.storage.segment import Segment, parse_segment_name
 from broker.store.appender import TailState
 from broker.store.dispatcher import apply_views
 from broker.store.viewset import ViewSet
@@ -73,7 +74,7 @@ def is_new_data_dir(data_dir: str) -> bool:
     if atomic_file.exists_any(os.path.join(data_dir, identity.FILE_NAME)):
         return False
     log_dir = os.path.join(data_dir, "log")
-    if os.path.isdir(log_dir) and any(n.endswith(".log") for n in os.listdir(log_dir)):
+    if os.path.isdir(log_dir) and any(parse_segment_name(n) is not None for n in os.listdir(log_dir)):
         return False
     return not os.path.exists(os.path.join(data_dir, "metadata", "data.mdb"))
 
@@ -83,7 +84,10 @@ def recover(data_dir: str, *, is_new: bool, role: str, log_: CommitLog, views: V
     """Passes 2-7 (pass 1, the identity, ran before any other file was opened)."""
     t0 = time.monotonic()
 
-    # 2. segment chain
+    # 2. segment chain (a name that is not a segment's is not read: said once, as log verify says it)
+    for name in log_.stray_names:
+        log.warning("log_file_ignored", path=os.path.join(log_.directory, name),
+                    note="not a segment name (20 ASCII digits and .log)")
     for prev, nxt in itertools.pairwise(log_.segments):
         if prev.end_offset != nxt.start_offset:
             raise StartupRefused(

@@ -203,6 +203,7 @@ class Store:
         log.info("role_changed", role=role, epoch=self.epoch, master=master_address)
         for listener in self._role_listeners:
             listener(role)
+        self.incidents.retire_ended(f"the loop ended when the node became {role}")  # after the listeners stopped theirs
 
     def writers_address(self) -> str:
         """Where a refused writer should go: the master's client address once known, else the

@@ -19,6 +19,7 @@ import numpy as np
 import structlog
 
 from broker.storage import atomic_file
+from broker.storage.segment import parse_segment_name
 from broker.timers.wheel import SLOT_DTYPE
 
 log = structlog.get_logger("timer.snapshot")
@@ -67,12 +68,8 @@ def positions(directory: str) -> list[int]:
     """Timer-log positions of the snapshot files present, newest first."""
     if not os.path.isdir(directory):
         return []
-    out = []
-    for name in os.listdir(directory):
-        stem = name[: -len(SUFFIX)]
-        if name.endswith(SUFFIX) and len(stem) == 20 and stem.isdigit():
-            out.append(int(stem))
-    return sorted(out, reverse=True)
+    found = (parse_segment_name(name, SUFFIX) for name in os.listdir(directory))
+    return sorted((p for p in found if p is not None), reverse=True)
 
 
 def write(directory: str, snap: Snapshot, keep: int) -> list[int]:

@@ -12,6 +12,7 @@ import abc
 import os
 
 from broker.logformat.batch import BatchHeader
+from broker.storage.regular import open_regular
 
 COPY_CHUNK_BYTES = 1 << 20
 
@@ -71,8 +72,8 @@ def copy_prefix(src: str, data_dir: str, staging: str, length: int | None = None
     """Copy the first ``length`` bytes (all when None) of ``src`` to the same place under ``staging``."""
     dst = os.path.join(staging, os.path.relpath(src, data_dir))
     os.makedirs(os.path.dirname(dst), exist_ok=True)
-    remaining = os.path.getsize(src) if length is None else length
-    with open(src, "rb") as fi, open(dst, "wb") as fo:
+    with open(open_regular(src, os.O_RDONLY), "rb") as fi, open(dst, "wb") as fo:
+        remaining = os.fstat(fi.fileno()).st_size if length is None else length
         while remaining > 0:
             chunk = fi.read(min(COPY_CHUNK_BYTES, remaining))
             if not chunk:

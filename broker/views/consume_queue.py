@@ -31,6 +31,7 @@ from broker.logformat.batch import BatchHeader, iter_records
 from broker.storage import atomic_file
 from broker.storage.failpoints import durable_sync_many, failpoint, note_created, note_truncated
 from broker.storage.handles import HANDLES
+from broker.storage.regular import open_regular, regular_stat
 from broker.views.base import View, copy_prefix
 
 ENTRY = struct.Struct("<QQIIQ")
@@ -75,7 +76,7 @@ class QueueFile:
         if exists:
             HANDLES.register(path, _FILE_FLAGS)
         if size is None:
-            size = known[0] if known is not None else os.stat(path).st_size if exists else 0
+            size = known[0] if known is not None else regular_stat(path).st_size if exists else 0
         invariant(size % ENTRY_BYTES == 0, f"{path}: size {size} is not a multiple of {ENTRY_BYTES}")
         self.entries = size // ENTRY_BYTES  # published: visible to readers
         self._pending = bytearray()
@@ -138,7 +139,7 @@ class QueueFile:
 
     def _create(self) -> None:
         """Create the file (its directory exists); made durable with the next checkpoint."""
-        fd = os.open(self.path, _FILE_FLAGS | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        fd = open_regular(self.path, _FILE_FLAGS | os.O_CREAT)
         note_created(self.path)
         HANDLES.register(self.path, _FILE_FLAGS, fd)
         self.exists = True
@@ -286,7 +287,8 @@ class ConsumeQueueView(View):
         for entry in present - expected:  # topic dirs the checkpoint does not know: newer than it
             shutil.rmtree(os.path.join(directory, entry))
         # 100,000 queues: one stat each and no other system call, no descriptor (files are opened
-        # at their first read or write), so that start-up stays well under 2 s
+        # at their first read or write), so that start-up stays well under 2 s; an lstat, so that a
+        # FIFO or a symlink in a queue file's place is refused before it is truncated or opened
         files: dict[tuple[str, int], QueueFile] = {}
         registered: list[str] = []  # registered with the open-file set in one call, after the loop
         for name, info in self.topics.items():
@@ -299,7 +301,7 @@ class ConsumeQueueView(View):
                 path = f"{directory}/{rel}"
                 want = lengths.get(rel, 0)
                 try:
-                    size: int | None = os.stat(path).st_size
+                    size: int | None = regular_stat(path).st_size
                 except FileNotFoundError:
                     size = None
                 if size is None:

@@ -14,6 +14,7 @@ state and the offset it reflects can never disagree. LMDB keeps its default dura
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -27,11 +28,13 @@ from broker.logformat import system_records
 from broker.logformat import timer_props as timer_records
 from broker.logformat.batch import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
 from broker.storage.failpoints import failpoint
+from broker.storage.regular import regular_stat
 from broker.views.base import View
 from broker.views.change_log import ChangeLog
 
 _U64 = struct.Struct("<Q")
 MAP_SIZE_BYTES = 64 << 30  # address space, not disk
+LMDB_FILES = ("data.mdb", "lock.mdb")
 
 
 def _offset_key(group: str, topic: str, queue: int) -> bytes:
@@ -43,6 +46,9 @@ class MetadataView(View):
 
     def __init__(self, directory: str) -> None:
         os.makedirs(directory, exist_ok=True)
+        for name in LMDB_FILES:  # LMDB opens them itself: a FIFO there would hang it (docs/formats/README.md)
+            with contextlib.suppress(FileNotFoundError):
+                regular_stat(os.path.join(directory, name))
         self.env = lmdb.open(directory, map_size=MAP_SIZE_BYTES, max_dbs=8, subdir=True)
         self._topics_db = self.env.open_db(b"topics")
         self._groups_db = self.env.open_db(b"groups")
@@ -53,6 +59,7 @@ class MetadataView(View):
         self._timer_round: dict[str, int] = {}  # counts changed by the round being applied
         self._lock = threading.Lock()
         self.topics: dict[str, dict[str, int]] = {}
+        self.queues_total = 0  # queues of all topics (limits.queues_max), kept with ``topics``
         self.applied_offset = 0
         self._stored_offset = 0
         self._txn: lmdb.Transaction | None = None
@@ -70,6 +77,7 @@ class MetadataView(View):
             timers = {bytes(k).decode(): _U64.unpack(bytes(v))[0] for k, v in txn.cursor(db=self._timers_db)}
             tiered = txn.get(b"tiered_uploaded_offset", db=self._meta_db)
         self.topics = topics
+        self.queues_total = sum(int(t["queues"]) for t in topics.values())
         self.tiered_uploaded_offset = _U64.unpack(tiered)[0] if tiered is not None else 0
         self._timer_pending = timers
         metrics.set_bounded(metrics.TIMER_PENDING, {(t,): v for t, v in timers.items()})
@@ -85,6 +93,7 @@ class MetadataView(View):
                 txn.drop(db, delete=False)
         with self._lock:
             self.topics = {}
+            self.queues_total = 0
             self._timer_pending = {}
         self._unwritten_topics.clear()
         self.tiered_uploaded_offset = 0
@@ -126,6 +135,7 @@ class MetadataView(View):
                 self._unwritten_topics[name] = json.dumps(info).encode()
                 with self._lock:
                     self.topics[name] = info
+                    self.queues_total += info["queues"]
                 self.changes_log.note(change, name, offset, info["queues"])
             return
         txn = self._write_txn()
@@ -136,7 +146,7 @@ class MetadataView(View):
                 self._unwritten_topics.pop(name, None)
                 txn.delete(name.encode(), db=self._topics_db)
                 with self._lock:
-                    del self.topics[name]
+                    self.queues_total -= int(self.topics.pop(name)["queues"])
                 cursor = txn.cursor(db=self._offsets_db)
                 doomed = [bytes(k) for k, _ in cursor if bytes(k).split(b"\0")[1] == name.encode()]
                 for k in doomed:
@@ -236,6 +246,15 @@ class MetadataView(View):
         with self.env.begin() as txn:
             raw = txn.get(_offset_key(group, topic, queue), db=self._offsets_db)
         return None if raw is None else int(_U64.unpack(raw)[0])
+
+    def group_known(self, group: str) -> bool:
+        """``group`` has committed offsets (it has a groups entry)."""
+        with self.env.begin() as txn:
+            return txn.get(group.encode(), db=self._groups_db) is not None
+
+    def groups_count(self) -> int:
+        with self.env.begin() as txn:
+            return int(txn.stat(self._groups_db)["entries"])
 
     def group_offsets(self) -> list[tuple[str, str, int, int]]:
         """Every (group, topic, queue, offset), for lag metrics."""
