@@ -164,13 +164,7 @@ class BrokerService(pb_grpc.BrokerServicer):
         except BrokerError:
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
-        timeout_ms = request.timeout_ms or self.config["limits.send_timeout_ms"]
-        timeout_ms = min(timeout_ms, self.config["limits.send_timeout_ms"])
-        used = self.store.permit.effective_ack(ack)
-        await self.store.watermarks.wait_ack_async(wait_offset, used, timeout_ms, give_up=self.store.lost_mastership)
-        if self.store.permit.strict and used != "replica":  # the failsafe began while we waited
-            await self.store.watermarks.wait_ack_async(wait_offset, "replica", timeout_ms, give_up=self.store.lost_mastership)
-        self.store.check_still_master_after_append()  # a permit that lapsed while we waited: no ack
+        await self.store.writes.acknowledged_async(wait_offset, ack, timeout_ms=request.timeout_ms)
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
@@ -386,14 +380,8 @@ class BrokerService(pb_grpc.BrokerServicer):
 
     async def _write_metadata(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
         """Append ``changes`` as one batch; return once it is acknowledged (ack=replica) and applied."""
-        self.store.watermarks.check_replica_ack_possible()
         self._check_queues_total(changes)
-        end = self.store.appender.append_system(changes)
-        timeout_ms = self.config["limits.send_timeout_ms"]
-        await self.store.watermarks.wait_ack_async(end, "replica", timeout_ms, give_up=self.store.lost_mastership)
-        self.store.check_still_master_after_append()
-        if not await self.store.wait_metadata_applied_async(end, timeout_ms / 1000.0):
-            raise BrokerError("DEADLINE_EXCEEDED", f"{changes[0][0]} written but not yet applied within {timeout_ms} ms")
+        await self.store.writes.write_system_async(changes, applied=self.store.views.metadata)
 
     def _check_queues_total(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
         """The queues of all topics stay within ``limits.queues_max`` (each costs memory and a file;

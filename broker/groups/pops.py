@@ -227,12 +227,7 @@ class PopService:
 
     def _durable(self, end: int) -> None:
         """As durable as an ack=replica send, then applied (the answer reflects the record)."""
-        store = self.store
-        timeout_ms = self.config["limits.send_timeout_ms"]
-        store.watermarks.wait_ack(end, "replica", timeout_ms, give_up=store.lost_mastership)
-        store.check_still_master_after_append()
-        if not self.store.dispatcher.wait_applied(self.view, end, timeout_ms / 1000.0):
-            raise BrokerError("DEADLINE_EXCEEDED", "the pop record is stored but not applied in time")
+        self.store.writes.acknowledged(end, "replica", applied=self.view, what="the pop record")
 
     # -- pop ---------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
@@ -463,15 +458,9 @@ class PopService:
         return IncomingBatch(name, 0, records, len(items), crc32c.crc32c(records))
 
     def _create_dlq(self, name: str) -> None:
-        end = self.store.appender.append_system([(system_records.TOPIC_CREATE, {"topic": name, "queues": 1})])
-        self._durable_metadata(end)
+        self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": name, "queues": 1})],
+                                       applied=self.store.views.metadata)
         log.info("dlq_topic_created", topic=name)
-
-    def _durable_metadata(self, end: int) -> None:
-        timeout_ms = self.config["limits.send_timeout_ms"]
-        self.store.watermarks.wait_ack(end, "replica", timeout_ms, give_up=self.store.lost_mastership)
-        if not self.store.wait_metadata_applied(end, timeout_ms / 1000.0):
-            raise BrokerError("DEADLINE_EXCEEDED", "the DLQ topic is created but not applied in time")
 
     # -- ending leases -----------------------------------------------------------------------------
     def _resolve(self, group: str, handles: list[str]) -> list[receipts.Handle]:

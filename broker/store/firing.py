@@ -35,7 +35,7 @@ from broker.storage.failpoints import failpoint
 from broker.store.appender import Appender
 from broker.store.dispatcher import Dispatcher
 from broker.store.reads import Reads
-from broker.store.watermarks import Watermarks
+from broker.store.writes import WriteStep
 from broker.threads import NamedThread
 from broker.timers import timerlog as tl
 from broker.timers.index import CANCELLED, PENDING, STATE_NAMES
@@ -59,14 +59,14 @@ class _SlotState:
 
 
 class TimerService:
-    def __init__(self, config: Config, view: TimerView, log_: CommitLog, appender: Appender, watermarks: Watermarks,
+    def __init__(self, config: Config, view: TimerView, log_: CommitLog, appender: Appender, writes: WriteStep,
                  dispatcher: Dispatcher, reads: Reads, role: Callable[[], str], check_writable: Callable[[], None],
                  report: Callable[[str], None] = lambda _message: None) -> None:
         """``report``: told each round's outcome (a failure's message, or "" when it worked)."""
         self.view = view
         self.log = log_
         self.appender = appender
-        self.watermarks = watermarks
+        self.writes = writes
         self.dispatcher = dispatcher
         self.reads = reads
         self.role = role
@@ -315,7 +315,7 @@ class TimerService:
         now = self.clock_ms()
         metrics.observe_many(metrics.TIMER_LATENESS, np.maximum(0, now - ats) / 1000.0, metrics.TIMER_LATENESS_BOUNDS)
         metrics.TIMER_FIRED.inc(fired)
-        self.watermarks.wait_ack(end, "flush", self.send_timeout_ms)
+        self.writes.acknowledged(end, "flush", what="a timer delivery")
 
     def _append_events(self, offs: np.ndarray, ats: np.ndarray) -> None:
         events = []
@@ -323,8 +323,8 @@ class TimerService:
             _, _, _, topic, queue = self._read_scheduled(np.array([off], dtype=np.uint64))[off]
             events.append((b"", b"", tr.event_props(tr.FIRED, off, at, tr.target_props(topic, queue))))
         raw, _ = bf.encode_records(events)
-        _, end = self.appender.append([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], internal=True)
-        self.watermarks.wait_ack(end, "flush", self.send_timeout_ms)
+        self.writes.write([IncomingBatch(tr.TIMER_TOPIC, 0, raw, len(events), crc32c.crc32c(raw))], "flush",
+                          internal=True, what="fired events")
 
     def _read_scheduled(self, offs: np.ndarray) -> dict[int, tuple[bytes, bytes, bytes, str, int]]:
         """(key, props, body, target topic, target queue) of the scheduled record at each timer
@@ -364,7 +364,7 @@ class TimerService:
         """Cancel a pending timer; return (deliver_at_ms, topic, queue). Refuses a fired,
         cancelled, firing or unknown timer with a clear status."""
         self.check_writable()
-        self.watermarks.check_replica_ack_possible()
+        self.writes.watermarks.check_replica_ack_possible()
         timeout_ms = self.send_timeout_ms
         with self.lock:
             if self._slot is None:  # not caught up with its log yet (starting, or just promoted)
@@ -388,9 +388,8 @@ class TimerService:
             # from here the cancel is in the log: rounds skip the timer until the view applied it
             # (``_settle_inflight``), even if this call times out below
             self.cancelling.add(timer_offset)
-        self.watermarks.wait_ack(end, "replica", timeout_ms)
-        if not self.dispatcher.wait_applied(self.view, end, timeout_ms / 1000.0):
-            raise BrokerError("DEADLINE_EXCEEDED", f"cancel of timer {timer_offset} written but not applied in time")
+        self.writes.acknowledged(end, "replica", timeout_ms=timeout_ms, applied=self.view,
+                                 what=f"the cancel of timer {timer_offset}")
         with self.dispatcher.lock:
             final = self.view.index.state_of(timer_offset)
         if final != CANCELLED:  # a delivery the view had not applied yet came first in the log

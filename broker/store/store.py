@@ -49,6 +49,7 @@ from broker.store.reads import Reads
 from broker.store.retention import Retention
 from broker.store.viewset import ViewSet
 from broker.store.watermarks import OUTCOME_UNKNOWN, Watermarks
+from broker.store.writes import WriteStep
 from broker.threads import NamedThread
 
 log = structlog.get_logger("store")
@@ -105,10 +106,12 @@ class Store:
                                     self._write_offsets, self.incidents.report_to("offsets"))
         self.appender = Appender(config, log_, epochs, views, recovered.tail, self.watermarks, self.disk,
                                  self.check_writable, self.offsets.drop_topic)
+        self.writes = WriteStep(config, self.appender, self.watermarks, self.permit, self.lost_mastership,
+                                self.check_still_master_after_append)
         self.dispatcher = Dispatcher(config, log_, views, self.watermarks)
         self.retention = Retention(config, log_, views, self.dispatcher.checkpoint_floor)
         self.reads = Reads(log_, views, self.watermarks, lambda: self.closing)
-        self.timers = TimerService(config, views.timers, log_, self.appender, self.watermarks, self.dispatcher,
+        self.timers = TimerService(config, views.timers, log_, self.appender, self.writes, self.dispatcher,
                                    self.reads, lambda: self.role, self.check_writable, self.incidents.report_to("timers"))
         self._role_listeners.append(self.timers.on_role)
         self._role_listeners.append(self.offsets.on_role)
@@ -299,9 +302,8 @@ class Store:
         return await self.dispatcher.wait_applied_async(self.views.metadata, offset, timeout_s)
 
     def _write_offsets(self, entries: list[tuple[str, str, int, int]]) -> None:
-        end = self.appender.append_system([(system_records.OFFSETS_COMMIT, {"offsets": [list(e) for e in entries]})])
-        if not self.wait_metadata_applied(end, self.config["limits.send_timeout_ms"] / 1000.0):
-            raise BrokerError("DEADLINE_EXCEEDED", "consumer offsets written but not applied in time")
+        self.writes.write_system([(system_records.OFFSETS_COMMIT, {"offsets": [list(e) for e in entries]})],
+                                 applied=self.views.metadata)
 
     # -- status -----------------------------------------------------------------------------------
     def status(self) -> dict[str, object]:

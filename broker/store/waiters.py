@@ -9,6 +9,11 @@ if something else is still missing (e.g. a replica's ack besides the confirm off
 
 Coroutines on the server's event loop wait the same way without a thread (``wait_async``): their
 waiter is a future, released with ``call_soon_threadsafe``.
+
+A wait made of several (an acknowledgement, then a view applying the write) is written once, as a
+generator of ``Park``s (``Steps``): it yields what to wait for and receives whether it came; it
+returns its result or raises. ``run`` drives it in a thread, ``run_async`` on the event loop: one
+loop for both kinds of caller, never a sync and an async copy of it.
 """
 
 from __future__ import annotations
@@ -19,8 +24,11 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import TypeVar
 
+T = TypeVar("T")
 _Entry = tuple[int, int, "threading.Lock | asyncio.Future[bool]"]  # (target, tie-break, what releases the waiter)
 
 
@@ -135,3 +143,36 @@ def _resolve_all(futures: list[asyncio.Future[bool]]) -> None:
 def _resolve(woken: asyncio.Future[bool], by_wake: bool) -> None:
     if not woken.done():  # woken meanwhile, or cancelled with its call
         woken.set_result(by_wake)
+
+
+@dataclass(frozen=True, slots=True)
+class Park:
+    """One wait of a ``Steps``: on ``waiters`` for ``target``, until ``done()`` or ``timeout_s``."""
+
+    waiters: OffsetWaiters
+    done: Callable[[], bool]
+    target: int
+    timeout_s: float
+
+
+Steps = Generator[Park, bool, T]  # yields waits, receives whether each came, returns the result
+
+
+def run(steps: Steps[T]) -> T:
+    """Drive ``steps`` in this thread."""
+    try:
+        park = next(steps)
+        while True:
+            park = steps.send(park.waiters.wait(park.done, park.target, park.timeout_s))
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]
+
+
+async def run_async(steps: Steps[T]) -> T:
+    """Drive ``steps`` as a coroutine (no thread waits)."""
+    try:
+        park = next(steps)
+        while True:
+            park = steps.send(await park.waiters.wait_async(park.done, park.target, park.timeout_s))
+    except StopIteration as finished:
+        return finished.value  # type: ignore[no-any-return]

@@ -25,12 +25,11 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.ports import ConfirmRule
 from broker.storage.commitlog import CommitLog
-from broker.store.waiters import OffsetWaiters
+from broker.store.waiters import OffsetWaiters, Park, Steps, run, run_async
 
 _OFFSET_MAX = metrics.OFFSET.labels("max")  # children looked up once: the flusher sets them every round
 _OFFSET_CONFIRM = metrics.OFFSET.labels("confirm")
 log = structlog.get_logger("store")
-ACKS = ("leader", "flush", "replica")
 
 
 GIVE_UP_POLL_S = 0.05
@@ -144,18 +143,18 @@ class Watermarks:
             if waiters is not None:
                 waiters.wake(applied)
 
-    def wait_view(self, name: str, applied: Callable[[], int], offset: int, timeout_s: float) -> bool:
-        """Wait until the view ``name`` (its applied offset: ``applied()``) passed ``offset``; False
-        after ``timeout_s`` or a stop."""
+    def view_steps(self, name: str, applied: Callable[[], int], offset: int, timeout_s: float) -> Steps[bool]:
+        """Until the view ``name`` (its applied offset: ``applied()``) passed ``offset``; False after
+        ``timeout_s`` or a stop."""
         waiters = self._view_waiters.setdefault(name, OffsetWaiters())
-        waiters.wait(lambda: applied() >= offset or self.stop.is_set(), offset, timeout_s)
+        yield Park(waiters, lambda: applied() >= offset or self.stop.is_set(), offset, timeout_s)
         return applied() >= offset
 
+    def wait_view(self, name: str, applied: Callable[[], int], offset: int, timeout_s: float) -> bool:
+        return run(self.view_steps(name, applied, offset, timeout_s))
+
     async def wait_view_async(self, name: str, applied: Callable[[], int], offset: int, timeout_s: float) -> bool:
-        """``wait_view`` for a coroutine on the server's event loop."""
-        waiters = self._view_waiters.setdefault(name, OffsetWaiters())
-        await waiters.wait_async(lambda: applied() >= offset or self.stop.is_set(), offset, timeout_s)
-        return applied() >= offset
+        return await run_async(self.view_steps(name, applied, offset, timeout_s))
 
     def flush_loop(self) -> None:
         """The flusher thread: fsync whenever someone waits, and every flush interval."""
@@ -172,34 +171,25 @@ class Watermarks:
             _OFFSET_CONFIRM.set(self.confirm_offset)
 
     # -- acknowledgements -----------------------------------------------------------------------
-    def wait_ack(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
-        """Return once ``offset`` is acknowledged in mode ``ack`` (leader: at once; flush:
-        fsynced here; replica: confirmed, with enough replicas past it). Gives up (UNAVAILABLE: the
-        outcome is unknown) as soon as ``give_up`` says so, checked every ``GIVE_UP_POLL_S``: a
-        master that lost its permit stops waiting for a slave that no longer follows it."""
+    def ack_steps(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> Steps[None]:
+        """Until ``offset`` is acknowledged in mode ``ack`` (leader: at once; flush: fsynced here;
+        replica: confirmed, with enough replicas past it). Gives up (UNAVAILABLE: the outcome is
+        unknown) as soon as ``give_up`` says so, checked every ``GIVE_UP_POLL_S``: a master that
+        lost its permit stops waiting for a slave that no longer follows it. DEADLINE_EXCEEDED after
+        ``timeout_ms``."""
         if ack == "leader" or offset == 0:
             return
         deadline = time.monotonic() + timeout_ms / 1000.0
         waiters, done = self._ack_waiters(offset, ack)
         while True:
             left = deadline - time.monotonic()
-            ok = waiters.wait(done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
+            ok = yield Park(waiters, done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
             if ok or left <= 0 or (give_up is not None and give_up()):
                 break
         self._ack_outcome(ok, ack, timeout_ms, give_up)
 
-    async def wait_ack_async(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
-        """``wait_ack`` for a coroutine on the server's event loop (no thread waits)."""
-        if ack == "leader" or offset == 0:
-            return
-        deadline = time.monotonic() + timeout_ms / 1000.0
-        waiters, done = self._ack_waiters(offset, ack)
-        while True:
-            left = deadline - time.monotonic()
-            ok = await waiters.wait_async(done, offset, min(left, GIVE_UP_POLL_S) if give_up is not None else left)
-            if ok or left <= 0 or (give_up is not None and give_up()):
-                break
-        self._ack_outcome(ok, ack, timeout_ms, give_up)
+    def wait_ack(self, offset: int, ack: str, timeout_ms: int, give_up: Callable[[], bool] | None = None) -> None:
+        run(self.ack_steps(offset, ack, timeout_ms, give_up))
 
     def wait_flushed(self, offset: int, timeout_s: float) -> bool:
         """Ask for an fsync and wait until ``offset`` is durable here; False after ``timeout_s``."""
