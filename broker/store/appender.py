@@ -58,21 +58,17 @@ class TailState:
     last_store_time_ms: int = 0
 
     @classmethod
-    def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView) -> TailState:
-        """From the views, plus every batch above what they applied."""
+    def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView,
+                end: int | None = None) -> TailState:
+        """From the views, plus every batch above what they applied up to ``end`` (the log's end).
+        The views must hold still meanwhile: at start, or under the dispatcher's lock."""
         tail = cls()
-        for (topic, q), qf in queues._files.items():
-            tail.queue_next[(topic, q)] = qf.next_queue_offset
-        # store times never go back, even if the clock did while we were down
-        tail.last_store_time_ms = queues.last_store_time_ms
-        if not tail.last_store_time_ms:  # a checkpoint from before it was kept: the newest entry of any queue
-            for qf in queues._files.values():
-                if qf.entries:
-                    tail.last_store_time_ms = max(tail.last_store_time_ms, qf.entry(qf.entries - 1).store_time_ms)
+        tail.queue_next, topics, tail.last_store_time_ms = queues.tail_state()  # store times never go back
         tail.producers = producers.producers.copy()
-        tail.topics = {t for t in queues.topics if not t.startswith(system_records.SYSTEM_PREFIX)}
+        tail.topics = {t for t in topics if not t.startswith(system_records.SYSTEM_PREFIX)}
         start = min(queues.applied_offset, producers.applied_offset)
-        for header, batch in scan(log_.read, start, log_.max_offset, mode=Mode.STRICT, path=log_.directory):
+        for header, batch in scan(log_.read, start, log_.max_offset if end is None else end, mode=Mode.STRICT,
+                                  path=log_.directory):
             tail.apply(header, batch, queues=header.base_offset >= queues.applied_offset,
                        producers=header.base_offset >= producers.applied_offset)
         return tail
@@ -110,7 +106,9 @@ class TailState:
 class Appender:
     def __init__(self, config: Config, log_: CommitLog, epochs: EpochHistory, views: ViewSet, tail: TailState,
                  watermarks: Watermarks, disk: DiskSpace, check_writable: Callable[[], None],
-                 on_topic_deleted: Callable[[str], None]) -> None:
+                 on_topic_deleted: Callable[[str], None], views_lock: threading.Lock | None = None) -> None:
+        """``views_lock``: held while the dispatcher applies the views (a truncation rebuilds the
+        tail from them under it)."""
         self.config = config
         self.log = log_
         self.epochs = epochs
@@ -122,6 +120,7 @@ class Appender:
         self.check_writable = check_writable
         self.on_topic_deleted = on_topic_deleted
         self.lock = threading.Lock()  # one append (or truncation) at a time
+        self.views_lock = views_lock or threading.Lock()
         self._appended = OffsetWaiters()  # released after every append (replication senders wait here)
         self._stop = watermarks.stop
 
@@ -331,13 +330,26 @@ class Appender:
                           note="this node must re-bootstrap (unclean)")
                 return Truncation.BELOW_APPLIED
             end = self.log.max_offset
+            # the tail as it will be after the cut, first: from the views held still (the dispatcher may
+            # be adding queue files), and the log up to the cut. If it cannot be built, nothing is cut
+            # and the node re-bootstraps: a tail holding the cut batches' queue offsets and producer
+            # sequences would answer a retried send as a duplicate of a batch that no longer exists
+            try:
+                with self.views_lock:
+                    failpoint("truncate_before_tail")
+                    tail = TailState.rebuild(self.log, self.views.queues, self.views.producers, end=offset)
+            except Exception as exc:
+                log.error("truncation_tail_failed", offset=offset, error=f"{type(exc).__name__}: {exc}"[:300],
+                          note="nothing cut; this node must re-bootstrap")
+                return Truncation.BELOW_APPLIED
             # what is cut is kept first: after an unclean election it can hold acknowledged writes
             kept = keep_log_range(os.path.dirname(self.log.directory), self.log, offset, end, "diverged", ".log")
             failpoint("replication_before_truncate")
             self.log.truncate(offset)
             self.epochs.truncate(offset)
             self.watermarks.truncated(offset)
-            self.tail = TailState.rebuild(self.log, self.views.queues, self.views.producers)
+            self.tail = tail
+            invariant(self.log.max_offset == offset, f"the log ends at {self.log.max_offset} after a cut at {offset}")
             log.warning("log_truncated", offset=offset, bytes=end - offset, kept_in=kept, reason="divergence from the master")
             return Truncation.CUT
 

@@ -104,11 +104,11 @@ class Store:
                                      confirm_offset=recovered.confirm_offset, applied_offset=recovered.applied_offset)
         self.offsets = OffsetBuffer(config["offsets.flush_interval_ms"], config["offsets.buffer_entries_max"],
                                     self._write_offsets, self.incidents.report_to("offsets"))
+        self.dispatcher = Dispatcher(config, log_, views, self.watermarks)
         self.appender = Appender(config, log_, epochs, views, recovered.tail, self.watermarks, self.disk,
-                                 self.check_writable, self.offsets.drop_topic)
+                                 self.check_writable, self.offsets.drop_topic, views_lock=self.dispatcher.lock)
         self.writes = WriteStep(config, self.appender, self.watermarks, self.permit, self.lost_mastership,
                                 self.check_still_master_after_append)
-        self.dispatcher = Dispatcher(config, log_, views, self.watermarks)
         self.retention = Retention(config, log_, views, self.dispatcher.checkpoint_floor)
         self.reads = Reads(log_, views, self.watermarks, lambda: self.closing)
         self.timers = TimerService(config, views.timers, log_, self.appender, self.writes, self.dispatcher,

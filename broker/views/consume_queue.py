@@ -457,6 +457,20 @@ class ConsumeQueueView(View):
                 copy_prefix(qf.path, data_dir, staging, qf.entries * ENTRY_BYTES)
 
     # -- reads --------------------------------------------------------------------------------
+    def tail_state(self) -> tuple[dict[tuple[str, int], int], set[str], int]:
+        """(next queue offset of every queue, topic names, newest store time) as applied: what the
+        append side starts from (``TailState.rebuild``). Consistent only while nothing applies
+        (the caller holds the dispatcher's lock, or runs before it starts)."""
+        with self._lock:
+            files = dict(self._files)
+            topics = set(self.topics)
+        newest = self.last_store_time_ms
+        if not newest:  # a checkpoint from before it was kept: the newest entry of any queue
+            for qf in files.values():
+                if qf.entries:
+                    newest = max(newest, qf.entry(qf.entries - 1).store_time_ms)
+        return {key: qf.next_queue_offset for key, qf in files.items()}, topics, newest
+
     def queue(self, topic: str, queue_id: int) -> QueueFile | None:
         with self._lock:
             return self._files.get((topic, queue_id))
