@@ -1,8 +1,11 @@
 """Always-on assertions and the error types that corruption raises.
 
-Python's ``assert`` vanishes under ``-O``; these do not. Use ``invariant`` at the points where a
-broken assumption would otherwise spread corruption (record encode/decode, checkpoint load,
-replication append).
+Python's ``assert`` vanishes under ``-O``; these do not. ``invariant`` stands where a broken
+assumption would otherwise spread corruption: a queue file's entries (``views/consume_queue.py``:
+whole entries, consecutive queue offsets, a checkpointed size), an append landing where the log
+ended (``store/appender.py``: client and replicated appends, and the log's end after a divergence
+cut), the confirm offset never moving back nor past the flushed offset (``store/watermarks.py``),
+and the Spark connector's own reads (``spark_connector``).
 """
 
 from __future__ import annotations

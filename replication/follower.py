@@ -23,7 +23,6 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.invariant import CorruptionError
 from broker.ports import Truncation
-from broker.storage import identity as identity_mod
 from broker.store import Store
 from broker.threads import NamedThread
 from proto import tidemark_pb2 as pb
@@ -191,7 +190,7 @@ class Follower:
                 kind = msg.WhichOneof("kind")
                 if kind == "welcome":
                     self._welcome(msg.welcome)
-                    store.redirect_address = msg.welcome.client_address  # writers go to its client port
+                    store.set_redirect(msg.welcome.client_address)  # writers go to its client port
                     self.connected = True
                     self.error = ""
                     self.store.incidents.clear("follower")
@@ -216,7 +215,7 @@ class Follower:
         store = self.store
         if w.cluster_id != store.identity.cluster_id:
             if store.log.max_offset == 0 and not store.epochs.entries:
-                store.identity = identity_mod.adopt_cluster(store.data_dir, w.cluster_id)
+                store.adopt_cluster(w.cluster_id)
             else:
                 self._stop.set()
                 raise FollowError(f"master {self.master} belongs to cluster {w.cluster_id}, this node to "

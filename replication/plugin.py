@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import structlog
 
+from broker.daemon.plugins import PluginHost
 from broker.security import auth, tls
 from broker.threads import name_pool_thread
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -24,7 +25,7 @@ from replication.roles import RoleController
 log = structlog.get_logger("replication")
 
 
-def attach(daemon: Any) -> None:
+def attach(daemon: PluginHost) -> None:
     store, config = daemon.store, daemon.config
     insync = InSyncSet(config, lambda: store.role, lambda: store.log.max_offset)
     store.register_confirm_rule(insync)

@@ -94,7 +94,7 @@ class RoleController:
         store.epochs.start(epoch, store.log.max_offset)
         store.set_role("master", "")  # lifts a fence: this is a new epoch
         store.watermarks.advance_confirm()
-        store.metadata_fence = max(store.metadata_fence, store.watermarks.confirm_offset)  # and what it confirms now
+        store.raise_metadata_fence(store.watermarks.confirm_offset)  # and what it confirms now
         failpoint("roles_after_become_master")
 
     def wait_views_caught_up(self) -> None:

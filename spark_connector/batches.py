@@ -21,10 +21,10 @@ import numpy as np
 import pyarrow as pa
 
 from broker.client import PullResult
+from broker.invariant import invariant
 from broker.logformat import batch as bf
 from spark_connector import schema as sc
 from spark_connector.decode import decode
-from spark_connector.invariant import invariant
 
 
 def repeated_string(text: str, count: int) -> pa.Array:

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
+from broker.invariant import invariant
 from broker.logformat.batch import RECORD_HEAD_BYTES, native
 from broker.logformat.errors import CorruptionError
 from broker.logformat.scan import Mode, scan_bytes
-from spark_connector.invariant import invariant
 
 _U32 = struct.Struct("<I")
 _HEAD_DTYPE = np.dtype([("size", "<u4"), ("key_len", "<u2"), ("props_len", "<u2")])

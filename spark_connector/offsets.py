@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from spark_connector.invariant import invariant
+from broker.invariant import invariant
 
 QueueKey = tuple[str, int]
 Offsets = dict[QueueKey, int]

@@ -22,9 +22,9 @@ import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
 from broker.client import BrokerClient, BrokerError, PullResult
+from broker.invariant import invariant
 from spark_connector.batches import pull_batch
 from spark_connector.connect import connect
-from spark_connector.invariant import invariant
 
 log = logging.getLogger("spark_connector")
 PULL_MESSAGES_MAX = 16384  # rows per pull and per Arrow batch: ~16 MiB of 1 KiB messages

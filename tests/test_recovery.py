@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import crc32c
 import lmdb
 import pytest
 
+from broker.client import BrokerClient, Message
 from broker.invariant import StartupRefused
 from broker.logformat import batch as bf
 from broker.storage import atomic_file
 from broker.store import IncomingBatch, Store
 from broker.views import producer_state
+from tests.procs import DaemonProcess
 from tests.storeutil import create_topic, open_store, read_all, send, wait_views_applied
 
 
@@ -280,3 +283,29 @@ def test_an_unusable_metadata_database_that_cannot_be_rebuilt_is_left_intact(tmp
         topics = list(txn.cursor(db=env.open_db(b"topics", txn=txn)))
     env.close()
     assert len(offsets) == 1 and len(topics) == 1
+
+
+def test_killed_between_keeping_a_torn_tail_and_cutting_it(spawn: Callable[..., DaemonProcess]) -> None:
+    """kill -9 at ``recovery_before_truncate`` (the torn tail saved to quarantine/, the log not cut):
+    the next start cuts it, keeps it in quarantine once, and every whole batch is read back."""
+    d = spawn("node")
+    with BrokerClient(d.address) as c:
+        c.create_topic("t")
+        for i in range(5):
+            c.send("t", [Message(b"m%d" % i)] * 10, ack="flush")
+    d.kill9()
+    seg = _segment(Path(d.data_dir))
+    with open(seg, "ab") as f:
+        f.write(seg.read_bytes()[-300:-100])  # the start of a batch copy, cut short
+    d.env["TIDEMARK_FAILPOINTS"] = "recovery_before_truncate=exit"
+    d.start(wait=False)
+    assert d.wait_exit(60) == -9
+    kept = list((Path(d.data_dir) / "quarantine").iterdir())
+    assert len(kept) == 1 and kept[0].stat().st_size == 200
+    d.env.pop("TIDEMARK_FAILPOINTS")
+    d.start()
+    assert [p.name for p in (Path(d.data_dir) / "quarantine").iterdir()] == [kept[0].name]
+    with BrokerClient(d.address) as c:
+        assert len(c.pull("t", 0, 0)) == 50
+        assert c.status()["recovery"]["truncated_bytes"] == 200
+    assert d.stop() == 0

@@ -89,6 +89,28 @@ def test_slave_copies_the_log_byte_for_byte(spawn: Callable[..., DaemonProcess])
             assert [line for line in f if "metadata_changed" in line and {"topic=t", f"queues={QUEUES}"} <= set(line.split())]
 
 
+@pytest.mark.parametrize("kill", ["replication_before_append=exit@3"])
+def test_a_slave_killed_between_verifying_and_appending_a_chunk_catches_up(spawn: Callable[..., DaemonProcess],
+                                                                           kill: str) -> None:
+    """kill -9 of the slave at its 3rd replicated chunk, verified but not yet appended: restarted, it
+    streams from its own log end and both logs end byte for byte the same."""
+    m, s = _pair(spawn)
+    s.stop()
+    s.env["TIDEMARK_FAILPOINTS"] = kill
+    s.start()
+    with BrokerClient(m.address) as c:
+        c.create_topic("t", queues=QUEUES)
+        for i in range(20):
+            c.send("t", [Message(body=b"%d-%d" % (i, j)) for j in range(100)], ack="flush")
+            if s.proc is not None and s.proc.poll() is not None:
+                break
+    assert s.wait_exit(60) == -9
+    s.env.pop("TIDEMARK_FAILPOINTS")
+    s.start()
+    _wait(lambda: _converged(m, s), what="convergence after the restart")
+    assert log_bytes(m) == log_bytes(s)
+
+
 def test_writes_to_a_slave_are_redirected(spawn: Callable[..., DaemonProcess]) -> None:
     """A slave refuses writes with FAILED_PRECONDITION naming its master; the client follows it."""
     m, s = _pair(spawn)
@@ -316,8 +338,10 @@ def test_a_slave_resumed_after_a_pause_ages_what_it_heard_from_when_the_master_s
         proxy.close()
 
 
-def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProcess]) -> None:
-    """Writes only a cut-off master took (ack=leader) are cut when it rejoins; both logs then agree."""
+@pytest.mark.parametrize("crash", ["", "replication_before_truncate=exit"])
+def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProcess], crash: str) -> None:
+    """Writes only a cut-off master took (ack=leader) are cut when it rejoins; both logs then agree.
+    With ``crash``, the rejoining node is killed just before the cut; its next start cuts."""
     m = spawn("m", config={**FAST, "replication.max_lag_ms": 3000})
     proxy = TcpProxy(m.port)
     s = spawn("s", config={**FAST, "node.role": "slave", "node.master": proxy.address})
@@ -338,6 +362,11 @@ def test_divergent_tail_is_truncated_on_rejoin(spawn: Callable[..., DaemonProces
             c.promote()  # in sync when last heard, within max_lag_ms: a clean promotion
             c.send("t", [Message(body=b"new")] * 3, ack="replica")
         m.config = {**FAST, "node.role": "slave", "node.master": s.address}
+        if crash:
+            m.env["TIDEMARK_FAILPOINTS"] = crash
+            m.start(wait=False)
+            assert m.wait_exit(60) == -9  # killed at the cut, the diverged tail still there
+            m.env.pop("TIDEMARK_FAILPOINTS")
         m.start()
         _wait(lambda: _converged(m, s), what="convergence")
         assert log_bytes(m) == log_bytes(s)

@@ -82,7 +82,7 @@ def test_upload_never_passes_the_confirm_offset_while_the_slave_is_paused(spawn:
     wait_until(lambda: status(s)["tiered_uploaded_offset"] >= status(m)["tiered_uploaded_offset"], what="progress on the slave")
 
 
-@pytest.mark.parametrize("crash_point", ["tiered_after_put", "posix_before_link"])
+@pytest.mark.parametrize("crash_point", ["tiered_before_put", "tiered_after_put", "posix_before_link", "tiered_after_record"])
 def test_master_killed_mid_upload_promoted_slave_resumes_at_the_break_point(
         spawn: Callable[..., DaemonProcess], tmp_path: Path, crash_point: str) -> None:
     """The master dies at its 5th upload; the promoted slave resumes with no gap, overlap or partial object."""
@@ -96,7 +96,7 @@ def test_master_killed_mid_upload_promoted_slave_resumes_at_the_break_point(
     m.proc.wait(60)  # the failpoint killed it
     backend = PosixBackend(root)
     by_old = [o for o in objects(backend) if backend.head(o.key).metadata["tm-node"] == old_node]  # type: ignore[union-attr]
-    assert len(by_old) == (5 if crash_point == "tiered_after_put" else 4)
+    assert len(by_old) == (5 if crash_point in ("tiered_after_put", "tiered_after_record") else 4)
     promote_while_sending(s, sender)
     sender.stop.set()
     sender.join(30)

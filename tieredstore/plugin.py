@@ -8,11 +8,10 @@ package (DESIGN §9).
 
 from __future__ import annotations
 
-from typing import Any
-
 import structlog
 
 from broker.config import Config, tiering_enabled
+from broker.daemon.plugins import PluginHost
 from broker.invariant import StartupRefused
 from broker.store import Store
 from tieredstore import metrics
@@ -89,9 +88,8 @@ class Tiering:
         }
 
 
-def attach(daemon: Any) -> None:
-    store: Store = daemon.store
-    config: Config = daemon.config
+def attach(daemon: PluginHost) -> None:
+    store, config = daemon.store, daemon.config
     if not tiering_enabled(config):
         return
     tiering = Tiering(store, config)

@@ -310,7 +310,7 @@ class Uploader:
         if resumed:
             fields["resumed"] = True
         try:
-            self.store.appender.append_system([(system_records.TIERED_UPLOADED, fields)])
+            self.store.writes.write_system([(system_records.TIERED_UPLOADED, fields)], ack="leader")
         except BrokerError as exc:  # fenced, closing, disk full: the object store still holds the truth
             log.warning("tiered_record_failed", error=exc.message, end=obj.end)
 

@@ -50,7 +50,6 @@ KEEPALIVE = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 500)
              ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
              # a BDP ping in flight (60 s timeout by default) would hold the keepalive pings back
              ("grpc.http2.bdp_probe", 0), ("grpc.http2.ping_timeout_ms", 500)]
-REQUEST_BYTES_TARGET = 8 << 20
 MESSAGE_BYTES_MAX = 256 << 20
 T = TypeVar("T")
 

@@ -9,6 +9,7 @@ from typing import Any, NamedTuple, overload
 
 from broker.client.local_reads import LocalPullResponse
 from broker.client.pull_wire import PullResponseView
+from broker.groups import receipts
 from broker.logformat import batch as bf
 from broker.logformat.scan import Mode, scan_bytes
 from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, field_number, scheduled_props, target_props
@@ -239,12 +240,12 @@ class PopResult(Sequence[PoppedMessage]):
     def _build(self) -> list[PoppedMessage]:
         out: list[PoppedMessage] = []
         for r in self._runs:
-            lease, _, _ = r.receipt_handle.split(".", 2)
+            lease = receipts.lease_of(r.receipt_handle)
             topic = self.topic
             offset = r.first_offset
             for mv, pos, h, _, start in _walk(r.batches, r.skip_first, r.count, bodies=False):
                 out.append(PoppedMessage(mv, pos, topic, r.queue_id, offset, h.base_offset + pos - start, h.store_time_ms,
-                                         f"{lease}.{offset:x}.{topic}", r.delivery_count))
+                                         receipts.run_handle(lease, offset, 1, topic), r.delivery_count))
                 offset += 1
         self._messages = out
         return out

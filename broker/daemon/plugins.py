@@ -9,12 +9,32 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from importlib.metadata import entry_points
-from typing import Any
+from typing import Any, Protocol
 
+from broker.config import Config
 from broker.invariant import StartupRefused
+from broker.security.auth import TokenSource
+from broker.store import Store
 
 PLUGINS = "tidemark.plugins"      # attach(daemon): replication, tieredstore
 PRESTART = "tidemark.prestart"    # hook(config, lock): a slave's bootstrap from its master
+
+
+class PluginHost(Protocol):
+    """What an ``attach(host)`` entry point gets: the daemon, seen only through these members.
+    Plugins reach the store through its ports (``register_...``, ``set_redirect`` and the like;
+    broker/ports.py) and read its state; they never assign its attributes
+    (tests/test_plugin_boundaries.py)."""
+
+    store: Store
+    config: Config
+    tokens: TokenSource | None
+    on_start: list[Callable[[], None]]  # run once the daemon serves
+    on_stop: list[Callable[[], None]]  # run before the store stops
+
+    def add_blocking_servicer(self, add: Callable[[Any, Any], None], servicer: Any, streams: dict[str, bool]) -> None:
+        """A servicer of plain (thread-blocking) methods on the daemon's asyncio server."""
+        ...
 
 
 def load(group: str) -> list[tuple[str, Callable[..., Any]]]:

@@ -124,8 +124,9 @@ class Daemon:
         add_broker_service(self.service, server, FENCE_EXEMPT)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable(server, [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME])
+        host: plugins.PluginHost = self  # (mypy checks the daemon is what plugins are promised)
         for name, attach in plugins.load(plugins.PLUGINS):
-            attach(self)
+            attach(host)
             log.info("plugin_attached", plugin=name)
         tls.listen_on(server, "node.listen", self.config["node.listen"], tls.client_port_credentials(self.config))
         self.aio.call(server.start())

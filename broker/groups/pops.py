@@ -331,9 +331,8 @@ class PopService:
             prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
             runs, got, gone, budget = self._read_runs(topic, p.queue_id, p.offsets, p.counts, budget)
             for first, count, delivery, batches, skip in runs:
-                more = f"+{count:x}" if count != 1 else ""
                 out.append(pb.PoppedRun(queue_id=p.queue_id, first_offset=first, count=count, delivery_count=delivery,
-                                        receipt_handle=f"{prefix}.{first:x}{more}.{topic}", batches=batches,
+                                        receipt_handle=receipts.run_handle(prefix, first, count, topic), batches=batches,
                                         skip_first=skip))
             gone = np.union1d(p.gone, gone)  # removed by retention meanwhile
             dead = np.setdiff1d(p.dead, gone) if dlq_ready else p.dead[:0]
@@ -641,11 +640,12 @@ def as_messages(runs: list[pb.PoppedRun]) -> list[pb.PoppedMessage]:
     """One PoppedMessage each (for clients that ask for them: PopRequest.as_runs unset)."""
     out = []
     for r in runs:
-        lease, _, topic = r.receipt_handle.split(".", 2)
+        lease, topic = receipts.lease_of(r.receipt_handle), r.receipt_handle.split(".", 2)[2]
         for m in run_records(r.first_offset, r.count, r.batches):
             out.append(pb.PoppedMessage(queue_id=r.queue_id, queue_offset=m.queue_offset, commit_offset=m.header.base_offset,
                                         store_time_ms=m.header.store_time_ms, record=bytes(m.record),
-                                        receipt_handle=f"{lease}.{m.queue_offset:x}.{topic}", delivery_count=r.delivery_count))
+                                        receipt_handle=receipts.run_handle(lease, m.queue_offset, 1, topic),
+                                        delivery_count=r.delivery_count))
     return out
 
 

@@ -44,14 +44,18 @@ def lease_prefix(cluster: int, epoch: int, tag: int, queue_id: int) -> str:
 
 
 def encode(h: Handle) -> str:
-    run = f"+{h.length:x}" if h.length != 1 else ""
-    return f"{lease_prefix(h.cluster, h.epoch, h.tag, h.queue_id)}.{h.offset:x}{run}.{h.topic}"
+    return run_handle(lease_prefix(h.cluster, h.epoch, h.tag, h.queue_id), h.offset, h.length, h.topic)
 
 
-def message_handle(run_handle: str, offset: int) -> str:
-    """The handle of the message at ``offset`` of the run ``run_handle`` names (no check)."""
-    lease, _, topic = run_handle.split(".", 2)
-    return f"{lease}.{offset:x}.{topic}"
+def run_handle(lease: str, offset: int, count: int, topic: str) -> str:
+    """The handle of ``count`` adjacent messages from ``offset`` (one message: ``count`` 1)."""
+    run = f"+{count:x}" if count != 1 else ""
+    return f"{lease}.{offset:x}{run}.{topic}"
+
+
+def lease_of(handle: str) -> str:
+    """The lease part of a handle (the same for every message of its run)."""
+    return handle.split(".", 1)[0]
 
 
 class Decoder:

@@ -2,7 +2,7 @@
 
 Offsets are byte positions (global). The log knows nothing of views or confirm offsets; it
 appends whole batches, reads byte ranges, syncs, truncates and deletes old segments.
-Recovery (``broker.recovery``) decides what is valid before the log takes writes.
+Recovery (``broker/store/recovery.py``) decides what is valid before the log takes writes.
 """
 
 from __future__ import annotations

@@ -60,13 +60,6 @@ class EpochHistory:
             self.entries = list(entries)
             self._persist()
 
-    def end_of(self, epoch: int, log_end: int) -> int | None:
-        """Where ``epoch`` ends in this history (the next epoch's start, or the log end); None if unknown."""
-        for i, (e, _) in enumerate(self.entries):
-            if e == epoch:
-                return self.entries[i + 1][1] if i + 1 < len(self.entries) else log_end
-        return None
-
     def snapshot(self) -> list[tuple[int, int]]:
         with self._lock:
             return list(self.entries)

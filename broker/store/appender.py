@@ -296,6 +296,8 @@ class Appender:
                 return expected
             failpoint("replication_before_append")
             self._write_replicated(data)
+            invariant(self.log.max_offset == expected + len(data),
+                      f"a replicated chunk of {len(data)} bytes at {expected} left the log ending at {self.log.max_offset}")
             for h, batch in batches:
                 if h.epoch > self.epochs.current:
                     self.epochs.start(h.epoch, h.base_offset)

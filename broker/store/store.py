@@ -34,6 +34,7 @@ from broker.ports import (
     RoleListener,
     StatusProvider,
 )
+from broker.storage import identity as identity_mod
 from broker.storage.commitlog import CommitLog
 from broker.storage.epochs import EpochHistory
 from broker.storage.identity import Identity
@@ -134,6 +135,23 @@ class Store:
 
     def register_retention_floor(self, floor: RetentionFloor) -> None:
         self.retention.register_floor(floor)
+
+    def register_master_silence(self, silent: Callable[[], bool]) -> None:
+        """An automatic-failover coordinator's word that the master this slave follows has fallen
+        silent (an election may follow): refusals then name no master rather than a dead one."""
+        self.master_silent = silent
+
+    def set_redirect(self, client_address: str) -> None:
+        """Where writers go: the master's client address as its Welcome or etcd says ("" unknown)."""
+        self.redirect_address = client_address
+
+    def adopt_cluster(self, cluster_id: str) -> None:
+        """An empty slave takes its master's cluster id (``identity`` rewritten on disk)."""
+        self.identity = identity_mod.adopt_cluster(self.data_dir, cluster_id)
+
+    def raise_metadata_fence(self, offset: int) -> None:
+        """A node taking office: no call reads the views before they applied up to ``offset``."""
+        self.metadata_fence = max(self.metadata_fence, offset)
 
     def register_queue_listener(self, listener: QueueListener) -> None:
         """Told, after each dispatch round, which (topic, queue)s became readable further."""

@@ -23,6 +23,7 @@ import structlog
 from broker import metrics
 from broker.config import Config
 from broker.errors import BrokerError
+from broker.invariant import invariant
 from broker.ports import ConfirmRule
 from broker.storage.commitlog import CommitLog
 from broker.store.waiters import OffsetWaiters, Park, Steps, run, run_async
@@ -117,6 +118,8 @@ class Watermarks:
     def _advance_confirm(self) -> None:
         confirm = min(self.rule.confirm(self.flushed_offset), self.flushed_offset)
         self.confirm_offset = max(self.confirm_offset, confirm)
+        invariant(self.confirm_offset <= self.flushed_offset,
+                  f"confirm offset {self.confirm_offset} passed the flushed offset {self.flushed_offset}")
 
     def advance_confirm(self) -> None:
         """Recompute the confirm offset (replication calls this when a replica acknowledges)."""

@@ -100,7 +100,7 @@ class Coordinator:
         self._thread = NamedThread(target=self._run, name="coordinator", daemon=True)
         store.register_status_provider(self._status)
         # a slave whose master fell silent for as long as makes it campaign names no master to writers
-        store.master_silent = lambda: not self._hears_live_master()
+        store.register_master_silence(lambda: not self._hears_live_master())
 
     # -- lifecycle ------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -229,7 +229,7 @@ class Coordinator:
         if not self.roles.following(leader.replication):
             log.info("following", leader=leader.node_id, epoch=leader.epoch, address=leader.replication)
             await self._step(self.roles.follow, leader.replication)
-        store.redirect_address = leader.client
+        store.set_redirect(leader.client)
 
     def _hears_live_master(self) -> bool:
         """Streaming from a master that spoke within a quarter lease."""
@@ -304,7 +304,7 @@ class Coordinator:
             self.insync.set_pins({m for m in self.members if m != self.node_id})
             self.holding = self.leader = leader
         self.unclean_once = False
-        self.store.redirect_address = ""
+        self.store.set_redirect("")
         self._grant(sent)
         log.info("elected" if not retake else "leader_key_retaken", epoch=epoch, log_end=self.store.log.max_offset,
                  insync=list(self.members))
@@ -371,7 +371,7 @@ class Coordinator:
             log.info("handing_over", target=request.target, log_end=store.log.max_offset)
         node = view.nodes.get(request.target)
         with contextlib.suppress(rec.RecordError):
-            store.redirect_address = rec.decode_node(node.value).client if node else ""
+            store.set_redirect(rec.decode_node(node.value).client if node else "")
         store.permit.withdraw(f"handing the mastership over to {request.target}")
         if target is not None and target.acked_offset >= store.log.max_offset:
             members = tuple(sorted({*self.members, request.target, self.node_id}))  # we hold it all too
