@@ -124,6 +124,7 @@ KEYS: dict[str, Key] = {
     "groups.rejoin_grace_ms": Key(3000, int, minimum=0, maximum=600_000),
     "groups.members_max": Key(10_000, int, minimum=1, maximum=1_000_000),
     "groups.live_groups_max": Key(10_000, int, minimum=1, maximum=1_000_000),
+    "groups.members_total_max": Key(100_000, int, minimum=1, maximum=10_000_000),
     "groups.committed_groups_max": Key(100_000, int, minimum=1, maximum=100_000_000),
     "groups.max_deliveries": Key(16, int, minimum=1, maximum=10_000),
     "groups.invisible_ms_max": Key(12 * 3600 * 1000, int, minimum=1000, maximum=7 * 24 * 3600 * 1000),

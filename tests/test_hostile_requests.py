@@ -255,6 +255,9 @@ def test_parked_waits_are_bounded(spawn: Spawn) -> None:
         wait_until(lambda: c.status()["long_polls"] == 10, 20, what="ten parked pulls")
         err = _error(lambda: stub.Pop(pb.PopRequest(group="g", topic="t", max_wait_ms=5000)))
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "parked_waits_max" in err.details()
+        c.create_topic("u")
+        c.send("u", [Message(b"waiting")], ack="flush")  # a call with something to read is served, full or not
+        assert stub.Pull(pb.PullRequest(topic="u", queue_id=0, offset=0, max_wait_ms=5000)).count == 1
         c.send("t", [Message(b"x")], ack="flush")  # they answer; waiting is possible again
         for f in calls:
             assert f.result(timeout=10).count == 1
@@ -308,6 +311,19 @@ def test_what_a_member_claims_to_hold_is_bounded_by_the_queues_there_are(daemon:
         assert all(q["owner"] == "" or q["topic"] == "t" for q in described["queues"])
 
 
+def test_members_are_bounded_on_the_node_and_keep_only_topics_that_exist(spawn: Spawn) -> None:
+    d = spawn("node", config={"groups.members_total_max": 3})
+    stub = _stub(d)
+    with BrokerClient(d.address) as c:
+        c.create_topic("t")
+        made_up = [f"x{i}" + "y" * 100 for i in range(999)]
+        for group in ("a", "b", "c"):
+            stub.Heartbeat(pb.HeartbeatRequest(group=group, topics=["t", *made_up], session_timeout_ms=60_000))
+        err = _error(lambda: stub.Heartbeat(pb.HeartbeatRequest(group="d", topics=["t"], session_timeout_ms=60_000)))
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "members_total_max" in err.details()
+        assert all(m["topics"] == ["t"] for g in ("a", "b", "c") for m in c.describe_group(g)["members"])
+
+
 def test_groups_with_committed_offsets_are_bounded(spawn: Spawn) -> None:
     d = spawn("node", config={"groups.committed_groups_max": 100, "limits.commit_offsets_max": 500})
     stub = _stub(d)
@@ -324,6 +340,11 @@ def test_groups_with_committed_offsets_are_bounded(spawn: Spawn) -> None:
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "committed_groups_max" in err.details()
         c.commit_offset("g7", "t", 0, 0)  # a known group still commits
         assert len(c.list_groups()) == 100
+        c.create_topic("u")
+        c.send("u", [Message(b"x")], ack="flush")
+        c.delete_topic("t")  # every offset of the 100 groups was on t: they are forgotten
+        wait_until(lambda: not c.list_groups(), 10, what="the groups forgotten with their topic")
+        c.commit_offset("new", "u", 0, 1)
 
 
 def test_total_queues_are_bounded(spawn: Spawn) -> None:

@@ -79,11 +79,11 @@ def _send(n: Node, *bodies: bytes) -> None:
     raw = _records(*bodies)
     request = pb.SendRequest(ack=pb.ACK_REPLICA, batches=[pb.ProduceBatch(topic="t", records=raw, record_count=len(bodies),
                                                                          records_crc=crc32c.crc32c(raw))])
-    n.run(n.service._send(request))
+    n.run(n.service.data._send(request))
 
 
 def _create_topic(n: Node) -> None:
-    n.run(n.service._write_metadata([("topic.create", {"topic": "u", "queues": 1})]))
+    n.run(n.service.topics._write_metadata([("topic.create", {"topic": "u", "queues": 1})]))
 
 
 def _popped(n: Node) -> list[pb.PoppedRun]:
@@ -138,7 +138,7 @@ WRITERS: dict[str, Callable[[Node], None]] = {
     "ack": _with_lease(lambda n, h: n.service.pops.ack("g", [h])),
     "nack": _with_lease(lambda n, h: n.service.pops.nack("g", [h], 0)),
     "change invisible": _with_lease(lambda n, h: n.service.pops.change_invisible("g", h, 60_000)),
-    "create a DLQ": _lapsing(lambda n: n.service.pops._create_dlq("g.dlq")),
+    "create a DLQ": _lapsing(lambda n: n.service.pops.dead.create("g.dlq")),
     "commit offsets": _commit_offsets,
     "cancel a timer": _cancel_timer,
 }

@@ -4,6 +4,7 @@ group's offsets, describe a topic. Request checks live here too, so the service 
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -46,6 +47,7 @@ class GroupAdmin:
         self.store = store
         self.membership = membership
         self.pops: PopState | None = None
+        self._commit_lock = threading.Lock()
 
     # -- request checks ----------------------------------------------------------------------------
     def check_heartbeat(self, request: pb.HeartbeatRequest) -> tuple[str, list[str], list[QueueKey], int]:
@@ -61,6 +63,9 @@ class GroupAdmin:
             err = system_records.topic_name_error(t)
             if err:
                 raise invalid(err)
+        # a subscription keeps the topics that exist now (every heartbeat carries it whole: a topic
+        # created later joins it at the member's next heartbeat); made-up names cost no memory
+        topics = [t for t in topics if self.store.views.metadata.topic(t) is not None] or topics[:1]
         session_ms = request.session_timeout_ms or self.store.config["groups.session_timeout_ms"]
         if not SESSION_TIMEOUT_MS_MIN <= session_ms <= SESSION_TIMEOUT_MS_MAX:
             raise invalid(f"session_timeout_ms must be {SESSION_TIMEOUT_MS_MIN}..{SESSION_TIMEOUT_MS_MAX}, "
@@ -166,6 +171,29 @@ class GroupAdmin:
         return out
 
     # -- writes ------------------------------------------------------------------------------------
+    def commit(self, entries: list[tuple[str, str, int, int]]) -> None:
+        """Commit consumer offsets and return once a confirmed record holds them. Groups with
+        committed offsets are bounded (``groups.committed_groups_max``: every one is kept, listed and
+        measured for lag): a commit naming new groups beyond it is refused whole, counted and
+        buffered under one lock so that concurrent commits cannot pass the bound together."""
+        with self._commit_lock:
+            self._check_new_groups({g for g, _, _, _ in entries})
+            self.store.offsets.commit(entries)
+        self.store.offsets.commit([], wait_s=self.store.config["limits.send_timeout_ms"] / 1000.0)
+
+    def _check_new_groups(self, groups: set[str]) -> None:
+        metadata = self.store.views.metadata
+        buffered = {g for g, _, _ in self.store.offsets.buffered()}
+        new = {g for g in groups if g not in buffered and not metadata.group_known(g)}
+        if not new:
+            return
+        known = metadata.groups_count() + len({g for g in buffered if not metadata.group_known(g)})
+        top = self.store.config["groups.committed_groups_max"]
+        if known + len(new) > top:
+            raise BrokerError("RESOURCE_EXHAUSTED", f"{known} groups have committed offsets on this node "
+                              f"(groups.committed_groups_max = {top}); a commit of {len(new)} new group(s) is refused: "
+                              "a group is forgotten when the topics of all its offsets are deleted")
+
     def reset_offsets(self, group: str, topic: str, to: int, value: int) -> list[pb.CommittedOffset]:
         """Commit new offsets for every queue of ``topic``; refused while the group has live members
         (they would overwrite them, or consume from where they were)."""
@@ -193,7 +221,7 @@ class GroupAdmin:
             else:
                 offset = min(max(value, low), high)
             entries.append((group, topic, q, offset))
-        self.store.offsets.commit(entries, wait_s=self.store.config["limits.send_timeout_ms"] / 1000.0)
+        self.commit(entries)
         return [pb.CommittedOffset(group=g, topic=t, queue_id=q, offset=o) for g, t, q, o in entries]
 
     def describe_topic(self, name: str) -> pb.DescribeTopicResponse:

@@ -25,11 +25,11 @@ TICK_S = 0.1
 
 class Heartbeats:
     def __init__(self, loop: asyncio.AbstractEventLoop, queues_of: Callable[[str], int | None], *,
-                 members_max: int, rejoin_grace_ms: int, groups_max: int) -> None:
+                 members_max: int, rejoin_grace_ms: int, groups_max: int, members_total_max: int = 100_000) -> None:
         self._loop = loop
         self._parked: dict[MemberKey, asyncio.Future[None]] = {}
         self.membership = Membership(queues_of, self._wake, members_max=members_max, rejoin_grace_ms=rejoin_grace_ms,
-                                     groups_max=groups_max)
+                                     groups_max=groups_max, members_total_max=members_total_max)
         self._tick_handle: asyncio.TimerHandle | None = None
         self._closed = False
 

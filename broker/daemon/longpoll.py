@@ -7,7 +7,7 @@ pulls read again. So thousands of idle long-polls cost a future each, not a thre
 cannot starve sends, status or health checks. A pop waits on its topic (``ANY_QUEUE``), woken by
 any of its queues: one future per waiting call, however many queues the topic has (2,000 pops
 of a 1,024-queue topic parked two million futures, 1.4 GB). At most ``parked_max`` wait at once;
-the next call is refused (RESOURCE_EXHAUSTED) instead of parking.
+a call beyond it that finds nothing to read is refused (RESOURCE_EXHAUSTED) instead of parking.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 from broker import metrics
 from broker.errors import BrokerError
@@ -31,18 +31,23 @@ class LongPolls:
         self._count = 0
         self._parked_max = parked_max  # limits.parked_waits_max, read at each park (reloadable)
 
-    def park(self, key: QueueKey) -> asyncio.Future[None]:
+    def park(self, key: QueueKey) -> asyncio.Future[None] | None:
         """A future resolved when ``key`` grows (or on shutdown); on the loop's thread. Park
-        *before* the read that found nothing, so that no growth can slip in between."""
+        *before* the read that found nothing, so that no growth can slip in between. None when
+        ``parked_max`` calls wait already: the caller reads anyway, and refuses (``full``) only if
+        it found nothing, so a call with something to read is never refused."""
         if self._count >= self._parked_max():
-            metrics.LONG_POLLS_REFUSED.inc()
-            raise BrokerError("RESOURCE_EXHAUSTED", f"{self._count} calls already wait on this node "
-                              "(limits.parked_waits_max): retry later, or with a shorter max_wait_ms")
+            return None
         fut: asyncio.Future[None] = self._loop.create_future()
         self._waiting[key].add(fut)
         self._count += 1
         metrics.LONG_POLLS.set(self._count)
         return fut
+
+    def full(self) -> BrokerError:
+        metrics.LONG_POLLS_REFUSED.inc()
+        return BrokerError("RESOURCE_EXHAUSTED", f"{self._count} calls already wait on this node "
+                           "(limits.parked_waits_max): retry later, or with a shorter max_wait_ms")
 
     def unpark(self, key: QueueKey, fut: asyncio.Future[None]) -> None:
         waiting = self._waiting.get(key)
@@ -55,9 +60,21 @@ class LongPolls:
         if not fut.done():
             fut.cancel()
 
-    async def wait(self, fut: asyncio.Future[None], timeout_s: float) -> None:
-        """Until the queue grows or ``timeout_s`` passes. A cancelled call (the client went away)
-        raises ``CancelledError`` here, ending the pull."""
+    @contextlib.asynccontextmanager
+    async def parking(self, key: QueueKey, wanted: bool) -> AsyncIterator[asyncio.Future[None] | None]:
+        """``park`` for the block (None when not ``wanted``, or when full), unparked at its end."""
+        fut = self.park(key) if wanted else None
+        try:
+            yield fut
+        finally:
+            if fut is not None:
+                self.unpark(key, fut)
+
+    async def wait(self, fut: asyncio.Future[None] | None, timeout_s: float) -> None:
+        """Until the queue grows or ``timeout_s`` passes; ``full`` for a call that could not park. A
+        cancelled call (the client went away) raises ``CancelledError`` here, ending the pull."""
+        if fut is None:
+            raise self.full()
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(fut), timeout_s)
 

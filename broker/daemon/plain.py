@@ -11,9 +11,11 @@ into ``PulledMessage``s (``PullRequest.decode``).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import crc32c
@@ -21,15 +23,41 @@ import crc32c
 from broker.errors import BrokerError, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
-from broker.logformat.timer_props import DELIVER_AT, TIMER_OFFSET, TIMER_PROPERTIES, TimerRecordError, field_number, scheduled_props
+from broker.logformat.timer_props import (
+    DELIVER_AT,
+    TARGET_QUEUE,
+    TARGET_TOPIC,
+    TIMER_OFFSET,
+    TIMER_PROPERTIES,
+    TimerRecordError,
+    field_number,
+    scheduled_props,
+)
 from broker.ports import NO_SEQUENCE, BatchReceipt, IncomingBatch
 from proto import tidemark_pb2 as pb
 
 _rotation = itertools.count()
-# A long encode or decode (a pool thread's job, one at a time: service._heavy) gives the interpreter
-# lock away every this many messages (~1.5 ms of work), so that a call on the event loop and the
-# flusher's fsync wait behind it for that long, not for a 5 ms switch interval each time they run.
+# A long encode or decode in a pool thread (one at a time: rpc.common.Rpcs._heavy, which marks the
+# thread with ``yielding``) gives the interpreter lock away every this many messages (~1.5 ms of
+# work), so that a call on the event loop and the flusher's fsync wait behind it for that long, not
+# for a 5 ms switch interval each time they run. On the event loop itself it never yields.
 YIELD_EVERY = 500
+_thread = threading.local()
+
+
+@contextlib.contextmanager
+def yielding() -> Iterator[None]:
+    """The encodes and decodes of this block (a pool thread's heavy job) give the lock away now and then."""
+    _thread.yielding = True
+    try:
+        yield
+    finally:
+        _thread.yielding = False
+
+
+def _maybe_yield(done: int) -> None:
+    if done % YIELD_EVERY == YIELD_EVERY - 1 and getattr(_thread, "yielding", False):
+        time.sleep(0)  # let the event loop and the flusher in
 
 
 @dataclass(slots=True)
@@ -55,8 +83,7 @@ def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Cal
     groups: dict[tuple[str, int, bool], _Group] = {}
     keyless_queue: dict[str, int] = {}
     for i, m in enumerate(messages):
-        if i % YIELD_EVERY == YIELD_EVERY - 1:
-            time.sleep(0)  # let the event loop and the flusher in (see YIELD_EVERY)
+        _maybe_yield(i)
         if m.topic.startswith(system_records.SYSTEM_PREFIX):
             raise invalid(f"message {i}: system topic {shown(m.topic)} does not take messages")
         queues = queues_of(m.topic)
@@ -105,7 +132,7 @@ def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Cal
 
 # The scheduled fields a delayed message's properties carry before the user's (timer_props):
 # three names, a 19-digit time, a 255-byte topic and a queue number, with their lengths.
-_SCHEDULED_PROPS_BYTES_MAX = 3 * 4 + len(DELIVER_AT) + 19 + len("__topic") + bf.TOPIC_BYTES_MAX + len("__queue") + 5
+_SCHEDULED_PROPS_BYTES_MAX = 3 * 4 + len(DELIVER_AT) + 19 + len(TARGET_TOPIC) + bf.TOPIC_BYTES_MAX + len(TARGET_QUEUE) + 5
 
 
 def _check_sizes(i: int, m: pb.PlainMessage) -> None:
@@ -166,11 +193,12 @@ def decode(batches: Iterable[bytes], skip_first: int, count: int) -> list[pb.Pul
             batch = mv[pos : pos + header.batch_bytes]
             qoff = header.base_queue_offset
             for rpos, key, props_raw, body in bf.iter_records(batch, header):
-                if len(out) % YIELD_EVERY == YIELD_EVERY - 1:
-                    time.sleep(0)  # let the event loop and the flusher in (see YIELD_EVERY)
+                if len(out) == count:
+                    break  # the rest of the batch is not asked for
                 if skip > 0:
                     skip -= 1
-                elif len(out) < count:
+                else:
+                    _maybe_yield(len(out))
                     props = bf.decode_props_lenient(props_raw) if len(props_raw) else {}
                     deliver_at = field_number(props.get(DELIVER_AT))
                     timer_offset = field_number(props.get(TIMER_OFFSET))

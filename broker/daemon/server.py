@@ -116,7 +116,8 @@ class Daemon:
         self.heartbeats = Heartbeats(self.aio.loop, self._queue_count,
                                      members_max=self.config["groups.members_max"],
                                      rejoin_grace_ms=self.config["groups.rejoin_grace_ms"],
-                                     groups_max=self.config["groups.live_groups_max"])
+                                     groups_max=self.config["groups.live_groups_max"],
+                                     members_total_max=self.config["groups.members_total_max"])
         self.heartbeats.role_changed_threadsafe(self.store.role)
         self.store.register_role_listener(self.heartbeats.role_changed_threadsafe)
         self.heartbeats.start()

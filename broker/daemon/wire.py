@@ -132,7 +132,7 @@ def add_broker_service(servicer: Any, server: grpc.aio.Server, fence_exempt: fro
         response_cls = getattr(pb, method.output_type.name)
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
-            _guarded(getattr(servicer, method.name), servicer, method.name not in fence_exempt, method.name),
+            _guarded(servicer.rpc(method.name), servicer, method.name not in fence_exempt, method.name),
             request_deserializer=_lenient(parse_send if method.name == "Send" else request_cls.FromString),
             response_serializer=serialize,
         )

@@ -89,7 +89,8 @@ class Answer:
 
 class Membership:
     def __init__(self, queues_of: Callable[[str], int | None], notify: Callable[[set[MemberKey]], None], *,
-                 members_max: int, rejoin_grace_ms: int, groups_max: int = 10_000) -> None:
+                 members_max: int, rejoin_grace_ms: int, groups_max: int = 10_000,
+                 members_total_max: int = 100_000) -> None:
         """``queues_of``: a topic's queue count (None when it does not exist). ``members_max``
         bounds each group, ``groups_max`` the groups with live members: a flood of one group, or of
         new groups, never keeps a new member of another existing group out."""
@@ -97,6 +98,7 @@ class Membership:
         self._notify = notify
         self.members_max = members_max
         self.groups_max = groups_max
+        self.members_total_max = members_total_max
         self.rejoin_grace_ms = rejoin_grace_ms
         self.groups: dict[str, Group] = {}
         self._hold_until = 0.0
@@ -129,6 +131,9 @@ class Membership:
                 if g is not None and len(g.members) >= self.members_max:
                     raise BrokerError("RESOURCE_EXHAUSTED", f"group {shown(group)} has {self.members_max} members "
                                       "(groups.members_max); a new member cannot join")
+                if sum(len(x.members) for x in self.groups.values()) >= self.members_total_max:  # at a join only
+                    raise BrokerError("RESOURCE_EXHAUSTED", f"this broker serves {self.members_total_max} group members "
+                                      "(groups.members_total_max); a new member cannot join")
                 if g is None:
                     g = self.groups[group] = Group(group)
                 # a member the master does not know (new, or rejoining after a failover) keeps what it

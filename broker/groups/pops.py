@@ -24,7 +24,6 @@ same request as the record that ends it. Acks name leases by receipt handle
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import threading
 from collections.abc import Iterable, Iterator
@@ -38,6 +37,9 @@ import structlog
 from broker import clock, metrics
 from broker.errors import BrokerError, invalid, not_found, shown
 from broker.groups import receipts
+from broker.groups.dead_letters import DeadLetters
+from broker.groups.pop_idle import IdlePops
+from broker.groups.pop_locks import KEYS_MAX, QueueKey, QueueLocks
 from broker.logformat import batch as bf
 from broker.logformat import pop_records as pr
 from broker.logformat import system_records
@@ -47,9 +49,6 @@ from broker.views.pop_leases import ENDED, EXPIRED, NOT_LEASED, RETAGGED, PopQue
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("groups.pop")
-GROUP_LOCKS_MAX = 100_000  # entries of the per-queue bookkeeping dicts before they are cleared
-LOCK_STRIPES = 1024
-ORIGIN_PROPS = ("dlq.topic", "dlq.queue", "dlq.offset", "dlq.deliveries")
 FAILED_PRECONDITION = 9  # grpc.StatusCode.FAILED_PRECONDITION's value, per handle in Ack/Nack results
 TWICE = 5  # beyond PopQueue.check's reasons: the same lease twice in one call
 REASONS = {
@@ -61,7 +60,6 @@ REASONS = {
 }
 
 
-QueueKey = tuple[str, str, int]  # (group, topic, queue): the unit of pop, ack and their locks
 
 
 @dataclass(slots=True)
@@ -80,39 +78,22 @@ def now_ms() -> int:
     return clock.wall_ms()
 
 
-def dead_letter_props(raw: bytes | memoryview, origin: dict[str, str]) -> bytes:
-    """A dead letter's properties: the message's own, read leniently (a record stored before the
-    send path checked contents may not decode strictly), then its origin. When both do not fit a
-    record's properties, the origin and how many bytes of the message's own were dropped: moving a
-    message to the DLQ never fails on the message."""
-    props = bf.decode_props_lenient(raw) if len(raw) else {}
-    props.update(origin)
-    fits = sum(4 + len(n.encode()) + len(v.encode()) for n, v in props.items()) <= bf.PROPS_BYTES_MAX
-    return bf.encode_props(props if fits else {**origin, "dlq.properties_dropped": str(len(raw))})
-
-
 class PopService:
     def __init__(self, store: Store) -> None:
         self.store = store
         self.config = store.config
         self.view = store.views.pops
-        # one lock per (group, topic, queue), striped: bounded memory however many groups strangers
-        # name, and one Lock object per key for the process's life (pruning a dict of locks could
-        # hand two threads different locks for one key)
-        self._stripes = [threading.Lock() for _ in range(LOCK_STRIPES)]
-        self._locks_guard = threading.Lock()
-        self._last_end: dict[QueueKey, tuple[int, int]] = {}  # (epoch, end of our last record)
+        self.idle_pops = IdlePops(lambda: store.epoch, self._topic_id)
+        self.locks = QueueLocks(store, self.view, self.idle_pops.records_appended)
+        self.dead = DeadLetters(store)
         self._rotation: dict[tuple[str, str], int] = {}
-        self._dlq_lock = threading.Lock()
-        # A pop that found nothing on any queue is remembered (``_idle``) with what it depended on: the
-        # topic's growth, the group's own records on it (acks move the window, nacks and changed
-        # leases make messages visible), the epoch; until one of them changes or its next lease ends,
-        # the next pop answers at once instead of visiting every queue (2,000 waiting pops of a
-        # 1,024-queue topic each walked all of them whenever they came back)
-        self._grown: dict[str, int] = {}
-        self._changed: dict[tuple[str, str], int] = {}
-        self._idle: dict[tuple[str, str], tuple[tuple[int, int, int], int | None]] = {}
-        store.register_queue_listener(self._queues_grew)
+        self._rotation_lock = threading.Lock()
+        store.register_queue_listener(self.idle_pops.queues_grew)
+        store.register_role_listener(self.idle_pops.forget)
+
+    def _topic_id(self, topic: str) -> int:
+        info = self.store.views.metadata.topic(topic)
+        return int(info["id"]) if info is not None else -1
 
     @property
     def cluster(self) -> int:
@@ -140,86 +121,11 @@ class PopService:
             raise invalid(f"{name} {value_ms} ms out of range: 1..{top} (groups.invisible_ms_max)")
         return value_ms
 
-    def _stripe(self, key: QueueKey) -> int:
-        return hash(key) % LOCK_STRIPES
-
-    def _lock(self, key: QueueKey) -> threading.Lock:
-        return self._stripes[self._stripe(key)]
-
-    @contextlib.contextmanager
-    def _holding(self, keys: Iterable[QueueKey]) -> Iterator[None]:
-        """Hold the locks of these queues (each stripe once, in stripe order: no deadlock), settled."""
-        keys = set(keys)
-        locks = [self._stripes[i] for i in sorted({self._stripe(k) for k in keys})]
-        taken: list[threading.Lock] = []
-        try:
-            for lock in locks:
-                lock.acquire()
-                taken.append(lock)
-            self._settle(sorted(set(keys)))
-            yield
-        finally:
-            for lock in reversed(taken):
-                lock.release()
-
-    def _settle(self, keys: Iterable[QueueKey]) -> None:
-        """With the queues' locks held: the view has applied every record of ours that touched them
-        (all of the log, for a queue without a record from this master in this epoch)."""
-        self.store.check_writable()
-        epoch = self.store.epoch
-        target = 0
-        for k in keys:
-            last = self._last_end.get(k)
-            if last is None or last[0] != epoch:
-                target = self.store.log.max_offset
-                break
-            target = max(target, last[1])
-        if not self.store.dispatcher.wait_applied(self.view, target, self.config["limits.send_timeout_ms"] / 1000.0):
-            raise BrokerError("UNAVAILABLE", "pop state is not caught up with the log yet; retry")
-
-    def _appended(self, keys: Iterable[QueueKey], end: int) -> None:
-        """With the queues' locks held: our record touching them ends at ``end``."""
-        if len(self._last_end) > GROUP_LOCKS_MAX:
-            self._last_end.clear()  # the next call of each queue settles on the whole log
-        epoch = self.store.epoch
-        with self._locks_guard:
-            for group, topic in {(g, t) for g, t, _ in keys}:
-                self._changed[(group, topic)] = self._changed.get((group, topic), 0) + 1
-        for k in keys:
-            self._last_end[k] = (epoch, end)
-
-    def _queues_grew(self, keys: set[tuple[str, int]] | None) -> None:
-        """The dispatcher's word that queues grew (None: anything may have changed)."""
-        with self._locks_guard:
-            if keys is None:
-                self._idle.clear()
-                return
-            for topic in {t for t, _ in keys}:
-                self._grown[topic] = self._grown.get(topic, 0) + 1
-
-    def _idle_state(self, group: str, topic: str) -> tuple[int, int, int]:
-        with self._locks_guard:
-            return self.store.epoch, self._grown.get(topic, 0), self._changed.get((group, topic), 0)
-
     def idle(self, group: str, topic: str) -> tuple[bool, int | None]:
-        """``_still_idle`` now: cheap enough for the event loop, which asks before it hands a pop
-        to a pool thread (a long-polled pop looks again each time it is woken, and at its end)."""
-        return self._still_idle(group, topic, now_ms())
-
-    def _still_idle(self, group: str, topic: str, now: int) -> tuple[bool, int | None]:
-        """A pop of ``group`` on ``topic`` would find nothing, as the last one did (and when to look again)."""
-        with self._locks_guard:
-            idle = self._idle.get((group, topic))
-        if idle is None or idle[0] != self._idle_state(group, topic) or (idle[1] is not None and now >= idle[1]):
-            return False, None
-        return True, idle[1]
-
-    def _remember_idle(self, group: str, topic: str, state: tuple[int, int, int], wake: int | None) -> None:
-        with self._locks_guard:
-            if len(self._idle) > GROUP_LOCKS_MAX or len(self._changed) > GROUP_LOCKS_MAX:
-                self._idle.clear()
-                self._changed.clear()  # (an idle entry checks it: cleared together, nothing stale matches)
-            self._idle[(group, topic)] = (state, wake)
+        """A pop would find nothing now, as the last one did (``IdlePops``), and when to look again.
+        Only a writable master answers so: anywhere else the pop is refused as it would be."""
+        self.store.check_writable()
+        return self.idle_pops.still_idle(group, topic, now_ms())
 
     def _append(self, batches: list[IncomingBatch]) -> int:
         _, end = self.store.appender.append(batches, internal=True)
@@ -246,15 +152,15 @@ class PopService:
         if max_messages <= 0:
             raise invalid("max_messages must be positive")
         max_messages = min(max_messages, self.config["groups.pop_messages_max"])
-        idle, wake_at = self._still_idle(group, topic, now_ms())
+        idle, wake_at = self.idle(group, topic)
         if idle:
             return [], wake_at
-        state = self._idle_state(group, topic)
+        state = self.idle_pops.state(group, topic)
         found = False
-        with self._locks_guard:
+        with self._rotation_lock:
             first = self._rotation.get((group, topic), 0)
             self._rotation[(group, topic)] = (first + 1) % queues
-            if len(self._rotation) > GROUP_LOCKS_MAX:
+            if len(self._rotation) > KEYS_MAX:
                 self._rotation.clear()
         order = [(group, topic, (first + i) % queues) for i in range(queues)]
         wake: int | None = None
@@ -268,12 +174,12 @@ class PopService:
             for key in order:  # first pass: the queues nobody else holds
                 if left <= 0 and not self._new_queue(key):
                     continue  # (a queue new to the group is visited anyway: its state starts now)
-                lock = self._lock(key)
+                lock = self.locks.lock(key)
                 if not lock.acquire(blocking=False):  # busy (or a stripe this call already holds)
                     busy.append(key)
                     continue
                 held.append(lock)
-                self._settle([key])
+                self.locks.settle([key])
                 pick, nxt = self._pick(key, left, start_earliest, now)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
@@ -286,10 +192,10 @@ class PopService:
             for lock in held:
                 lock.release()
         for key in busy if leased is None else ():  # second pass: wait for each busy queue, one at a time
-            idle, wake_at = self._still_idle(group, topic, now_ms())
+            idle, wake_at = self.idle(group, topic)
             if idle:  # another pop walked every queue since this one began, and found nothing
                 return [], wake_at
-            with self._holding([key]):
+            with self.locks.holding([key]):
                 now = now_ms()
                 pick, nxt = self._pick(key, max_messages, start_earliest, now)
                 wake = _earliest(wake, nxt)
@@ -299,7 +205,7 @@ class PopService:
                     break
         if leased is None:
             if not found:  # every queue visited, under its lock
-                self._remember_idle(group, topic, state, wake)
+                self.idle_pops.remember(group, topic, state, wake)
             return [], wake
         out, end, dead = leased
         if not end:
@@ -320,7 +226,7 @@ class PopService:
         messages whose DLQ cannot take them (``_dlq_ready``) stay where they are, neither leased nor
         dead: no consumer gets them again, and the next pop tries once more."""
         tag = secrets.randbits(63) + 1
-        dlq_ready = any(p.dead.size for p in picks) and self._dlq_ready(group, may_create_dlq)
+        dlq_ready = any(p.dead.size for p in picks) and self.dead.ready(group, may_create_dlq)
         epoch, cluster = self.store.epoch, self.cluster
         budget = self.config["limits.pull_bytes_max"]
         out: list[pb.PoppedRun] = []
@@ -349,11 +255,11 @@ class PopService:
             return out, 0, 0  # no record: a pop that only found dead letters held back writes nothing
         batches_out = []
         if dlq:
-            batches_out.append(self._dlq_batch(group, dlq))
+            batches_out.append(self.dead.batch(group, dlq))
         batches_out.append(_record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + invisible_ms, "tag": tag,
                                                     "queues": entries}))
         end = self._append(batches_out)
-        self._appended([(group, topic, q) for q in touched], end)
+        self.locks.appended([(group, topic, q) for q in touched], end)
         return out, end, len(dlq)
 
     def _new_queue(self, key: QueueKey) -> bool:
@@ -374,12 +280,20 @@ class PopService:
                 start = low if start_earliest else high
                 pq = PopQueue(start)
             none = np.empty(0, np.int64)
-            offs, counts = pq.available(now, left) if left > 0 else (none, none)
-            gone = offs[offs < low]
-            keep = offs >= low
-            offs, counts = offs[keep], counts[keep]
-            dead_mask = counts >= max_deliveries
-            dead, offs, counts = offs[dead_mask], offs[~dead_mask], counts[~dead_mask]
+            ask = left
+            while True:
+                offs, counts = pq.available(now, ask) if left > 0 else (none, none)
+                gone = offs[offs < low]
+                keep = offs >= low
+                offs, counts = offs[keep], counts[keep]
+                dead_mask = counts >= max_deliveries
+                dead, offs, counts = offs[dead_mask], offs[~dead_mask], counts[~dead_mask]
+                # dead letters (held back when their DLQ cannot take them) and gone offsets must not
+                # take the places of messages to deliver again: ask once more for as many more
+                if len(offs) >= left or ask > left or not (dead.size or gone.size):
+                    break
+                ask = left + int(dead.size) + int(gone.size)
+            offs, counts = offs[:left], counts[:left]
             fresh_from = max(pq.cursor, low)
             n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - pq.base)))
             if n_fresh:
@@ -425,41 +339,10 @@ class PopService:
         """(body, key, props) of each dead message, its origin added to its properties."""
         if dead.size == 0:
             return []
-        counts = str(self.config["groups.max_deliveries"])
-        out = []
+        deliveries = self.config["groups.max_deliveries"]
         runs, _, _, _ = self._read_runs(topic, queue_id, dead, np.zeros(dead.size, np.int64), 1 << 62)
-        for first, count, _, batches, _ in runs:
-            for r in run_records(first, count, batches):
-                origin = dict(zip(ORIGIN_PROPS, (topic, str(queue_id), str(r.queue_offset), counts), strict=True))
-                out.append((bytes(r.body), bytes(r.key), dead_letter_props(r.props, origin)))
-        return out
-
-    def _dlq_ready(self, group: str, may_create: bool) -> bool:
-        """``<group>.dlq`` exists, or this caller may create it and did: dead letters can move.
-        Otherwise they are held back, said in the log and in status (``errors.dlq``)."""
-        name = group + system_records.DLQ_SUFFIX
-        with self._dlq_lock:  # pops of two queues may both find it missing
-            if self.store.views.metadata.topic(name) is None and not may_create:
-                self.store.incidents.record("dlq", f"dead letters of pop group {shown(group)} are held back: its "
-                                            f"dead-letter topic {shown(name)} does not exist and the popping caller may "
-                                            "not create topics (admin): tidemark topic create it, or pop with an admin "
-                                            "token")
-                metrics.POP_DLQ_HELD.inc()
-                return False
-            if self.store.views.metadata.topic(name) is None:
-                self._create_dlq(name)
-        self.store.incidents.clear("dlq")
-        return True
-
-    def _dlq_batch(self, group: str, items: list[tuple[bytes, bytes, bytes]]) -> IncomingBatch:
-        name = group + system_records.DLQ_SUFFIX
-        records, _ = bf.encode_records(items)
-        return IncomingBatch(name, 0, records, len(items), crc32c.crc32c(records))
-
-    def _create_dlq(self, name: str) -> None:
-        self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": name, "queues": 1})],
-                                       applied=self.store.views.metadata)
-        log.info("dlq_topic_created", topic=name)
+        return [self.dead.letter(topic, queue_id, r.queue_offset, deliveries, r.key, r.props, r.body)
+                for first, count, _, batches, _ in runs for r in run_records(first, count, batches)]
 
     # -- ending leases -----------------------------------------------------------------------------
     def _resolve(self, group: str, handles: list[str]) -> list[receipts.Handle]:
@@ -529,7 +412,7 @@ class PopService:
         handle whose lease had ended already (the others are done)."""
         resolved = self._resolve(group, handles)
         keys = [(group, h.topic, h.queue_id) for h in resolved]
-        with self._holding(keys):
+        with self.locks.holding(keys):
             now = now_ms()
             with self.view.lock:
                 ok, refused = self._current(group, resolved, now)
@@ -541,7 +424,7 @@ class PopService:
                 else:
                     record = {"g": group, "nacks": items, "until": now + delay_ms}
                 end = self._append([_record_batch(kind, record)])
-                self._appended([(group, t, q) for t, q in ok], end)
+                self.locks.appended([(group, t, q) for t, q in ok], end)
         if ok:
             self._durable(end)
         return [(handles[i], FAILED_PRECONDITION, why) for i, why in refused]
@@ -561,7 +444,7 @@ class PopService:
         if h.length != 1:
             raise invalid("change_invisible takes one message's receipt handle, not a run's")
         key = (group, h.topic, h.queue_id)
-        with self._holding([key]):
+        with self.locks.holding([key]):
             now = now_ms()
             with self.view.lock:
                 _, refused = self._current(group, [h], now)
@@ -570,7 +453,7 @@ class PopService:
             tag = secrets.randbits(63) + 1
             record = {"g": group, "t": h.topic, "q": h.queue_id, "o": h.offset, "until": now + invisible_ms, "tag": tag}
             end = self._append([_record_batch(pr.INVISIBLE, record)])
-            self._appended([key], end)
+            self.locks.appended([key], end)
         self._durable(end)
         return receipts.encode(h._replace(epoch=self.store.epoch, tag=tag))
 

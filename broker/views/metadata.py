@@ -151,6 +151,10 @@ class MetadataView(View):
                 doomed = [bytes(k) for k, _ in cursor if bytes(k).split(b"\0")[1] == name.encode()]
                 for k in doomed:
                     txn.delete(k, db=self._offsets_db)
+                for group in {k.split(b"\0")[0] for k in doomed}:  # a group with no offsets left is forgotten
+                    left = txn.cursor(db=self._offsets_db)
+                    if not (left.set_range(group + b"\0") and bytes(left.key()).startswith(group + b"\0")):
+                        txn.delete(group, db=self._groups_db)
         elif change == system_records.OFFSETS_COMMIT:
             for group, topic, queue, value in fields["offsets"]:
                 if topic not in self.topics:

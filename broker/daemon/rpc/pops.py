@@ -1,0 +1,83 @@
+"""The ``Broker`` service's pops RPCs: Pop, Ack, Nack, ChangeInvisible."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+
+import grpc
+
+from broker import clock
+from broker.daemon import plain
+from broker.daemon.longpoll import ANY_QUEUE
+from broker.daemon.rpc.common import (
+    MESSAGES_ON_LOOP_MAX,
+    Rpcs,
+    handle,
+    handle_async,
+)
+from broker.groups.pops import as_messages
+from broker.security.auth import current_caller
+from proto import tidemark_pb2 as pb
+
+
+class PopRpcs(Rpcs):
+    """Pop mode: leases, acks, nacks, changed leases (DESIGN §12)."""
+
+    async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
+        return await handle_async(context, lambda: self._pop(request))
+
+    async def _pop(self, request: pb.PopRequest) -> pb.PopResponse:
+        """Lease what is available; else wait (parked on the topic: one future, however many queues
+        it has; no thread) until a queue of the topic grows or the next lease ends, at most
+        ``max_wait_ms``. The answer is built in the read pool (decoding is a Python loop per message)."""
+        loop = asyncio.get_running_loop()
+        self.pops.check_group(request.group)
+        self.pops.topic_queues(request.topic)
+        wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
+        max_messages = request.max_messages or 32
+        if request.decode:
+            max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
+        pop = functools.partial(self.pops.pop, request.group, request.topic, max_messages,
+                                request.invisible_ms or 30_000, request.start_earliest,
+                                current_caller().may("admin"))
+        deadline = loop.time() + wait_s
+        key = (request.topic, ANY_QUEUE)
+        while True:
+            async with self.longpolls.parking(key, wait_s > 0) as parked:
+                idle, wake_ms = self.pops.idle(request.group, request.topic)
+                got: list[pb.PoppedRun] = []
+                if not idle:
+                    got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
+                left = deadline - loop.time()
+                if got or wait_s <= 0 or left <= 0 or self.store.closing:
+                    small = sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX
+                    return await self._heavy(request.as_runs or small, _pop_response, request, got)
+                if wake_ms is not None:
+                    left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
+                await self.longpolls.wait(parked, left)
+
+    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
+        return handle(context, lambda: pb.AckResponse(results=_handle_results(
+            self.pops.ack(request.group, list(request.receipt_handles)))))
+
+    def Nack(self, request: pb.NackRequest, context: grpc.ServicerContext) -> pb.NackResponse:
+        return handle(context, lambda: pb.NackResponse(results=_handle_results(
+            self.pops.nack(request.group, list(request.receipt_handles), request.delay_ms))))
+
+    def ChangeInvisible(self, request: pb.ChangeInvisibleRequest,
+                        context: grpc.ServicerContext) -> pb.ChangeInvisibleResponse:
+        return handle(context, lambda: pb.ChangeInvisibleResponse(receipt_handle=self.pops.change_invisible(
+            request.group, request.receipt_handle, request.invisible_ms)))
+
+
+def _pop_response(request: pb.PopRequest, runs: list[pb.PoppedRun]) -> pb.PopResponse:
+    """Runs as leased (as_runs), or one message each: encoded records, or decoded (decode)."""
+    if request.as_runs:
+        return pb.PopResponse(runs=runs)
+    messages = as_messages(runs)
+    return pb.PopResponse(messages=plain.decode_popped(runs, messages) if request.decode else messages)
+
+
+def _handle_results(results: list[tuple[str, int, str]]) -> list[pb.HandleResult]:
+    return [pb.HandleResult(receipt_handle=h, code=code, message=msg) for h, code, msg in results]
