@@ -68,7 +68,7 @@ class RoleController:
                     "this slave is not known to be in sync with its master (disconnected or lagging): promoting "
                     "it could lose confirmed data; use --unclean to force",
                 )
-            epoch = max(store.epoch, *(e for e, _ in store.epochs.snapshot()), 0) + 1
+            epoch = store.epochs.highest() + 1
             self.become_master(epoch)
             role_record.record(store.data_dir, "master", "", epoch)
             log.info("promoted", epoch=epoch, log_end=store.log.max_offset, unclean=unclean)

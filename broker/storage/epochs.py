@@ -60,6 +60,12 @@ class EpochHistory:
             self.entries = list(entries)
             self._persist()
 
+    def highest(self) -> int:
+        """The highest epoch this node knows of (0 for none): a new epoch must be above it, and a
+        leader record at or below it is not news (the rule the coordinator and the role changes use)."""
+        with self._lock:
+            return max((e for e, _ in self.entries), default=0)
+
     def snapshot(self) -> list[tuple[int, int]]:
         with self._lock:
             return list(self.entries)

@@ -1,5 +1,10 @@
 """The coordinator: this node's lease, the election, the write permit and the in-sync set in etcd.
 
+This module holds the lease and the loop; each concern is a module of its own, composed here:
+``election`` (who campaigns, taking office), ``permit_keeper`` (the write permit, the failsafe),
+``insync_keeper`` (the in-sync set in etcd), ``switchover`` (promote and demote, hand-over), and
+``state`` (what they share, under one lock).
+
 One thread runs an asyncio loop with two tasks:
 
 - **etcd** (every ``tick``): renew the lease (one keep-alive round trip), read every key in one
@@ -43,26 +48,25 @@ from typing import Any
 
 import structlog
 
-from broker import metrics
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.store import Store
 from broker.threads import NamedThread, name_pool_thread
 from replication.confirm import InSyncSet
 from replication.coordination import records as rec
+from replication.coordination.election import Election
 from replication.coordination.etcd import Etcd, Unreachable, View
+from replication.coordination.insync_keeper import InSyncKeeper
+from replication.coordination.permit_keeper import PermitKeeper
+from replication.coordination.switchover import Switchover
 from replication.roles import RoleController
 
 log = structlog.get_logger("replication.coordinator")
 
-PERMIT_TICK_S = 0.05
-FAILSAFE_ACK_S = 0.5  # the failsafe holds while the in-sync slave acknowledged hearing a message sent within this long
 REGISTER_EVERY_S = 1.0
-SWITCHOVER_WAIT_S = 10.0
-SWITCHOVER_CATCH_UP_S = 5.0  # the master waits this long for the target to hold its whole log
 
 
-class Coordinator:
+class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
     def __init__(self, store: Store, config: Config, insync: InSyncSet, roles: RoleController,
                  replication_address: str) -> None:
         self.store = store
@@ -76,25 +80,14 @@ class Coordinator:
         self.margin_s = self.ttl_s / 5
         self.tick_s = min(0.1, self.ttl_s / 20)  # a view and a keep-alive 10 times a second: ~200 B each
         self.etcd = Etcd(config)  # a fresh client for every run of the loop (see _main)
-        # state, written by the loop thread; read by status and the permit
+        # state, written by the loop thread; read by status, the permit and promote / demote
         self.lease_id = 0
         self.renewed_at = 0.0  # monotonic: when the last successful keep-alive (or grant) was sent
         self.last_ok = 0.0  # monotonic: the last etcd answer
         self.started_at = time.monotonic()
-        self.holding: rec.Leader | None = None  # our leader record, while the key is ours
-        self.leader_revision = 0
-        self.view: View | None = None
-        self.leader: rec.Leader | None = None
-        self.members: tuple[str, ...] = ()
-        self.failsafe = False
         self.error = ""
-        self.unclean_once = False
         self._last_register = 0.0
-        self._handing_over_since = 0.0
-        self.switchover_failure: tuple[float, str] = (0.0, "")  # (monotonic time, why) of the last one ended
-        self._lost_at = 0.0  # monotonic: when this master lost the leader key
-        self._taking_office = False  # the key is ours and become_master runs: role and holding disagree
-        self._waiting = ""  # why we do not campaign (logged when it changes)
+        self._init_state()
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = NamedThread(target=self._run, name="coordinator", daemon=True)
@@ -190,8 +183,9 @@ class Coordinator:
         self.last_ok = time.monotonic()
         self.view = view
         await self._register(view)
-        self.members = rec.decode_insync(view.insync.value).members if view.insync.version else ()
-        self.leader = rec.decode_leader(view.leader.value) if view.leader.version else None
+        with self.state_lock:
+            self.members = rec.decode_insync(view.insync.value).members if view.insync.version else ()
+            self.leader = rec.decode_leader(view.leader.value) if view.leader.version else None
         leader = self.leader
         if leader is None:
             if self.holding is not None:
@@ -218,7 +212,7 @@ class Coordinator:
         if mine is not None and mine.lease == self.lease_id and now - self._last_register < REGISTER_EVERY_S:
             return
         store = self.store
-        max_epoch = max([store.epoch, *(e for e, _ in store.epochs.snapshot())])
+        max_epoch = store.epochs.highest()
         await self.etcd.register(rec.Node(self.node_id, self.client_address, self.replication_address, max_epoch,
                                           store.log.max_offset), self.lease_id)
         self._last_register = now
@@ -235,342 +229,37 @@ class Coordinator:
         """Streaming from a master that spoke within a quarter lease."""
         return self.roles.following_live_master(self.ttl_s * 1000 / 4)
 
-    def _eligible(self, view: View) -> str:
-        """Why this node may not campaign now ('' when it may)."""
-        store = self.store
-        if view.switchover.version:  # the master handed over (and stopped streaming) to its target
-            target = rec.decode_switchover(view.switchover.value).target
-            if target != self.node_id and target in view.nodes:  # a target whose lease ended is gone
-                return f"a switchover to {target} is under way"
-            # the target: the resigning master put it in the in-sync set; membership still decides
-        elif self._hears_live_master():
-            return "it still hears a live master"
-        if self.members:
-            if self.node_id in self.members:
-                return ""
-            if not (self.config["coordinator.unclean_election"] or self.unclean_once):
-                return f"not in the in-sync set {list(self.members)} (coordinator.unclean_election is off)"
-            alive = [m for m in self.members if m in view.nodes]
-            if alive:
-                return f"in-sync members {alive} are alive"
-            return "" if time.monotonic() - self.started_at >= self.ttl_s else "waiting a lease's time for members"
-        # a new cluster: the node with the most data goes first, once everyone had time to register
-        if time.monotonic() - self.started_at < self.ttl_s:
-            return "a new cluster: waiting a lease's time for the other nodes to register"
-        mine = (max([store.epoch, *(e for e, _ in store.epochs.snapshot())]), store.log.max_offset)
-        for node_id, entry in view.nodes.items():
-            if node_id == self.node_id:
-                continue
-            with contextlib.suppress(rec.RecordError):
-                other = rec.decode_node(entry.value)
-                if (other.max_epoch, other.log_end, self.node_id) > (mine[0], mine[1], node_id):
-                    return f"a new cluster: {node_id} holds more data"
-        return ""
 
-    async def _maybe_campaign(self, view: View) -> None:
-        store = self.store
-        epoch_in_etcd = int(view.epoch.value or b"0") if view.epoch.version else 0
-        if (store.role == "master" and store.epoch == epoch_in_etcd and not view.switchover.version
-                and self.node_id in (self.members or (self.node_id,))):
-            await self._campaign(view, store.epoch, retake=True)  # our own epoch: nobody was elected meanwhile
-            return
-        if store.role == "master":  # a newer epoch exists, or we left the in-sync set: not ours to retake
-            await self._step(self.roles.step_down, f"etcd's epoch {epoch_in_etcd} is not ours ({store.epoch})")
-        why = self._eligible(view)
-        if why:
-            if why != self._waiting:
-                log.info("not_campaigning", reason=why)
-            self._waiting = why
-            return
-        self._waiting = ""
-        epoch = max([epoch_in_etcd, store.epoch, *(e for e, _ in store.epochs.snapshot())]) + 1
-        await self._campaign(view, epoch, retake=False)
 
-    async def _campaign(self, view: View, epoch: int, *, retake: bool) -> None:
-        leader = rec.Leader(self.node_id, epoch, self.client_address, self.replication_address)
-        sent = self.renewed_at
-        if not retake:
-            await self._step(self.roles.stop_following)  # our log must not move under the new epoch
-        insync = None if retake else rec.InSync(epoch, (self.node_id,))
-        revision = await self.etcd.campaign(view, leader, self.lease_id, insync)
-        if not revision:
-            log.info("campaign_lost", epoch=epoch)
-            return
-        self.leader_revision = revision
-        if not retake:
-            self.members = (self.node_id,)
-            await self._take_office(leader)
-        else:
-            self.insync.set_pins({m for m in self.members if m != self.node_id})
-            self.holding = self.leader = leader
-        self.unclean_once = False
-        self.store.set_redirect("")
-        self._grant(sent)
-        log.info("elected" if not retake else "leader_key_retaken", epoch=epoch, log_end=self.store.log.max_offset,
-                 insync=list(self.members))
 
     # -- as the master -------------------------------------------------------------------------------
-    async def _take_office(self, leader: rec.Leader) -> None:
-        """The key is ours at a new epoch: become master here, then hold it. Between the role change
-        (in a worker thread) and ``holding`` the permit loop would see a master without the key, and
-        one whose key was lost long ago: it stepped the new master down at once (an election lost
-        and won again half a second later, a failover 0.5 s longer). It decides nothing meanwhile."""
-        self.insync.set_pins({m for m in self.members if m != self.node_id})
-        self._taking_office = True
-        try:
-            await self._step(self.roles.become_master, leader.epoch)
-            metrics.FAILOVERS.inc()
-            self.holding = self.leader = leader
-        finally:
-            self._taking_office = False
 
-    async def _lead(self, view: View, leader: rec.Leader) -> None:
-        store = self.store
-        known = max([store.epoch, *(e for e, _ in store.epochs.snapshot())])
-        if self.holding is None and store.role == "slave" and leader.epoch > known:
-            log.info("campaign_answer_lost", epoch=leader.epoch, note="the key is ours: finishing the election")
-            self.leader_revision = view.leader.create_revision
-            await self._take_office(leader)
-            self._grant(self.renewed_at)
-            return
-        if self.holding is None or store.role != "master" or store.epoch != leader.epoch:
-            # our key from before a restart of the loop state, at an epoch we no longer lead: let it go
-            log.warning("releasing_stale_key", epoch=leader.epoch, our_epoch=store.epoch, role=store.role)
-            await self.etcd.resign(view.leader.create_revision)
-            self._lost_key("stale leader key released")
-            return
-        self.leader_revision = view.leader.create_revision
-        if view.switchover.version and await self._hand_over(view):
-            return
-        self._grant(self.renewed_at)
-        await self._maintain_insync()
 
-    async def _hand_over(self, view: View) -> bool:
-        """A switchover to another node: stop acknowledging, wait until the target holds our whole
-        log, then give the key up with the target in the in-sync set. True while it goes on."""
-        try:
-            request = rec.decode_switchover(view.switchover.value)
-        except rec.RecordError:
-            request = rec.Switchover("", -1)
-        store = self.store
-        if request.target == self.node_id or request.epoch != store.epoch or request.target not in view.nodes:
-            why = "stale, to ourselves, or to a node that is not registered in etcd"
-            log.warning("switchover_refused", target=request.target, epoch=request.epoch, reason=why)
-            self.switchover_failure = (time.monotonic(), f"refused: {why}")
-            await self.etcd.cancel_switchover(view.switchover.version)
-            self._handing_over_since = 0.0
-            return False
-        # a target that does not follow us yet (None: it may be stepping down from a switchover that
-        # just ended) gets the same catch-up window as one that follows but lags
-        target = self.insync.replicas.get(request.target)
-        if target is not None and not target.connected:
-            target = None
-        now = time.monotonic()
-        if not self._handing_over_since:
-            self._handing_over_since = now
-            log.info("handing_over", target=request.target, log_end=store.log.max_offset)
-        node = view.nodes.get(request.target)
-        with contextlib.suppress(rec.RecordError):
-            store.set_redirect(rec.decode_node(node.value).client if node else "")
-        store.permit.withdraw(f"handing the mastership over to {request.target}")
-        if target is not None and target.acked_offset >= store.log.max_offset:
-            members = tuple(sorted({*self.members, request.target, self.node_id}))  # we hold it all too
-            if await self.etcd.resign(self.leader_revision, rec.InSync(store.epoch, members)):
-                self._handing_over_since = 0.0
-                self.holding = None
-                await self._step(self.roles.step_down, f"handed over to {request.target}")
-                log.info("handed_over", target=request.target, log_end=store.log.max_offset)
-            return True
-        if now - self._handing_over_since > SWITCHOVER_CATCH_UP_S:
-            log.warning("switchover_abandoned", target=request.target, acked=target.acked_offset if target else -1,
-                        log_end=store.log.max_offset)
-            self.switchover_failure = (now, f"abandoned: {request.target} did not follow and hold our whole log "
-                                            f"within {SWITCHOVER_CATCH_UP_S:.0f} s")
-            await self.etcd.cancel_switchover(view.switchover.version)
-            self._handing_over_since = 0.0
-            return False
-        return True
 
-    async def _maintain_insync(self) -> None:
-        """Shrink the recorded set (then unpin) for a member that stopped keeping up; grow it (pin
-        first) for a slave that caught up."""
-        members = set(self.members) | {self.node_id}
-        # the pins follow what etcd says (an earlier change whose answer was lost is settled here)
-        self.insync.set_pins(members - {self.node_id})
-        now = time.monotonic()
-        replicas = {r.node_id: r for r in self.insync.replicas.values()}
-        out_of_sync = set()
-        for m in members - {self.node_id}:
-            r = replicas.get(m)
-            if r is None or not r.in_sync or (not r.connected and now - r.last_ack_at > self.ttl_s / 2):
-                out_of_sync.add(m)
-        wm = self.store.watermarks
-        caught_up = {r.node_id for r in replicas.values()
-                     if r.node_id not in members and r.connected and r.in_sync and not r.evicted
-                     and r.acked_offset >= wm.confirm_offset}
-        for m in caught_up:
-            self.insync.pin(m)  # from now on nothing is confirmed past what it acknowledged ...
-        # ... and it holds everything confirmed before: only then may etcd let it be elected. The
-        # confirm offset is computed under the watermark lock: recomputing it here waits out any
-        # computation that started before the pin
-        if caught_up:
-            wm.advance_confirm()
-        lagging = {m for m in caught_up if replicas[m].acked_offset < wm.confirm_offset}
-        for m in lagging:
-            self.insync.unpin(m)
-        caught_up -= lagging
-        if not out_of_sync and not caught_up:
-            return
-        wanted = tuple(sorted((members - out_of_sync) | caught_up))
-        if await self.etcd.set_insync(self.leader_revision, rec.InSync(self.store.epoch, wanted)):
-            self.members = wanted
-            for m in out_of_sync:
-                self.insync.unpin(m)
-            log.info("insync_changed", members=list(wanted), removed=sorted(out_of_sync), added=sorted(caught_up))
-        else:
-            for m in caught_up:
-                self.insync.unpin(m)
 
-    def _grant(self, renewed_at: float) -> None:
-        until = renewed_at + self.ttl_s - self.margin_s
-        if until > time.monotonic():
-            self.failsafe = False
-            self.store.permit.grant(until)
 
-    def _lost_key(self, why: str) -> None:
-        if self.holding is None:
-            return
-        log.warning("leadership_lost", reason=why, epoch=self.holding.epoch)
-        self.holding = None
-        self._lost_at = time.monotonic()
-        self._handing_over_since = 0.0
-        self.store.permit.withdraw(f"this node lost the leader key ({why})")
 
-    async def _permit_loop(self) -> None:
-        while True:
-            await asyncio.sleep(PERMIT_TICK_S)
-            if self._check_permit():
-                await self._step(self.roles.step_down, "lease lapsed")
 
-    def _check_permit(self) -> bool:
-        """Grant (failsafe) or withdraw the permit; True when this master must step down."""
-        store, permit = self.store, self.store.permit
-        if self._taking_office:
-            return False
-        if self.holding is None:
-            if store.role == "master":
-                permit.withdraw(permit.reason or "this node does not hold the leader key")
-                # not re-taken within a lease's time (etcd unreachable): stop streaming, so that the
-                # slave, which still hears us, may campaign
-                return time.monotonic() - self._lost_at > self.ttl_s
-            return False
-        now = time.monotonic()
-        normal_until = self.renewed_at + self.ttl_s - self.margin_s
-        if now < normal_until - 2 * PERMIT_TICK_S:
-            return False  # the etcd loop grants it; nothing to do (the failsafe takes over just before it ends)
-        if self._handing_over_since:  # a hand-over withdrew the permit: it stays withdrawn
-            return False
-        # the failsafe holds while an in-sync slave acknowledges. Whether that slave reaches etcd or
-        # not, it does not campaign while it hears us; if it stops hearing us it stops acknowledging,
-        # and every ack mode waits for it: what we acknowledge is on the node that could be elected.
-        # (Requiring the slave to have lost etcd too made a master that reconnected to a restarted
-        # etcd more slowly than its slave step down for nothing.)
-        # the slave heard us at or after ``heard`` (our stamp, echoed) and campaigns only after a
-        # quarter lease of silence from then on: the failsafe ends before that
-        heard = max((r.heard_sent_at for r in self.insync.replicas.values()
-                     if r.node_id in self.insync.pinned and r.connected and not r.evicted), default=0.0)
-        window_s = min(FAILSAFE_ACK_S, self.ttl_s / 4 - PERMIT_TICK_S)
-        if now - heard < window_s:
-            if not self.failsafe:
-                log.warning("failsafe", note="etcd unreachable: acknowledging only what the in-sync slave holds")
-            self.failsafe = True
-            permit.grant(max(normal_until, heard + window_s), strict=True)
-            return False
-        if self.failsafe or permit.valid() or not permit.reason:
-            log.warning("self_fenced", reason="lease not renewed and no in-sync slave acknowledging")
-        self.failsafe = False
-        self.holding = None
-        permit.withdraw("this master could not renew its etcd lease and no in-sync slave is acknowledging")
-        return True
 
     # -- switchover (tidemark promote / demote under a coordinator) ---------------------------------
-    def promote_here(self, unclean: bool) -> int:
-        """Ask the master to hand over to this node; returns the new epoch once we are master."""
-        if self.store.role == "master" and self.holding is not None:
-            raise BrokerError("FAILED_PRECONDITION", "already the master")
-        if self.leader is None and self.members and self.node_id not in self.members and not unclean:
-            raise BrokerError("FAILED_PRECONDITION", f"this node is not in the in-sync set {list(self.members)} "
-                              "recorded in etcd: electing it could lose acknowledged writes; use --unclean to force")
-        self.unclean_once = unclean
-        try:
-            self._call(self._request_switchover(self.node_id))
-            deadline = time.monotonic() + SWITCHOVER_WAIT_S
-            while time.monotonic() < deadline:
-                if self.store.role == "master" and self.holding is not None:
-                    self.roles.wait_views_caught_up()  # in the caller's thread, not the etcd round
-                    return self.store.epoch
-                time.sleep(0.05)
-            raise BrokerError("DEADLINE_EXCEEDED", f"not elected within {SWITCHOVER_WAIT_S:.0f} s: {self.error or 'unknown'}")
-        finally:
-            self.unclean_once = False  # the permission to lose data lasts for this one call
 
-    def demote_here(self, master: str) -> None:
-        """Hand the mastership over to the node at ``master`` (its client or replication address)."""
-        view = self.view
-        target = ""
-        for node_id, entry in (view.nodes.items() if view else []):
-            with contextlib.suppress(rec.RecordError):
-                n = rec.decode_node(entry.value)
-                if master in (n.client, n.replication) and node_id != self.node_id:
-                    target = node_id
-        if not target:
-            raise BrokerError("NOT_FOUND", f"no registered node at {master}: etcd knows "
-                              f"{sorted(view.nodes) if view else []}")
-        if self.holding is None:
-            raise BrokerError("FAILED_PRECONDITION", "this node is not the master")
-        asked_at = time.monotonic()
-        self._call(self._request_switchover(target))
-        deadline = asked_at + SWITCHOVER_WAIT_S
-        while time.monotonic() < deadline:
-            if self.store.role == "slave" and self.leader is not None and self.leader.node_id == target:
-                return
-            failed_at, why = self.switchover_failure
-            if failed_at >= asked_at:
-                raise BrokerError("FAILED_PRECONDITION", f"the switchover to {target} was {why}")
-            time.sleep(0.05)
-        raise BrokerError("DEADLINE_EXCEEDED", f"the switchover to {target} did not finish within "
-                          f"{SWITCHOVER_WAIT_S:.0f} s: {self.error or 'unknown'}")
 
-    def _call(self, coro: Any) -> Any:
-        loop = self._loop
-        if loop is None:
-            coro.close()
-            raise BrokerError("UNAVAILABLE", "the coordinator has not connected to etcd yet")
-        try:
-            return asyncio.run_coroutine_threadsafe(coro, loop).result(SWITCHOVER_WAIT_S)
-        except Unreachable as exc:
-            raise BrokerError("UNAVAILABLE", f"etcd: {exc}") from None
 
-    async def _request_switchover(self, target: str) -> None:
-        view = await self.etcd.view()
-        epoch = int(view.epoch.value or b"0") if view.epoch.version else 0
-        if not await self.etcd.request_switchover(rec.Switchover(target, epoch), self.lease_id):
-            raise BrokerError("FAILED_PRECONDITION", "another switchover is under way")
-        log.info("switchover_requested", target=target, epoch=epoch)
 
     # -- status ----------------------------------------------------------------------------------
     def _status(self, st: dict[str, object]) -> None:
         permit = self.store.permit
-        remaining = permit.remaining_ms() if self.holding is not None else 0.0
+        with self.state_lock:
+            holding, leader, members = self.holding, self.leader, self.members
+        remaining = permit.remaining_ms() if holding is not None else 0.0
         st["coordinator"] = {
             "connected": self.unreachable_ms() == 0 and bool(self.last_ok),
             "node_id": self.node_id,
-            "leader": self.leader.node_id if self.leader else "",
-            "leader_client": self.leader.client if self.leader else "",
-            "epoch": self.leader.epoch if self.leader else 0,
+            "leader": leader.node_id if leader else "",
+            "leader_client": leader.client if leader else "",
+            "epoch": leader.epoch if leader else 0,
             "lease_remaining_ms": round(remaining) if remaining != float("inf") else None,
-            "insync": list(self.members),
+            "insync": list(members),
             "failsafe": self.failsafe,
             "error": self.error,
         }
-
