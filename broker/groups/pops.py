@@ -28,38 +28,24 @@ import secrets
 import threading
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
-import crc32c
 import numpy as np
-import structlog
 
-from broker import clock, metrics
-from broker.errors import BrokerError, invalid, not_found, shown
+from broker import metrics
+from broker.errors import BrokerError, invalid
 from broker.groups import receipts
 from broker.groups.dead_letters import DeadLetters
+from broker.groups.lease_ends import LeaseEnds
 from broker.groups.pop_idle import IdlePops
 from broker.groups.pop_locks import KEYS_MAX, QueueKey, QueueLocks
+from broker.groups.pop_parts import log, now_ms, record_batch
+from broker.groups.pop_reports import PopReports
 from broker.logformat import batch as bf
 from broker.logformat import pop_records as pr
-from broker.logformat import system_records
-from broker.ports import IncomingBatch
 from broker.store import Store
-from broker.views.pop_leases import ENDED, EXPIRED, NOT_LEASED, RETAGGED, PopQueue
+from broker.views.pop_leases import PopQueue
 from proto import tidemark_pb2 as pb
-
-log = structlog.get_logger("groups.pop")
-FAILED_PRECONDITION = 9  # grpc.StatusCode.FAILED_PRECONDITION's value, per handle in Ack/Nack results
-TWICE = 5  # beyond PopQueue.check's reasons: the same lease twice in one call
-REASONS = {
-    NOT_LEASED: "no lease: the message was acked, dead-lettered or never popped by this group",
-    ENDED: "the lease ended: the message was acked",
-    RETAGGED: "the lease ended: the message was nacked or delivered again (or the handle is not genuine)",
-    EXPIRED: "the lease expired: the message will be delivered again",
-    TWICE: "the same lease twice in one call",
-}
-
-
 
 
 @dataclass(slots=True)
@@ -74,11 +60,7 @@ class _Pick:
     gone: np.ndarray
 
 
-def now_ms() -> int:
-    return clock.wall_ms()
-
-
-class PopService:
+class PopService(LeaseEnds, PopReports):
     def __init__(self, store: Store) -> None:
         self.store = store
         self.config = store.config
@@ -95,31 +77,10 @@ class PopService:
         info = self.store.views.metadata.topic(topic)
         return int(info["id"]) if info is not None else -1
 
-    @property
-    def cluster(self) -> int:
-        """The cluster handles belong to (read each time: a slave takes its master's cluster id)."""
-        return receipts.cluster_hash(self.store.identity.cluster_id)
 
     # -- requests checks -------------------------------------------------------------------------
-    def check_group(self, group: str) -> None:
-        if not group or system_records.topic_name_error(group + system_records.DLQ_SUFFIX) is not None:
-            raise invalid(f"invalid pop group name {shown(group)}: use 1-123 of [A-Za-z0-9._-], starting alphanumeric "
-                          "(its dead letters go to the topic '<group>.dlq')")
 
-    def topic_queues(self, topic: str) -> int:
-        err = system_records.topic_name_error(topic)
-        if err:
-            raise invalid(err)
-        info = self.store.views.metadata.topic(topic)
-        if info is None:
-            raise not_found(f"unknown topic {shown(topic)}")
-        return int(info["queues"])
 
-    def _check_duration(self, name: str, value_ms: int) -> int:
-        top = self.config["groups.invisible_ms_max"]
-        if not 0 < value_ms <= top:
-            raise invalid(f"{name} {value_ms} ms out of range: 1..{top} (groups.invisible_ms_max)")
-        return value_ms
 
     def idle(self, group: str, topic: str) -> tuple[bool, int | None]:
         """A pop would find nothing now, as the last one did (``IdlePops``), and when to look again.
@@ -127,13 +88,7 @@ class PopService:
         self.store.check_writable()
         return self.idle_pops.still_idle(group, topic, now_ms())
 
-    def _append(self, batches: list[IncomingBatch]) -> int:
-        _, end = self.store.appender.append(batches, internal=True)
-        return end
 
-    def _durable(self, end: int) -> None:
-        """As durable as an ack=replica send, then applied (the answer reflects the record)."""
-        self.store.writes.acknowledged(end, "replica", applied=self.view, what="the pop record")
 
     # -- pop ---------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
@@ -256,7 +211,7 @@ class PopService:
         batches_out = []
         if dlq:
             batches_out.append(self.dead.batch(group, dlq))
-        batches_out.append(_record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + invisible_ms, "tag": tag,
+        batches_out.append(record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + invisible_ms, "tag": tag,
                                                     "queues": entries}))
         end = self._append(batches_out)
         self.locks.appended([(group, topic, q) for q in touched], end)
@@ -345,141 +300,15 @@ class PopService:
                 for first, count, _, batches, _ in runs for r in run_records(first, count, batches)]
 
     # -- ending leases -----------------------------------------------------------------------------
-    def _resolve(self, group: str, handles: list[str]) -> list[receipts.Handle]:
-        """Decode every handle; a malformed one, or one from another cluster or a future epoch,
-        refuses the whole call (INVALID_ARGUMENT) before anything changes."""
-        self.check_group(group)
-        if not handles:
-            raise invalid("no receipt handles")
-        if len(handles) > self.config["groups.pop_messages_max"]:
-            raise invalid(f"{len(handles)} receipt handles in one call; at most groups.pop_messages_max "
-                          f"({self.config['groups.pop_messages_max']})")
-        out = []
-        cluster, epoch = self.cluster, self.store.epoch
-        decoder = receipts.Decoder()
-        messages, messages_max = 0, self.config["groups.pop_window_max"]
-        for text in handles:
-            try:
-                h = decoder.decode(text)
-            except ValueError as exc:
-                raise invalid(f"receipt handle {shown(text)}: {exc}") from None
-            if h.cluster != cluster:
-                raise invalid(f"receipt handle {shown(text)} is from another cluster")
-            if h.epoch > epoch:
-                raise invalid(f"receipt handle {shown(text)} names epoch {h.epoch}, newer than this master's {epoch}")
-            messages += h.length
-            if messages > messages_max:
-                raise invalid(f"the receipt handles name more than groups.pop_window_max ({messages_max}) messages")
-            out.append(h)
-        return out
 
-    def _current(self, group: str, resolved: list[receipts.Handle], now: int) -> tuple[dict[tuple[str, int], np.ndarray],
-                                                                                        list[tuple[int, str]]]:
-        """Under the view lock: the offsets whose leases the handles still name, per (topic, queue),
-        and (index, reason) for every other handle."""
-        by_lease: dict[tuple[str, int, int], list[int]] = {}
-        for i, h in enumerate(resolved):
-            by_lease.setdefault((h.topic, h.queue_id, h.tag), []).append(i)
-        ok: dict[tuple[str, int], list[np.ndarray]] = {}
-        refused: list[tuple[int, str]] = []
-        for (topic, q, tag), idxs in by_lease.items():
-            firsts = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
-            lengths = np.fromiter((resolved[i].length for i in idxs), dtype=np.int64, count=len(idxs))
-            owner = np.repeat(np.arange(len(idxs)), lengths)  # the handle each offset comes from
-            offsets = np.repeat(firsts, lengths) + np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-            pq = self.view.queue(group, topic, q)
-            reasons = pq.check(offsets, tag, now) if pq is not None else np.full(offsets.size, NOT_LEASED, np.int8)
-            _, first = np.unique(offsets, return_index=True)
-            repeated = np.ones(offsets.size, dtype=bool)
-            repeated[first] = False
-            reasons[(reasons == 0) & repeated] = TWICE
-            bad = np.flatnonzero(reasons)
-            if bad.size:
-                n_bad = np.bincount(owner[bad], minlength=len(idxs))
-                shown_at = {int(owner[j]): int(reasons[j]) for j in bad[::-1].tolist()}  # the first reason of each
-                for k, why in sorted(shown_at.items()):
-                    text = REASONS[why]
-                    if lengths[k] > 1:
-                        text = f"{n_bad[k]} of the run's {lengths[k]} messages: {text}"
-                    refused.append((idxs[k], text))
-            good = offsets[reasons == 0]
-            if good.size:
-                ok.setdefault((topic, q), []).append(good)
-        return {k: np.unique(np.concatenate(v)) for k, v in ok.items()}, refused
 
-    def _end(self, group: str, handles: list[str], kind: str, delay_ms: int = 0) -> list[tuple[str, int, str]]:
-        """Ack (``pr.ACK``) or nack (``pr.NACK``) leases; return (handle, grpc code, reason) for each
-        handle whose lease had ended already (the others are done)."""
-        resolved = self._resolve(group, handles)
-        keys = [(group, h.topic, h.queue_id) for h in resolved]
-        with self.locks.holding(keys):
-            now = now_ms()
-            with self.view.lock:
-                ok, refused = self._current(group, resolved, now)
-            if ok:
-                items = [[t, q, pr.to_runs(offs)] for (t, q), offs in sorted(ok.items())]
-                record: dict[str, object]
-                if kind == pr.ACK:
-                    record = {"g": group, "acks": items}
-                else:
-                    record = {"g": group, "nacks": items, "until": now + delay_ms}
-                end = self._append([_record_batch(kind, record)])
-                self.locks.appended([(group, t, q) for t, q in ok], end)
-        if ok:
-            self._durable(end)
-        return [(handles[i], FAILED_PRECONDITION, why) for i, why in refused]
 
-    def ack(self, group: str, handles: list[str]) -> list[tuple[str, int, str]]:
-        return self._end(group, handles, pr.ACK)
 
-    def nack(self, group: str, handles: list[str], delay_ms: int) -> list[tuple[str, int, str]]:
-        if delay_ms:
-            self._check_duration("delay_ms", delay_ms)
-        return self._end(group, handles, pr.NACK, delay_ms)
 
-    def change_invisible(self, group: str, handle: str, invisible_ms: int) -> str:
-        """Move one lease's deadline to now + ``invisible_ms``; return its new handle."""
-        self._check_duration("invisible_ms", invisible_ms)
-        (h,) = self._resolve(group, [handle])
-        if h.length != 1:
-            raise invalid("change_invisible takes one message's receipt handle, not a run's")
-        key = (group, h.topic, h.queue_id)
-        with self.locks.holding([key]):
-            now = now_ms()
-            with self.view.lock:
-                _, refused = self._current(group, [h], now)
-            if refused:
-                raise BrokerError("FAILED_PRECONDITION", refused[0][1])
-            tag = secrets.randbits(63) + 1
-            record = {"g": group, "t": h.topic, "q": h.queue_id, "o": h.offset, "until": now + invisible_ms, "tag": tag}
-            end = self._append([_record_batch(pr.INVISIBLE, record)])
-            self.locks.appended([key], end)
-        self._durable(end)
-        return receipts.encode(h._replace(epoch=self.store.epoch, tag=tag))
 
     # -- what describe shows (broker/daemon/group_admin.py PopState) --------------------------------
-    def groups(self) -> set[str]:
-        with self.view.lock:
-            return set(self.view.groups)
 
-    def describe(self, group: str) -> dict[str, Any]:
-        with self.view.lock:
-            g = self.view.groups.get(group)
-            if g is None:
-                return {"queues": {}, "dlq_messages": 0, "redeliveries": 0}
-            queues = {}
-            for (t, q), pq in g.queues.items():
-                try:
-                    _, high = self.store.reads.queue_bounds(t, q)
-                except BrokerError:
-                    high = pq.cursor
-                in_flight = pq.in_flight()
-                queues[(t, q)] = {"in_flight": in_flight, "pop_offset": pq.base,
-                                  "lag": max(0, high - pq.cursor) + in_flight}
-            return {"queues": queues, "dlq_messages": g.dlq, "redeliveries": g.redeliveries}
 
-    def in_flight_total(self) -> int:
-        return self.view.in_flight_total()
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:
@@ -530,12 +359,6 @@ def as_messages(runs: list[pb.PoppedRun]) -> list[pb.PoppedMessage]:
                                         receipt_handle=receipts.run_handle(lease, m.queue_offset, 1, topic),
                                         delivery_count=r.delivery_count))
     return out
-
-
-def _record_batch(kind: str, fields: dict[str, object]) -> IncomingBatch:
-    key, body = system_records.encode(kind, fields)
-    records, _ = bf.encode_records([(body, key, b"")])
-    return IncomingBatch(pr.POP_TOPIC, 0, records, 1, crc32c.crc32c(records))
 
 
 def _batches(runs: Iterable[bytes]) -> Iterator[tuple[bf.BatchHeader, memoryview]]:

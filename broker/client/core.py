@@ -1,0 +1,273 @@
+"""The client's connection: addresses, channels, retries, redirects to the master, deadlines.
+
+The public ``BrokerClient`` (client.py) is this plus one class per area of the API."""
+
+from __future__ import annotations
+
+import itertools
+import random
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import grpc
+
+from broker import alloc
+from broker.client.errors import error_for, from_rpc_error
+from broker.client.local_reads import SegmentFiles
+from broker.client.pull_wire import parse_pull_response
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+# replica is sent as 0 (ACK_UNSPECIFIED), which every server version reads as replica
+ACKS = {"replica": pb.ACK_UNSPECIFIED, "leader": pb.ACK_LEADER, "flush": pb.ACK_FLUSH}
+RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
+# For Send the request is idempotent (producer id + sequences), so an unknown outcome is retried too.
+SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit sequence runs out
+RETRIES_MAX = 5  # attempts with a single address; with several, retries go on until the call's deadline
+CONNECT_S = 1.0  # with several addresses, a node that takes no connection within this is skipped
+BACKOFF_MIN_S = 0.02
+BACKOFF_MAX_S = 0.1
+FAILED_MEMORY_S = 5.0  # a node that failed us this lately is tried last
+# a redirect to a node that failed us this lately is not followed (the node naming it may not have
+# noticed yet); after that it is: a node back from a restart would otherwise wait FAILED_MEMORY_S
+REDIRECT_DOUBT_S = 1.0
+# a ping every 500 ms, answered within 500 ms: a call on a node that falls silent ends within ~1 s
+KEEPALIVE = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 500),
+             ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
+             # a BDP ping in flight (60 s timeout by default) would hold the keepalive pings back
+             ("grpc.http2.bdp_probe", 0), ("grpc.http2.ping_timeout_ms", 500)]
+MESSAGE_BYTES_MAX = 256 << 20
+T = TypeVar("T")
+
+
+@dataclass
+class _Producer:
+    producer_id: int = field(default_factory=lambda: random.getrandbits(63) or 1)
+    sequences: dict[tuple[str, int], int] = field(default_factory=dict)
+
+
+def _answered(exc: grpc.RpcError) -> bool:
+    """The node itself answered (a refusal after the append, outcome unknown): it is alive."""
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:
+        return False
+    return any(key == "tidemark-outcome" for key, _ in trailing)
+
+
+def _redirect(exc: grpc.RpcError) -> str | None:
+    """A write refused because this node is not (or no longer) the master carries ``tidemark-master``:
+    the master's client address, or '' while the node does not know it. None: another refusal."""
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:  # not every RpcError carries metadata
+        return None
+    for key, value in trailing:
+        if key == "tidemark-master":
+            return str(value)
+    return None
+
+
+COLD_PULLS_REMOTE = 16  # iter_pull(local_reads=True): pulls over gRPC after PullLocal refused a tiered range
+
+
+def _local_request(req: pb.PullRequest) -> pb.PullLocalRequest:
+    return pb.PullLocalRequest(topic=req.topic, queue_id=req.queue_id, offset=req.offset, max_messages=req.max_messages,
+                               max_wait_ms=req.max_wait_ms, max_bytes=req.max_bytes)
+
+
+def _request(cls: Callable[..., T], **fields: Any) -> T:
+    """A request message; a value the field cannot hold (a negative offset, a huge queue id) is the
+    caller's mistake, reported as INVALID_ARGUMENT rather than protobuf's ValueError."""
+    try:
+        return cls(**fields)
+    except (ValueError, TypeError) as exc:
+        bad = ", ".join(f"{k}={v!r}"[:200] for k, v in fields.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0)
+        raise error_for(grpc.StatusCode.INVALID_ARGUMENT, f"{bad or exc}: out of range for {cls.__name__}") from None
+
+
+def _read(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def _channel_credentials(root_certificates: bytes | None, ca_file: str | None, cert_file: str | None,
+                         key_file: str | None) -> grpc.ChannelCredentials | None:
+    if ca_file:
+        root_certificates = _read(ca_file)
+    if root_certificates is None and not cert_file:
+        return None
+    return grpc.ssl_channel_credentials(root_certificates=root_certificates,
+                                        private_key=_read(key_file) if key_file else None,
+                                        certificate_chain=_read(cert_file) if cert_file else None)
+
+
+class ClientCore:
+    """A connection to a Tidemark pair; see ``BrokerClient``."""
+
+    def __init__(
+        self,
+        addresses: str | Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        root_certificates: bytes | None = None,
+        token: str | None = None,
+        tls_ca_file: str | None = None,
+        tls_cert_file: str | None = None,
+        tls_key_file: str | None = None,
+        follow_master: bool = True,
+    ) -> None:
+        """TLS when ``tls_ca_file`` (or ``root_certificates``, the CA's PEM bytes) is given; a client
+        certificate with ``tls_cert_file`` + ``tls_key_file``; ``token`` is sent as a bearer token."""
+        self._options: dict[str, Any] = {"timeout_s": timeout_s, "root_certificates": root_certificates, "token": token,
+                                          "tls_ca_file": tls_ca_file, "tls_cert_file": tls_cert_file,
+                                          "tls_key_file": tls_key_file, "follow_master": follow_master}
+        self.addresses = [addresses] if isinstance(addresses, str) else list(addresses)
+        if not self.addresses:
+            raise ValueError("at least one broker address is needed")
+        if bool(tls_cert_file) != bool(tls_key_file):
+            raise ValueError("tls_cert_file and tls_key_file go together")
+        self.timeout_s = timeout_s
+        self.follow_master = follow_master  # False: a refusal by a node that is not the master is an error
+        self._credentials = _channel_credentials(root_certificates, tls_ca_file, tls_cert_file, tls_key_file)
+        self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        self._current = 0
+        self._failed: dict[str, float] = {}  # address -> when it last failed us (monotonic)
+        self._channel: grpc.Channel | None = None
+        self._stub: pb_grpc.BrokerStub | None = None
+        self._lock = threading.Lock()
+        self._producer = _Producer()
+        self._segment_files = SegmentFiles()  # local reads (local_reads.py)
+        self._queues: dict[str, int] = {}
+        self._round_robin = itertools.count()
+        alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
+        self._connect(0)
+
+    def _connect(self, index: int) -> None:
+        if self._channel is not None:
+            # grpc's close() waits for the connectivity poller a readiness check (_unready) started:
+            # 200 ms, paid on every redirect and on every hop between nodes during a failover
+            try:
+                threading.Thread(target=self._channel.close, name="tidemark-channel-close", daemon=True).start()
+            except RuntimeError:  # no thread to be had: pay the wait here
+                self._channel.close()
+        self._current = index % len(self.addresses)
+        address = self.addresses[self._current]
+        options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
+                   *KEEPALIVE]
+        self._checked = False  # whether this channel connected once
+        if self._credentials is not None:
+            self._channel = grpc.secure_channel(address, self._credentials, options=options)
+        else:
+            self._channel = grpc.insecure_channel(address, options=options)
+        self._stub = pb_grpc.BrokerStub(self._channel)
+        # Pull responses read by hand: each run of batches a span of the received bytes (pull_wire.py)
+        self._stub.Pull = self._channel.unary_unary("/tidemark.v1.Broker/Pull",
+                                                    request_serializer=pb.PullRequest.SerializeToString,
+                                                    response_deserializer=parse_pull_response, _registered_method=True)
+
+    def close(self) -> None:
+        """Close the channel (also at the end of a ``with`` block); the client is not usable after.
+        Up to 200 ms with several addresses (grpc's close waits for the readiness check's poller)."""
+        if self._channel is not None:
+            self._channel.close()
+            self._channel = None
+        self._segment_files.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _call(self, method: str, request: Any, *, retry: bool = True, timeout_s: float | None = None,
+              retryable: tuple[grpc.StatusCode, ...] = RETRYABLE) -> Any:
+        """One call within ``timeout_s`` overall, whatever happens to the nodes (DESIGN §11).
+
+        A write refused by a node that is not the master (it names the master, or '' while there
+        is none yet) was not executed: it goes to the named master or the next address. With
+        several addresses a node that does not accept a connection within ``CONNECT_S`` is skipped,
+        and keepalive pings end a call on a node that falls silent within about a second; failures
+        in ``retryable`` are retried until the deadline (with one address: ``RETRIES_MAX`` times)."""
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        delay = BACKOFF_MIN_S
+        failures = 0  # retryable failures; refusals by a node that is not the master do not count
+        redirects = 0
+        refused: grpc.RpcError | None = None  # the last "not the master" refusal
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 and refused is not None:  # the deadline passed waiting for a master: say why
+                raise from_rpc_error(refused) from None
+            if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
+                self._failed[self.addresses[self._current]] = time.monotonic()
+                self._rotate()
+                continue
+            assert self._stub is not None
+            try:
+                result = getattr(self._stub, method)(request, timeout=max(left, 0.001), metadata=self._metadata)
+                self._checked = True
+                self._failed.pop(self.addresses[self._current], None)
+                return result
+            except grpc.RpcError as exc:
+                code = exc.code()  # type: ignore[attr-defined]
+                master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION and self.follow_master else None
+                in_time = deadline - time.monotonic() > 0
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _answered(exc):
+                    self._failed[self.addresses[self._current]] = time.monotonic()
+                if master is not None and in_time:  # not executed here: to the master, or wait for one
+                    refused = exc
+                    redirects += 1
+                    if master and master != self.addresses[self._current] and not self._failed_lately(master, REDIRECT_DOUBT_S):
+                        if master not in self.addresses:
+                            self.addresses.append(master)
+                        if redirects > 1:  # two nodes naming each other (views in flux): not in a tight loop
+                            time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                            delay = min(delay * 2, BACKOFF_MAX_S)
+                        self._connect(self.addresses.index(master))
+                        continue
+                else:
+                    failures += 1
+                    if not (retry and code in retryable and in_time
+                            and (len(self.addresses) > 1 or failures < RETRIES_MAX)):
+                        raise from_rpc_error(exc) from None
+                if len(self.addresses) > 1:
+                    self._rotate()
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(delay * 2, BACKOFF_MAX_S)
+
+    @property
+    def current_address(self) -> str:
+        """The node this client talks to now (the last call's, after redirects and retries)."""
+        return self.addresses[self._current]
+
+    def _rotate(self) -> None:
+        """To the next address that has not failed us lately (if all have, the one that failed
+        longest ago); with one address, reconnect to it."""
+        n = len(self.addresses)
+        order = [(self._current + k) % n for k in range(1, n + 1)]
+        fresh = [i for i in order if not self._failed_lately(self.addresses[i])]
+        if fresh:
+            index = fresh[0]
+        else:
+            index = min(order, key=lambda i: self._failed.get(self.addresses[i], 0.0))
+        if index != self._current or n == 1:
+            self._connect(index)
+
+    def _failed_lately(self, address: str, within_s: float = FAILED_MEMORY_S) -> bool:
+        """``address`` failed us less than ``within_s`` ago."""
+        return time.monotonic() - self._failed.get(address, -within_s) < within_s
+
+    def _unready(self, wait_s: float) -> bool:
+        """With several addresses: the current node did not take a connection within ``wait_s``."""
+        if self._checked or len(self.addresses) < 2 or wait_s <= 0:
+            return False
+        try:
+            grpc.channel_ready_future(self._channel).result(timeout=wait_s)
+        except grpc.FutureTimeoutError:
+            return True
+        self._checked = True
+        return False

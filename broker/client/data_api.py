@@ -1,0 +1,197 @@
+"""The client's API, sends, pulls, seek by time and consumer offsets."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import crc32c
+import grpc
+
+from broker.client.core import ACKS, COLD_PULLS_REMOTE, SEND_RETRYABLE, SEQUENCE_MAX, _local_request, _Producer, _request
+from broker.client.errors import BrokerError, from_rpc_error
+from broker.client.local_reads import LocalPullResponse, mark_not_local, not_local
+from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
+from broker.client.topics_api import TopicsAPI
+from broker.logformat import batch as bf
+from broker.logformat.timer_props import TIMER_TOPIC
+from proto import tidemark_pb2 as pb
+
+
+class DataAPI(TopicsAPI):
+    """Sends, pulls, seek by time and consumer offsets."""
+
+    def pick_queue(self, topic: str, key: str | None) -> int:
+        """A key always maps to ``crc32c(key) % queues``; keyless sends rotate over the queues."""
+        queues = self._queue_count(topic)
+        if key is None:
+            return next(self._round_robin) % queues
+        return crc32c.crc32c(key.encode()) % queues
+
+    def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
+             timeout_ms: int | None = None) -> Sequence[Receipt]:
+        """Send in one request: one batch per queue. Keyless messages of one call share a queue
+        (the next in round-robin order), so a call makes one batch, not one per message."""
+        if ack not in ACKS:
+            raise ValueError(f"ack must be one of {', '.join(ACKS)}")
+        if not messages:
+            return Receipts(topic, 0, [])
+        queues = self._queue_count(topic)
+        sticky = next(self._round_robin) % queues
+        by_queue: dict[int, list[int]] = {}
+        delayed: dict[int, list[int]] = {}  # timer messages not yet due, by target queue
+        crc = crc32c.crc32c
+        now_ms = int(time.time() * 1000)
+        for i, m in enumerate(messages):
+            q = sticky if m.key is None else crc(m.key.encode()) % queues
+            target = by_queue if m.deliver_at_ms is None or m.deliver_at_ms <= now_ms else delayed
+            group = target.get(q)
+            if group is None:
+                target[q] = [i]
+            else:
+                group.append(i)
+        topic_bytes = len(topic.encode())
+        with self._lock:
+            if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
+                self._producer = _Producer()
+            # filled in place: constructing sub-messages separately would copy every payload twice
+            request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0)
+            groups: list[SendGroup] = []
+            for queue_id, idxs in by_queue.items():
+                records, positions = encode_messages(messages, idxs)
+                seq = self._producer.sequences.get((topic, queue_id), 0)
+                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                    base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
+                                    records=records)
+                groups.append(SendGroup(queue_id, idxs, positions, seq))
+            timer_seq = self._producer.sequences.get((TIMER_TOPIC, 0), 0)
+            for queue_id, idxs in delayed.items():  # one sequence for __timer: batches follow each other
+                records, positions = encode_messages(messages, idxs, timer_target=(topic, queue_id))
+                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
+                                    base_sequence=timer_seq, record_count=len(idxs), records_crc=crc(records),
+                                    records=records, delayed=True)
+                groups.append(SendGroup(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
+                timer_seq += len(idxs)
+            try:
+                resp = self._call("Send", request, retryable=SEND_RETRYABLE)
+            except BrokerError:
+                self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
+                raise
+            for g, r in zip(groups, resp.receipts, strict=True):
+                if g.deliver is not None:
+                    self._producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)
+                    g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
+                else:
+                    self._producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
+                    g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
+                g.base_queue_offset = r.base_queue_offset
+                g.duplicate = r.duplicate
+        return Receipts(topic, len(messages), groups)
+
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
+             max_wait_ms: int = 0, max_bytes: int = 0, *, local_reads: bool = False) -> PullResult:
+        """Up to ``max_messages`` from ``offset`` of one queue (what is confirmed), decoded lazily;
+        ``max_wait_ms``: wait that long for the first one; ``next_offset`` says where to go on.
+        An offset removed by retention, or beyond the end, raises ``OutOfRange``.
+        ``local_reads``: on the node's host, read the batches from its segment files when it can
+        (``broker/client/local_reads.py``; the same answer, without moving the bytes through gRPC)."""
+        req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                             max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+        timeout_s = self.timeout_s + max_wait_ms / 1000.0
+        if local_reads and not_local(self.current_address) is None:
+            try:
+                local = self._read_local(self._call("PullLocal", _local_request(req), timeout_s=timeout_s))
+            except BrokerError as exc:
+                self._local_refused(exc.code, exc)
+                local = None
+            if local is not None:
+                return PullResult(local)
+        return PullResult(self._call("Pull", req, timeout_s=timeout_s))
+
+    def _read_local(self, response: pb.PullLocalResponse) -> LocalPullResponse | None:
+        return self._segment_files.read(self.current_address, response)
+
+    def _local_refused(self, code: grpc.StatusCode, exc: Exception) -> None:
+        """A ``PullLocal`` refused: the pull goes over gRPC (UNIMPLEMENTED: an older node, never
+        again from it; FAILED_PRECONDITION: a range in tiered storage), or the error stands."""
+        if code == grpc.StatusCode.UNIMPLEMENTED:
+            mark_not_local(self.current_address, "the node does not serve PullLocal")
+        elif code != grpc.StatusCode.FAILED_PRECONDITION:
+            raise exc from None
+
+    def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
+                    max_wait_ms: int = 0) -> grpc.Future:
+        """A pull in flight on the current node (no retries, no redirects): ``result()`` is the raw
+        response, ``cancel()`` ends it. For callers that wait on something else at the same time."""
+        req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
+                       max_wait_ms=max_wait_ms)
+        assert self._stub is not None
+        return self._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
+
+    def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
+                  max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True,
+                  local_reads: bool = False) -> Iterator[PullResult]:
+        """Pull continuously from ``offset``, keeping the next request in flight while the caller
+        works on the current result (fetch pipelining). Stops at the queue's end unless told not to.
+        ``local_reads``: as for ``pull``."""
+        timeout = self.timeout_s + max_wait_ms / 1000.0
+
+        remote_left = 0  # after a range in tiered storage, this many pulls go over gRPC before trying again
+
+        def request(at: int) -> tuple[Any, bool, Any]:
+            nonlocal remote_left
+            req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
+                                 max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+            assert self._stub is not None
+            local = local_reads and not remote_left and not_local(self.current_address) is None
+            remote_left = max(0, remote_left - 1)
+            if local:
+                return req, True, self._stub.PullLocal.future(_local_request(req), timeout=timeout, metadata=self._metadata)
+            return req, False, self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
+
+        pending = request(offset)
+        while True:
+            req, local, future = pending
+            try:
+                response = future.result()
+                if local:
+                    response = self._read_local(response)
+            except grpc.RpcError as exc:
+                if not local:
+                    raise from_rpc_error(exc) from None
+                self._local_refused(exc.code(), from_rpc_error(exc))  # type: ignore[attr-defined]
+                remote_left = COLD_PULLS_REMOTE  # a tiered range: keep the pipeline on gRPC through it
+                response = None
+            if response is None:  # not readable locally: this one over gRPC
+                try:
+                    assert self._stub is not None
+                    response = self._stub.Pull(req, timeout=timeout, metadata=self._metadata)
+                except grpc.RpcError as exc:
+                    raise from_rpc_error(exc) from None
+            result = PullResult(response)
+            if not len(result) and stop_at_end:
+                return
+            pending = request(result.next_offset)
+            yield result
+
+    def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """The first queue offset whose message was stored at or after ``timestamp_ms`` (the end
+        of the queue if none was)."""
+        return int(self._call("OffsetForTime", _request(pb.OffsetForTimeRequest,
+            topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)).offset)
+
+    def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Store ``offset`` (the next one to consume) as ``group``'s position on one queue."""
+        self.commit_offsets(group, {(topic, queue_id): offset})
+
+    def commit_offsets(self, group: str, offsets: Mapping[tuple[str, int], int]) -> None:
+        """Store several positions of ``group`` at once: ``{(topic, queue_id): offset}``."""
+        req = _request(pb.CommitOffsetRequest, offsets=[_request(pb.CommittedOffset, group=group, topic=t, queue_id=q, offset=o)
+                                                        for (t, q), o in offsets.items()])
+        self._call("CommitOffset", req)
+
+    def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
+        """``group``'s stored position on one queue, or None if it never committed one."""
+        resp = self._call("GetOffset", _request(pb.GetOffsetRequest, group=group, topic=topic, queue_id=queue_id))
+        return int(resp.offset) if resp.found else None

@@ -1,0 +1,85 @@
+"""The client's API, topics, timers, status and role changes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from broker.client.core import ClientCore, _request
+from broker.client.errors import error_for
+from broker.client.messages import Receipt
+from broker.errors import shown
+from proto import tidemark_pb2 as pb
+
+
+class TopicsAPI(ClientCore):
+    """Topics, timers, status and role changes."""
+
+    def create_topic(self, name: str, queues: int = 1) -> None:
+        """Create ``name`` with ``queues`` queues (ALREADY_EXISTS if it exists; names: 1-127 of
+        [A-Za-z0-9._-], not starting with ``__``)."""
+        self._call("CreateTopic", _request(pb.CreateTopicRequest, name=name, queues=queues), retry=False)
+        self._queues[name] = queues
+
+    def create_topics(self, topics: Mapping[str, int]) -> None:
+        """Create every topic of ``topics`` (name → queues) in one call, all or none (at most 1,000)."""
+        request = pb.CreateTopicsRequest(topics=[_request(pb.CreateTopicRequest, name=n, queues=q) for n, q in topics.items()])
+        self._call("CreateTopics", request, retry=False)
+        self._queues.update(topics)
+
+    def delete_topic(self, name: str) -> None:
+        """Delete ``name``: its messages become unreadable and their space is reclaimed by retention."""
+        self._call("DeleteTopic", _request(pb.DeleteTopicRequest, name=name), retry=False)
+        self._queues.pop(name, None)
+
+    def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
+        """Every topic: ``{name: {"queues": n, "max_offsets": [next queue offset of each queue]}}``
+        (system topics, ``__...``, only with ``include_system``)."""
+        resp = self._call("ListTopics", pb.ListTopicsRequest(include_system=include_system))
+        return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets)} for t in resp.topics}
+
+    def describe_topic(self, name: str) -> dict[str, Any]:
+        """Queues with their min/max offsets, stored bytes, local and tiered ranges."""
+        resp = self._call("DescribeTopic", _request(pb.DescribeTopicRequest, name=name))
+        return {"name": resp.name, "topic_id": resp.topic_id,
+                "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset,
+                            "bytes": q.bytes, "local_min_offset": q.local_min_offset,
+                            "tiered_end_offset": q.tiered_end_offset} for q in resp.queues]}
+
+    def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
+        """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.
+        A fired, cancelled or firing timer: FAILED_PRECONDITION; an unknown one: NOT_FOUND."""
+        offset = receipt if isinstance(receipt, int) else receipt.timer_offset
+        if offset is None:
+            raise ValueError("this receipt is not a timer message's (it has no timer_offset)")
+        resp = self._call("CancelTimer", _request(pb.CancelTimerRequest, timer_offset=offset), retry=False)
+        return {"timer_offset": offset, "deliver_at_ms": resp.deliver_at_ms, "topic": resp.topic,
+                "queue_id": resp.queue_id}
+
+    def status(self) -> dict[str, Any]:
+        """The connected node's status (DESIGN §8): role, epoch, offsets, replicas, timers, errors...
+        as a dict (``typed_status()`` gives the same as the ``NodeStatus`` message)."""
+        return dict(json.loads(self._call("Status", pb.StatusRequest()).json))
+
+    def typed_status(self) -> pb.NodeStatus:
+        """The connected node's status as the typed ``tidemark.v1.NodeStatus`` message."""
+        return self._call("Status", pb.StatusRequest()).status
+
+    def promote(self, unclean: bool = False) -> int:
+        """Make the connected node (a slave) the master; returns its new epoch."""
+        return int(self._call("Promote", pb.PromoteRequest(unclean=unclean), retry=False).epoch)
+
+    def demote(self, master: str) -> None:
+        """Make the connected node (a master) a slave of ``master``."""
+        self._call("Demote", _request(pb.DemoteRequest, master=master), retry=False)
+
+    def _queue_count(self, topic: str) -> int:
+        if topic not in self._queues:
+            topics = self.list_topics(include_system=True)
+            if topic not in topics:
+                raise error_for(grpc.StatusCode.NOT_FOUND, f"unknown topic {shown(topic)}")
+            self._queues[topic] = topics[topic]["queues"]
+        return self._queues[topic]

@@ -1,0 +1,129 @@
+"""Ending leases: ack, nack, a changed lease (pop mode, DESIGN §12). An ack of a run names it by
+its one handle; a lease that ended already is refused per handle (FAILED_PRECONDITION: the message
+is or will be delivered again)."""
+
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+
+from broker.errors import BrokerError, invalid, shown
+from broker.groups import receipts
+from broker.groups.pop_parts import FAILED_PRECONDITION, REASONS, TWICE, PopParts, now_ms, record_batch
+from broker.logformat import pop_records as pr
+from broker.views.pop_leases import NOT_LEASED
+
+
+class LeaseEnds(PopParts):
+    def _resolve(self, group: str, handles: list[str]) -> list[receipts.Handle]:
+        """Decode every handle; a malformed one, or one from another cluster or a future epoch,
+        refuses the whole call (INVALID_ARGUMENT) before anything changes."""
+        self.check_group(group)
+        if not handles:
+            raise invalid("no receipt handles")
+        if len(handles) > self.config["groups.pop_messages_max"]:
+            raise invalid(f"{len(handles)} receipt handles in one call; at most groups.pop_messages_max "
+                          f"({self.config['groups.pop_messages_max']})")
+        out = []
+        cluster, epoch = self.cluster, self.store.epoch
+        decoder = receipts.Decoder()
+        messages, messages_max = 0, self.config["groups.pop_window_max"]
+        for text in handles:
+            try:
+                h = decoder.decode(text)
+            except ValueError as exc:
+                raise invalid(f"receipt handle {shown(text)}: {exc}") from None
+            if h.cluster != cluster:
+                raise invalid(f"receipt handle {shown(text)} is from another cluster")
+            if h.epoch > epoch:
+                raise invalid(f"receipt handle {shown(text)} names epoch {h.epoch}, newer than this master's {epoch}")
+            messages += h.length
+            if messages > messages_max:
+                raise invalid(f"the receipt handles name more than groups.pop_window_max ({messages_max}) messages")
+            out.append(h)
+        return out
+
+    def _current(self, group: str, resolved: list[receipts.Handle], now: int) -> tuple[dict[tuple[str, int], np.ndarray],
+                                                                                        list[tuple[int, str]]]:
+        """Under the view lock: the offsets whose leases the handles still name, per (topic, queue),
+        and (index, reason) for every other handle."""
+        by_lease: dict[tuple[str, int, int], list[int]] = {}
+        for i, h in enumerate(resolved):
+            by_lease.setdefault((h.topic, h.queue_id, h.tag), []).append(i)
+        ok: dict[tuple[str, int], list[np.ndarray]] = {}
+        refused: list[tuple[int, str]] = []
+        for (topic, q, tag), idxs in by_lease.items():
+            firsts = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
+            lengths = np.fromiter((resolved[i].length for i in idxs), dtype=np.int64, count=len(idxs))
+            owner = np.repeat(np.arange(len(idxs)), lengths)  # the handle each offset comes from
+            offsets = np.repeat(firsts, lengths) + np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            pq = self.view.queue(group, topic, q)
+            reasons = pq.check(offsets, tag, now) if pq is not None else np.full(offsets.size, NOT_LEASED, np.int8)
+            _, first = np.unique(offsets, return_index=True)
+            repeated = np.ones(offsets.size, dtype=bool)
+            repeated[first] = False
+            reasons[(reasons == 0) & repeated] = TWICE
+            bad = np.flatnonzero(reasons)
+            if bad.size:
+                n_bad = np.bincount(owner[bad], minlength=len(idxs))
+                shown_at = {int(owner[j]): int(reasons[j]) for j in bad[::-1].tolist()}  # the first reason of each
+                for k, why in sorted(shown_at.items()):
+                    text = REASONS[why]
+                    if lengths[k] > 1:
+                        text = f"{n_bad[k]} of the run's {lengths[k]} messages: {text}"
+                    refused.append((idxs[k], text))
+            good = offsets[reasons == 0]
+            if good.size:
+                ok.setdefault((topic, q), []).append(good)
+        return {k: np.unique(np.concatenate(v)) for k, v in ok.items()}, refused
+
+    def _end(self, group: str, handles: list[str], kind: str, delay_ms: int = 0) -> list[tuple[str, int, str]]:
+        """Ack (``pr.ACK``) or nack (``pr.NACK``) leases; return (handle, grpc code, reason) for each
+        handle whose lease had ended already (the others are done)."""
+        resolved = self._resolve(group, handles)
+        keys = [(group, h.topic, h.queue_id) for h in resolved]
+        with self.locks.holding(keys):
+            now = now_ms()
+            with self.view.lock:
+                ok, refused = self._current(group, resolved, now)
+            if ok:
+                items = [[t, q, pr.to_runs(offs)] for (t, q), offs in sorted(ok.items())]
+                record: dict[str, object]
+                if kind == pr.ACK:
+                    record = {"g": group, "acks": items}
+                else:
+                    record = {"g": group, "nacks": items, "until": now + delay_ms}
+                end = self._append([record_batch(kind, record)])
+                self.locks.appended([(group, t, q) for t, q in ok], end)
+        if ok:
+            self._durable(end)
+        return [(handles[i], FAILED_PRECONDITION, why) for i, why in refused]
+
+    def ack(self, group: str, handles: list[str]) -> list[tuple[str, int, str]]:
+        return self._end(group, handles, pr.ACK)
+
+    def nack(self, group: str, handles: list[str], delay_ms: int) -> list[tuple[str, int, str]]:
+        if delay_ms:
+            self._check_duration("delay_ms", delay_ms)
+        return self._end(group, handles, pr.NACK, delay_ms)
+
+    def change_invisible(self, group: str, handle: str, invisible_ms: int) -> str:
+        """Move one lease's deadline to now + ``invisible_ms``; return its new handle."""
+        self._check_duration("invisible_ms", invisible_ms)
+        (h,) = self._resolve(group, [handle])
+        if h.length != 1:
+            raise invalid("change_invisible takes one message's receipt handle, not a run's")
+        key = (group, h.topic, h.queue_id)
+        with self.locks.holding([key]):
+            now = now_ms()
+            with self.view.lock:
+                _, refused = self._current(group, [h], now)
+            if refused:
+                raise BrokerError("FAILED_PRECONDITION", refused[0][1])
+            tag = secrets.randbits(63) + 1
+            record = {"g": group, "t": h.topic, "q": h.queue_id, "o": h.offset, "until": now + invisible_ms, "tag": tag}
+            end = self._append([record_batch(pr.INVISIBLE, record)])
+            self.locks.appended([key], end)
+        self._durable(end)
+        return receipts.encode(h._replace(epoch=self.store.epoch, tag=tag))
