@@ -89,11 +89,18 @@ def main() -> int:
     print("\nPerformance round (bench/round_table.py):")
     print("\n".join(round_table.lines(figures)))
     if not a.quick and {row.bench for row in round_table.ROWS} <= set(names):
-        round_table.update_readme(os.path.join(common.BENCH_DIR, "README.md"), figures, results)
-        print("bench/README.md updated with this table")
-    if missed:
+        if failed:
+            print("bench/README.md left as it was: a benchmark failed, so this table is incomplete")
+        else:
+            round_table.update_readme(os.path.join(common.BENCH_DIR, "README.md"), figures, results)
+            print("bench/README.md updated with this table")
+    if not figures:
+        print("Nothing was measured.")
+    elif missed:
         print("Targets missed: " + "; ".join(f"{f.bench}: {f.metric} = {common.fmt_value(f.value, f.unit)} {f.unit} "
                                              f"(target {f.target})" for f in missed))
+    elif failed:
+        print("Every target that was measured was met (some benchmarks failed; see below).")
     else:
         print("Every target met.")
     if failed:
