@@ -181,4 +181,5 @@ def run_window(target: Callable[..., None], args_for: Sequence[tuple[Any, ...]],
         "acked": sorted(a for r in results for a in r["acked"]),
         "client_cpu": sum(r["cpu"] for r in results) / window if window > 0 else 0.0,
         "cpu": cpu,
+        "reports": results,  # each process's own report (extra keys a target added stay there)
     }

@@ -130,6 +130,11 @@ KEYS: dict[str, Key] = {
     "groups.invisible_ms_max": Key(12 * 3600 * 1000, int, minimum=1000, maximum=7 * 24 * 3600 * 1000),
     "groups.pop_messages_max": Key(10_000, int, minimum=1, maximum=1_000_000),
     "groups.pop_window_max": Key(1_000_000, int, minimum=1000, maximum=100_000_000),
+    "transactions.timeout_ms": Key(60_000, int, minimum=100, maximum=900_000),
+    "transactions.max_timeout_ms": Key(900_000, int, minimum=100, maximum=24 * 3600 * 1000),
+    "transactions.check_interval_ms": Key(5_000, int, minimum=50, maximum=600_000),
+    "transactions.check_max": Key(15, int, minimum=0, maximum=1000),
+    "transactions.open_max": Key(10_000, int, minimum=1, maximum=1_000_000, reloadable=True),
 }
 
 ENV_PREFIX = "TIDEMARK_"

@@ -14,6 +14,12 @@ class Ack(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ACK_FLUSH: _ClassVar[Ack]
     ACK_REPLICA: _ClassVar[Ack]
 
+class Isolation(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ISOLATION_UNSPECIFIED: _ClassVar[Isolation]
+    ISOLATION_READ_COMMITTED: _ClassVar[Isolation]
+    ISOLATION_READ_UNCOMMITTED: _ClassVar[Isolation]
+
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     ROLE_UNSPECIFIED: _ClassVar[Role]
@@ -27,10 +33,19 @@ class ResetTo(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     RESET_TO_TIME: _ClassVar[ResetTo]
     RESET_TO_OFFSET: _ClassVar[ResetTo]
     RESET_TO_EARLIEST: _ClassVar[ResetTo]
+
+class TransactionOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSACTION_OUTCOME_UNSPECIFIED: _ClassVar[TransactionOutcome]
+    TRANSACTION_OUTCOME_COMMITTED: _ClassVar[TransactionOutcome]
+    TRANSACTION_OUTCOME_ABORTED: _ClassVar[TransactionOutcome]
 ACK_UNSPECIFIED: Ack
 ACK_LEADER: Ack
 ACK_FLUSH: Ack
 ACK_REPLICA: Ack
+ISOLATION_UNSPECIFIED: Isolation
+ISOLATION_READ_COMMITTED: Isolation
+ISOLATION_READ_UNCOMMITTED: Isolation
 ROLE_UNSPECIFIED: Role
 ROLE_MASTER: Role
 ROLE_SLAVE: Role
@@ -39,6 +54,9 @@ RESET_TO_LATEST: ResetTo
 RESET_TO_TIME: ResetTo
 RESET_TO_OFFSET: ResetTo
 RESET_TO_EARLIEST: ResetTo
+TRANSACTION_OUTCOME_UNSPECIFIED: TransactionOutcome
+TRANSACTION_OUTCOME_COMMITTED: TransactionOutcome
+TRANSACTION_OUTCOME_ABORTED: TransactionOutcome
 
 class ProduceBatch(_message.Message):
     __slots__ = ("topic", "queue_id", "producer_id", "base_sequence", "record_count", "records_crc", "records", "delayed")
@@ -86,18 +104,20 @@ class PlainMessage(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., key: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class SendRequest(_message.Message):
-    __slots__ = ("batches", "ack", "timeout_ms", "messages", "producer_id")
+    __slots__ = ("batches", "ack", "timeout_ms", "messages", "producer_id", "transaction")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[ProduceBatch]
     ack: Ack
     timeout_ms: int
     messages: _containers.RepeatedCompositeFieldContainer[PlainMessage]
     producer_id: int
-    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PlainMessage, _Mapping]]] = ..., producer_id: _Optional[int] = ...) -> None: ...
+    transaction: int
+    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PlainMessage, _Mapping]]] = ..., producer_id: _Optional[int] = ..., transaction: _Optional[int] = ...) -> None: ...
 
 class BatchReceipt(_message.Message):
     __slots__ = ("commit_offset", "base_queue_offset", "record_count", "duplicate")
@@ -138,7 +158,7 @@ class SendResponse(_message.Message):
     def __init__(self, receipts: _Optional[_Iterable[_Union[BatchReceipt, _Mapping]]] = ..., message_receipts: _Optional[_Iterable[_Union[MessageReceipt, _Mapping]]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes", "decode")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes", "decode", "isolation")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
@@ -146,6 +166,7 @@ class PullRequest(_message.Message):
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
@@ -153,7 +174,8 @@ class PullRequest(_message.Message):
     max_wait_ms: int
     max_bytes: int
     decode: bool
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., decode: _Optional[bool] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., decode: _Optional[bool] = ..., isolation: _Optional[_Union[Isolation, str]] = ...) -> None: ...
 
 class PulledMessage(_message.Message):
     __slots__ = ("queue_offset", "commit_offset", "store_time_ms", "key", "body", "properties", "deliver_at_ms", "timer_offset")
@@ -211,20 +233,22 @@ class LogSpan(_message.Message):
     def __init__(self, path: _Optional[str] = ..., position: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
 
 class PullLocalRequest(_message.Message):
-    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes")
+    __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes", "isolation")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     MAX_WAIT_MS_FIELD_NUMBER: _ClassVar[int]
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     offset: int
     max_messages: int
     max_wait_ms: int
     max_bytes: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., offset: _Optional[int] = ..., max_messages: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., max_bytes: _Optional[int] = ..., isolation: _Optional[_Union[Isolation, str]] = ...) -> None: ...
 
 class PullLocalResponse(_message.Message):
     __slots__ = ("spans", "skip_first", "count", "next_offset", "min_offset", "max_offset", "instance_file", "instance")
@@ -515,7 +539,7 @@ class RecoveryStatus(_message.Message):
     def __init__(self, clean: _Optional[bool] = ..., new: _Optional[bool] = ..., scanned_bytes: _Optional[int] = ..., truncated_bytes: _Optional[int] = ..., replayed_bytes: _Optional[int] = ..., replay_seconds: _Optional[float] = ..., seconds: _Optional[float] = ...) -> None: ...
 
 class NodeStatus(_message.Message):
-    __slots__ = ("role", "epoch", "node_id", "cluster_id", "master", "min_offset", "max_offset", "flushed_offset", "confirm_offset", "applied_offset", "replicas", "replication", "tiered_uploaded_offset", "tiered", "timer_pending", "timer_pending_by_topic", "segments", "log_bytes", "free_disk_bytes", "fenced", "views", "retention_floor", "recovery", "errors", "coordinator", "long_polls", "open_files", "open_files_max")
+    __slots__ = ("role", "epoch", "node_id", "cluster_id", "master", "min_offset", "max_offset", "flushed_offset", "confirm_offset", "applied_offset", "replicas", "replication", "tiered_uploaded_offset", "tiered", "timer_pending", "timer_pending_by_topic", "segments", "log_bytes", "free_disk_bytes", "fenced", "views", "retention_floor", "recovery", "errors", "coordinator", "long_polls", "open_files", "open_files_max", "transactions")
     class TimerPendingByTopicEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -558,6 +582,7 @@ class NodeStatus(_message.Message):
     LONG_POLLS_FIELD_NUMBER: _ClassVar[int]
     OPEN_FILES_FIELD_NUMBER: _ClassVar[int]
     OPEN_FILES_MAX_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
     role: Role
     epoch: int
     node_id: str
@@ -586,7 +611,24 @@ class NodeStatus(_message.Message):
     long_polls: int
     open_files: int
     open_files_max: int
-    def __init__(self, role: _Optional[_Union[Role, str]] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., master: _Optional[str] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., applied_offset: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., replication: _Optional[_Union[FollowerStatus, _Mapping]] = ..., tiered_uploaded_offset: _Optional[int] = ..., tiered: _Optional[_Union[TieredStatus, _Mapping]] = ..., timer_pending: _Optional[int] = ..., timer_pending_by_topic: _Optional[_Mapping[str, int]] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., fenced: _Optional[str] = ..., views: _Optional[_Mapping[str, int]] = ..., retention_floor: _Optional[int] = ..., recovery: _Optional[_Union[RecoveryStatus, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ComponentError, _Mapping]]] = ..., coordinator: _Optional[_Union[CoordinatorStatus, _Mapping]] = ..., long_polls: _Optional[int] = ..., open_files: _Optional[int] = ..., open_files_max: _Optional[int] = ...) -> None: ...
+    transactions: TransactionsStatus
+    def __init__(self, role: _Optional[_Union[Role, str]] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., master: _Optional[str] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., applied_offset: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., replication: _Optional[_Union[FollowerStatus, _Mapping]] = ..., tiered_uploaded_offset: _Optional[int] = ..., tiered: _Optional[_Union[TieredStatus, _Mapping]] = ..., timer_pending: _Optional[int] = ..., timer_pending_by_topic: _Optional[_Mapping[str, int]] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., fenced: _Optional[str] = ..., views: _Optional[_Mapping[str, int]] = ..., retention_floor: _Optional[int] = ..., recovery: _Optional[_Union[RecoveryStatus, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ComponentError, _Mapping]]] = ..., coordinator: _Optional[_Union[CoordinatorStatus, _Mapping]] = ..., long_polls: _Optional[int] = ..., open_files: _Optional[int] = ..., open_files_max: _Optional[int] = ..., transactions: _Optional[_Union[TransactionsStatus, _Mapping]] = ...) -> None: ...
+
+class TransactionsStatus(_message.Message):
+    __slots__ = ("open", "oldest_open_ms", "committed", "aborted", "timed_out", "aborted_ranges")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    OLDEST_OPEN_MS_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_RANGES_FIELD_NUMBER: _ClassVar[int]
+    open: int
+    oldest_open_ms: int
+    committed: int
+    aborted: int
+    timed_out: int
+    aborted_ranges: int
+    def __init__(self, open: _Optional[int] = ..., oldest_open_ms: _Optional[int] = ..., committed: _Optional[int] = ..., aborted: _Optional[int] = ..., timed_out: _Optional[int] = ..., aborted_ranges: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("json", "status")
@@ -637,7 +679,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs", "decode")
+    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs", "decode", "isolation")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -646,6 +688,7 @@ class PopRequest(_message.Message):
     START_EARLIEST_FIELD_NUMBER: _ClassVar[int]
     AS_RUNS_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
+    ISOLATION_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     max_messages: int
@@ -654,7 +697,8 @@ class PopRequest(_message.Message):
     start_earliest: bool
     as_runs: bool
     decode: bool
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ..., decode: _Optional[bool] = ...) -> None: ...
+    isolation: Isolation
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ..., decode: _Optional[bool] = ..., isolation: _Optional[_Union[Isolation, str]] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
     __slots__ = ("queue_id", "queue_offset", "commit_offset", "store_time_ms", "record", "receipt_handle", "delivery_count", "key", "body", "properties", "deliver_at_ms", "timer_offset")
@@ -912,6 +956,134 @@ class DescribeTopicResponse(_message.Message):
     topic_id: int
     queues: _containers.RepeatedCompositeFieldContainer[QueueDescription]
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDescription, _Mapping]]] = ...) -> None: ...
+
+class BeginTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id", "timeout_ms", "check_back")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    timeout_ms: int
+    check_back: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ...) -> None: ...
+
+class BeginTransactionResponse(_message.Message):
+    __slots__ = ("producer_id", "epoch", "timeout_ms")
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    producer_id: int
+    epoch: int
+    timeout_ms: int
+    def __init__(self, producer_id: _Optional[int] = ..., epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class EndTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "commit", "offsets")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    commit: bool
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., commit: _Optional[bool] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class EndTransactionResponse(_message.Message):
+    __slots__ = ("outcome", "reason")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    outcome: TransactionOutcome
+    reason: str
+    def __init__(self, outcome: _Optional[_Union[TransactionOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class TransactionQueue(_message.Message):
+    __slots__ = ("topic", "queue_id", "first_offset")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FIRST_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    first_offset: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ...) -> None: ...
+
+class TransactionInfo(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "state", "age_ms", "write_age_ms", "timeout_ms", "queues", "reason", "checks")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    WRITE_AGE_MS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    state: str
+    age_ms: int
+    write_age_ms: int
+    timeout_ms: int
+    queues: _containers.RepeatedCompositeFieldContainer[TransactionQueue]
+    reason: str
+    checks: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., state: _Optional[str] = ..., age_ms: _Optional[int] = ..., write_age_ms: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[TransactionQueue, _Mapping]]] = ..., reason: _Optional[str] = ..., checks: _Optional[int] = ...) -> None: ...
+
+class ListTransactionsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ListTransactionsResponse(_message.Message):
+    __slots__ = ("transactions",)
+    TRANSACTIONS_FIELD_NUMBER: _ClassVar[int]
+    transactions: _containers.RepeatedCompositeFieldContainer[TransactionInfo]
+    def __init__(self, transactions: _Optional[_Iterable[_Union[TransactionInfo, _Mapping]]] = ...) -> None: ...
+
+class DescribeTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id",)
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    def __init__(self, transactional_id: _Optional[str] = ...) -> None: ...
+
+class DescribeTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: TransactionInfo
+    def __init__(self, transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ...) -> None: ...
+
+class AbortTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id",)
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    def __init__(self, transactional_id: _Optional[str] = ...) -> None: ...
+
+class AbortTransactionResponse(_message.Message):
+    __slots__ = ("transaction",)
+    TRANSACTION_FIELD_NUMBER: _ClassVar[int]
+    transaction: TransactionInfo
+    def __init__(self, transaction: _Optional[_Union[TransactionInfo, _Mapping]] = ...) -> None: ...
+
+class TransactionCheckAnswer(_message.Message):
+    __slots__ = ("transactional_ids", "producer_id", "decision", "transactional_id")
+    TRANSACTIONAL_IDS_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    transactional_ids: _containers.RepeatedScalarFieldContainer[str]
+    producer_id: int
+    decision: str
+    transactional_id: str
+    def __init__(self, transactional_ids: _Optional[_Iterable[str]] = ..., producer_id: _Optional[int] = ..., decision: _Optional[str] = ..., transactional_id: _Optional[str] = ...) -> None: ...
+
+class TransactionCheck(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "attempt")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    ATTEMPT_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    attempt: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., attempt: _Optional[int] = ...) -> None: ...
 
 class EpochEntry(_message.Message):
     __slots__ = ("epoch", "start_offset")

@@ -150,6 +150,36 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.PullLocalRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.PullLocalResponse.FromString,
                 _registered_method=True)
+        self.BeginTransaction = channel.unary_unary(
+                '/tidemark.v1.Broker/BeginTransaction',
+                request_serializer=proto_dot_tidemark__pb2.BeginTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.BeginTransactionResponse.FromString,
+                _registered_method=True)
+        self.EndTransaction = channel.unary_unary(
+                '/tidemark.v1.Broker/EndTransaction',
+                request_serializer=proto_dot_tidemark__pb2.EndTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.EndTransactionResponse.FromString,
+                _registered_method=True)
+        self.ListTransactions = channel.unary_unary(
+                '/tidemark.v1.Broker/ListTransactions',
+                request_serializer=proto_dot_tidemark__pb2.ListTransactionsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.ListTransactionsResponse.FromString,
+                _registered_method=True)
+        self.DescribeTransaction = channel.unary_unary(
+                '/tidemark.v1.Broker/DescribeTransaction',
+                request_serializer=proto_dot_tidemark__pb2.DescribeTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.DescribeTransactionResponse.FromString,
+                _registered_method=True)
+        self.AbortTransaction = channel.unary_unary(
+                '/tidemark.v1.Broker/AbortTransaction',
+                request_serializer=proto_dot_tidemark__pb2.AbortTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.AbortTransactionResponse.FromString,
+                _registered_method=True)
+        self.TransactionChecks = channel.stream_stream(
+                '/tidemark.v1.Broker/TransactionChecks',
+                request_serializer=proto_dot_tidemark__pb2.TransactionCheckAnswer.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.TransactionCheck.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -318,6 +348,48 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def BeginTransaction(self, request, context):
+        """Open a transaction (fencing an older instance of the same transactional id).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EndTransaction(self, request, context):
+        """Commit or abort a transaction (a retried end answers the first outcome).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListTransactions(self, request, context):
+        """The open transactions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DescribeTransaction(self, request, context):
+        """One transactional id's latest transaction.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def AbortTransaction(self, request, context):
+        """Abort a transactional id's open transaction (admin).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def TransactionChecks(self, request_iterator, context):
+        """The producer keeps this open to answer checks of its transactions past their timeout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -435,6 +507,36 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.PullLocal,
                     request_deserializer=proto_dot_tidemark__pb2.PullLocalRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.PullLocalResponse.SerializeToString,
+            ),
+            'BeginTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.BeginTransaction,
+                    request_deserializer=proto_dot_tidemark__pb2.BeginTransactionRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.BeginTransactionResponse.SerializeToString,
+            ),
+            'EndTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.EndTransaction,
+                    request_deserializer=proto_dot_tidemark__pb2.EndTransactionRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.EndTransactionResponse.SerializeToString,
+            ),
+            'ListTransactions': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListTransactions,
+                    request_deserializer=proto_dot_tidemark__pb2.ListTransactionsRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.ListTransactionsResponse.SerializeToString,
+            ),
+            'DescribeTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.DescribeTransaction,
+                    request_deserializer=proto_dot_tidemark__pb2.DescribeTransactionRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.DescribeTransactionResponse.SerializeToString,
+            ),
+            'AbortTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.AbortTransaction,
+                    request_deserializer=proto_dot_tidemark__pb2.AbortTransactionRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.AbortTransactionResponse.SerializeToString,
+            ),
+            'TransactionChecks': grpc.stream_stream_rpc_method_handler(
+                    servicer.TransactionChecks,
+                    request_deserializer=proto_dot_tidemark__pb2.TransactionCheckAnswer.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.TransactionCheck.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1059,6 +1161,168 @@ class Broker:
             '/tidemark.v1.Broker/PullLocal',
             proto_dot_tidemark__pb2.PullLocalRequest.SerializeToString,
             proto_dot_tidemark__pb2.PullLocalResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def BeginTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/BeginTransaction',
+            proto_dot_tidemark__pb2.BeginTransactionRequest.SerializeToString,
+            proto_dot_tidemark__pb2.BeginTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EndTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/EndTransaction',
+            proto_dot_tidemark__pb2.EndTransactionRequest.SerializeToString,
+            proto_dot_tidemark__pb2.EndTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListTransactions(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/ListTransactions',
+            proto_dot_tidemark__pb2.ListTransactionsRequest.SerializeToString,
+            proto_dot_tidemark__pb2.ListTransactionsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DescribeTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/DescribeTransaction',
+            proto_dot_tidemark__pb2.DescribeTransactionRequest.SerializeToString,
+            proto_dot_tidemark__pb2.DescribeTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AbortTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/AbortTransaction',
+            proto_dot_tidemark__pb2.AbortTransactionRequest.SerializeToString,
+            proto_dot_tidemark__pb2.AbortTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def TransactionChecks(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/tidemark.v1.Broker/TransactionChecks',
+            proto_dot_tidemark__pb2.TransactionCheckAnswer.SerializeToString,
+            proto_dot_tidemark__pb2.TransactionCheck.FromString,
             options,
             channel_credentials,
             insecure,

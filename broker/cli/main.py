@@ -80,6 +80,19 @@ def _connection_flags() -> _Parser:
     return c
 
 
+def _add_txn_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    tx = sub.add_parser("txn", help="list, describe or abort transactions")
+    txs = tx.add_subparsers(dest="txn_command", required=True)
+    txl = txs.add_parser("list", parents=[conn], help="the open transactions, oldest first")
+    txl.add_argument("--json", action="store_true")
+    txd = txs.add_parser("describe", parents=[conn], help="a transactional id's latest transaction")
+    txd.add_argument("transactional_id")
+    txd.add_argument("--json", action="store_true")
+    txa = txs.add_parser("abort", parents=[conn], help="abort a transactional id's open transaction (admin)")
+    txa.add_argument("transactional_id")
+    txa.add_argument("--json", action="store_true")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tidemark", description="Tidemark broker daemon and tools")
     conn = _connection_flags()
@@ -131,6 +144,10 @@ def _parser() -> argparse.ArgumentParser:
     co.add_argument("--invisible-ms", type=_positive, default=30_000, help="with --pop: the lease of each message")
     co.add_argument("--max", type=_non_negative, default=0, help="stop after N messages (0: no limit)")
     co.add_argument("--timeout-ms", type=_non_negative, default=1000, help="stop after this long without messages")
+    co.add_argument("--isolation", choices=("read_committed", "read_uncommitted"), default="read_committed",
+                    help="transactions' messages: once committed (default), or as written (open and aborted ones too)")
+
+    _add_txn_commands(sub, conn)
 
     gr = sub.add_parser("group", help="list, describe consumer groups; reset a group's offsets")
     gsub = gr.add_subparsers(dest="group_command", required=True)
@@ -205,6 +222,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _consume(args)
         if cmd == "group":
             return _group(args)
+        if cmd == "txn":
+            return _txn(args)
         if cmd == "cancel":
             with _client(args) as c:
                 print(json.dumps({"cancelled": c.cancel_timer(args.timer_offset)}))
@@ -354,6 +373,24 @@ def _group(args: argparse.Namespace) -> int:
     return 0
 
 
+def _txn(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        if args.txn_command == "list":
+            rows = c.list_transactions()
+        elif args.txn_command == "describe":
+            rows = [c.describe_transaction(args.transactional_id)]
+        else:
+            rows = [c.abort_transaction(args.transactional_id)]
+    for t in rows:
+        print(json.dumps(t) if args.json else
+              f"{t['transactional_id']} {t['state']} producer_id={t['producer_id']} age_ms={t['age_ms']} "
+              f"write_age_ms={t['write_age_ms']} timeout_ms={t['timeout_ms']}"
+              + (f" reason={t['reason']}" if t["reason"] else "")
+              + (" queues=" + ",".join(f"{q['topic']}/{q['queue_id']}@{q['first_offset']}" for q in t["queues"])
+                 if t["queues"] else ""))
+    return 0
+
+
 def _message_json(m: Any) -> str:
     return json.dumps({"topic": m.topic, "queue_id": m.queue_id, "queue_offset": m.queue_offset,
                        "commit_offset": m.commit_offset, "key": m.key, "properties": m.properties,
@@ -367,7 +404,7 @@ def _consume_group(args: argparse.Namespace) -> int:
         c.describe_topic(args.topic)  # NOT_FOUND for an unknown topic, before joining
         reset = "latest" if args.start == "latest" else "earliest"
         with c.consumer(args.group, [args.topic], session_timeout_ms=args.session_timeout_ms,
-                        auto_offset_reset=reset) as cons:
+                        auto_offset_reset=reset, isolation=args.isolation) as cons:
             # the master may hold new grants back briefly after it starts (groups.rejoin_grace_ms)
             join_deadline = time.monotonic() + (args.session_timeout_ms + 30_000) / 1000.0
             printed = 0
@@ -427,7 +464,7 @@ def _consume(args: argparse.Namespace) -> int:
             if args.start == "latest":
                 positions[q] = topics[args.topic]["max_offsets"][q]
             else:
-                positions[q] = c.pull(args.topic, q, 0, max_messages=1).min_offset
+                positions[q] = c.pull(args.topic, q, 0, max_messages=1, isolation=args.isolation).min_offset
         printed = 0
         idle_since = time.monotonic()
         while True:
@@ -436,7 +473,7 @@ def _consume(args: argparse.Namespace) -> int:
                 want = 1000 if not args.max else min(1000, args.max - printed)
                 if want <= 0:
                     break
-                res = c.pull(args.topic, q, positions[q], max_messages=want, max_wait_ms=0)
+                res = c.pull(args.topic, q, positions[q], max_messages=want, max_wait_ms=0, isolation=args.isolation)
                 for m in res:
                     print(_message_json(m))
                 got += len(res)

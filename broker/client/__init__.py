@@ -3,6 +3,8 @@
 - ``client.py``: ``BrokerClient`` (connections, retries and redirects, idempotent sends, pulls,
   offsets, timers, admin) and ``BrokerError``;
 - ``consumer.py``: ``Consumer``, a subscribe-mode group member (``BrokerClient.consumer``);
+- ``transactions_api.py``: ``Transaction`` (``BrokerClient.transaction`` / ``begin_transaction``),
+  ``TransactionAborted``; ``checkback.py``: the stream that answers the master's check-backs;
 - ``messages.py``: ``Message``, receipts, pulled messages (decoded lazily), record encoding;
 - ``errors.py``: ``BrokerError`` (every failed call; ``.code`` is the gRPC status code) and one
   subclass per common code (``NotFound``, ``InvalidArgument``, ``Unavailable`` ...).
@@ -24,11 +26,13 @@ from broker.client.errors import (
     Unavailable,
 )
 from broker.client.messages import Message, PoppedMessage, PoppedRun, PopResult, PulledMessage, PullResult, Receipt, Receipts
+from broker.client.transactions_api import CheckQuestion, Transaction, TransactionAborted
 
 __all__ = [
     "AlreadyExists",
     "BrokerClient",
     "BrokerError",
+    "CheckQuestion",
     "Consumer",
     "DeadlineExceeded",
     "FailedPrecondition",
@@ -45,6 +49,8 @@ __all__ = [
     "Receipt",
     "Receipts",
     "ResourceExhausted",
+    "Transaction",
+    "TransactionAborted",
     "Unauthenticated",
     "Unavailable",
 ]

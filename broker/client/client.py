@@ -5,20 +5,20 @@ id and a per-queue sequence, so a retried request (transient failure) lands exac
 Pulled batches decode lazily: ``pull()`` returns a sequence whose items are built on access.
 
 The connection (addresses, retries, redirects) is ``core.ClientCore``; each area of the API is a
-class of its own (``topics_api``; ``data_api``, which uses it; ``groups_api``), and ``BrokerClient``
+class of its own (``topics_api``; ``data_api``, which uses it; ``transactions_api``, which uses that; ``groups_api``), and ``BrokerClient``
 is all of them.
 """
 
 from __future__ import annotations
 
 from broker.client.core import ACKS, ClientCore
-from broker.client.data_api import DataAPI
 from broker.client.groups_api import GroupsAPI
+from broker.client.transactions_api import TransactionsAPI
 
 __all__ = ["ACKS", "BrokerClient", "ClientCore"]
 
 
-class BrokerClient(DataAPI, GroupsAPI):
+class BrokerClient(TransactionsAPI, GroupsAPI):
     """A connection to a Tidemark pair (DESIGN §8): ``BrokerClient("host:7600")`` or a list of
     addresses (it finds and follows the master). Sends are idempotent (a random producer id and
     sequence numbers), reads see what is confirmed. Every failure raises a ``BrokerError``

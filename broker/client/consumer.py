@@ -32,11 +32,12 @@ class BrokerClient(Protocol):
 
     def clone(self) -> BrokerClient: ...
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = ..., max_wait_ms: int = ...,
-             max_bytes: int = ...) -> Any: ...
+             max_bytes: int = ..., *, isolation: str = ...) -> Any: ...
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None: ...
     def commit_offsets(self, group: str, offsets: Any) -> None: ...
     def describe_topic(self, name: str) -> dict[str, Any]: ...
-    def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int, max_wait_ms: int) -> Any: ...
+    def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int, max_wait_ms: int,
+                    isolation: str = ...) -> Any: ...
     def _call(self, method: str, request: Any, *, retry: bool = ..., timeout_s: float | None = ...) -> Any: ...
     def close(self) -> None: ...
 
@@ -55,10 +56,11 @@ class Consumer:
     def __init__(self, client: BrokerClient, group: str, topics: Sequence[str], *, session_timeout_ms: int = 10_000,
                  auto_offset_reset: str = "latest", max_poll_interval_ms: int = 300_000, max_messages: int = 1000,
                  client_id: str | None = None, on_assigned: Callable[[set[QueueKey]], None] | None = None,
-                 on_revoked: Callable[[set[QueueKey]], None] | None = None) -> None:
+                 on_revoked: Callable[[set[QueueKey]], None] | None = None,
+                 isolation: str = "read_committed") -> None:
         """``on_assigned``/``on_revoked``: called with the queues taken (from the heartbeat thread) or
         about to be released (after their positions are committed, before the master hears of it;
-        from the thread that polls)."""
+        from the thread that polls). ``isolation``: transactions' messages once committed, or as written."""
         if auto_offset_reset not in RESETS:
             raise ValueError(f"auto_offset_reset must be one of {RESETS}, got {auto_offset_reset!r}")
         if not topics:
@@ -69,6 +71,7 @@ class Consumer:
         self.auto_offset_reset = auto_offset_reset
         self.max_poll_interval_ms = max_poll_interval_ms
         self.max_messages = max_messages
+        self.isolation = isolation
         self.client_id = client_id or f"{socket.gethostname()}/{os.getpid()}"
         self._on_assigned = on_assigned
         self._on_revoked = on_revoked
@@ -168,7 +171,8 @@ class Consumer:
             return
         self._next = (self._next + 1) % len(queues)
         q = queues[self._next]
-        fut = self._client.pull_future(q[0], q[1], position, max_messages=1, max_wait_ms=wait_ms)
+        fut = self._client.pull_future(q[0], q[1], position, max_messages=1, max_wait_ms=wait_ms,
+                                       isolation=self.isolation)
         try:
             while not fut.done() and not self._reassigned.wait(WAKE_CHECK_S):
                 pass
@@ -180,7 +184,8 @@ class Consumer:
         if position is None:
             return []
         try:
-            result = self._client.pull(q[0], q[1], position, max_messages=self.max_messages, max_wait_ms=wait_ms)
+            result = self._client.pull(q[0], q[1], position, max_messages=self.max_messages, max_wait_ms=wait_ms,
+                                       isolation=self.isolation)
         except BrokerError as exc:
             if exc.code.name == "OUT_OF_RANGE" and "retention" in exc.details:
                 with self._lock:  # removed by retention: go on from the earliest message still stored
@@ -188,7 +193,7 @@ class Consumer:
                         self._positions[q] = None
                 return []
             raise
-        if not keep or not len(result):
+        if not keep or (not len(result) and result.next_offset == position):
             return list(result) if len(result) else []
         with self._lock:
             if self._positions.get(q) != position:  # released meanwhile

@@ -77,7 +77,7 @@ COLD_PULLS_REMOTE = 16  # iter_pull(local_reads=True): pulls over gRPC after Pul
 
 def _local_request(req: pb.PullRequest) -> pb.PullLocalRequest:
     return pb.PullLocalRequest(topic=req.topic, queue_id=req.queue_id, offset=req.offset, max_messages=req.max_messages,
-                               max_wait_ms=req.max_wait_ms, max_bytes=req.max_bytes)
+                               max_wait_ms=req.max_wait_ms, max_bytes=req.max_bytes, isolation=req.isolation)
 
 
 def _request(cls: Callable[..., T], **fields: Any) -> T:

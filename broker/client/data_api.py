@@ -18,6 +18,16 @@ from broker.logformat import batch as bf
 from broker.logformat.timer_props import TIMER_TOPIC
 from proto import tidemark_pb2 as pb
 
+ISOLATIONS = {"read_committed": pb.ISOLATION_READ_COMMITTED, "read_uncommitted": pb.ISOLATION_READ_UNCOMMITTED}
+
+
+def isolation_of(name: str) -> int:
+    """The proto's ``Isolation`` for ``read_committed`` / ``read_uncommitted``."""
+    level = ISOLATIONS.get(name)
+    if level is None:
+        raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
+    return level
+
 
 class DataAPI(TopicsAPI):
     """Sends, pulls, seek by time and consumer offsets."""
@@ -33,6 +43,19 @@ class DataAPI(TopicsAPI):
              timeout_ms: int | None = None) -> Sequence[Receipt]:
         """Send in one request: one batch per queue. Keyless messages of one call share a queue
         (the next in round-robin order), so a call makes one batch, not one per message."""
+        with self._lock:
+            if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
+                self._producer = _Producer()
+            try:
+                return self._send_as(self._producer, topic, messages, ack, timeout_ms)
+            except BrokerError:
+                self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
+                raise
+
+    def _send_as(self, producer: _Producer, topic: str, messages: Sequence[Message], ack: str,
+                 timeout_ms: int | None, transaction: int = 0) -> Sequence[Receipt]:
+        """``send`` with ``producer``'s id and sequences (advanced when it is answered); inside a
+        transaction, ``transaction`` is its producer id (and ``producer``'s)."""
         if ack not in ACKS:
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
@@ -51,53 +74,51 @@ class DataAPI(TopicsAPI):
                 target[q] = [i]
             else:
                 group.append(i)
+        if transaction and delayed:
+            raise ValueError("delayed messages in a transaction are not supported yet")
         topic_bytes = len(topic.encode())
-        with self._lock:
-            if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
-                self._producer = _Producer()
-            # filled in place: constructing sub-messages separately would copy every payload twice
-            request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0)
-            groups: list[SendGroup] = []
-            for queue_id, idxs in by_queue.items():
-                records, positions = encode_messages(messages, idxs)
-                seq = self._producer.sequences.get((topic, queue_id), 0)
-                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
-                                    base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
-                                    records=records)
-                groups.append(SendGroup(queue_id, idxs, positions, seq))
-            timer_seq = self._producer.sequences.get((TIMER_TOPIC, 0), 0)
-            for queue_id, idxs in delayed.items():  # one sequence for __timer: batches follow each other
-                records, positions = encode_messages(messages, idxs, timer_target=(topic, queue_id))
-                request.batches.add(topic=topic, queue_id=queue_id, producer_id=self._producer.producer_id,
-                                    base_sequence=timer_seq, record_count=len(idxs), records_crc=crc(records),
-                                    records=records, delayed=True)
-                groups.append(SendGroup(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
-                timer_seq += len(idxs)
-            try:
-                resp = self._call("Send", request, retryable=SEND_RETRYABLE)
-            except BrokerError:
-                self._producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
-                raise
-            for g, r in zip(groups, resp.receipts, strict=True):
-                if g.deliver is not None:
-                    self._producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)
-                    g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
-                else:
-                    self._producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
-                    g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
-                g.base_queue_offset = r.base_queue_offset
-                g.duplicate = r.duplicate
+        # filled in place: constructing sub-messages separately would copy every payload twice
+        request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction)
+        groups: list[SendGroup] = []
+        for queue_id, idxs in by_queue.items():
+            records, positions = encode_messages(messages, idxs)
+            seq = producer.sequences.get((topic, queue_id), 0)
+            request.batches.add(topic=topic, queue_id=queue_id, producer_id=producer.producer_id,
+                                base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
+                                records=records)
+            groups.append(SendGroup(queue_id, idxs, positions, seq))
+        timer_seq = producer.sequences.get((TIMER_TOPIC, 0), 0)
+        for queue_id, idxs in delayed.items():  # one sequence for __timer: batches follow each other
+            records, positions = encode_messages(messages, idxs, timer_target=(topic, queue_id))
+            request.batches.add(topic=topic, queue_id=queue_id, producer_id=producer.producer_id,
+                                base_sequence=timer_seq, record_count=len(idxs), records_crc=crc(records),
+                                records=records, delayed=True)
+            groups.append(SendGroup(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
+            timer_seq += len(idxs)
+        resp = self._call("Send", request, retryable=SEND_RETRYABLE)
+        for g, r in zip(groups, resp.receipts, strict=True):
+            if g.deliver is not None:
+                producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)
+                g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
+            else:
+                producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
+                g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
+            g.base_queue_offset = r.base_queue_offset
+            g.duplicate = r.duplicate
         return Receipts(topic, len(messages), groups)
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
-             max_wait_ms: int = 0, max_bytes: int = 0, *, local_reads: bool = False) -> PullResult:
+             max_wait_ms: int = 0, max_bytes: int = 0, *, local_reads: bool = False,
+             isolation: str = "read_committed") -> PullResult:
         """Up to ``max_messages`` from ``offset`` of one queue (what is confirmed), decoded lazily;
         ``max_wait_ms``: wait that long for the first one; ``next_offset`` says where to go on.
         An offset removed by retention, or beyond the end, raises ``OutOfRange``.
         ``local_reads``: on the node's host, read the batches from its segment files when it can
-        (``broker/client/local_reads.py``; the same answer, without moving the bytes through gRPC)."""
+        (``broker/client/local_reads.py``; the same answer, without moving the bytes through gRPC).
+        ``isolation``: ``read_committed`` (transactions' messages once committed, never aborted
+        ones: their offsets are gaps) or ``read_uncommitted`` (everything confirmed)."""
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
-                             max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+                       max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation=isolation_of(isolation))
         timeout_s = self.timeout_s + max_wait_ms / 1000.0
         if local_reads and not_local(self.current_address) is None:
             try:
@@ -121,28 +142,29 @@ class DataAPI(TopicsAPI):
             raise exc from None
 
     def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
-                    max_wait_ms: int = 0) -> grpc.Future:
+                    max_wait_ms: int = 0, isolation: str = "read_committed") -> grpc.Future:
         """A pull in flight on the current node (no retries, no redirects): ``result()`` is the raw
         response, ``cancel()`` ends it. For callers that wait on something else at the same time."""
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
-                       max_wait_ms=max_wait_ms)
+                       max_wait_ms=max_wait_ms, isolation=isolation_of(isolation))
         assert self._stub is not None
         return self._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
 
     def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
                   max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True,
-                  local_reads: bool = False) -> Iterator[PullResult]:
+                  local_reads: bool = False, isolation: str = "read_committed") -> Iterator[PullResult]:
         """Pull continuously from ``offset``, keeping the next request in flight while the caller
         works on the current result (fetch pipelining). Stops at the queue's end unless told not to.
         ``local_reads``: as for ``pull``."""
         timeout = self.timeout_s + max_wait_ms / 1000.0
 
+        level = isolation_of(isolation)
         remote_left = 0  # after a range in tiered storage, this many pulls go over gRPC before trying again
 
         def request(at: int) -> tuple[Any, bool, Any]:
             nonlocal remote_left
             req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
-                                 max_wait_ms=max_wait_ms, max_bytes=max_bytes)
+                           max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation=level)
             assert self._stub is not None
             local = local_reads and not remote_left and not_local(self.current_address) is None
             remote_left = max(0, remote_left - 1)
@@ -170,10 +192,11 @@ class DataAPI(TopicsAPI):
                 except grpc.RpcError as exc:
                     raise from_rpc_error(exc) from None
             result = PullResult(response)
-            if not len(result) and stop_at_end:
+            if not len(result) and stop_at_end and result.next_offset == req.offset:
                 return
             pending = request(result.next_offset)
-            yield result
+            if len(result) or not stop_at_end:  # an empty answer past aborted offsets is not the end
+                yield result
 
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose message was stored at or after ``timestamp_ms`` (the end

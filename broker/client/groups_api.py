@@ -23,14 +23,15 @@ class GroupsAPI(ClientCore):
                  auto_offset_reset: str = "latest", max_poll_interval_ms: int = 300_000,
                  max_messages: int = 1000, client_id: str | None = None,
                  on_assigned: Callable[[set[tuple[str, int]]], None] | None = None,
-                 on_revoked: Callable[[set[tuple[str, int]]], None] | None = None) -> Consumer:
+                 on_revoked: Callable[[set[tuple[str, int]]], None] | None = None,
+                 isolation: str = "read_committed") -> Consumer:
         """A subscribe-mode member of ``group``: the master shares the topics' queues among the
         group's members (see ``broker/client/consumer.py``). Use it as a context manager."""
         client = cast(ConsumerClient, self)  # BrokerClient, which is every area of the API
         return Consumer(client, group, [topics] if isinstance(topics, str) else list(topics),
                         session_timeout_ms=session_timeout_ms, auto_offset_reset=auto_offset_reset,
                         max_poll_interval_ms=max_poll_interval_ms, max_messages=max_messages, client_id=client_id,
-                        on_assigned=on_assigned, on_revoked=on_revoked)
+                        on_assigned=on_assigned, on_revoked=on_revoked, isolation=isolation)
 
     def list_groups(self) -> list[dict[str, Any]]:
         """Every group with live members, committed offsets or pop state: name, members, topics, lag."""

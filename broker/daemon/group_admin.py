@@ -171,6 +171,25 @@ class GroupAdmin:
         return out
 
     # -- writes ------------------------------------------------------------------------------------
+    def checked_offsets(self, offsets: Iterable[pb.CommittedOffset]) -> list[tuple[str, str, int, int]]:
+        """Offsets a caller asks to commit, checked: their number, group names, topics and queues
+        that exist (not system ones), offsets not beyond the queue's end."""
+        offsets = list(offsets)
+        top = self.store.config["limits.commit_offsets_max"]
+        if len(offsets) > top:
+            raise invalid(f"{len(offsets)} offsets in one call; at most limits.commit_offsets_max ({top})")
+        entries = []
+        for o in offsets:
+            check_group(o.group)
+            if o.topic.startswith(system_records.SYSTEM_PREFIX):
+                raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
+            self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
+            high = self.store.appender.queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
+            if o.offset > high:
+                raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
+            entries.append((o.group, o.topic, o.queue_id, o.offset))
+        return entries
+
     def commit(self, entries: list[tuple[str, str, int, int]]) -> None:
         """Commit consumer offsets and return once a confirmed record holds them. Groups with
         committed offsets are bounded (``groups.committed_groups_max``: every one is kept, listed and
@@ -180,6 +199,12 @@ class GroupAdmin:
             self._check_new_groups({g for g, _, _, _ in entries})
             self.store.offsets.commit(entries)
         self.store.offsets.commit([], wait_s=self.store.config["limits.send_timeout_ms"] / 1000.0)
+
+    def check_room(self, entries: list[tuple[str, str, int, int]]) -> None:
+        """Refuse offsets of new groups beyond ``groups.committed_groups_max`` (a transaction's, checked
+        before its end record)."""
+        with self._commit_lock:
+            self._check_new_groups({g for g, _, _, _ in entries})
 
     def _check_new_groups(self, groups: set[str]) -> None:
         metadata = self.store.views.metadata

@@ -50,6 +50,7 @@ class SendRequestView:
     ack: int = 0
     timeout_ms: int = 0
     producer_id: int = 0
+    transaction: int = 0
     messages: tuple[pb.PlainMessage, ...] = ()
     wire_bytes: int = 0  # the request's size (logged with an unexpected failure)
 
@@ -110,6 +111,8 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
                 request.timeout_ms = a & U32
             elif number == 5:
                 request.producer_id = a
+            elif number == 6:
+                request.transaction = a
             else:
                 raise NotFast
         return request

@@ -123,6 +123,8 @@ class Daemon:
         self.heartbeats.start()
         self.service = BrokerService(self.store, self.longpolls, self.read_pool, self.heartbeats)
         add_broker_service(self.service, server, FENCE_EXEMPT)
+        self.service.start()
+        self.on_stop.append(self.service.stop)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reflection.enable(server, [s.full_name for s in pb.DESCRIPTOR.services_by_name.values()] + [health.SERVICE_NAME])
         host: plugins.PluginHost = self  # (mypy checks the daemon is what plugins are promised)

@@ -4,7 +4,7 @@ It runs on an asyncio gRPC server (``grpc.aio``): ``Pull`` is a coroutine (a lon
 thread), and so are ``Send``, ``Pop``, ``Heartbeat`` and the topic creates and deletes (they append
 on the loop and their waits park a future, not a thread); every other method is a plain function
 run in the server's thread pool. Each area is a class of its own (``broker/daemon/rpc/``: data,
-topics, groups, pops); this one composes them and answers for every RPC by name.
+topics, groups, pops, transactions); this one composes them and answers for every RPC by name.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from broker.daemon.rpc.data import DataRpcs
 from broker.daemon.rpc.groups import GroupRpcs
 from broker.daemon.rpc.pops import PopRpcs
 from broker.daemon.rpc.topics import TopicRpcs
+from broker.daemon.rpc.transactions import TransactionRpcs
 from broker.store import Store
 
 __all__ = ["FENCE_EXEMPT", "BrokerService"]
@@ -33,7 +34,15 @@ class BrokerService:
         self.topics = TopicRpcs(self.ctx)
         self.groups = GroupRpcs(self.ctx)
         self.pop_rpcs = PopRpcs(self.ctx)
-        self._areas = (self.data, self.topics, self.groups, self.pop_rpcs)
+        self.transactions = TransactionRpcs(self.ctx)
+        self._areas = (self.data, self.topics, self.groups, self.pop_rpcs, self.transactions)
+
+    def start(self) -> None:
+        """The service's own threads (transaction timeouts); they stop with the store."""
+        self.ctx.txn_sweeper.start()
+
+    def stop(self) -> None:
+        self.ctx.txn_sweeper.stop()
 
     @property
     def pops(self) -> Any:

@@ -74,6 +74,10 @@ def to_message(st: Mapping[str, Any]) -> pb.NodeStatus:
             scanned_bytes=_u(recovery.get("scanned_bytes")), truncated_bytes=_u(recovery.get("truncated_bytes")),
             replayed_bytes=_u(recovery.get("replayed_bytes")),
             replay_seconds=float(recovery.get("replay_seconds") or 0.0), seconds=float(recovery.get("seconds") or 0.0)))
+    txns = st.get("transactions")
+    if txns:
+        msg.transactions.CopyFrom(pb.TransactionsStatus(**{k: _u(txns.get(k)) for k in (
+            "open", "oldest_open_ms", "committed", "aborted", "timed_out", "aborted_ranges")}))
     for name, e in sorted((st.get("errors") or {}).items()):
         msg.errors.add(component=str(name), count=_u(e.get("count")), error=str(e.get("error") or ""),
                        last_ms=int(e.get("last_ms") or 0), active=bool(e.get("active")))

@@ -130,6 +130,11 @@ def add_broker_service(servicer: Any, server: grpc.aio.Server, fence_exempt: fro
     for method in SERVICE.methods:
         request_cls = getattr(pb, method.input_type.name)
         response_cls = getattr(pb, method.output_type.name)
+        if method.client_streaming or method.server_streaming:  # TransactionChecks: a coroutine of its own
+            handlers[method.name] = grpc.stream_stream_rpc_method_handler(
+                servicer.rpc(method.name), request_deserializer=_lenient(request_cls.FromString),
+                response_serializer=response_cls.SerializeToString)
+            continue
         serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _guarded(servicer.rpc(method.name), servicer, method.name not in fence_exempt, method.name),

@@ -9,7 +9,8 @@ Batch header (64 bytes), then the topic name, then the records::
     8  u16 magic              0x4D54 ("TM")
     10 u8  version            1
     11 u8  flags              bit 0: a timer delivery (records carry ``__timer_offset``);
-                              bit 1: a ``__timer`` batch of ``fired`` events only
+                              bit 1: a ``__timer`` batch of ``fired`` events only;
+                              bit 2: a transaction's batch (``producer_id`` names it)
     12 u32 record_count
     16 u64 base_offset        commit offset (byte position) of this batch
     24 u64 base_queue_offset  queue offset of the first record
@@ -65,6 +66,7 @@ PROPS_BYTES_MAX = 0xFFFF
 NO_SEQUENCE = -1
 FLAG_TIMER_DELIVERY = 0x01  # written by the timer firing service; the timer view reads these batches
 FLAG_TIMER_FIRED = 0x02  # a __timer batch of `fired` events only (no pending count changes)
+FLAG_TRANSACTIONAL = 0x04  # a transaction's batch: its producer_id names the transaction (txn_records.py)
 
 if HEADER_BYTES != 64:  # the spec's byte table; a changed struct format must not go unnoticed
     raise ImportError(f"batch header is {HEADER_BYTES} bytes, the format says 64")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,7 +29,7 @@ from broker.config import Config
 from broker.errors import BrokerError, invalid, not_found, shown
 from broker.invariant import invariant
 from broker.logformat import batch as bf
-from broker.logformat import system_records
+from broker.logformat import system_records, txn_records
 from broker.logformat import timer_props as timer_records
 from broker.logformat.scan import Mode, scan, scan_bytes
 from broker.ports import BatchReceipt, IncomingBatch, Truncation
@@ -43,6 +44,7 @@ from broker.store.waiters import OffsetWaiters
 from broker.store.watermarks import Watermarks
 from broker.views import ConsumeQueueView, ProducerStateView
 from broker.views.producer_state import ProducerTable
+from broker.views.transactions import TxnView
 
 log = structlog.get_logger("store")
 TopicChanges = list[tuple[str, dict[str, Any]]]
@@ -56,9 +58,12 @@ class TailState:
     topics: set[str] = field(default_factory=set)
     producers: ProducerTable = field(default_factory=ProducerTable)
     last_store_time_ms: int = 0
+    txn_open: dict[int, str] = field(default_factory=dict)  # open transactions: producer id -> transactional id
+    txn_by_tid: dict[str, int] = field(default_factory=dict)  # the same, by transactional id (one open per id)
+    txn_epochs: OrderedDict[str, int] = field(default_factory=OrderedDict)  # transactional id -> begins so far
 
     @classmethod
-    def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView,
+    def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView, txns: TxnView,
                 end: int | None = None) -> TailState:
         """From the views, plus every batch above what they applied up to ``end`` (the log's end).
         The views must hold still meanwhile: at start, or under the dispatcher's lock."""
@@ -66,15 +71,23 @@ class TailState:
         tail.queue_next, topics, tail.last_store_time_ms = queues.tail_state()  # store times never go back
         tail.producers = producers.producers.copy()
         tail.topics = {t for t in topics if not t.startswith(system_records.SYSTEM_PREFIX)}
-        start = min(queues.applied_offset, producers.applied_offset)
+        tail.txn_open = {t.pid: t.tid for t in txns.open_transactions()}
+        tail.txn_by_tid = {tid: pid for pid, tid in tail.txn_open.items()}
+        tail.txn_epochs = OrderedDict((tid, epoch) for tid, (_, epoch) in txns.latest.items())
+        start = min(queues.applied_offset, producers.applied_offset, txns.applied_offset)
         for header, batch in scan(log_.read, start, log_.max_offset if end is None else end, mode=Mode.STRICT,
                                   path=log_.directory):
             tail.apply(header, batch, queues=header.base_offset >= queues.applied_offset,
-                       producers=header.base_offset >= producers.applied_offset)
+                       producers=header.base_offset >= producers.applied_offset,
+                       txns=header.base_offset >= txns.applied_offset)
         return tail
 
-    def apply(self, header: bf.BatchHeader, batch: memoryview, *, queues: bool = True, producers: bool = True) -> None:
+    def apply(self, header: bf.BatchHeader, batch: memoryview, *, queues: bool = True, producers: bool = True,
+              txns: bool = True) -> None:
         """Advance past one batch that is already in the log."""
+        if txns and header.topic == txn_records.TXN_TOPIC:
+            for rec in txn_records.records(header, batch):
+                self.apply_txn(rec)
         if queues:
             self.queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
             if header.topic == system_records.METADATA_TOPIC:
@@ -85,6 +98,17 @@ class TailState:
         if producers:
             self.producers.record(header)
         self.last_store_time_ms = max(self.last_store_time_ms, header.store_time_ms)
+
+    def apply_txn(self, rec: txn_records.Begin | txn_records.End) -> None:
+        if isinstance(rec, txn_records.Begin):
+            self.txn_open[rec.pid] = rec.tid
+            self.txn_by_tid[rec.tid] = rec.pid
+            self.txn_epochs[rec.tid] = rec.epoch
+            self.txn_epochs.move_to_end(rec.tid)
+            while len(self.txn_epochs) > txn_records.TIDS_MAX:
+                self.txn_epochs.popitem(last=False)
+        elif self.txn_open.pop(rec.pid, None) is not None and self.txn_by_tid.get(rec.tid) == rec.pid:
+            del self.txn_by_tid[rec.tid]
 
     def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
         """Created or deleted topics restart their queue offsets at 0; return the deleted ones."""
@@ -193,57 +217,67 @@ class Appender:
         self.check_writable()
         for b in batches:
             self.validate(b, internal=internal)
-        receipts: list[BatchReceipt] = []
-        tail = self.tail
         with self.lock:
-            self.check_writable()
-            for b in batches:  # the append side's own view of topics: deletes may not be applied yet
-                name = b.timer_target[0] if b.timer_target else b.topic
-                if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
-                    raise not_found(f"unknown topic {shown(name)}")
-            self._check_topic_changes(topic_changes or [])
-            offset = self.log.max_offset
-            now = max(clock.wall_ms(), tail.last_store_time_ms, not_before_ms)
-            chunks: list[list[bytes | memoryview]] = []
-            queue_next: dict[tuple[str, int], int] = {}
-            producers = tail.producers
-            undo = producers.savepoint()  # sequences are recorded as we go, so a request sees its own batches
-            wait_offset = 0
-            for b in batches:
-                verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence)
-                if verdict.error:
-                    producers.rollback(undo)
-                    raise BrokerError("FAILED_PRECONDITION", verdict.error)
-                if verdict.duplicate_of is not None:
-                    _, count, dup_offset, dup_qoff = verdict.duplicate_of
-                    receipts.append(BatchReceipt(dup_offset, dup_qoff, count, duplicate=True))
-                    wait_offset = max(wait_offset, dup_offset + 1)
-                    continue
-                key = (b.topic, b.queue_id)
-                qoff = queue_next.get(key, tail.queue_next.get(key, 0))
-                topic_raw = b.topic.encode()
-                size = bf.HEADER_BYTES + len(topic_raw) + len(b.records)
-                head = bf.build_header(
-                    batch_bytes=size, record_count=b.record_count, base_offset=offset, base_queue_offset=qoff,
-                    store_time_ms=now, producer_id=b.producer_id, base_sequence=b.base_sequence,
-                    epoch=self.epochs.current, queue_id=b.queue_id, topic_raw=topic_raw, body_crc=b.body_crc,
-                    flags=b.flags,
-                )
-                chunks.append([head, b.records])
-                producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
-                receipts.append(BatchReceipt(offset, qoff, b.record_count))
-                queue_next[key] = qoff + b.record_count
-                offset += size
-            if chunks:
-                end = self._write(chunks, undo)
-                invariant(end == offset, f"log end {end} != expected {offset}")
-                for name in tail.apply_topic_changes(topic_changes or []):
-                    self.on_topic_deleted(name)
-                tail.queue_next.update(queue_next)
-                tail.last_store_time_ms = now
-                wait_offset = max(wait_offset, end)
+            receipts, wait_offset = self._append_locked(batches, topic_changes, not_before_ms)
         if wait_offset:
             self._notify_appended()
+        return receipts, wait_offset
+
+    def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
+                       not_before_ms: int) -> tuple[list[BatchReceipt], int]:
+        """``append`` under the append lock, the batches validated."""
+        receipts: list[BatchReceipt] = []
+        tail = self.tail
+        self.check_writable()
+        for b in batches:  # the append side's own view of topics: deletes may not be applied yet
+            name = b.timer_target[0] if b.timer_target else b.topic
+            if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
+                raise not_found(f"unknown topic {shown(name)}")
+            if b.flags & bf.FLAG_TRANSACTIONAL and b.producer_id not in tail.txn_open:
+                raise BrokerError("FAILED_PRECONDITION", f"transaction {b.producer_id:#x} is not open: it ended "
+                                  "(committed, aborted, timed out, or fenced by a newer instance of its "
+                                  "transactional id); nothing of this send was stored")
+        self._check_topic_changes(topic_changes or [])
+        offset = self.log.max_offset
+        now = max(clock.wall_ms(), tail.last_store_time_ms, not_before_ms)
+        chunks: list[list[bytes | memoryview]] = []
+        queue_next: dict[tuple[str, int], int] = {}
+        producers = tail.producers
+        undo = producers.savepoint()  # sequences are recorded as we go, so a request sees its own batches
+        wait_offset = 0
+        for b in batches:
+            verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence)
+            if verdict.error:
+                producers.rollback(undo)
+                raise BrokerError("FAILED_PRECONDITION", verdict.error)
+            if verdict.duplicate_of is not None:
+                _, count, dup_offset, dup_qoff = verdict.duplicate_of
+                receipts.append(BatchReceipt(dup_offset, dup_qoff, count, duplicate=True))
+                wait_offset = max(wait_offset, dup_offset + 1)
+                continue
+            key = (b.topic, b.queue_id)
+            qoff = queue_next.get(key, tail.queue_next.get(key, 0))
+            topic_raw = b.topic.encode()
+            size = bf.HEADER_BYTES + len(topic_raw) + len(b.records)
+            head = bf.build_header(
+                batch_bytes=size, record_count=b.record_count, base_offset=offset, base_queue_offset=qoff,
+                store_time_ms=now, producer_id=b.producer_id, base_sequence=b.base_sequence,
+                epoch=self.epochs.current, queue_id=b.queue_id, topic_raw=topic_raw, body_crc=b.body_crc,
+                flags=b.flags,
+            )
+            chunks.append([head, b.records])
+            producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
+            receipts.append(BatchReceipt(offset, qoff, b.record_count))
+            queue_next[key] = qoff + b.record_count
+            offset += size
+        if chunks:
+            end = self._write(chunks, undo)
+            invariant(end == offset, f"log end {end} != expected {offset}")
+            for name in tail.apply_topic_changes(topic_changes or []):
+                self.on_topic_deleted(name)
+            tail.queue_next.update(queue_next)
+            tail.last_store_time_ms = now
+            wait_offset = max(wait_offset, end)
         return receipts, wait_offset
 
     def _write(self, chunks: list[list[bytes | memoryview]], undo: Any) -> int:
@@ -269,6 +303,30 @@ class Appender:
         changes = [(t, f) for t, f in items if t in (system_records.TOPIC_CREATE, system_records.TOPIC_DELETE)]
         _, end = self.append([batch], internal=True, topic_changes=changes)
         return end
+
+    def append_txn(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]]
+                   ) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+        """Append ``__txn`` records (one batch) decided under the append lock: ``build(tail, offset)``
+        returns them (key, body) from the transactions open now, the batch to land at ``offset``.
+        Returns the records as the log now holds them (a begin's producer id known) and the batch end."""
+        self.check_writable()
+        with self.lock:
+            self.check_writable()
+            items = build(self.tail, self.log.max_offset)
+            if not items:
+                return [], 0
+            records, _ = bf.encode_records([(body, key, b"") for key, body in items])
+            batch = IncomingBatch(txn_records.TXN_TOPIC, 0, records, len(items), crc32c.crc32c(records))
+            self.validate(batch, internal=True)
+            receipts, end = self._append_locked([batch], None, 0)
+            start = receipts[0].commit_offset
+            data = memoryview(self.log.read(start, end - start))
+            header = bf.decode_header(data, 0)
+            appended = list(txn_records.records(header, data))
+            for rec in appended:
+                self.tail.apply_txn(rec)
+        self._notify_appended()
+        return appended, end
 
     def _check_topic_changes(self, changes: TopicChanges) -> None:
         """Each change against the topics as the ones before it in the same batch leave them."""
@@ -339,7 +397,7 @@ class Appender:
             try:
                 with self.views_lock:
                     failpoint("truncate_before_tail")
-                    tail = TailState.rebuild(self.log, self.views.queues, self.views.producers, end=offset)
+                    tail = TailState.rebuild(self.log, self.views.queues, self.views.producers, self.views.txns, end=offset)
             except Exception as exc:
                 log.error("truncation_tail_failed", offset=offset, error=f"{type(exc).__name__}: {exc}"[:300],
                           note="nothing cut; this node must re-bootstrap")

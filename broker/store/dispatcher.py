@@ -61,7 +61,7 @@ class Dispatcher:
         failpoint("views_before_apply")
         apply_views(self.log, self.views.all, end)
         self.watermarks.publish_applied(self.views.applied_min(), {v.name: v.applied_offset for v in self.views.all})
-        grown = self.views.queues.take_grown()
+        grown = self.views.queues.take_grown() | self.views.txns.take_released()  # new records, or an LSO moved
         if grown:
             for listener in self.queue_listeners:
                 listener(grown)

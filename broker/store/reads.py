@@ -29,11 +29,13 @@ PULL_ENTRIES_PER_READ = 256
 @dataclass(frozen=True, slots=True)
 class _Found:
     """What a pull answers: consume-queue entries (none at the end of the queue), the records of
-    the first batch before the offset asked for, the records answered, the queue's bounds."""
+    the first batch before the offset asked for, the records answered, the queue offset to go on
+    from, the queue's bounds (``high``: its LSO for a read_committed pull)."""
 
     entries: list[Entry]
     skip: int
     count: int
+    next_offset: int
     low: int
     high: int
 
@@ -91,17 +93,20 @@ class Reads:
         low = qf.entry(i).base_queue_offset if i < qf.entries else qf.next_queue_offset
         return low, qf.next_queue_offset
 
-    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int) -> PullResult:
-        f = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
+    def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int,
+             committed: bool = True) -> PullResult:
+        """The batches from queue offset ``offset``; ``committed`` (read_committed): only below the
+        queue's LSO, aborted transactions' batches left out (their offsets are gaps)."""
+        f = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms, committed)
         batches = self._read_batches(f.entries)
         _count(f)
-        return PullResult(batches, f.skip, f.count, offset + f.count, f.low, f.high)
+        return PullResult(batches, f.skip, f.count, f.next_offset, f.low, f.high)
 
     def pull_spans(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int,
-                   max_wait_ms: int) -> LocalPull:
+                   max_wait_ms: int, committed: bool = True) -> LocalPull:
         """What ``pull`` would answer, with each run of batches as spans of segment files (for a
         reader on this host, ``PullLocal``); FAILED_PRECONDITION when a run is not in local segments."""
-        f = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms)
+        f = self._find(topic, queue_id, offset, max_messages, max_bytes, max_wait_ms, committed)
         spans: list[tuple[str, int, int]] = []
         for start, end in _runs(f.entries):
             located = self.log.locate(start, end - start)
@@ -110,31 +115,46 @@ class Reads:
                                   "(in tiered storage, or deleted by retention meanwhile): read it with Pull")
             spans += located
         _count(f)
-        return LocalPull(spans, f.skip, f.count, offset + f.count, f.low, f.high)
+        return LocalPull(spans, f.skip, f.count, f.next_offset, f.low, f.high)
 
-    def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int) -> _Found:
-        """What a pull from ``offset`` answers (no entries at the end of the queue)."""
+    def stable_end(self, topic: str, queue_id: int, end: int, committed: bool) -> int:
+        """Where a reader's view of the queue ends: ``end``, or for read_committed the LSO."""
+        if not committed or topic.startswith(system_records.SYSTEM_PREFIX):
+            return end
+        return self.views.txns.last_stable_offset(topic, queue_id, end)
+
+    def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int,
+              committed: bool = True) -> _Found:
+        """What a pull from ``offset`` answers (no entries at the end of the queue, or of what
+        read_committed may see)."""
         if offset < 0:
             raise invalid(f"offset {offset} is negative")
         if max_messages <= 0:
             raise invalid("max_messages must be positive")
         qf = self.queue_file(topic, queue_id)
-        if offset >= qf.next_queue_offset and max_wait_ms > 0:
+        if max_wait_ms > 0 and offset >= self.stable_end(topic, queue_id, qf.next_queue_offset, committed):
             deadline = time.monotonic() + max_wait_ms / 1000.0
             cond = self.watermarks.cond
             with cond:
-                cond.wait_for(lambda: qf.next_queue_offset > offset or self.closing() or self._stop.is_set(),
-                              max(0.0, deadline - time.monotonic()))
-        low, high = self.queue_bounds(topic, queue_id)
-        if offset > high:
-            raise BrokerError("OUT_OF_RANGE", f"offset {offset} is beyond the end of {topic}/{queue_id} ({high})")
+                cond.wait_for(lambda: self.stable_end(topic, queue_id, qf.next_queue_offset, committed) > offset
+                              or self.closing() or self._stop.is_set(), max(0.0, deadline - time.monotonic()))
+        low, end = self.queue_bounds(topic, queue_id)
+        if offset > end:
+            raise BrokerError("OUT_OF_RANGE", f"offset {offset} is beyond the end of {topic}/{queue_id} ({end})")
         if offset < low:
             raise BrokerError("OUT_OF_RANGE", f"offset {offset} of {topic}/{queue_id} was removed by retention; earliest is {low}")
-        if offset == high:
-            return _Found([], 0, 0, low, high)
+        high = self.stable_end(topic, queue_id, end, committed)
+        if offset >= high:
+            return _Found([], 0, 0, offset, low, high)
         entries = _entries(qf, offset, max_messages, max_bytes)
+        if high < end:  # an LSO is the first offset of a batch: whole batches stay
+            entries = [e for e in entries if e.base_queue_offset < high]
+        if committed and not topic.startswith(system_records.SYSTEM_PREFIX):
+            return _without_aborted(entries, offset, max_messages, low, high,
+                                    self.views.txns.aborted_within(topic, queue_id, offset, high))
         available = entries[-1].base_queue_offset + entries[-1].record_count - offset
-        return _Found(entries, offset - entries[0].base_queue_offset, min(max_messages, available), low, high)
+        count = min(max_messages, available)
+        return _Found(entries, offset - entries[0].base_queue_offset, count, offset + count, low, high)
 
     def _read_batches(self, entries: list[Entry]) -> list[bytes]:
         """Read the entries' batches: each run of adjacent batches is one pread and one blob."""
@@ -198,6 +218,37 @@ def _count(f: _Found) -> None:
     if f.count:
         metrics.PULL_MESSAGES.inc(f.count)
         metrics.PULL_BYTES.inc(sum(e.batch_bytes for e in f.entries))
+
+
+def _without_aborted(entries: list[Entry], offset: int, max_messages: int, low: int, high: int,
+                     aborted: list[tuple[int, int]]) -> _Found:
+    """A read_committed answer: ``entries`` without the batches of aborted transactions (whole
+    batches: a transaction's range holds whole batches); the next offset passes the aborted ones
+    at the end too, so that a reader never reads them again."""
+    scanned_end = entries[-1].base_queue_offset + entries[-1].record_count
+    if aborted:
+        kept: list[Entry] = []
+        i = 0
+        for e in entries:
+            while i < len(aborted) and aborted[i][1] <= e.base_queue_offset:
+                i += 1
+            if i < len(aborted) and aborted[i][0] <= e.base_queue_offset:
+                continue
+            kept.append(e)
+        entries = kept
+    if not entries:
+        return _Found([], 0, 0, min(scanned_end, high), low, high)
+    skip = max(0, offset - entries[0].base_queue_offset)
+    count = 0
+    next_offset = offset
+    for used, e in enumerate(entries, 1):
+        first = e.base_queue_offset + (skip if used == 1 else 0)
+        take = min(e.base_queue_offset + e.record_count - first, max_messages - count)
+        count += take
+        next_offset = first + take
+        if count >= max_messages:
+            return _Found(entries[:used], skip, count, next_offset, low, high)
+    return _Found(entries, skip, count, max(next_offset, min(scanned_end, high)), low, high)
 
 
 def _runs(entries: list[Entry]) -> list[tuple[int, int]]:

@@ -165,7 +165,7 @@ def recover(data_dir: str, *, is_new: bool, role: str, log_: CommitLog, views: V
     replay_s = time.monotonic() - t_replay
 
     # 7. tail state, epochs, marker
-    tail = TailState.rebuild(log_, views.queues, views.producers)
+    tail = TailState.rebuild(log_, views.queues, views.producers, views.txns)
     epochs.truncate(log_.max_offset)
     if role == "master" and not epochs.entries:
         epochs.start(1, log_.max_offset)

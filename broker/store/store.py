@@ -21,7 +21,7 @@ from collections.abc import Callable
 
 import structlog
 
-from broker import metrics
+from broker import clock, metrics
 from broker.config import Config
 from broker.errors import BrokerError
 from broker.logformat import system_records
@@ -226,10 +226,20 @@ class Store(StorePorts, Mastership, MetadataFence):
             "epochs": self.epochs.snapshot(),
             "node_id": self.identity.node_id,
             "cluster_id": self.identity.cluster_id,
+            "transactions": self._transactions_status(),
         }
         for provide in self._status_providers:
             provide(st)
         return st
+
+    def _transactions_status(self) -> dict[str, int]:
+        summary = self.views.txns.summary()
+        oldest = summary.pop("oldest_begun_ms")
+        return {**summary, "oldest_open_ms": _oldest_ms(oldest)}
+
+
+def _oldest_ms(begun_ms: int) -> int:
+    return max(0, clock.wall_ms() - begun_ms) if begun_ms else 0
 
 
 def _fatal_on_error(target: Callable[[], None], name: str) -> Callable[[], None]:

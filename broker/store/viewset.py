@@ -9,6 +9,7 @@ from broker.config import Config
 from broker.timers.view import TimerView
 from broker.views import ConsumeQueueView, MetadataView, ProducerStateView, View
 from broker.views.pop_leases import PopLeaseView
+from broker.views.transactions import TxnView
 
 
 @dataclass
@@ -18,6 +19,7 @@ class ViewSet:
     producers: ProducerStateView
     timers: TimerView
     pops: PopLeaseView
+    txns: TxnView
 
     @classmethod
     def open(cls, config: Config, data_dir: str, log_min_offset: int = 0) -> ViewSet:
@@ -29,11 +31,12 @@ class ViewSet:
             producers=ProducerStateView(os.path.join(checkpoints, "producer_state.ckpt")),
             timers=TimerView(os.path.join(data_dir, "timer"), config),
             pops=PopLeaseView(os.path.join(checkpoints, "pop_leases.ckpt"), log_min_offset),
+            txns=TxnView(os.path.join(data_dir, "txn"), log_min_offset),
         )
 
     @property
     def all(self) -> list[View]:
-        return [self.metadata, self.queues, self.producers, self.timers, self.pops]
+        return [self.metadata, self.queues, self.producers, self.timers, self.pops, self.txns]
 
     def applied_min(self) -> int:
         return min(v.applied_offset for v in self.all)

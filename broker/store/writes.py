@@ -24,8 +24,9 @@ from typing import Any
 
 from broker.config import Config
 from broker.errors import BrokerError
+from broker.logformat import txn_records
 from broker.ports import BatchReceipt, IncomingBatch
-from broker.store.appender import Appender
+from broker.store.appender import Appender, TailState
 from broker.store.permit import WritePermit
 from broker.store.waiters import Steps, run, run_async
 from broker.store.watermarks import Watermarks
@@ -74,6 +75,16 @@ class WriteStep:
         receipts, end = self.appender.append(batches, internal=internal, not_before_ms=not_before_ms)
         self.acknowledged(end, ack, timeout_ms=timeout_ms, applied=applied, what=what)
         return receipts
+
+    def write_txn(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], *, applied: View,
+                  timeout_ms: int | None = None) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+        """``__txn`` records decided under the append lock (``Appender.append_txn``), acknowledged
+        as ack=replica and applied by ``applied``: a transaction's begin and end are answered
+        only once a promoted slave would know them, and a reader sees what they decided."""
+        records, end = self.appender.append_txn(build)
+        if end:
+            self.acknowledged(end, "replica", timeout_ms=timeout_ms, applied=applied, what="the transaction record")
+        return records, end
 
     def write_system(self, changes: Changes, *, ack: str = "replica", timeout_ms: int | None = None,
                      applied: View | None = None) -> int:

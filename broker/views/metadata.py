@@ -24,7 +24,7 @@ from typing import Any
 import lmdb
 
 from broker import metrics
-from broker.logformat import system_records
+from broker.logformat import system_records, txn_records
 from broker.logformat import timer_props as timer_records
 from broker.logformat.batch import FLAG_TIMER_DELIVERY, FLAG_TIMER_FIRED, BatchHeader, iter_records
 from broker.storage.failpoints import failpoint
@@ -112,6 +112,11 @@ class MetadataView(View):
             return
         if header.flags & FLAG_TIMER_DELIVERY:
             self._count_timers(header.topic, -header.record_count)
+            return
+        if header.topic == txn_records.TXN_TOPIC:  # consumer offsets committed with a transaction
+            for rec in txn_records.records(header, batch):
+                if isinstance(rec, txn_records.End) and rec.commit and rec.offsets:
+                    self._apply_change(rec.offset, system_records.OFFSETS_COMMIT, {"offsets": rec.offsets})
             return
         if header.topic != system_records.METADATA_TOPIC:
             return

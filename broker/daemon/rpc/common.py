@@ -25,6 +25,9 @@ from broker.logformat import system_records
 from broker.security.auth import current_caller
 from broker.storage import instance
 from broker.store import Store
+from broker.txn.checks import CheckStreams
+from broker.txn.service import TxnService
+from broker.txn.sweeper import TxnSweeper
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("service")
@@ -97,6 +100,9 @@ class Context:
         self.groups = GroupAdmin(store, heartbeats.membership)
         self.pops = PopService(store)
         self.groups.pops = self.pops
+        self.txns = TxnService(store)
+        self.checks = CheckStreams()
+        self.txn_sweeper = TxnSweeper(store, self.txns, self.checks)
         self.instance = instance.InstanceFile(self.config["node.data_dir"])  # for PullLocal
         self.heavy_slots: asyncio.Semaphore | None = None  # made on the loop at first use
 

@@ -28,11 +28,31 @@ from broker.daemon.rpc.common import (
     handle_async,
 )
 from broker.daemon.wire import pull_response_bytes
-from broker.errors import BrokerError, invalid, shown
+from broker.errors import BrokerError, invalid
+from broker.logformat import batch as bf
 from broker.logformat import system_records
+from broker.logformat.txn_records import is_txn_pid
 from broker.ports import BatchReceipt, IncomingBatch
 from broker.store.reads import LocalPull, PullResult
 from proto import tidemark_pb2 as pb
+
+
+def check_transaction_send(request: SendRequest) -> None:
+    """A send inside a transaction: its batches carry the transaction's producer id (their
+    sequences make it idempotent); delayed messages are not taken in transactions yet."""
+    txn = request.transaction
+    if not is_txn_pid(txn):
+        raise invalid(f"transaction {txn:#x} is not a transaction's producer id (BeginTransactionResponse.producer_id)")
+    if request.producer_id and request.producer_id != txn:
+        raise invalid("a send inside a transaction takes the transaction's producer id: leave producer_id 0")
+    for i, b in enumerate(request.batches):
+        if b.producer_id != txn:
+            raise invalid(f"batch {i}: producer_id {b.producer_id:#x} is not the transaction's ({txn:#x})")
+        if b.delayed:
+            raise invalid(f"batch {i}: delayed messages in a transaction are not supported yet")
+    for i, m in enumerate(request.messages):
+        if m.deliver_at_ms > 0:
+            raise invalid(f"message {i}: delayed messages in a transaction are not supported yet")
 
 
 class DataRpcs(Rpcs):
@@ -57,7 +77,12 @@ class DataRpcs(Rpcs):
         # a framing walk stops at the declared record count, so declared counts bound the checks
         on_loop = (sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
                    and len(request.messages) <= MESSAGES_ON_LOOP_MAX)
-        plain_batches = await self._heavy(on_loop, plain.encode, request.messages, request.producer_id,
+        txn = request.transaction
+        if txn:
+            check_transaction_send(request)
+        # plain messages in a transaction are idempotent when they carry sequences (else stored as sent)
+        producer_id = (txn if any(m.HasField("sequence") for m in request.messages) else 0) if txn else request.producer_id
+        plain_batches = await self._heavy(on_loop, plain.encode, request.messages, producer_id,
                                           self._queues_of) if request.messages else None
         batches = [
             IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
@@ -66,6 +91,10 @@ class DataRpcs(Rpcs):
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
         ] + (plain_batches.batches if plain_batches is not None else [])
+        if txn:
+            for b in batches:
+                b.producer_id = txn
+                b.flags |= bf.FLAG_TRANSACTIONAL
         records_bytes = sum(len(b.records) for b in batches)
         on_loop = on_loop and records_bytes <= SEND_ON_LOOP_BYTES_MAX
         try:
@@ -116,7 +145,7 @@ class DataRpcs(Rpcs):
         reads = self.store.reads
         read: Callable[[], PullResult | LocalPull] = functools.partial(
             reads.pull_spans if local else reads.pull, request.topic, request.queue_id, request.offset, max_messages,
-            max_bytes, 0)
+            max_bytes, 0, request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
         key = (request.topic, request.queue_id)
         deadline = loop.time() + wait_s
         await self._read_your_writes(request.topic, request.queue_id, request.offset, max_messages)
@@ -124,7 +153,8 @@ class DataRpcs(Rpcs):
             async with self.longpolls.parking(key, wait_s > 0) as parked:
                 r = await loop.run_in_executor(self.read_pool, read)
                 left = deadline - loop.time()
-                if r.count or wait_s <= 0 or left <= 0 or self.store.closing:
+                # aborted transactions' offsets passed: answered at once, so the reader moves on
+                if r.count or r.next_offset != request.offset or wait_s <= 0 or left <= 0 or self.store.closing:
                     decoded = isinstance(request, pb.PullRequest) and request.decode
                     return await self._heavy(not decoded or r.count <= MESSAGES_ON_LOOP_MAX, self._pull_answer, request, r)
                 await self.longpolls.wait(parked, left)
@@ -170,21 +200,8 @@ class DataRpcs(Rpcs):
     def CommitOffset(self, request: pb.CommitOffsetRequest, context: grpc.ServicerContext) -> pb.CommitOffsetResponse:
         def run() -> pb.CommitOffsetResponse:
             self.store.check_writable()
-            if len(request.offsets) > self.config["limits.commit_offsets_max"]:
-                raise invalid(f"{len(request.offsets)} offsets in one call; at most limits.commit_offsets_max "
-                              f"({self.config['limits.commit_offsets_max']})")
-            entries = []
-            for o in request.offsets:
-                self._check_group(o.group)
-                if o.topic.startswith(system_records.SYSTEM_PREFIX):
-                    raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
-                self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
-                high = self.store.appender.queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
-                if o.offset > high:
-                    raise invalid(f"offset {o.offset} is beyond the end of {o.topic}/{o.queue_id} ({high})")
-                entries.append((o.group, o.topic, o.queue_id, o.offset))
             # answered once durable: the commit is in a confirmed record (commitSync semantics)
-            self.groups.commit(entries)
+            self.groups.commit(self.groups.checked_offsets(request.offsets))
             return pb.CommitOffsetResponse()
         return handle(context, run)
 

@@ -1,0 +1,195 @@
+"""The client's API, transactions (DESIGN §14): sends over several topics and queues and consumer
+offsets that become visible together, or not at all.
+
+``c.transaction(tid)`` is a context manager (commit on leaving, abort on an exception);
+``c.begin_transaction(tid, check=...)`` returns the ``Transaction`` to end by hand, and keeps a
+check-back stream open (``checkback.py``) so the master can ask ``check`` about it past its timeout.
+A transaction's sends use its own producer id and sequences: a retried send is stored once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from broker.client.checkback import CheckBack, CheckQuestion
+from broker.client.core import _Producer, _request
+from broker.client.data_api import DataAPI
+from broker.client.errors import BrokerError, FailedPrecondition
+from broker.client.messages import Message, Receipt
+from proto import tidemark_pb2 as pb
+
+__all__ = ["CheckQuestion", "Transaction", "TransactionAborted", "TransactionsAPI"]
+
+
+class TransactionAborted(FailedPrecondition):
+    """A commit found the transaction aborted (its timeout, an operator, a check-back answer)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class TransactionInfo:
+    transactional_id: str
+    producer_id: int
+    state: str  # open, committed, aborted
+    age_ms: int
+    write_age_ms: int
+    timeout_ms: int
+    queues: list[tuple[str, int, int]]  # (topic, queue, first offset)
+    reason: str
+
+    @classmethod
+    def of(cls, t: pb.TransactionInfo) -> TransactionInfo:
+        return cls(t.transactional_id, t.producer_id, t.state, t.age_ms, t.write_age_ms, t.timeout_ms,
+                   [(q.topic, q.queue_id, q.first_offset) for q in t.queues], t.reason)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"transactional_id": self.transactional_id, "producer_id": f"{self.producer_id:#x}",
+                "state": self.state, "age_ms": self.age_ms, "write_age_ms": self.write_age_ms,
+                "timeout_ms": self.timeout_ms, "topics": sorted({t for t, _, _ in self.queues}),
+                "queues": [{"topic": t, "queue_id": q, "first_offset": o} for t, q, o in self.queues],
+                "reason": self.reason}
+
+
+class Transaction:
+    """One open transaction: ``send`` to any topics and queues, ``commit_offsets``, then ``commit``
+    or ``abort``. Not for several threads at once."""
+
+    def __init__(self, client: TransactionsAPI, tid: str, pid: int, epoch: int, timeout_ms: int) -> None:
+        self.client = client
+        self.transactional_id = tid
+        self.producer_id = pid
+        self.epoch = epoch
+        self.timeout_ms = timeout_ms
+        self.state = "open"
+        self._producer = _Producer(producer_id=pid)
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._broken: BrokerError | None = None
+
+    def send(self, topic: str, messages: Sequence[Message], ack: str = "leader",
+             timeout_ms: int | None = None) -> Sequence[Receipt]:
+        """Messages of the transaction (invisible to read_committed readers until it commits).
+        ``ack``: ``leader`` is enough, the commit is acknowledged as ack=replica after them."""
+        self._check_open()
+        try:
+            return self.client._send_as(self._producer, topic, messages, ack, timeout_ms, transaction=self.producer_id)
+        except BrokerError as exc:
+            self._broken = exc  # outcome unknown: the sequences cannot go on; only abort is left
+            raise
+
+    def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Consumer offsets (``{queue_id: next offset}``) stored only if the transaction commits."""
+        self._check_open()
+        for queue_id, offset in offsets.items():
+            self._offsets[(group, topic, queue_id)] = offset
+
+    def commit(self) -> None:
+        """Commit: answered once the decision is replicated (ack=replica) and visible.
+        ``TransactionAborted`` if it was aborted meanwhile (its timeout, an operator, fencing)."""
+        self._check_open()
+        if self._broken is not None:
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"a send of this transaction failed ({self._broken}); abort it") from self._broken
+        offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
+                   for (g, t, q), o in self._offsets.items()]
+        outcome = self._end(True, offsets)
+        if outcome.outcome != pb.TRANSACTION_OUTCOME_COMMITTED:
+            raise TransactionAborted(outcome.reason, f"transaction {self.transactional_id!r} was aborted "
+                                     f"({outcome.reason}) before this commit: none of it is visible")
+
+    def abort(self) -> None:
+        """Abort: none of its messages or offsets ever becomes visible."""
+        if self.state != "open":
+            return
+        self._end(False, [])
+
+    def _end(self, commit: bool, offsets: list[pb.CommittedOffset]) -> pb.EndTransactionResponse:
+        req = pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                       commit=commit, offsets=offsets)
+        try:
+            response = self.client._call("EndTransaction", req)  # a retried end answers the first outcome
+        finally:
+            self.client._checkback_forget(self.transactional_id, self.producer_id)
+        self.state = "committed" if response.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
+        return response
+
+    def _check_open(self) -> None:
+        if self.state != "open":
+            raise ValueError(f"transaction {self.transactional_id!r} is {self.state}")
+
+    def __enter__(self) -> Transaction:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        if self.state != "open":
+            return
+        if kind is None:
+            self.commit()
+        else:
+            with contextlib.suppress(BrokerError):  # the exception that ended the block is what the caller sees
+                self.abort()
+
+
+class TransactionsAPI(DataAPI):
+    """Transactions (DESIGN §14)."""
+
+    _checkback: CheckBack | None = None
+    _checkback_lock = threading.Lock()
+
+    def begin_transaction(self, transactional_id: str, timeout_ms: int = 0,
+                          check: Callable[[CheckQuestion], str] | None = None) -> Transaction:
+        """Open a transaction (an older instance's open one with this id is aborted: fenced).
+        ``timeout_ms``: aborted this long after its first write (0: the server's default). ``check``:
+        past the timeout the master asks it ``"commit"``, ``"abort"`` or ``"unknown"`` (ask again)."""
+        req = _request(pb.BeginTransactionRequest, transactional_id=transactional_id, timeout_ms=timeout_ms,
+                       check_back=check is not None)
+        if check is not None:
+            self._checkback_start().register(transactional_id, check)
+        response = self._call("BeginTransaction", req)
+        return Transaction(self, transactional_id, response.producer_id, response.epoch, response.timeout_ms)
+
+    @contextlib.contextmanager
+    def transaction(self, transactional_id: str, timeout_ms: int = 0) -> Iterator[Transaction]:
+        """``with c.transaction(tid) as tx:`` commits on leaving the block, aborts on an exception."""
+        with self.begin_transaction(transactional_id, timeout_ms) as tx:
+            yield tx
+
+    def list_transactions(self) -> list[dict[str, Any]]:
+        """The open transactions, oldest first."""
+        response = self._call("ListTransactions", pb.ListTransactionsRequest())
+        return [TransactionInfo.of(t).as_dict() for t in response.transactions]
+
+    def describe_transaction(self, transactional_id: str) -> dict[str, Any]:
+        """A transactional id's latest transaction: open, or how it ended."""
+        response = self._call("DescribeTransaction", _request(pb.DescribeTransactionRequest,
+                                                                transactional_id=transactional_id))
+        return TransactionInfo.of(response.transaction).as_dict()
+
+    def abort_transaction(self, transactional_id: str) -> dict[str, Any]:
+        """An operator's abort of the id's open transaction (admin role)."""
+        response = self._call("AbortTransaction", _request(pb.AbortTransactionRequest,
+                                                             transactional_id=transactional_id))
+        return TransactionInfo.of(response.transaction).as_dict()
+
+    def _checkback_start(self) -> CheckBack:
+        with self._checkback_lock:
+            if self._checkback is None:
+                self._checkback = CheckBack(self)
+            return self._checkback
+
+    def _checkback_forget(self, tid: str, pid: int) -> None:
+        if self._checkback is not None:
+            self._checkback.forget(tid)
+
+    def close(self) -> None:
+        if self._checkback is not None:
+            self._checkback.stop()
+        super().close()

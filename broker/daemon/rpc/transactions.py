@@ -1,0 +1,134 @@
+"""The ``Broker`` service's transaction RPCs (DESIGN §14): BeginTransaction, EndTransaction,
+ListTransactions, DescribeTransaction, AbortTransaction and the TransactionChecks stream.
+
+Begin and end wait for their ``__txn`` record to be replicated and applied: run in the server's
+thread pool like the other admin calls. The check-back stream is a coroutine on the loop; the
+answers it receives end transactions in the read pool."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+import grpc
+
+from broker import clock
+from broker.daemon.rpc.common import Rpcs, handle
+from broker.errors import BrokerError, invalid
+from broker.txn.checks import CheckStream
+from broker.txn.service import check_tid
+from broker.views.transactions import Ended, OpenTxn
+from proto import tidemark_pb2 as pb
+
+DECISIONS = {"commit": True, "abort": False}
+
+
+def transaction_info(t: OpenTxn | Ended) -> pb.TransactionInfo:
+    now = clock.wall_ms()
+    if isinstance(t, OpenTxn):
+        queues = [pb.TransactionQueue(topic=topic, queue_id=q, first_offset=runs[0][0])
+                  for (topic, q), runs in sorted(t.runs.items())]
+        return pb.TransactionInfo(transactional_id=t.tid, producer_id=t.pid, state="open",
+                                  age_ms=max(0, now - t.begun_ms),
+                                  write_age_ms=max(0, now - t.first_write_ms) if t.first_write_ms else 0,
+                                  timeout_ms=t.timeout_ms, queues=queues)
+    return pb.TransactionInfo(transactional_id=t.tid, producer_id=t.pid,
+                              state="committed" if t.committed else "aborted", age_ms=max(0, now - t.begun_ms),
+                              reason=t.reason)
+
+
+class TransactionRpcs(Rpcs):
+    """Transactions: begin, end, look, abort, check back."""
+
+    def BeginTransaction(self, request: pb.BeginTransactionRequest,
+                         context: grpc.ServicerContext) -> pb.BeginTransactionResponse:
+        def run() -> pb.BeginTransactionResponse:
+            begun = self.ctx.txns.begin(request.transactional_id, request.timeout_ms, request.check_back)
+            return pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch, timeout_ms=begun.timeout_ms)
+        return handle(context, run)
+
+    def EndTransaction(self, request: pb.EndTransactionRequest, context: grpc.ServicerContext) -> pb.EndTransactionResponse:
+        def run() -> pb.EndTransactionResponse:
+            self.store.check_writable()
+            offsets = self.groups.checked_offsets(request.offsets) if request.commit else []
+            if offsets:
+                self.groups.check_room(offsets)
+            outcome = self.ctx.txns.end(request.transactional_id, request.producer_id, request.commit, offsets)
+            return pb.EndTransactionResponse(
+                outcome=pb.TRANSACTION_OUTCOME_COMMITTED if outcome.committed else pb.TRANSACTION_OUTCOME_ABORTED,
+                reason=outcome.reason)
+        return handle(context, run)
+
+    def ListTransactions(self, request: pb.ListTransactionsRequest,
+                         context: grpc.ServicerContext) -> pb.ListTransactionsResponse:
+        def run() -> pb.ListTransactionsResponse:
+            return pb.ListTransactionsResponse(
+                transactions=[transaction_info(t) for t in self.store.views.txns.open_transactions()])
+        return handle(context, run)
+
+    def DescribeTransaction(self, request: pb.DescribeTransactionRequest,
+                            context: grpc.ServicerContext) -> pb.DescribeTransactionResponse:
+        def run() -> pb.DescribeTransactionResponse:
+            return pb.DescribeTransactionResponse(transaction=transaction_info(self.ctx.txns.describe(request.transactional_id)))
+        return handle(context, run)
+
+    def AbortTransaction(self, request: pb.AbortTransactionRequest,
+                         context: grpc.ServicerContext) -> pb.AbortTransactionResponse:
+        def run() -> pb.AbortTransactionResponse:
+            return pb.AbortTransactionResponse(transaction=transaction_info(self.ctx.txns.abort_by_operator(request.transactional_id)))
+        return handle(context, run)
+
+    async def TransactionChecks(self, requests: AsyncIterator[pb.TransactionCheckAnswer],
+                                context: grpc.aio.ServicerContext) -> AsyncIterator[pb.TransactionCheck]:
+        """Questions to the producer about its transactions past their timeout, its answers back."""
+        try:
+            self.store.check_writable()
+            stream = self.ctx.checks.open()
+        except BrokerError as exc:
+            await context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            return
+        reader = asyncio.ensure_future(self._answers(requests, stream))
+        try:
+            while True:
+                get = asyncio.ensure_future(stream.queue.get())
+                await asyncio.wait({get, reader}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    failure = reader.exception()
+                    if isinstance(failure, BrokerError):
+                        await context.abort(getattr(grpc.StatusCode, failure.code), failure.message)
+                    break
+                question = get.result()
+                if question is None:
+                    break
+                yield pb.TransactionCheck(transactional_id=question.tid, producer_id=question.pid,
+                                          attempt=question.attempt)
+        finally:
+            reader.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await reader
+            self.ctx.checks.close(stream)
+
+    async def _answers(self, requests: AsyncIterator[pb.TransactionCheckAnswer], stream: CheckStream) -> None:
+        loop = asyncio.get_running_loop()
+        async for answer in requests:
+            if not isinstance(answer, pb.TransactionCheckAnswer):
+                raise invalid("a TransactionCheckAnswer that does not decode")
+            for tid in answer.transactional_ids:
+                check_tid(tid)
+            if answer.transactional_ids:
+                self.ctx.checks.register(stream, list(answer.transactional_ids))
+            if not answer.producer_id:
+                continue
+            if answer.decision == "unknown":
+                continue  # asked again at the next interval
+            if answer.decision not in DECISIONS:
+                raise invalid(f"decision {answer.decision!r}: commit, abort or unknown")
+            check_tid(answer.transactional_id)
+            await loop.run_in_executor(self.read_pool, self._decide, answer)
+
+    def _decide(self, answer: pb.TransactionCheckAnswer) -> None:
+        # ended meanwhile (by a timeout, an operator, a newer instance): the first outcome stands
+        with contextlib.suppress(BrokerError):
+            self.ctx.txns.end(answer.transactional_id, answer.producer_id, DECISIONS[answer.decision], reason="check")

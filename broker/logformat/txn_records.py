@@ -1,0 +1,87 @@
+"""Records of the ``__txn`` system topic: transactions begun and ended (DESIGN §14).
+
+Each record's key is its kind, its body a JSON object (as ``__metadata``'s):
+
+- ``txn.begin`` ``{"tid": str, "epoch": int, "timeout_ms": int, "check": bool}``: a transaction
+  of the transactional id ``tid`` begins. Its producer id is ``TXN_PID_BIT | <this record's commit
+  offset>``: unique in the log's history, and never one a client picks (clients pick 63-bit ids).
+- ``txn.end`` ``{"tid": str, "pid": int, "commit": bool, "reason": str, "offsets": [[group, topic,
+  queue, offset], ...]}``: the decision, one per transaction on this node. ``reason``: ``client``,
+  ``timeout``, ``fenced`` (a newer begin of the same id), ``operator``, ``check``. ``offsets``: consumer
+  offsets committed with the transaction (applied by the metadata view only when it commits).
+
+A transaction's messages are batches of their own queues whose header has ``FLAG_TRANSACTIONAL``
+and the transaction's producer id. Spec: docs/formats/txn-records.md.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.logformat import batch as bf
+from broker.logformat.system_records import TXN_TOPIC
+
+__all__ = ["BEGIN", "END", "TXN_PID_BIT", "TXN_TOPIC", "Begin", "End", "is_txn_pid", "records"]
+
+BEGIN = "txn.begin"
+END = "txn.end"
+TXN_PID_BIT = 1 << 63
+REASONS = ("client", "timeout", "fenced", "operator", "check")
+TIDS_MAX = 10_000  # transactional ids whose latest epoch is remembered (an open one's always)
+
+
+def is_txn_pid(pid: int) -> bool:
+    return bool(pid & TXN_PID_BIT)
+
+
+@dataclass(frozen=True, slots=True)
+class Begin:
+    pid: int
+    tid: str
+    epoch: int
+    timeout_ms: int
+    check: bool
+    at_ms: int  # the batch's store time
+    offset: int  # the record's commit offset
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    pid: int
+    tid: str
+    commit: bool
+    reason: str
+    at_ms: int
+    offset: int
+    offsets: list[tuple[str, str, int, int]] = field(default_factory=list)
+
+
+def encode_begin(tid: str, epoch: int, timeout_ms: int, check: bool) -> tuple[bytes, bytes]:
+    return BEGIN.encode(), json.dumps({"tid": tid, "epoch": epoch, "timeout_ms": timeout_ms, "check": check},
+                                      separators=(",", ":")).encode()
+
+
+def encode_end(tid: str, pid: int, commit: bool, reason: str,
+               offsets: list[tuple[str, str, int, int]] | None = None) -> tuple[bytes, bytes]:
+    body: dict[str, Any] = {"tid": tid, "pid": pid, "commit": commit, "reason": reason}
+    if offsets:
+        body["offsets"] = [list(o) for o in offsets]
+    return END.encode(), json.dumps(body, separators=(",", ":")).encode()
+
+
+def records(header: bf.BatchHeader, batch: memoryview) -> Iterator[Begin | End]:
+    """The begins and ends of one ``__txn`` batch, in order (a record of another kind is skipped)."""
+    for pos, key, _, body in bf.iter_records(batch, header):
+        kind = bytes(key)
+        offset = header.base_offset + pos
+        if kind == b"txn.begin":
+            f = json.loads(bytes(body))
+            yield Begin(TXN_PID_BIT | offset, str(f["tid"]), int(f["epoch"]), int(f["timeout_ms"]), bool(f["check"]),
+                        header.store_time_ms, offset)
+        elif kind == b"txn.end":
+            f = json.loads(bytes(body))
+            yield End(int(f["pid"]), str(f["tid"]), bool(f["commit"]), str(f["reason"]), header.store_time_ms, offset,
+                      [(str(g), str(t), int(q), int(o)) for g, t, q, o in f.get("offsets", ())])

@@ -1,0 +1,190 @@
+"""Transactions on the master (DESIGN §14): begin, end, an operator's abort, timeouts.
+
+Every decision is a ``__txn`` record appended under the append lock (``Appender.append_txn``),
+so it is taken against the transactions open at that instant in the log's order: a begin that
+finds its transactional id's older transaction open aborts it in the same batch (reason
+``fenced``), an end of a transaction that is no longer open appends nothing and answers the
+first outcome, a send of a transaction that ended is refused by the appender. Each record is
+acknowledged as ack=replica and applied by the transactions view before the call returns.
+
+The sweeper (``sweep``, run by ``TxnSweeper`` on the master) ends transactions past their
+timeout, counted from their first write: a ``check_back`` one is first asked about
+(``checks.py``) every ``transactions.check_interval_ms``, ``transactions.check_max`` times.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from broker import clock
+from broker.errors import BrokerError, invalid, not_found, shown
+from broker.logformat import txn_records as tr
+from broker.store import Store
+from broker.store.appender import TailState
+from broker.views.transactions import Ended, OpenTxn
+
+log = structlog.get_logger("txn")
+TID_BYTES_MAX = 200
+OffsetEntry = tuple[str, str, int, int]  # group, topic, queue, offset
+END_LOOKUP_WAIT_S = 5.0  # a retried end waits this long for the view to apply the first end
+
+
+@dataclass(frozen=True)
+class Begun:
+    pid: int
+    epoch: int
+    timeout_ms: int
+
+
+@dataclass(frozen=True)
+class Outcome:
+    committed: bool
+    reason: str
+
+
+def check_tid(tid: str) -> None:
+    if not tid or len(tid.encode()) > TID_BYTES_MAX or not tid.isprintable():
+        raise invalid(f"transactional id {shown(tid)} must be 1-{TID_BYTES_MAX} bytes of printable characters")
+
+
+class TxnService:
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.config = store.config
+        self.view = store.views.txns
+
+    # -- begin --------------------------------------------------------------------------------------
+    def begin(self, tid: str, timeout_ms: int, check_back: bool) -> Begun:
+        check_tid(tid)
+        top = self.config["transactions.max_timeout_ms"]
+        if timeout_ms > top:
+            raise invalid(f"timeout_ms {timeout_ms} is above transactions.max_timeout_ms ({top})")
+        timeout_ms = timeout_ms or min(self.config["transactions.timeout_ms"], top)
+        open_max = self.config["transactions.open_max"]
+
+        def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+            older = tail.txn_by_tid.get(tid)
+            if older is None and len(tail.txn_open) >= open_max:
+                raise BrokerError("RESOURCE_EXHAUSTED", f"{open_max} transactions are open on this node "
+                                  "(transactions.open_max); commit or abort some, or wait for their timeouts")
+            items = [tr.encode_end(tid, older, False, "fenced")] if older is not None else []
+            epoch = tail.txn_epochs.get(tid, 0) + 1
+            items.append(tr.encode_begin(tid, epoch, timeout_ms, check_back))
+            return items
+
+        records, _ = self.store.writes.write_txn(build, applied=self.view)
+        begin = records[-1]
+        assert isinstance(begin, tr.Begin)
+        if len(records) > 1:
+            log.info("txn_fenced", transactional_id=tid, pid=f"{records[0].pid:#x}", epoch=begin.epoch)
+        return Begun(begin.pid, begin.epoch, timeout_ms)
+
+    # -- end ----------------------------------------------------------------------------------------
+    def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,
+            reason: str = "client") -> Outcome:
+        """Commit or abort; a transaction that is no longer open answers how it ended first."""
+        check_tid(tid)
+        if not tr.is_txn_pid(pid):
+            raise invalid(f"producer id {pid:#x} is not a transaction's (BeginTransactionResponse.producer_id)")
+        offsets = offsets if commit else []
+        if offsets:
+            self.store.offsets.commit([], wait_s=self.config["limits.send_timeout_ms"] / 1000.0)  # older commits first
+
+        def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+            if tail.txn_open.get(pid) != tid:
+                return []
+            return [tr.encode_end(tid, pid, commit, reason, offsets)]
+
+        records, _ = self.store.writes.write_txn(build, applied=self.view)
+        if records:
+            end = records[0]
+            assert isinstance(end, tr.End)
+            return Outcome(end.commit, end.reason)
+        return self._first_outcome(tid, pid, commit)
+
+    def _first_outcome(self, tid: str, pid: int, commit: bool) -> Outcome:
+        """How a transaction that is not open ended (a retried end, a fenced instance, a timeout)."""
+        ended = self._ended_applied(pid)
+        if ended is None:
+            raise not_found(f"transaction {pid:#x} of {shown(tid)} is unknown here: never begun on this node, or "
+                            f"ended long ago (the last {len(self.view.ended)} decisions are remembered)")
+        if ended.tid != tid:
+            raise invalid(f"transaction {pid:#x} belongs to {shown(ended.tid)}, not {shown(tid)}")
+        if ended.reason == "fenced" and commit:
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} was fenced: a newer "
+                              "instance began a transaction with the same transactional id, and this one was "
+                              "aborted; nothing of it is visible")
+        return Outcome(ended.committed, ended.reason)
+
+    def _ended_applied(self, pid: int) -> Ended | None:
+        """The view's decision on ``pid``, once it applied everything appended so far."""
+        ended = self.view.ended_of(pid)
+        if ended is not None:
+            return ended
+        target = self.store.appender.log.max_offset
+        self.store.dispatcher.wait_applied(self.view, target, END_LOOKUP_WAIT_S)
+        return self.view.ended_of(pid)
+
+    # -- operators ----------------------------------------------------------------------------------
+    def abort_by_operator(self, tid: str) -> Ended:
+        check_tid(tid)
+        pid = self._open_pid(tid)
+        self.end(tid, pid, False, reason="operator")
+        ended = self.view.ended_of(pid)
+        if ended is None:
+            raise BrokerError("INTERNAL", f"transaction {pid:#x} ended but the view does not know it")
+        return ended
+
+    def _open_pid(self, tid: str) -> int:
+        t = self.view.open_for(tid)
+        if t is None:
+            raise not_found(f"no open transaction of {shown(tid)}")
+        return t.pid
+
+    def describe(self, tid: str) -> OpenTxn | Ended:
+        check_tid(tid)
+        t = self.view.open_for(tid)
+        if t is not None:
+            return t
+        latest = self.view.latest_of(tid)
+        ended = self.view.ended_of(latest[0]) if latest else None
+        if ended is None:
+            raise not_found(f"transactional id {shown(tid)} has no transaction this node remembers")
+        return ended
+
+    # -- timeouts -----------------------------------------------------------------------------------
+    def sweep(self, ask: Callable[[OpenTxn, int], bool], attempts: dict[int, tuple[int, float]]) -> int:
+        """End the transactions past their timeout; returns how many ended. ``ask(t, attempt)``
+        sends a check to ``t``'s producer (False: none connected). ``attempts``: per producer
+        id, (checks sent, monotonic time of the last), kept by the caller across sweeps."""
+        now_ms = clock.wall_ms()
+        ended = 0
+        interval_s = self.config["transactions.check_interval_ms"] / 1000.0
+        check_max = self.config["transactions.check_max"]
+        for t in self.view.open_transactions():
+            since = t.first_write_ms or t.begun_ms
+            if now_ms - since < t.timeout_ms:
+                continue
+            if t.check and check_max:
+                sent, last = attempts.get(t.pid, (0, 0.0))
+                if sent < check_max:
+                    if time.monotonic() - last >= interval_s:
+                        ask(t, sent + 1)
+                        attempts[t.pid] = (sent + 1, time.monotonic())
+                    continue
+            attempts.pop(t.pid, None)
+            try:
+                self.end(t.tid, t.pid, False, reason="timeout")
+                ended += 1
+                log.warning("txn_timed_out", transactional_id=t.tid, pid=f"{t.pid:#x}", timeout_ms=t.timeout_ms,
+                            checks=attempts.get(t.pid, (0, 0))[0])
+            except BrokerError as exc:
+                log.warning("txn_timeout_not_written", transactional_id=t.tid, error=exc.message[:200])
+                break
+        for pid in [p for p in attempts if p not in self.view.open]:
+            del attempts[pid]
+        return ended

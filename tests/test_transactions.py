@@ -1,0 +1,332 @@
+"""Transactions on one node (DESIGN §14): atomic over topics and queues, aborts that leave offset
+gaps, fencing, timeouts, check-back, retried and late ends, offsets committed with a transaction,
+readers that start in the middle. Real daemons on loopback, through our client and raw stubs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from broker.client import BrokerClient, CheckQuestion, FailedPrecondition, Message, TransactionAborted
+from broker.logformat.txn_records import TXN_PID_BIT
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+from tests.procs import DaemonProcess
+from tests.waits import wait_until
+
+Spawn = Callable[..., DaemonProcess]
+FAST = {"checkpoint.interval_ms": 100, "transactions.check_interval_ms": 100}
+
+
+def _bodies(c: BrokerClient, topic: str, queue: int = 0, start: int = 0, isolation: str = "read_committed") -> list[bytes]:
+    return [m.body for r in c.iter_pull(topic, queue, start, isolation=isolation) for m in r]
+
+
+def _all_bodies(c: BrokerClient, topic: str, queues: int, isolation: str = "read_committed") -> set[bytes]:
+    return {b for q in range(queues) for b in _bodies(c, topic, q, isolation=isolation)}
+
+
+@pytest.fixture
+def node(spawn: Spawn) -> DaemonProcess:
+    return spawn("node", config=FAST)
+
+
+def test_atomic_over_two_topics_and_several_queues(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("orders", queues=3)
+        c.create_topic("audit", queues=1)
+        tx = c.begin_transaction("billing-1")
+        sent = [Message(f"o{i}".encode(), key=f"k{i}") for i in range(12)]
+        tx.send("orders", sent)
+        tx.send("audit", [Message(b"a0")])
+        c.send("audit", [Message(b"plain-after")])  # behind the LSO until the transaction ends
+        listed = wait_until(lambda: (t := c.list_transactions()) and len(t[0]["topics"]) == 2 and t, 10,
+                            "the transactions view to apply the sends")
+        used = {m["queue_id"] for m in listed[0]["queues"] if m["topic"] == "orders"}
+        assert len(used) > 1, "the keys spread the transaction over several queues"
+        assert _all_bodies(c, "orders", 3) == set()
+        assert _bodies(c, "audit") == []
+        assert _all_bodies(c, "orders", 3, "read_uncommitted") == {m.body for m in sent}
+        assert _bodies(c, "audit", isolation="read_uncommitted") == [b"a0", b"plain-after"]
+        high = c.pull("audit", 0, 0).max_offset
+        assert high == 0, "a read_committed pull reports the LSO as the end"
+        tx.commit()
+        assert _all_bodies(c, "orders", 3) == {m.body for m in sent}
+        assert _bodies(c, "audit") == [b"a0", b"plain-after"]
+        assert c.list_transactions() == []
+        st = c.status()["transactions"]
+        assert st["committed"] == 1 and st["open"] == 0
+
+
+def test_abort_leaves_gaps_and_its_offsets_are_not_applied(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        c.create_topic("in", queues=1)
+        c.send("in", [Message(b"i0"), Message(b"i1")])
+        c.send("t", [Message(b"before")])
+        tx = c.begin_transaction("etl")
+        tx.send("t", [Message(b"x1"), Message(b"x2")])
+        tx.send("t", [Message(b"x3")])
+        tx.commit_offsets("g", "in", {0: 2})
+        tx.abort()
+        c.send("t", [Message(b"after")])
+        msgs = [(m.queue_offset, m.body) for r in c.iter_pull("t", 0, 0) for m in r]
+        assert msgs == [(0, b"before"), (4, b"after")], "aborted offsets 1-3 are a gap"
+        assert c.committed_offset("g", "in", 0) is None
+        # a reader that starts inside the aborted range goes on past it
+        r = c.pull("t", 0, 2)
+        assert [m.body for m in r] == [b"after"] and r.next_offset == 5
+        assert c.describe_transaction("etl")["state"] == "aborted"
+        assert [m.body for m in c.pull("t", 0, 0, isolation="read_uncommitted")] == [b"before", b"x1", b"x2", b"x3",
+                                                                                        b"after"]
+
+
+def test_a_batch_that_is_all_aborted_and_a_queue_that_ends_in_one(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        tx = c.begin_transaction("a")
+        tx.send("t", [Message(b"gone")] * 5)
+        tx.abort()
+        r = c.pull("t", 0, 0)
+        assert len(r) == 0 and r.next_offset == 5, "the pull moves past what it skipped"
+        assert list(c.iter_pull("t", 0, 0)) == [], "iter_pull passes the gap and stops at the end"
+        # a long-poll from inside the gap answers at once, not at its timeout
+        t0 = time.monotonic()
+        r = c.pull("t", 0, 1, max_wait_ms=5000)
+        assert r.next_offset == 5 and time.monotonic() - t0 < 2.0
+
+
+def test_commit_offsets_apply_with_the_commit(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("in", queues=2)
+        c.create_topic("out", queues=1)
+        c.send("in", [Message(b"a")] * 3)  # keyless calls rotate over the queues
+        c.send("in", [Message(b"b")] * 2)
+        ends = c.describe_topic("in")["queues"]
+        offsets = {q["queue_id"]: q["max_offset"] for q in ends}
+        assert sorted(offsets.values()) == [2, 3]
+        with c.transaction("pipe") as tx:
+            tx.send("out", [Message(b"transformed")])
+            tx.commit_offsets("g", "in", offsets)
+            assert c.committed_offset("g", "in", 0) is None
+        assert {q: c.committed_offset("g", "in", q) for q in offsets} == offsets
+        assert _bodies(c, "out") == [b"transformed"]
+
+
+def test_an_exception_in_the_block_aborts(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        with pytest.raises(RuntimeError), c.transaction("x") as tx:
+            tx.send("t", [Message(b"never")])
+            raise RuntimeError("the local step failed")
+        c.send("t", [Message(b"later")])
+        assert _bodies(c, "t") == [b"later"]
+        assert c.describe_transaction("x")["state"] == "aborted"
+
+
+def test_a_second_instance_fences_the_first(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c1, BrokerClient(node.address) as c2:
+        c1.create_topic("t", queues=1)
+        old = c1.begin_transaction("shop")
+        old.send("t", [Message(b"zombie")])
+        new = c2.begin_transaction("shop")
+        assert new.epoch == old.epoch + 1
+        with pytest.raises(FailedPrecondition, match="not open"):
+            old.send("t", [Message(b"zombie-2")])
+        with pytest.raises(FailedPrecondition, match="fenced"):
+            old._end(True, [])  # the first instance's commit (its send failing is ignored here)
+        new.send("t", [Message(b"fresh")])
+        new.commit()
+        assert _bodies(c1, "t") == [b"fresh"]
+
+
+def test_timeout_without_callback_aborts_and_the_lso_moves_on(spawn: Spawn) -> None:
+    d = spawn("node", config=FAST)
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=1)
+        tx = c.begin_transaction("slow", timeout_ms=400)
+        tx.send("t", [Message(b"late")])
+        c.send("t", [Message(b"plain")])
+        assert _bodies(c, "t") == []
+        wait_until(lambda: _bodies(c, "t") == [b"plain"], 10, "the LSO to move past the timed-out transaction")
+        info = c.describe_transaction("slow")
+        assert info["state"] == "aborted" and info["reason"] == "timeout"
+        with pytest.raises(TransactionAborted) as exc:
+            tx.commit()
+        assert exc.value.reason == "timeout"
+        assert c.status()["transactions"]["timed_out"] == 1
+
+
+@pytest.mark.parametrize("answers,state", [(["commit"], "committed"), (["abort"], "aborted"),
+                                           (["unknown", "unknown", "commit"], "committed")])
+def test_check_back_decides_past_the_timeout(node: DaemonProcess, answers: list[str], state: str) -> None:
+    asked: list[CheckQuestion] = []
+
+    def check(q: CheckQuestion) -> str:
+        asked.append(q)
+        return answers[min(len(asked), len(answers)) - 1]
+
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        tx = c.begin_transaction("half", timeout_ms=300, check=check)
+        tx.send("t", [Message(b"half-message")])
+        wait_until(lambda: c.describe_transaction("half")["state"] != "open", 15, "the check-back to decide")
+        info = c.describe_transaction("half")
+        assert info["state"] == state and info["reason"] == "check"
+        assert [q.attempt for q in asked] == list(range(1, len(answers) + 1))
+        assert all(q.producer_id == tx.producer_id for q in asked)
+        assert _bodies(c, "t") == ([b"half-message"] if state == "committed" else [])
+
+
+def test_check_back_without_an_answer_aborts_after_check_max(spawn: Spawn) -> None:
+    d = spawn("node", config={**FAST, "transactions.check_max": 3})
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=1)
+        stub = pb_grpc.BrokerStub(grpc.insecure_channel(d.address))
+        begun = stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="mute", timeout_ms=200,
+                                                                 check_back=True))
+        stub.Send(pb.SendRequest(transaction=begun.producer_id, messages=[pb.PlainMessage(topic="t", body=b"m")]))
+        wait_until(lambda: c.describe_transaction("mute")["state"] == "aborted", 15, "the abort after 3 checks")
+        assert c.describe_transaction("mute")["reason"] == "timeout"
+
+
+def test_a_retried_end_answers_the_first_outcome_and_a_late_send_is_refused(node: DaemonProcess) -> None:
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        tx = c.begin_transaction("retry")
+        tx.send("t", [Message(b"m")])
+        tx.commit()
+        again = pb.EndTransactionRequest(transactional_id="retry", producer_id=tx.producer_id, commit=True)
+        assert stub.EndTransaction(again).outcome == pb.TRANSACTION_OUTCOME_COMMITTED
+        abort = pb.EndTransactionRequest(transactional_id="retry", producer_id=tx.producer_id, commit=False)
+        assert stub.EndTransaction(abort).outcome == pb.TRANSACTION_OUTCOME_COMMITTED, "the first outcome stands"
+        # a send of the ended transaction (a retry that arrives late) is refused, and never joins the next one
+        nxt = c.begin_transaction("retry")
+        late = pb.SendRequest(transaction=tx.producer_id, messages=[pb.PlainMessage(topic="t", body=b"late")])
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.Send(late)
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        nxt.send("t", [Message(b"next")])
+        nxt.commit()
+        assert _bodies(c, "t", isolation="read_uncommitted") == [b"m", b"next"]
+
+
+def test_bad_transaction_requests_are_refused(node: DaemonProcess) -> None:
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+    cases: list[tuple[Callable[[], object], grpc.StatusCode]] = [
+        (lambda: stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="")), grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="x" * 300)),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="t", timeout_ms=10**9)),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.EndTransaction(pb.EndTransactionRequest(transactional_id="t", producer_id=5, commit=True)),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.EndTransaction(pb.EndTransactionRequest(transactional_id="t", producer_id=TXN_PID_BIT | 12345,
+                                                              commit=True)), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.Send(pb.SendRequest(transaction=7, messages=[pb.PlainMessage(topic="t", body=b"x")])),
+         grpc.StatusCode.INVALID_ARGUMENT),
+        (lambda: stub.Send(pb.SendRequest(transaction=TXN_PID_BIT | 999, messages=[pb.PlainMessage(topic="t", body=b"x")])),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        (lambda: stub.AbortTransaction(pb.AbortTransactionRequest(transactional_id="nobody")), grpc.StatusCode.NOT_FOUND),
+        (lambda: stub.DescribeTransaction(pb.DescribeTransactionRequest(transactional_id="nobody")),
+         grpc.StatusCode.NOT_FOUND),
+    ]
+    for call, code in cases:
+        with pytest.raises(grpc.RpcError) as exc:
+            call()
+        assert exc.value.code() == code, exc.value.details()
+    begun = stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="d"))
+    delayed = pb.SendRequest(transaction=begun.producer_id,
+                             messages=[pb.PlainMessage(topic="t", body=b"x", deliver_at_ms=int(time.time() * 1000) + 60_000)])
+    with pytest.raises(grpc.RpcError) as exc:
+        stub.Send(delayed)
+    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_open_transactions_are_bounded(spawn: Spawn) -> None:
+    d = spawn("node", config={**FAST, "transactions.open_max": 3})
+    with BrokerClient(d.address) as c:
+        txs = [c.begin_transaction(f"b{i}") for i in range(3)]
+        with pytest.raises(Exception) as exc:
+            c.begin_transaction("b3")
+        assert "transactions.open_max" in str(exc.value)
+        again = c.begin_transaction("b0")  # a new instance of an open id replaces it: not one more
+        assert again.epoch == 2
+        for tx in txs[1:]:
+            tx.abort()
+
+
+def test_cli_lists_describes_and_aborts(node: DaemonProcess) -> None:
+    def cli(*args: str) -> str:
+        out = subprocess.run([sys.executable, "-m", "broker.cli", "txn", *args, "--broker", node.address],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return out.stdout
+
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        tx = c.begin_transaction("ops-1")
+        tx.send("t", [Message(b"stuck")])
+        listed = wait_until(lambda: (rows := [json.loads(line) for line in cli("list", "--json").splitlines()])
+                            and rows[0]["queues"] and rows, 20, "the transaction's send in the list")
+        assert [t["transactional_id"] for t in listed] == ["ops-1"]
+        assert listed[0]["queues"] == [{"topic": "t", "queue_id": 0, "first_offset": 0}]
+        assert "ops-1 open" in cli("describe", "ops-1")
+        aborted = json.loads(cli("abort", "ops-1", "--json"))
+        assert aborted["state"] == "aborted" and aborted["reason"] == "operator"
+        with pytest.raises(TransactionAborted):
+            tx.commit()
+
+
+def test_read_committed_consumers_and_consume(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        with c.transaction("p") as tx:
+            tx.send("t", [Message(b"c1"), Message(b"c2")])
+        tx2 = c.begin_transaction("q")
+        tx2.send("t", [Message(b"aborted")])
+        tx2.abort()
+        c.send("t", [Message(b"c3")])
+        with c.consumer("g", "t", auto_offset_reset="earliest") as cons:
+            got: list[bytes] = []
+            wait_until(lambda: got.extend(m.body for m in cons.poll(timeout_ms=200)) or len(got) >= 3, 20,
+                       "the consumer to read every committed message")
+        assert got == [b"c1", b"c2", b"c3"]
+    out = subprocess.run([sys.executable, "-m", "broker.cli", "consume", "t", "--broker", node.address],
+                         check=True, capture_output=True, text=True, timeout=60)
+    assert [json.loads(line)["queue_offset"] for line in out.stdout.splitlines()] == [0, 1, 3]
+    out = subprocess.run([sys.executable, "-m", "broker.cli", "consume", "t", "--isolation", "read_uncommitted",
+                          "--broker", node.address], check=True, capture_output=True, text=True, timeout=60)
+    assert [json.loads(line)["queue_offset"] for line in out.stdout.splitlines()] == [0, 1, 2, 3]
+
+
+def test_a_parked_read_committed_pull_wakes_at_the_commit(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        tx = c.begin_transaction("w")
+        tx.send("t", [Message(b"m")])
+        woke: list[float] = []
+
+        def pull() -> None:
+            with BrokerClient(node.address) as reader:
+                r = reader.pull("t", 0, 0, max_wait_ms=10_000)
+                woke.append(time.monotonic())
+                assert [m.body for m in r] == [b"m"]
+
+        t = threading.Thread(target=pull)
+        t.start()
+        time.sleep(0.5)  # the pull is parked behind the LSO (nothing else wakes it)
+        committed = time.monotonic()
+        tx.commit()
+        t.join(15)
+        assert woke and woke[0] - committed < 3.0
