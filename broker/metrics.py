@@ -90,6 +90,21 @@ METRICS_CONNECTIONS_REFUSED = Counter(
     "deadline (TLS handshake and request head not in within 5 s), evicted (the oldest idle one, for a new "
     "connection), full (every connection being answered a scrape), head_too_large, body", ["reason"],
     registry=REGISTRY)
+TXN_OPEN = Gauge("tidemark_transactions_open", "Transactions open on this node (begun, not ended)", registry=REGISTRY)
+TXN_OLDEST_OPEN_SECONDS = Gauge("tidemark_transaction_oldest_open_seconds", "Age of the oldest open transaction "
+                                "since it began (0: none open)", registry=REGISTRY)
+TXN_ENDED = Gauge("tidemark_transactions_ended", "Transactions ended since the log began, by outcome (committed, "
+                  "aborted; timed_out: the aborted ones whose timeout ended them): the transactions view's counts, "
+                  "the same on every replica", ["outcome"], registry=REGISTRY)
+TXN_CHECKS = Counter("tidemark_transaction_checks", "Check-back questions this master sent to producers about "
+                     "transactions past their timeout", registry=REGISTRY)
+LSO_LAG = Gauge("tidemark_lso_lag_messages", "Queue ends minus their last stable offsets, summed over a topic's "
+                "queues: messages read_committed readers cannot see yet because a transaction before them is open "
+                "(beyond LABEL_VALUES_MAX topics, the rest in topic=\"__other__\")", ["topic"], registry=REGISTRY)
+LSO_STALLED_SECONDS = Gauge("tidemark_lso_stalled_seconds", "The longest time a queue's last stable offset has "
+                            "stood still while messages after it wait: the age (since its first write) of the open "
+                            "transaction holding it, over the queues where others wrote after it (0: none)",
+                            registry=REGISTRY)
 CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],
                          registry=REGISTRY)
 
@@ -109,6 +124,11 @@ def export_status(st: Mapping[str, Any]) -> None:
     INSYNC_REPLICAS.set(sum(1 for r in st.get("replicas") or [] if r.get("in_sync")) if master else 0)
     follower = st.get("replication") or {}
     FOLLOWER_CONNECTED.set(1 if not master and follower.get("connected") else 0)
+    txns = st.get("transactions") or {}
+    TXN_OPEN.set(int(txns.get("open") or 0))
+    TXN_OLDEST_OPEN_SECONDS.set(float(txns.get("oldest_open_ms") or 0) / 1000.0)
+    for outcome in ("committed", "aborted", "timed_out"):
+        TXN_ENDED.labels(outcome).set(int(txns.get(outcome) or 0))
 
 
 TIMER_PENDING = Gauge("tidemark_timer_pending", "Pending timer messages per target topic (beyond LABEL_VALUES_MAX "

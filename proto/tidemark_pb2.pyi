@@ -327,14 +327,16 @@ class GetOffsetResponse(_message.Message):
     def __init__(self, found: _Optional[bool] = ..., offset: _Optional[int] = ...) -> None: ...
 
 class TopicInfo(_message.Message):
-    __slots__ = ("name", "queues", "queue_max_offsets")
+    __slots__ = ("name", "queues", "queue_max_offsets", "queue_stable_offsets")
     NAME_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     QUEUE_MAX_OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_STABLE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     queues: int
     queue_max_offsets: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, name: _Optional[str] = ..., queues: _Optional[int] = ..., queue_max_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
+    queue_stable_offsets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., queues: _Optional[int] = ..., queue_max_offsets: _Optional[_Iterable[int]] = ..., queue_stable_offsets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CreateTopicRequest(_message.Message):
     __slots__ = ("name", "queues")

@@ -3,8 +3,9 @@
 Key, value, timestamp and headers come from the pulled log batches themselves
 (``PullResult.raw_batches()`` decoded by ``decode.py``: no Python object per record, about
 1 µs per row; the ``PulledMessage`` objects cost 4-6 µs per row here). Columns that are the
-same for every row (topic, partition, timestampType) or follow from the first offset (queue
-offsets are contiguous) are built from numpy buffers.
+same for every row (topic, partition, timestampType) and the offsets (each batch's first offset
+on: a read_committed pull may leave gaps where aborted transactions' batches were) are built from
+numpy buffers.
 
 One Arrow batch per pull, even when the pull holds many blobs (runs of adjacent log batches, one
 per send when producers spread over queues): Spark moves few large batches much faster than many
@@ -36,8 +37,8 @@ def repeated_string(text: str, count: int) -> pa.Array:
 
 def pull_batch(result: PullResult, count: int, topic: str, queue_id: int, first_offset: int,
                include_headers: bool) -> pa.RecordBatch:
-    """The first ``count`` records of ``result`` (queue offsets ``first_offset``...) as a batch
-    with exactly ``schema.arrow_schema(include_headers)``."""
+    """The first ``count`` records of ``result`` (from queue offset ``first_offset``, gaps allowed)
+    as a batch with exactly ``schema.arrow_schema(include_headers)``."""
     invariant(0 < count <= len(result), f"count {count} outside 1..{len(result)}")
     blobs, skip_first = result.raw_batches()
     return raw_batch(blobs, skip_first, count, topic, queue_id, first_offset, include_headers)
@@ -53,7 +54,7 @@ def raw_batch(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, 
         cols.values,
         repeated_string(topic, count),
         pa.array(np.full(count, queue_id, dtype=np.int32)),
-        pa.array(np.arange(first_offset, first_offset + count, dtype=np.int64)),
+        pa.array(cols.offsets),
         pa.array(cols.times_ms * 1000, sc.TIMESTAMP_ARROW),
         pa.array(np.full(count, sc.TIMESTAMP_TYPE_LOG_APPEND, dtype=np.int32)),
     ]

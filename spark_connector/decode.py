@@ -57,17 +57,22 @@ class Columns:
     values: pa.Array  # binary
     props: pa.Array | None  # binary, encoded properties (empty when none); None unless asked for
     times_ms: np.ndarray  # int64 store time of each record (its batch's)
+    offsets: np.ndarray  # int64 queue offset of each record (ascending; gaps where aborted batches were left out)
     count: int
 
 
-Plan = list[tuple[bytes | memoryview, np.ndarray, np.ndarray]]  # per blob: (blob, record positions, store times)
+Plan = list[tuple[bytes | memoryview, np.ndarray, np.ndarray, np.ndarray]]  # per blob: (blob, record positions,
+# store times, queue offsets)
 
 
 def plan(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, topic: str, queue_id: int,
          first_offset: int) -> Plan:
     """Where the ``count`` records after the first ``skip_first`` records of ``blobs`` (runs of
     whole batches) are, checking that they start at queue offset ``first_offset`` of
-    ``topic``/``queue_id``: per blob that holds some, the blob, their positions and store times."""
+    ``topic``/``queue_id`` and that batches follow in queue-offset order: per blob that holds some,
+    the blob, their positions, store times and queue offsets. A batch may start past where the one
+    before ended (a read_committed pull leaves aborted transactions' batches out: offset gaps),
+    never before it."""
     out: Plan = []
     skip = skip_first
     remaining = count
@@ -79,6 +84,7 @@ def plan(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, to
         starts: list[np.ndarray] = []
         batch_times: list[int] = []
         batch_counts: list[int] = []
+        offsets: list[np.ndarray] = []
         pos = 0
         batches = scan_bytes(blob, mode=Mode.STRICT, verify_body=True, check_offsets=False,
                              path=f"pull of {topic}/{queue_id}")
@@ -88,9 +94,9 @@ def plan(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, to
                     break
                 if header.topic != topic or header.queue_id != queue_id:
                     raise BatchFormatError(f"batch of {header.topic!r}/{header.queue_id} in a pull of {topic!r}/{queue_id}")
-                if header.base_queue_offset != next_offset:
+                if header.base_queue_offset < next_offset or (skip and header.base_queue_offset != next_offset):
                     raise BatchFormatError(f"{topic}/{queue_id}: batch at queue offset {header.base_queue_offset}, "
-                                           f"expected {next_offset}")
+                                           f"expected {next_offset}" + ("" if skip else " or later"))
                 if skip >= header.record_count:
                     raise BatchFormatError(f"{topic}/{queue_id}: cannot skip {skip} of a batch of "
                                            f"{header.record_count} records")
@@ -99,15 +105,17 @@ def plan(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, to
                 starts.append(taken)
                 batch_times.append(header.store_time_ms)
                 batch_counts.append(len(taken))
+                first = header.base_queue_offset + skip
+                offsets.append(np.arange(first, first + len(taken), dtype=np.int64))
                 remaining -= len(taken)
                 skip = 0
-                next_offset += header.record_count
+                next_offset = header.base_queue_offset + header.record_count
                 pos = end
         except CorruptionError as exc:
             raise BatchFormatError(str(exc)) from None
         if sum(batch_counts):
             out.append((blob, starts[0] if len(starts) == 1 else np.concatenate(starts),
-                        np.repeat(np.asarray(batch_times, dtype=np.int64), batch_counts)))
+                        np.repeat(np.asarray(batch_times, dtype=np.int64), batch_counts), _cat(offsets)))
     if remaining != 0:
         raise BatchFormatError(f"{topic}/{queue_id}: the pull holds {count - remaining} records, expected {count}")
     return out
@@ -117,10 +125,10 @@ def decode_chunks(blobs: Sequence[bytes | memoryview], skip_first: int, count: i
                   first_offset: int, with_props: bool) -> Iterator[Columns]:
     """``decode``'s records as one ``Columns`` per blob, gathered by Arrow's ``take`` (the twin of
     the C gather, and the path when it is not built). Every blob is checked before the first yield."""
-    for blob, positions, times_ms in plan(blobs, skip_first, count, topic=topic, queue_id=queue_id,
-                                          first_offset=first_offset):
+    for blob, positions, times_ms, offsets in plan(blobs, skip_first, count, topic=topic, queue_id=queue_id,
+                                                   first_offset=first_offset):
         keys, values, props = _columns(blob, positions, with_props)
-        yield Columns(keys, values, props, times_ms, len(positions))
+        yield Columns(keys, values, props, times_ms, offsets, len(positions))
 
 
 def decode(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, topic: str, queue_id: int, first_offset: int,
@@ -133,14 +141,15 @@ def decode(blobs: Sequence[bytes | memoryview], skip_first: int, count: int, *, 
         return _joined(list(decode_chunks(blobs, skip_first, count, topic=topic, queue_id=queue_id,
                                           first_offset=first_offset, with_props=with_props)), count, with_props)
     chunks = plan(blobs, skip_first, count, topic=topic, queue_id=queue_id, first_offset=first_offset)
-    heads = [_heads(blob, positions) for blob, positions, _ in chunks]
+    heads = [_heads(blob, positions) for blob, positions, _, _ in chunks]
     key_len, props_len, body_len = (_cat([h[k] for h in heads]) for k in range(3))
-    times_ms = _cat([t for _, _, t in chunks])
+    times_ms = _cat([t for _, _, t, _ in chunks])
+    offsets = _cat([o for _, _, _, o in chunks])
     has_key = key_len != 0
     keys = _gathered(gather, chunks, KEY, key_len, has_key) if bool(has_key.any()) else pa.nulls(count, pa.binary())
     values = _gathered(gather, chunks, BODY, body_len, None)
     props = _gathered(gather, chunks, PROPS, props_len, None) if with_props else None
-    return Columns(keys, values, props, times_ms, count)
+    return Columns(keys, values, props, times_ms, offsets, count)
 
 
 def _heads(blob: bytes | memoryview, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -171,7 +180,7 @@ def _gathered(gather: Gather, chunks: Plan, piece: int, lengths: np.ndarray, val
         raise BatchFormatError(f"a pull's records hold {total} bytes of one column, more than an Arrow binary array")
     data = pa.allocate_buffer(total)
     at = 0
-    for blob, positions, _ in chunks:
+    for blob, positions, _, _ in chunks:
         try:
             at = gather(blob, np.ascontiguousarray(positions, dtype=np.int64).data, piece, data, at)
         except ValueError as exc:
@@ -192,6 +201,7 @@ def _joined(chunks: list[Columns], count: int, with_props: bool) -> Columns:
         values=_concat([c.values for c in chunks], pa.binary()),
         props=_concat([c.props for c in chunks if c.props is not None], pa.binary()) if with_props else None,
         times_ms=_cat([c.times_ms for c in chunks]),
+        offsets=_cat([c.offsets for c in chunks]),
         count=count,
     )
 

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import grpc
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 
@@ -25,6 +26,7 @@ from broker.client import BrokerClient, BrokerError, PullResult
 from broker.invariant import invariant
 from spark_connector.batches import pull_batch
 from spark_connector.connect import connect
+from spark_connector.schema import OFFSET_COLUMN
 
 log = logging.getLogger("spark_connector")
 PULL_MESSAGES_MAX = 16384  # rows per pull and per Arrow batch: ~16 MiB of 1 KiB messages
@@ -63,7 +65,9 @@ def report_data_loss(message: str, fail_on_data_loss: bool) -> None:
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of every record in the partition's range, in offset order."""
+    """Arrow batches of every committed record in the partition's range, in offset order
+    (read_committed: aborted transactions' records are offset gaps; ``end`` is at most the LSO the
+    driver saw, so nothing of an open transaction is in the range)."""
     if not isinstance(partition, QueueRange):  # Spark's placeholder when a batch plans no partition
         return
     p = partition
@@ -72,13 +76,16 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         while offset < p.end:
             try:
                 for result in _pulls(client, p, offset):
-                    count = min(len(result), p.end - offset)
-                    if count == 0:  # the queue now ends before the planned end
+                    if result.next_offset <= offset:  # the queue now ends before the planned end
                         report_data_loss(f"{p.topic}/{p.queue_id} ends at {offset}, before the planned end {p.end}",
                                          p.fail_on_data_loss)
                         return
-                    yield pull_batch(result, count, p.topic, p.queue_id, offset, p.include_headers)
-                    offset += count
+                    if len(result):
+                        batch = pull_batch(result, len(result), p.topic, p.queue_id, offset, p.include_headers)
+                        below = _rows_below(batch, p.end)  # the last pull of a stream may read past the end
+                        if below:
+                            yield batch if below == batch.num_rows else batch.slice(0, below)
+                    offset = min(result.next_offset, p.end)
                     if offset >= p.end:
                         return
             except BrokerError as exc:
@@ -89,6 +96,12 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
                 offset = resume
 
 
+def _rows_below(batch: pa.RecordBatch, end: int) -> int:
+    """How many of ``batch``'s rows (ascending offsets) have an offset below ``end``."""
+    offsets = batch.column(OFFSET_COLUMN).to_numpy()
+    return int(np.searchsorted(offsets, end, side="left"))
+
+
 def _pulls(client: BrokerClient, p: QueueRange, offset: int) -> Iterator[PullResult]:
     """Pull results from ``offset``; a pipelined stream only when more than one pull is needed."""
     remaining = p.end - offset
@@ -97,9 +110,11 @@ def _pulls(client: BrokerClient, p: QueueRange, offset: int) -> Iterator[PullRes
             result = client.pull(p.topic, p.queue_id, offset, max_messages=remaining, max_bytes=PULL_BYTES_MAX,
                                  local_reads=p.local_reads)
             yield result
-            offset += len(result)
+            if result.next_offset <= offset:
+                return
+            offset = result.next_offset
             remaining = p.end - offset
-            if not len(result) or remaining <= 0:
+            if remaining <= 0:
                 return
     # iter_pull keeps one request in flight; the last one may read up to one pull past ``end``
     yield from client.iter_pull(p.topic, p.queue_id, offset, max_messages=PULL_MESSAGES_MAX,

@@ -48,6 +48,7 @@ _FIELDS = [
     pa.field("timestampType", pa.int32()),
 ]
 ARROW = pa.schema(_FIELDS)
+OFFSET_COLUMN = 4  # the offset column's index (partition.py cuts a batch at the planned end by it)
 ARROW_HEADERS = pa.schema([*_FIELDS, pa.field("headers", HEADERS_ARROW)])
 
 

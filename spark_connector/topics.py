@@ -15,8 +15,9 @@ from spark_connector.options import OffsetSpec, OptionError
 
 
 def latest_offsets(client: BrokerClient, topics: Sequence[str], *, missing_ok: bool) -> Offsets:
-    """Next offset of every queue of ``topics``; an absent topic is an error unless ``missing_ok``
-    (a running stream then plans the loss of its queues)."""
+    """Next offset of every queue of ``topics`` a read_committed reader may read up to (its LSO,
+    DESIGN §14: a stream never plans past an open transaction); an absent topic is an error unless
+    ``missing_ok`` (a running stream then plans the loss of its queues)."""
     listed = client.list_topics(include_system=True)
     missing = [t for t in topics if t not in listed]
     if missing and not missing_ok:
@@ -24,7 +25,7 @@ def latest_offsets(client: BrokerClient, topics: Sequence[str], *, missing_ok: b
     out: Offsets = {}
     for topic in topics:
         if topic in listed:
-            for queue_id, offset in enumerate(listed[topic]["max_offsets"]):
+            for queue_id, offset in enumerate(listed[topic]["stable_offsets"]):
                 out[(topic, queue_id)] = int(offset)
     return out
 

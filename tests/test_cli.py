@@ -19,7 +19,7 @@ def test_topic_send_consume_status(daemon: DaemonProcess) -> None:
     b = daemon.address
     assert _run("topic", "create", "logs", "--queues", "2", "--broker", b).returncode == 0
     listed = [json.loads(line) for line in _run("topic", "list", "--broker", b).stdout.splitlines()]
-    assert listed == [{"name": "logs", "queues": 2, "max_offsets": [0, 0]}]
+    assert listed == [{"name": "logs", "queues": 2, "max_offsets": [0, 0], "stable_offsets": [0, 0]}]
     sent = _run("send", "logs", "--broker", b, "--ack", "flush", stdin="alpha\nbeta\ngamma\n")
     assert sent.returncode == 0, sent.stderr
     receipts = [json.loads(line) for line in sent.stdout.splitlines()]

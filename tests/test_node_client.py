@@ -1,7 +1,7 @@
 """examples/node: a Node.js client written from proto/tidemark.proto alone (@grpc/grpc-js and
 @grpc/proto-loader, pinned by its lockfile) against a live daemon: it creates a topic, sends a
 plain and a delayed message, pulls both back decoded, commits an offset, pops and acks them for a
-second group and reads the typed status.
+second group, runs a committed and an aborted transaction and reads the typed status.
 What it printed is checked against what the daemon holds, through the Python client."""
 
 from __future__ import annotations
@@ -53,6 +53,9 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
     assert steps["pop"] == {"step": "pop", "bodies": ["hello from node", "delayed from node"],
                             "delivery_counts": [1, 1], "not_acked": 0}
     assert steps["status"]["role"] == "ROLE_MASTER" and steps["status"]["epoch"] == 1
+    assert steps["read_committed"] == {"step": "read_committed", "bodies": ["node-tx-ok 1", "node-tx-ok 2"],
+                                       "offsets": ["0", "1"], "next_offset": "4", "uncommitted": 4}
+    assert steps["status"]["transactions"] == {"committed": "1", "aborted": "1", "open": "0"}
     with BrokerClient(d.address) as c:  # what Node sent is what our own client reads
         msgs = list(c.pull("orders", 0, 0))
         assert [m.body for m in msgs] == [b"hello from node", b"delayed from node"]
@@ -60,6 +63,7 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
         assert msgs[1].deliver_at_ms == int(sent[1]["deliver_at_ms"]) and msgs[1].timer_offset == int(sent[1]["timer_offset"])
         assert msgs[1].store_time_ms >= msgs[1].deliver_at_ms  # fired, never early
         assert c.committed_offset("node-example", "orders", 0) == 2
+        assert c.committed_offset("node-example-tx", "orders", 0) == 2  # committed with the transaction
         assert sum(int(q["in_flight"]) for q in c.describe_group("node-example-pop")["queues"]) == 0  # acked
         assert int(steps["status"]["max_offset"]) <= c.status()["max_offset"]
 

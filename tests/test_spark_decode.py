@@ -98,9 +98,9 @@ def test_raw_batch_builds_the_documented_rows() -> None:
         [{"key": "i", "value": b"%d" % i}] if i % 4 == 0 else None for i in range(2, 8)]
 
 
-@pytest.mark.parametrize("damage", ["body", "header", "topic", "gap", "short", "skip"])
+@pytest.mark.parametrize("damage", ["body", "header", "topic", "overlap", "short", "skip"])
 def test_decode_refuses_bad_batches(damage: str, gather_path: str) -> None:
-    """Checksum mismatches, foreign topics, offset gaps and missing records are errors, never rows."""
+    """Checksum mismatches, foreign topics, overlapping offsets and missing records are errors, never rows."""
     good = make_batch(items(5, uniform=False), base_queue_offset=0)
     blob, first, count, topic = good, 0, 5, "t"
     if damage == "body":
@@ -109,8 +109,8 @@ def test_decode_refuses_bad_batches(damage: str, gather_path: str) -> None:
         blob = good[:30] + bytes([good[30] ^ 1]) + good[31:]
     elif damage == "topic":
         topic = "u"
-    elif damage == "gap":
-        blob = good + make_batch(items(2, uniform=True), base_queue_offset=9)
+    elif damage == "overlap":  # a batch that starts before the one before it ended
+        blob = good + make_batch(items(2, uniform=True), base_queue_offset=3)
         count = 7
     elif damage == "short":
         count = 6
@@ -119,6 +119,19 @@ def test_decode_refuses_bad_batches(damage: str, gather_path: str) -> None:
         first, count = 5, 1
     with pytest.raises(dc.BatchFormatError):
         dc.decode([blob], first, count, topic=topic, queue_id=0, first_offset=first, with_props=False)
+
+
+def test_a_gap_between_batches_gives_each_record_its_offset(gather_path: str) -> None:
+    """A read_committed pull leaves aborted transactions' batches out: the next batch starts later,
+    and every row carries its own offset (the offset column is not first offset + row number)."""
+    blob = make_batch(items(3, uniform=True), base_queue_offset=10) + make_batch(items(2, uniform=True, start=3),
+                                                                                 base_queue_offset=20)
+    cols = dc.decode([blob], 1, 4, topic="t", queue_id=0, first_offset=11, with_props=False)
+    assert cols.offsets.tolist() == [11, 12, 20, 21]
+    assert cols.values.to_pylist() == [b"%08d" % i for i in (1, 2, 3, 4)]
+    gap_first = dc.decode([make_batch(items(2, uniform=True), base_queue_offset=30)], 0, 2, topic="t", queue_id=0,
+                          first_offset=25, with_props=False)
+    assert gap_first.offsets.tolist() == [30, 31], "a pull whose first batches were aborted starts later"
 
 
 def test_decode_checks_framing_inside_a_batch(gather_path: str) -> None:

@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
+from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, Message
+from tests.failoverutil import TOPIC as FAILOVER_TOPIC
+from tests.failoverutil import Pair, create_topic, in_sync, wait_master
 from tests.procs import DaemonProcess
 from tests.sparkutil import ROOT, build_session, spark_env, start_stream
 from tests.waits import holds_for, wait_until
@@ -270,3 +273,92 @@ def test_timer_event_log_reads_as_rows(spark: Any, spawn: Callable[..., DaemonPr
         if "__event" not in headers:
             assert headers["__topic"] == "later" and bytes(row["value"]).startswith(b"t")
     assert kinds == {"scheduled": 30, "fired": 29, "cancelled": 1}
+
+
+def committed(client: BrokerClient, topic: str) -> dict[tuple[str, int, int], bytes]:
+    """Every record a read_committed reader sees in ``topic``, up to each queue's LSO."""
+    out: dict[tuple[str, int, int], bytes] = {}
+    for q, lso in enumerate(client.list_topics()[topic]["stable_offsets"]):
+        for res in client.iter_pull(topic, q, 0):
+            out.update({(topic, q, m.queue_offset): m.body for m in res if m.queue_offset < lso})
+    return out
+
+
+def test_transactions_committed_only_with_gaps_and_the_lso(spark: Any, spawn: Callable[..., DaemonProcess],
+                                                           tmp_path: Path) -> None:
+    """Committed, aborted and open transactions interleaved with plain sends on 2 queues: two
+    AvailableNow runs (maxOffsetsPerTrigger 7, so triggers end inside gaps) write exactly the
+    committed records below the LSO, each once; the open transaction's records and the plain ones
+    after it come with the second run, after its commit; aborted ones never."""
+    d = spawn()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    with BrokerClient(d.address) as c:
+        c.create_topic("tx", queues=2)
+        for i in range(6):
+            tx = c.begin_transaction(f"p{i % 2}")
+            tx.send("tx", [Message(f"t{i}-{j}".encode(), key=f"k{j}") for j in range(5)])
+            tx.abort() if i % 3 == 2 else tx.commit()
+        c.send("tx", [Message(b"plain-%d" % j, key=f"k{j}") for j in range(4)], ack="replica")
+        hanging = c.begin_transaction("hang", timeout_ms=600_000)
+        hanging.send("tx", [Message(b"hang-%d" % j, key=f"k{j}") for j in range(4)], ack="replica")
+        c.send("tx", [Message(b"after-%d" % j, key=f"k{j}") for j in range(4)], ack="replica")
+        wait_until(lambda: sum(c.list_topics()["tx"]["max_offsets"]) == 42, 30, "every record applied")
+        runs = []
+        for run in range(2):
+            if run == 1:
+                hanging.commit()
+            query = start_stream(spark, d.address, "tx", str(out), str(checkpoint), max_offsets=7)
+            query.awaitTermination(120)
+            assert query.exception() is None and not query.isActive
+            runs.append(committed(c, "tx"))
+            assert_exactly_once(spark, out, runs[-1])
+    first, second = ({b.split(b"-")[0] for b in run.values()} for run in runs)
+    assert first == {b"t0", b"t1", b"t3", b"t4", b"plain"}, "the first run read past the LSO or an abort"
+    assert second == first | {b"hang", b"after"}
+    offsets = sorted(o for (_, q, o) in runs[1] if q == 0)
+    assert offsets != list(range(len(offsets))), "the aborted transactions left no gap"
+
+
+def test_transactions_across_a_failover(spark: Any, spawn: Callable[..., DaemonProcess], etcd: EtcdProcess,
+                                        tmp_path: Path) -> None:
+    """Committed, aborted and open transactions on a pair under etcd; an AvailableNow run; kill -9
+    of the master; the open transaction commits on the promoted slave, more transactions follow;
+    a second run on the same checkpoint: exactly the committed records, each once."""
+    pair = Pair(spawn, etcd, **{"checkpoint.interval_ms": 100})
+    master = wait_master(pair.nodes)
+    slave = pair.other(master)
+    create_topic(master, pair.nodes, 2)
+    wait_until(lambda: in_sync(master, slave), 30, "the slave in sync")
+    brokers = f"{pair.a.address},{pair.b.address}"
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+    def tag(run: dict[tuple[str, int, int], bytes]) -> set[bytes]:
+        return {b.split(b"-")[0] for b in run.values()}
+
+    def transactions(c: BrokerClient, first: int, aborted: int) -> None:
+        for i in range(first, first + 4):
+            tx = c.begin_transaction(f"p{i % 2}")
+            tx.send(FAILOVER_TOPIC, [Message(f"t{i}-{j}".encode(), key=f"k{j}") for j in range(5)], ack="replica")
+            tx.abort() if i == aborted else tx.commit()
+
+    def run_once(c: BrokerClient) -> dict[tuple[str, int, int], bytes]:
+        query = start_stream(spark, brokers, FAILOVER_TOPIC, str(out), str(checkpoint), max_offsets=6)
+        query.awaitTermination(120)
+        assert query.exception() is None and not query.isActive
+        seen = committed(c, FAILOVER_TOPIC)
+        assert_exactly_once(spark, out, seen)
+        return seen
+
+    with BrokerClient([pair.a.address, pair.b.address], timeout_s=30) as c:
+        transactions(c, 0, aborted=2)
+        hanging = c.begin_transaction("hang", timeout_ms=600_000)
+        hanging.send(FAILOVER_TOPIC, [Message(b"hang-%d" % j, key=f"k{j}") for j in range(3)], ack="replica")
+        c.send(FAILOVER_TOPIC, [Message(b"plain-%d" % j, key=f"k{j}") for j in range(4)], ack="replica")
+        first = run_once(c)
+        master.kill9()
+        wait_master(pair.nodes, 30, among=[slave])
+        hanging.commit()
+        transactions(c, 4, aborted=5)
+        second = run_once(c)
+    assert tag(first) == {b"t0", b"t1", b"t3"}, "the first run read an aborted or open transaction"
+    assert tag(second) == {b"t0", b"t1", b"t3", b"hang", b"plain", b"t4", b"t6", b"t7"}

@@ -5,10 +5,12 @@ readers that start in the middle. Real daemons on loopback, through our client a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Callable
 
 import grpc
@@ -18,7 +20,7 @@ from broker.client import BrokerClient, CheckQuestion, FailedPrecondition, Messa
 from broker.logformat.txn_records import TXN_PID_BIT
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
-from tests.procs import DaemonProcess
+from tests.procs import DaemonProcess, free_port
 from tests.waits import wait_until
 
 Spawn = Callable[..., DaemonProcess]
@@ -248,9 +250,11 @@ def test_bad_transaction_requests_are_refused(node: DaemonProcess) -> None:
     begun = stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="d"))
     delayed = pb.SendRequest(transaction=begun.producer_id,
                              messages=[pb.PlainMessage(topic="t", body=b"x", deliver_at_ms=int(time.time() * 1000) + 60_000)])
+    assert stub.Send(delayed).message_receipts[0].timer_offset > 0, "a delayed plain message in a transaction"
+    stub.EndTransaction(pb.EndTransactionRequest(transactional_id="d", producer_id=begun.producer_id, commit=False))
     with pytest.raises(grpc.RpcError) as exc:
         stub.Send(delayed)
-    assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION, "a send after the end is refused"
 
 
 def test_open_transactions_are_bounded(spawn: Spawn) -> None:
@@ -330,3 +334,97 @@ def test_a_parked_read_committed_pull_wakes_at_the_commit(node: DaemonProcess) -
         tx.commit()
         t.join(15)
         assert woke and woke[0] - committed < 3.0
+
+
+def test_pop_leases_committed_messages_only(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        c.send("t", [Message(b"m0")])
+        open_tx = c.begin_transaction("a")
+        open_tx.send("t", [Message(b"a1")])
+        aborted = c.begin_transaction("b")
+        aborted.send("t", [Message(b"b1"), Message(b"b2")])
+        aborted.abort()
+        c.send("t", [Message(b"m1")])
+        first = c.pop("g", "t", max_messages=100, start="earliest")
+        assert [m.body for m in first] == [b"m0"], "a pop leased past the LSO"
+        raw = c.pop("u", "t", max_messages=100, start="earliest", isolation="read_uncommitted")
+        assert [m.body for m in raw] == [b"m0", b"a1", b"b1", b"b2", b"m1"]
+        assert not c.pop("g", "t", max_messages=100)
+        assert {q["queue_id"]: q["lag"] for q in c.describe_group("g")["queues"]} == {0: 1}, "lag runs to the LSO"
+        open_tx.commit()
+        second = c.pop("g", "t", max_messages=100, max_wait_ms=5000)
+        assert [(m.body, m.queue_offset) for m in second] == [(b"a1", 1), (b"m1", 4)], "aborted messages leased"
+        assert c.ack("g", first) == {} and c.ack("g", second) == {}
+        assert not c.pop("g", "t", max_messages=100)
+        described = c.describe_group("g")["queues"][0]
+        assert (described["lag"], described["in_flight"]) == (0, 0), described
+
+
+def test_lso_metrics_and_group_lag(spawn: Spawn) -> None:
+    port = free_port()
+    node = spawn("node", config={**FAST, "node.metrics_listen": f"127.0.0.1:{port}"})
+
+    def scrape() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return {m[0]: float(m[1]) for m in re.findall(r"^(tidemark_(?:lso|transaction)\S*) (\S+)$", text, re.M)}
+
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        c.send("t", [Message(b"before")])
+        tx = c.begin_transaction("hang")
+        tx.send("t", [Message(b"h1"), Message(b"h2")])
+        c.send("t", [Message(b"w1"), Message(b"w2"), Message(b"w3")])  # waits behind the open transaction
+        c.reset_offsets("s", "t", "earliest")
+        assert c.describe_group("s")["queues"][0]["lag"] == 1, "a group's lag runs to the LSO, not the end"
+        held = wait_until(scrape, 20, "the LSO metrics exported",
+                          accept=lambda m: m.get('tidemark_lso_lag_messages{topic="t"}') == 5
+                          and m.get("tidemark_lso_stalled_seconds", 0) > 0)
+        assert held["tidemark_transactions_open"] == 1 and held["tidemark_transaction_oldest_open_seconds"] > 0
+        tx.abort()
+        done = wait_until(scrape, 20, "the LSO metrics after the abort",
+                          accept=lambda m: m.get("tidemark_transactions_open") == 0)
+        assert done["tidemark_lso_stalled_seconds"] == 0 and 'tidemark_lso_lag_messages{topic="t"}' not in done
+        assert done['tidemark_transactions_ended{outcome="aborted"}'] == 1
+        assert c.describe_group("s")["queues"][0]["lag"] == 6, "after the abort: to the end (offsets, gaps counted)"
+
+
+def test_delayed_messages_fire_at_commit_and_never_when_aborted(node: DaemonProcess) -> None:
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        due_ms = int(time.time() * 1000) + 300
+        kept = c.begin_transaction("d-commit")
+        kept.send("t", [Message(b"due, then committed", deliver_at_ms=due_ms)])
+        dropped = c.begin_transaction("d-abort")
+        dropped.send("t", [Message(b"due, then aborted", deliver_at_ms=due_ms)])
+        later = c.begin_transaction("d-later")
+        later.send("t", [Message(b"committed, due later", deliver_at_ms=due_ms + 2500)])
+        later.commit()
+        time.sleep(1.5)  # both due while their transactions are open: neither fires
+        assert _bodies(c, "t", isolation="read_uncommitted") == []
+        dropped.abort()
+        kept.commit()
+        wait_until(lambda: _bodies(c, "t") == [b"due, then committed"], 10, "the committed one delivered at its commit")
+        wait_until(lambda: _bodies(c, "t") == [b"due, then committed", b"committed, due later"], 10,
+                   "the one committed before its time delivered at its time")
+        wait_until(lambda: c.status()["timer_pending"] == 0, 10, "the aborted one ended (dropped), not pending")
+        assert _bodies(c, "t", isolation="read_uncommitted") == [b"due, then committed", b"committed, due later"]
+
+
+def test_a_pull_never_reads_past_the_end_it_saw(spawn: Spawn) -> None:
+    """The race the chaos run found: a pull reads the queue's end, a transaction's batch is published
+    before the pull reads the entries; the entries stay bounded by that end (a failpoint holds the
+    pull between the two for 400 ms)."""
+    node = spawn("node", config=FAST, env={"TIDEMARK_FAILPOINTS": "reads_after_bounds=sleep:400"})
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        c.send("t", [Message(b"plain")])
+        got: list[list[bytes]] = []
+        reader = threading.Thread(target=lambda: got.append([m.body for m in c.pull("t", 0, 0)]))
+        reader.start()
+        time.sleep(0.1)  # the pull read end 1 and sleeps
+        tx = c.begin_transaction("racer")
+        tx.send("t", [Message(b"open")])
+        reader.join(10)
+        assert got == [[b"plain"]], "a read_committed pull returned an open transaction's message"
+        tx.abort()

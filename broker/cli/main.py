@@ -432,7 +432,7 @@ def _consume_pop(args: argparse.Namespace) -> int:
         while not args.max or printed < args.max:
             want = 1000 if not args.max else min(1000, args.max - printed)
             msgs = c.pop(args.group, args.topic, max_messages=want, invisible_ms=args.invisible_ms,
-                         max_wait_ms=args.timeout_ms, start=args.start)
+                         max_wait_ms=args.timeout_ms, start=args.start, isolation=args.isolation)
             if not msgs:
                 break
             for m in msgs:
@@ -462,7 +462,7 @@ def _consume(args: argparse.Namespace) -> int:
         positions: dict[int, int] = {}
         for q in range(queues):
             if args.start == "latest":
-                positions[q] = topics[args.topic]["max_offsets"][q]
+                positions[q] = topics[args.topic]["stable_offsets" if args.isolation == "read_committed" else "max_offsets"][q]
             else:
                 positions[q] = c.pull(args.topic, q, 0, max_messages=1, isolation=args.isolation).min_offset
         printed = 0

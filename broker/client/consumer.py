@@ -213,6 +213,9 @@ class Consumer:
             info = self._client.describe_topic(q[0])
             bounds = info["queues"][q[1]]
             committed = bounds["max_offset"] if self.auto_offset_reset == "latest" else bounds["min_offset"]
+            if self.auto_offset_reset == "latest" and self.isolation == "read_committed":  # the LSO, not the end
+                committed = self._client.pull(q[0], q[1], bounds["min_offset"], max_messages=1,
+                                              isolation=self.isolation).max_offset
         with self._lock:
             if q in self._positions and self._positions[q] is None:
                 self._positions[q] = committed

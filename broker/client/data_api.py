@@ -74,8 +74,6 @@ class DataAPI(TopicsAPI):
                 target[q] = [i]
             else:
                 group.append(i)
-        if transaction and delayed:
-            raise ValueError("delayed messages in a transaction are not supported yet")
         topic_bytes = len(topic.encode())
         # filled in place: constructing sub-messages separately would copy every payload twice
         request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction)

@@ -8,6 +8,7 @@ from typing import Any, Self, cast
 from broker.client.consumer import BrokerClient as ConsumerClient
 from broker.client.consumer import Consumer
 from broker.client.core import ClientCore, _request
+from broker.client.data_api import isolation_of
 from broker.client.messages import PoppedMessage, PopResult
 from proto import tidemark_pb2 as pb
 
@@ -67,14 +68,17 @@ class GroupsAPI(ClientCore):
         return {o.queue_id: o.offset for o in resp.offsets}
 
     def pop(self, group: str, topic: str, max_messages: int = 32, invisible_ms: int = 30_000, max_wait_ms: int = 0,
-            *, start: str = "latest") -> PopResult:
+            *, start: str = "latest", isolation: str = "read_committed") -> PopResult:
         """Lease up to ``max_messages`` of ``topic`` for ``group``, from any of its queues: each comes
         back (``delivery_count`` + 1) after ``invisible_ms`` unless acked; ``max_wait_ms``: wait this
-        long for one. A new group starts at ``start`` (``latest`` or ``earliest``)."""
+        long for one. A new group starts at ``start`` (``latest`` or ``earliest``). ``isolation``:
+        ``read_committed`` leases transactions' messages once committed and never aborted ones;
+        ``read_uncommitted`` leases whatever is in the queue (use one isolation per group)."""
         if start not in ("latest", "earliest"):
             raise ValueError(f"start must be 'latest' or 'earliest', got {start!r}")
         req = _request(pb.PopRequest, group=group, topic=topic, max_messages=max_messages, invisible_ms=invisible_ms,
-                       max_wait_ms=max_wait_ms, start_earliest=start == "earliest", as_runs=True)
+                       max_wait_ms=max_wait_ms, start_earliest=start == "earliest", as_runs=True,
+                       isolation=isolation_of(isolation))
         resp = self._call("Pop", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0)
         return PopResult(topic, resp)
 

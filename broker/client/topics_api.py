@@ -36,10 +36,13 @@ class TopicsAPI(ClientCore):
         self._queues.pop(name, None)
 
     def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
-        """Every topic: ``{name: {"queues": n, "max_offsets": [next queue offset of each queue]}}``
-        (system topics, ``__...``, only with ``include_system``)."""
+        """Every topic: ``{name: {"queues": n, "max_offsets": [next queue offset of each queue],
+        "stable_offsets": [each queue's LSO: where read_committed readers stop]}}`` (system topics,
+        ``__...``, only with ``include_system``)."""
         resp = self._call("ListTopics", pb.ListTopicsRequest(include_system=include_system))
-        return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets)} for t in resp.topics}
+        return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets),
+                         "stable_offsets": list(t.queue_stable_offsets) or list(t.queue_max_offsets)}
+                for t in resp.topics}
 
     def describe_topic(self, name: str) -> dict[str, Any]:
         """Queues with their min/max offsets, stored bytes, local and tiered ranges."""

@@ -74,10 +74,12 @@ class Transaction:
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._broken: BrokerError | None = None
 
-    def send(self, topic: str, messages: Sequence[Message], ack: str = "leader",
+    def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
              timeout_ms: int | None = None) -> Sequence[Receipt]:
-        """Messages of the transaction (invisible to read_committed readers until it commits).
-        ``ack``: ``leader`` is enough, the commit is acknowledged as ack=replica after them."""
+        """Messages of the transaction (invisible to read_committed readers until it commits). The
+        server answers every send of a transaction as ack=replica, whatever ``ack`` asks: a send
+        answered before a failover is on the next master, so a commit there commits all of it. A
+        send that failed leaves the transaction able only to abort (``commit`` refuses)."""
         self._check_open()
         try:
             return self.client._send_as(self._producer, topic, messages, ack, timeout_ms, transaction=self.producer_id)

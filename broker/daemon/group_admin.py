@@ -100,8 +100,9 @@ class GroupAdmin:
         return [(g, t, q, o) for (g, t, q), o in out.items()]
 
     def _bounds(self, topic: str, queue: int) -> tuple[int, int] | None:
+        """(low, LSO): groups read committed messages, so their lag runs to the LSO."""
         try:
-            return self.store.reads.queue_bounds(topic, queue)
+            return self.store.reads.committed_bounds(topic, queue)
         except BrokerError:  # the topic was deleted
             return None
 

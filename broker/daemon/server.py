@@ -26,7 +26,7 @@ import structlog
 from grpc_health.v1 import _async as health_async
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from broker import alloc, gcpause, metrics
+from broker import alloc, clock, gcpause, metrics
 from broker.config import KEYS, Config, ConfigError, insecure_exposures, missing_extras
 from broker.daemon import logsetup, metrics_http, plugins, reflection
 from broker.daemon.aioloop import LoopThread
@@ -249,12 +249,14 @@ class Daemon:
                 lag: dict[tuple[str, ...], float] = {}
                 for group, topic, queue, offset in self.store.views.metadata.group_offsets():
                     qf = self.store.views.queues.queue(topic, queue)
-                    if qf is not None:
-                        lag[(group, topic)] = lag.get((group, topic), 0) + qf.next_queue_offset - offset
+                    if qf is not None:  # to the LSO: what a read_committed member can read
+                        end = self.store.reads.stable_end(topic, queue, qf.next_queue_offset, True)
+                        lag[(group, topic)] = lag.get((group, topic), 0) + max(0, end - offset)
                 for group in self.service.pops.groups():  # pop groups: what is not acked yet
                     for (topic, _), info in self.service.pops.describe(group)["queues"].items():
                         lag[(group, topic)] = lag.get((group, topic), 0) + info["lag"]
                 metrics.set_bounded(metrics.GROUP_LAG, lag)
+                self._lso_metrics()
                 metrics.POP_IN_FLIGHT.set(self.service.pops.in_flight_total())
                 metrics.SEGMENTS.set(len(self.store.log.segments))
                 metrics.QUARANTINE_BYTES.set(quarantine.kept_bytes(self.config["node.data_dir"]))
@@ -263,6 +265,15 @@ class Daemon:
                 self.store.incidents.record("metrics", f"{type(exc).__name__}: {exc}")
             else:
                 self.store.incidents.clear("metrics")
+
+    def _lso_metrics(self) -> None:
+        def end_of(key: tuple[str, int]) -> int | None:
+            qf = self.store.views.queues.queue(*key)
+            return None if qf is None else qf.next_queue_offset
+
+        lso_lag, stalled_s = self.store.views.txns.lso_report(end_of, clock.wall_ms())
+        metrics.set_bounded(metrics.LSO_LAG, {(t,): float(v) for t, v in lso_lag.items()})
+        metrics.LSO_STALLED_SECONDS.set(stalled_s)
 
     def stop(self) -> None:
         """Graceful: refuse new calls, drain in-flight ones, then stop the store cleanly."""

@@ -21,7 +21,7 @@ class PopReports(PopParts):
             queues = {}
             for (t, q), pq in g.queues.items():
                 try:
-                    _, high = self.store.reads.queue_bounds(t, q)
+                    _, high = self.store.reads.committed_bounds(t, q)  # (a read_uncommitted group's lag too)
                 except BrokerError:
                     high = pq.cursor
                 in_flight = pq.in_flight()

@@ -92,11 +92,13 @@ class PopService(LeaseEnds, PopReports):
 
     # -- pop ---------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
-            start_earliest: bool, may_create_dlq: bool = True) -> tuple[list[pb.PoppedRun], int | None]:
+            start_earliest: bool, may_create_dlq: bool = True,
+            committed: bool = True) -> tuple[list[pb.PoppedRun], int | None]:
         """Lease up to ``max_messages``; return them as runs of adjacent messages with the log
         batches that hold them (at most ``limits.pull_bytes_max`` and one batch), or no run and when
         the next lease ends (ms). ``may_create_dlq``: the caller has the role creating a topic needs
-        (admin), so a first dead letter may create ``<group>.dlq``.
+        (admin), so a first dead letter may create ``<group>.dlq``. ``committed`` (read_committed):
+        nothing at or past a queue's LSO is leased, and aborted transactions' messages end unleased.
 
         Calls of one group on different queues run side by side (their records share fsyncs): a
         pop takes the queues that no other call holds, from a rotating start; only when every queue
@@ -135,7 +137,7 @@ class PopService(LeaseEnds, PopReports):
                     continue
                 held.append(lock)
                 self.locks.settle([key])
-                pick, nxt = self._pick(key, left, start_earliest, now)
+                pick, nxt = self._pick(key, left, start_earliest, now, committed)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
                     picks.append(pick)
@@ -152,7 +154,7 @@ class PopService(LeaseEnds, PopReports):
                 return [], wake_at
             with self.locks.holding([key]):
                 now = now_ms()
-                pick, nxt = self._pick(key, max_messages, start_earliest, now)
+                pick, nxt = self._pick(key, max_messages, start_earliest, now, committed)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
                     found = True
@@ -221,14 +223,17 @@ class PopService(LeaseEnds, PopReports):
         with self.view.lock:
             return self.view.queue(*key) is None
 
-    def _pick(self, key: QueueKey, left: int, start_earliest: bool, now: int) -> tuple[_Pick | None, int | None]:
+    def _pick(self, key: QueueKey, left: int, start_earliest: bool, now: int,
+              committed: bool = True) -> tuple[_Pick | None, int | None]:
         """With the queue's lock held: what a pop of up to ``left`` messages takes from it, and
-        when its next lease ends."""
+        when its next lease ends. ``committed``: fresh messages stop at the queue's LSO, and those
+        of aborted transactions are ended as ``gone`` (never leased, never delivered)."""
         group, topic, q = key
         max_deliveries = self.config["groups.max_deliveries"]
         window_max = self.config["groups.pop_window_max"]
         with self.view.lock:
-            low, high = self.store.reads.queue_bounds(topic, q)
+            low, end = self.store.reads.queue_bounds(topic, q)
+            high = self.store.reads.stable_end(topic, q, end, committed)
             pq = self.view.queue(group, topic, q)
             start = None
             if pq is None:
@@ -252,13 +257,27 @@ class PopService(LeaseEnds, PopReports):
             fresh_from = max(pq.cursor, low)
             n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - pq.base)))
             if n_fresh:
-                offs = np.concatenate((offs, np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)))
-                counts = np.concatenate((counts, np.zeros(n_fresh, dtype=np.int64)))
+                fresh = np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)
+                if committed:
+                    fresh, aborted = self._without_aborted(topic, q, fresh)
+                    gone = np.union1d(gone, aborted)
+                offs = np.concatenate((offs, fresh))
+                counts = np.concatenate((counts, np.zeros(fresh.size, dtype=np.int64)))
             nxt = pq.next_visible_ms()
             wake = nxt if nxt is not None and nxt > now else None
             if offs.size or dead.size or gone.size or start is not None:
                 return _Pick(q, start, offs, counts, dead, gone), wake
             return None, wake
+
+    def _without_aborted(self, topic: str, queue_id: int, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``fresh`` (adjacent offsets) split into those to lease and those of aborted transactions."""
+        ranges = self.store.reads.aborted_within(topic, queue_id, int(fresh[0]), int(fresh[-1]) + 1)
+        if not ranges:
+            return fresh, fresh[:0]
+        mask = np.zeros(fresh.size, dtype=bool)
+        for start, stop in ranges:
+            mask[max(0, start - int(fresh[0])):max(0, stop - int(fresh[0]))] = True
+        return fresh[~mask], fresh[mask]
 
     def _read_runs(self, topic: str, queue_id: int, offsets: np.ndarray, counts: np.ndarray,
                    budget: int) -> tuple[list[tuple[int, int, int, list[bytes], int]], np.ndarray, np.ndarray, int]:
@@ -276,7 +295,9 @@ class PopService(LeaseEnds, PopReports):
                 if budget <= 0:
                     return runs, pr.from_runs(got), pr.from_runs(gone), budget
                 try:
-                    r = self.store.reads.pull(topic, queue_id, pos, end - pos, min(pull_bytes, budget), 0)
+                    # the offsets were picked below the LSO and without aborted ones: read them as they are
+                    r = self.store.reads.pull(topic, queue_id, pos, end - pos, min(pull_bytes, budget), 0,
+                                              committed=False)
                 except BrokerError as exc:
                     if exc.code != "OUT_OF_RANGE":
                         raise

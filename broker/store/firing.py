@@ -280,18 +280,25 @@ class TimerService:
         """Deliver these timers (lock held): one append of deliveries + fired events."""
         if not len(offs):
             return
+        held, aborted = self.reads.scheduled_in_transactions(offs)
+        if held.any():  # of a transaction still open: delivered once it commits (the sweep finds them)
+            offs, ats, aborted = offs[~held], ats[~held], aborted[~held]
+            if not len(offs):
+                return
         records = self._read_scheduled(offs)
         by_queue: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = defaultdict(list)
         fired_events: list[tuple[bytes, bytes, bytes]] = []
         dropped_events: list[tuple[bytes, bytes, bytes]] = []
         targets: dict[tuple[str, int], tuple[bool, bytes]] = {}  # (exists, its event suffix) per target
         fired = 0
-        for off, at in zip(offs.tolist(), ats.tolist(), strict=True):
+        for off, at, dropped in zip(offs.tolist(), ats.tolist(), aborted.tolist(), strict=True):
             key, props, body, topic, queue = records[off]
             target = targets.get((topic, queue))
             if target is None:
                 target = targets[(topic, queue)] = (self.appender.queue_exists(topic, queue), tr.target_props(topic, queue))
-            if target[0]:
+            if dropped:  # its transaction aborted: it never fires
+                dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
+            elif target[0]:
                 by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
                 fired_events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
                 fired += 1

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from broker import metrics
 from broker.errors import BrokerError, invalid, not_found, shown
 from broker.logformat import batch as bf
@@ -19,6 +21,7 @@ from broker.logformat import system_records
 from broker.logformat import timer_props as timer_records
 from broker.ports import ColdReader
 from broker.storage.commitlog import CommitLog
+from broker.storage.failpoints import failpoint
 from broker.store.viewset import ViewSet
 from broker.store.watermarks import Watermarks
 from broker.views.consume_queue import Entry, QueueFile
@@ -93,6 +96,12 @@ class Reads:
         low = qf.entry(i).base_queue_offset if i < qf.entries else qf.next_queue_offset
         return low, qf.next_queue_offset
 
+    def committed_bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """``queue_bounds`` as a read_committed reader sees them: the end is the queue's LSO (lag
+        is measured to it)."""
+        low, end = self.queue_bounds(topic, queue_id)
+        return low, self.stable_end(topic, queue_id, end, True)
+
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int,
              committed: bool = True) -> PullResult:
         """The batches from queue offset ``offset``; ``committed`` (read_committed): only below the
@@ -123,6 +132,31 @@ class Reads:
             return end
         return self.views.txns.last_stable_offset(topic, queue_id, end)
 
+    def scheduled_in_transactions(self, offsets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """For scheduled timer records at these commit offsets: (in a transaction still open, in an
+        aborted one), as masks. Their batches are ``__timer`` queue 0's; a transaction's ranges of
+        queue offsets there are turned into commit-offset ranges (two lookups each)."""
+        key = (system_records.TIMER_TOPIC, 0)
+        none = np.zeros(len(offsets), dtype=bool)
+        qf = self.views.queues.queue(*key)
+        if qf is None or not len(offsets) or not self.views.txns.touches(key):  # the common case: no lookup
+            return none, none
+        held, aborted = self.views.txns.runs_on(key)
+        return (_within(offsets, [self._commit_range(qf, a, b) for a, b in held]),
+                _within(offsets, [self._commit_range(qf, a, b) for a, b in aborted]))
+
+    @staticmethod
+    def _commit_range(qf: QueueFile, start: int, end: int) -> tuple[int, int]:
+        """The log bytes of the whole batches holding queue offsets ``[start, end)``."""
+        last = qf.entry(qf.locate(end - 1))
+        return qf.entry(qf.locate(start)).commit_offset, last.commit_offset + last.batch_bytes
+
+    def aborted_within(self, topic: str, queue_id: int, low: int, high: int) -> list[tuple[int, int]]:
+        """Ranges ``[start, end)`` of aborted transactions' queue offsets that overlap ``[low, high)``."""
+        if topic.startswith(system_records.SYSTEM_PREFIX):
+            return []
+        return self.views.txns.aborted_within(topic, queue_id, low, high)
+
     def _find(self, topic: str, queue_id: int, offset: int, max_messages: int, max_bytes: int, max_wait_ms: int,
               committed: bool = True) -> _Found:
         """What a pull from ``offset`` answers (no entries at the end of the queue, or of what
@@ -146,12 +180,15 @@ class Reads:
         high = self.stable_end(topic, queue_id, end, committed)
         if offset >= high:
             return _Found([], 0, 0, offset, low, high)
-        entries = _entries(qf, offset, max_messages, max_bytes)
-        if high < end:  # an LSO is the first offset of a batch: whole batches stay
-            entries = [e for e in entries if e.base_queue_offset < high]
+        failpoint("reads_after_bounds")
+        # bounded by ``high`` as read above, always: the dispatcher may publish more entries meanwhile
+        # (a transaction's batch whose LSO was not in ``high``); an LSO is a batch's first offset
+        entries = [e for e in _entries(qf, offset, max_messages, max_bytes) if e.base_queue_offset < high]
+        if not entries:
+            return _Found([], 0, 0, offset, low, high)
         if committed and not topic.startswith(system_records.SYSTEM_PREFIX):
             return _without_aborted(entries, offset, max_messages, low, high,
-                                    self.views.txns.aborted_within(topic, queue_id, offset, high))
+                                    self.aborted_within(topic, queue_id, offset, high))
         available = entries[-1].base_queue_offset + entries[-1].record_count - offset
         count = min(max_messages, available)
         return _Found(entries, offset - entries[0].base_queue_offset, count, offset + count, low, high)
@@ -211,6 +248,18 @@ class Reads:
         if timer_records.is_event_batch(data, header):
             return False
         return any(e.commit_offset + pos == offset for pos, _, _, _ in bf.iter_records(data, header))
+
+
+def _within(offsets: np.ndarray, ranges: list[tuple[int, int]]) -> np.ndarray:
+    """Which ``offsets`` fall in one of ``ranges`` (``[start, end)``, disjoint)."""
+    if not ranges:
+        return np.zeros(len(offsets), dtype=bool)
+    ranges = sorted(ranges)
+    starts = np.array([a for a, _ in ranges], dtype=np.int64)
+    ends = np.array([b for _, b in ranges], dtype=np.int64)
+    offs = offsets.astype(np.int64)
+    i = np.searchsorted(starts, offs, side="right") - 1
+    return (i >= 0) & (offs < ends[np.maximum(i, 0)])
 
 
 def _count(f: _Found) -> None:

@@ -14,6 +14,7 @@ import asyncio
 import threading
 from dataclasses import dataclass, field
 
+from broker import metrics
 from broker.errors import BrokerError
 
 STREAMS_MAX = 1000
@@ -92,4 +93,5 @@ class CheckStreams:
             stream.loop.call_soon_threadsafe(put)
         except RuntimeError:  # the loop closed: the server is stopping
             return False
+        metrics.TXN_CHECKS.inc()
         return True

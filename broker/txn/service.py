@@ -23,6 +23,7 @@ import structlog
 from broker import clock
 from broker.errors import BrokerError, invalid, not_found, shown
 from broker.logformat import txn_records as tr
+from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.store.appender import TailState
 from broker.views.transactions import Ended, OpenTxn
@@ -100,6 +101,7 @@ class TxnService:
             return [tr.encode_end(tid, pid, commit, reason, offsets)]
 
         records, _ = self.store.writes.write_txn(build, applied=self.view)
+        failpoint("txn_after_decision")
         if records:
             end = records[0]
             assert isinstance(end, tr.End)
@@ -176,12 +178,12 @@ class TxnService:
                         ask(t, sent + 1)
                         attempts[t.pid] = (sent + 1, time.monotonic())
                     continue
-            attempts.pop(t.pid, None)
+            checks, _ = attempts.pop(t.pid, (0, 0.0))
             try:
                 self.end(t.tid, t.pid, False, reason="timeout")
                 ended += 1
                 log.warning("txn_timed_out", transactional_id=t.tid, pid=f"{t.pid:#x}", timeout_ms=t.timeout_ms,
-                            checks=attempts.get(t.pid, (0, 0))[0])
+                            checks=checks)
             except BrokerError as exc:
                 log.warning("txn_timeout_not_written", transactional_id=t.tid, error=exc.message[:200])
                 break

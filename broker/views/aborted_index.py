@@ -91,6 +91,9 @@ class AbortedRanges:
     def queues(self) -> int:
         return len(self._starts)
 
+    def has(self, key: QueueKey) -> bool:
+        return bool(self._starts.get(key))
+
 
 class AbortedIndexFile:
     """``aborted.idx``: appended by checkpoints, cut back to the checkpoint's length at load."""

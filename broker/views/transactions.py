@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,7 @@ from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.logformat import txn_records as tr
 from broker.storage import atomic_file
+from broker.storage.failpoints import failpoint
 from broker.views.aborted_index import TOPIC_DELETED, AbortedIndexFile, AbortedRanges, Range, encode_entry
 from broker.views.base import View, copy_prefix
 
@@ -118,6 +120,17 @@ class TxnView(View):
         with self.lock:
             return self.aborted.within((topic, queue_id), low, high)
 
+    def touches(self, key: QueueKey) -> bool:
+        """Whether an open transaction wrote to queue ``key``, or an aborted one ever did."""
+        with self.lock:
+            return key in self.queue_open or self.aborted.has(key)
+
+    def runs_on(self, key: QueueKey) -> tuple[list[Range], list[Range]]:
+        """Queue-offset ranges of queue ``key`` written by transactions open now, and by aborted ones."""
+        with self.lock:
+            held = [(a, b) for pid in self.queue_open.get(key, {}) for a, b in self.open[pid].runs.get(key, ())]
+            return held, self.aborted.within(key, 0, 1 << 63)
+
     def take_released(self) -> set[QueueKey]:
         """Queues whose LSO moved since the last call (their parked readers are told)."""
         with self.lock:
@@ -140,6 +153,25 @@ class TxnView(View):
     def open_transactions(self) -> list[OpenTxn]:
         with self.lock:
             return sorted(self.open.values(), key=lambda t: t.begun_ms)
+
+    def lso_report(self, end_of: Callable[[QueueKey], int | None], now_ms: int) -> tuple[dict[str, int], float]:
+        """Per topic, the queue ends minus their LSOs (``end_of``: a queue's end, None when gone);
+        and the longest time an LSO has stood still while others' messages wait after it (the
+        holding transaction's age since its first write, in seconds)."""
+        lag: dict[str, int] = {}
+        stalled_ms = 0
+        with self.lock:
+            for key, firsts in self.queue_open.items():
+                end = end_of(key)
+                if end is None:
+                    continue
+                pid = min(firsts, key=lambda p: firsts[p])
+                lso = firsts[pid]
+                lag[key[0]] = lag.get(key[0], 0) + max(0, end - lso)
+                holder = self.open.get(pid)
+                if holder is not None and key in holder.runs and end > holder.runs[key][-1][1]:
+                    stalled_ms = max(stalled_ms, now_ms - (holder.first_write_ms or holder.begun_ms))
+        return lag, stalled_ms / 1000.0
 
     def summary(self) -> dict[str, int]:
         with self.lock:
@@ -282,6 +314,8 @@ class TxnView(View):
             with self.lock:  # written with the next checkpoint
                 self._pending[:0] = pending
             raise
+        if pending:
+            failpoint("txn_after_index_append")
         state["aborted_bytes"] = self.index.valid_bytes
         atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, json.dumps(state).encode())
 

@@ -1,7 +1,8 @@
 // A Tidemark client in Node.js, written from proto/tidemark.proto alone: no record format, no
 // CRC, no Tidemark library. It creates a topic, sends a plain and a delayed message, pulls them
 // back decoded, commits an offset, reads it back, pops them for a second group and acks them
-// (pop mode), and prints the node's typed status.
+// (pop mode), runs two transactions on queue 1 (one committed with a consumer offset, one aborted)
+// and reads queue 1 read_committed, and prints the node's typed status.
 //
 //   npm ci && node client.js 127.0.0.1:7600 [topic]
 //   TIDEMARK_TOKEN=... node client.js ...      # a daemon with auth.tokens_file
@@ -104,11 +105,40 @@ async function main() {
     not_acked: acked.results.length,
   });
 
+  // Transactions: begin, send with SendRequest.transaction, end. A read_committed pull (the
+  // default) sees the committed one only; the aborted one's offsets stay as a gap.
+  for (const [name, commit] of [['node-tx-ok', true], ['node-tx-no', false]]) {
+    const begun = await call('BeginTransaction', { transactional_id: name, timeout_ms: 30000 });
+    await call('Send', {
+      ack: 'ACK_REPLICA', // a transaction's sends are answered as ACK_REPLICA whatever they ask
+      transaction: begun.producer_id,
+      messages: [1, 2].map((i) => ({ topic, queue_id: 1, body: Buffer.from(`${name} ${i}`) })),
+    });
+    const ended = await call('EndTransaction', {
+      transactional_id: name, producer_id: begun.producer_id, commit,
+      offsets: commit ? [{ group: `${group}-tx`, topic, queue_id: 0, offset: '2' }] : [],
+    });
+    print('transaction', { transactional_id: name, epoch: begun.epoch, outcome: ended.outcome });
+  }
+  const txRead = await call('Pull', { topic, queue_id: 1, offset: '0', max_messages: 100, decode: true });
+  const txRaw = await call('Pull', {
+    topic, queue_id: 1, offset: '0', max_messages: 100, decode: true, isolation: 'ISOLATION_READ_UNCOMMITTED',
+  });
+  print('read_committed', {
+    bodies: txRead.messages.map((m) => m.body.toString()),
+    offsets: txRead.messages.map((m) => m.queue_offset),
+    next_offset: txRead.next_offset,
+    uncommitted: txRaw.messages.length,
+  });
+
   const { status } = await call('Status', {});
   print('status', {
     role: status.role, epoch: status.epoch, max_offset: status.max_offset,
     confirm_offset: status.confirm_offset, timer_pending: status.timer_pending,
     replicas: status.replicas.length, node_id: status.node_id,
+    transactions: {
+      committed: status.transactions.committed, aborted: status.transactions.aborted, open: status.transactions.open,
+    },
   });
 }
 

@@ -18,6 +18,10 @@ The rules, and why they hold:
 - ``tiered_bound``: the tiered uploaded offset never passes the confirm offset.
 - ``convergence``: after every heal (once the slave is back in sync) and at the end, both logs are
   byte-identical below the common confirm offset; at the end both nodes report the same metadata.
+- ``transactions``: all or nothing. A transaction committed ok is stored whole; one aborted (never
+  committed, or its commit answered aborted) is never stored nor seen by the read_committed
+  reader; one whose commit's answer was lost is stored whole or not at all; none is left open.
+- ``clients``: every workload client process ran until it was told to stop (exit 0).
 - ``rto`` (each fault: from the fault, or its heal when nothing can route around it, to the first
   ok send invoked after it) and ``latency`` (send to first receipt by a member) are measurements;
   ``rto`` fails above a p99 bound.
@@ -373,9 +377,65 @@ def latency(ops: list[Op], final: Final) -> Verdict:
     return v
 
 
+# -- transactions ----------------------------------------------------------------------------------
+def transactions(ops: list[Op], final: Final) -> Verdict:
+    """All or nothing: a transaction committed ok has every message stored (read_committed, at the
+    end) and a reader never saw part of one; an aborted one (never committed, or whose commit was
+    answered aborted) is never seen by anyone; one whose commit's answer was lost is all or none;
+    no message is stored twice; no transaction is left open at the end."""
+    v = Verdict("transactions", True, {"committed": 0, "aborted": 0, "unknown_all": 0, "unknown_none": 0,
+                                       "partial": 0, "aborted_seen": 0, "lost": 0, "duplicated": 0, "left_open": 0})
+    if "txn_messages" not in final:
+        return v  # a run without the transactional workload
+    stored = Counter(row[2] for row in final["txn_messages"])
+    seen = {row[1] for o in _ops(ops, "txn_recv", "ok") for row in o["value"]["msgs"]}
+    for mid, n in stored.items():
+        if n > 1:
+            v.counts["duplicated"] += 1
+            v.example(f"{mid} stored {n} times")
+    for o in _ops(ops, "txn"):
+        ids = o["value"]["ids"]
+        held = sum(1 for mid in ids if mid in stored)
+        glimpsed = sum(1 for mid in ids if mid in seen)
+        tx = f"transaction {ids[0].rsplit('-', 1)[0]} ({o['outcome']})"
+        if o["outcome"] == "ok":
+            v.counts["committed"] += 1
+            if held < len(ids):
+                v.counts["lost"] += 1
+                v.example(f"{tx}: {len(ids) - held} of its {len(ids)} messages are not stored")
+        elif o["outcome"] == "fail":  # aborted (by the client or the broker), or never begun
+            v.counts["aborted"] += 1
+            if held or glimpsed:
+                v.counts["aborted_seen"] += 1
+                v.example(f"{tx}: {held} stored, {glimpsed} seen by a reader")
+        else:
+            v.counts["unknown_all" if held == len(ids) else "unknown_none"] += 1
+            if 0 < held < len(ids):
+                v.counts["partial"] += 1
+                v.example(f"{tx}: {held} of {len(ids)} stored")
+        if glimpsed and held < len(ids) and o["outcome"] != "fail":
+            v.counts["partial"] += 1
+            v.example(f"{tx}: a reader saw {glimpsed} of {len(ids)}, {held} are stored")
+    v.counts["left_open"] = final.get("open_transactions", 0)
+    v.ok = not any(v.counts[k] for k in ("partial", "aborted_seen", "lost", "duplicated", "left_open"))
+    return v
+
+
+def clients(ops: list[Op], final: Final) -> Verdict:
+    """Every workload client ran to the end (a client that crashed stops testing what it tests)."""
+    exits = final.get("client_exit_codes", {})
+    v = Verdict("clients", True, {"clients": len(exits), "crashed": 0})
+    for name, code in sorted(exits.items()):
+        if code != 0:
+            v.counts["crashed"] += 1
+            v.example(f"client {name} exited {code} (its log: client-{name}.log)")
+    v.ok = v.counts["crashed"] == 0
+    return v
+
+
 CHECKERS: tuple[Callable[[list[Op], Final], Verdict], ...] = (
     lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, split_brain, tiered_bound,
-    convergence, latency)
+    convergence, latency, transactions, clients)
 
 
 def check_all(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> list[Verdict]:

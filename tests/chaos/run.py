@@ -30,10 +30,10 @@ from tests.chaos import checkers, workload
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.faults import KINDS, Nemesis
 from tests.chaos.history import Recorder, client_ops, load, now_ms, write_json
-from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, body_id
+from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, TXN_QUEUES, TXN_TOPIC, body_id
 
 CLIENTS = (("producer", "p1"), ("producer", "p2"), ("subscriber", "s1"), ("subscriber", "s2"), ("popper", "q1"),
-           ("popper", "q2"), ("creator", "c1"), ("sampler", "sampler"))
+           ("popper", "q2"), ("creator", "c1"), ("sampler", "sampler"), ("transactor", "t1"), ("txreader", "r1"))
 CONVERGE_S = 120.0
 ROOT = Path(workload.__file__).resolve().parents[2]
 
@@ -72,6 +72,7 @@ def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = K
         _wait(lambda: cluster.master() is not None, 60, "a master elected")
         with BrokerClient(cluster.addresses, timeout_s=30) as c:
             c.create_topic(TOPIC, queues=QUEUES)
+            c.create_topic(TXN_TOPIC, queues=TXN_QUEUES)
         for role, name in CLIENTS:
             clients[name] = _start_client(role, name, cluster, run_dir, seed)
         nemesis = Nemesis(cluster, Recorder(run_dir, "nemesis"), seed, kinds)
@@ -85,12 +86,16 @@ def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = K
         # recovery is measured, not cut off (a fault that never recovers still shows as inf)
         _wait(lambda: _sent_ok_since(run_dir, healed_ms), rto_p99_max_ms / 1000.0 + 2.0,
               "a send succeeded after the last heal", fatal=False)
-        _stop_clients(clients, ("p1", "p2", "c1"))
+        _stop_clients(clients, ("p1", "p2", "c1", "t1"))
+        _wait(lambda: _no_open_transactions(cluster), 60, "every transaction ended (a lost abort times out)",
+              fatal=False)
         _wait_timers_fired(run_dir)
         if not _wait(lambda: _drained(cluster), 60, "the groups caught up", fatal=False):
             _log_groups(cluster, run_dir)
         _stop_clients(clients, tuple(clients))
+        exits = {name: proc.returncode for name, proc in clients.items()}
         final = _final_state(cluster)
+        final["client_exit_codes"] = exits
         write_json(run_dir / "final.json", final)
     finally:
         for proc in clients.values():
@@ -187,6 +192,19 @@ def _drained(cluster: Cluster) -> bool:
         return all(g["lag"] == 0 for g in c.list_groups() if g["name"] in (SUB_GROUP, "chaos-pop"))
 
 
+def _no_open_transactions(cluster: Cluster) -> bool:
+    with BrokerClient(cluster.addresses, timeout_s=5) as c:
+        return not c.list_transactions()
+
+
+def _read_all(c: BrokerClient, topic: str, queues: int) -> list[Any]:
+    """(queue, offset, message) of every record a read_committed reader sees in ``topic``."""
+    out: list[Any] = []
+    for q in range(queues):
+        out += [(q, m) for r in c.iter_pull(topic, q, 0, max_messages=5000) for m in r]
+    return out
+
+
 def _log_groups(cluster: Cluster, run_dir: Path) -> None:
     """What a group that did not catch up holds (lag, leases in flight per queue), for the reader."""
     try:
@@ -206,18 +224,11 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
     digest once both have applied the same confirm offset."""
     master = cluster.master()
     assert master is not None, "no master at the end of the run"
-    messages: list[list[Any]] = []
     with BrokerClient(master.address, timeout_s=30) as c:
-        for q in range(QUEUES):
-            offset = 0
-            while True:
-                got = c.pull(TOPIC, q, offset, max_messages=5000)
-                rows = list(got)
-                if not rows:
-                    break
-                messages += [[TOPIC, q, m.queue_offset, body_id(m.body), m.store_time_ms, m.deliver_at_ms or 0,
-                              m.timer_offset or 0] for m in rows]
-                offset = rows[-1].queue_offset + 1
+        messages = [[TOPIC, q, m.queue_offset, body_id(m.body), m.store_time_ms, m.deliver_at_ms or 0,
+                     m.timer_offset or 0] for q, m in _read_all(c, TOPIC, QUEUES)]
+        txn_messages = [[q, m.queue_offset, body_id(m.body)] for q, m in _read_all(c, TXN_TOPIC, TXN_QUEUES)]
+        open_transactions = len(c.list_transactions())
     _wait(lambda: _same_applied(cluster), 60, "both nodes applied the same confirm offset")
     statuses = {n.name: n.status() for n in cluster.nodes.values()}
     compare_below = min(int(st["confirm_offset"]) for st in statuses.values() if st)
@@ -229,7 +240,8 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
     for name, (first, data) in logs.items():
         nodes[name]["digest"] = hashlib.sha256(data[low - first : compare_below - first]).hexdigest()
         nodes[name]["log_range"] = [first, first + len(data)]
-    return {"messages": messages, "nodes": nodes, "compare_below": compare_below, "compare_from": low,
+    return {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
+            "nodes": nodes, "compare_below": compare_below, "compare_from": low,
             "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
 
 

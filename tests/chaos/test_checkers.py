@@ -168,3 +168,30 @@ def test_latency_buckets() -> None:
     v = verdict("latency", ops, final)
     # p-0 and p-1: received at 1015, sent at 1000; p-2 (a timer due at 2000): received at 2010
     assert v.counts["received"] == 3 and v.counts["<=100ms"] == 2 and v.counts["<=10ms"] == 1
+
+
+def test_transactions_all_or_nothing() -> None:
+    ops, final = history()
+    ops += [op("txn", {"topic": "x", "ids": ["t-x0-0", "t-x0-1"], "commit": True}, 1000),
+            op("txn", {"topic": "x", "ids": ["t-x1-0", "t-x1-1"], "commit": False}, 1100, outcome="fail"),
+            op("txn", {"topic": "x", "ids": ["t-x2-0", "t-x2-1"], "commit": True}, 1200, outcome="unknown"),
+            op("txn_recv", {"queue_id": 0, "msgs": [[0, "t-x0-0"], [1, "t-x0-1"]]}, 1300)]
+    final["txn_messages"] = [[0, 0, "t-x0-0"], [0, 1, "t-x0-1"]]
+    final["open_transactions"] = 0
+    clean = verdict("transactions", ops, final)
+    assert clean.ok and clean.counts["committed"] == 1 and clean.counts["unknown_none"] == 1, clean
+    broken = copy.deepcopy(final)
+    broken["txn_messages"] = [[0, 0, "t-x0-0"], [0, 3, "t-x1-0"], [1, 0, "t-x2-1"]]
+    v = verdict("transactions", ops, broken)
+    assert not v.ok and (v.counts["lost"], v.counts["aborted_seen"], v.counts["partial"]) == (1, 1, 2)
+    glimpse = [*ops, op("txn_recv", {"queue_id": 1, "msgs": [[5, "t-x1-1"]]}, 1400)]
+    assert verdict("transactions", glimpse, final).counts["aborted_seen"] == 1
+    final["open_transactions"] = 1
+    assert not verdict("transactions", ops, final).ok
+
+
+def test_a_crashed_client_fails_the_run() -> None:
+    ops, final = history()
+    final["client_exit_codes"] = {"p1": 0, "t1": 1}
+    v = verdict("clients", ops, final)
+    assert not v.ok and v.counts["crashed"] == 1 and "t1" in v.examples[0]

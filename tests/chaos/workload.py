@@ -2,7 +2,9 @@
 
 Roles: ``producer`` (ack=replica sends; some keyed for the order check, some delayed), ``subscriber``
 (a subscribe-mode member that commits its offsets), ``popper`` (pop mode, acks what it got),
-``creator`` (topic creates) and ``sampler`` (each node's status every ~100 ms). Each writes its
+``creator`` (topic creates), ``sampler`` (each node's status every ~100 ms), ``transactor``
+(transactions over the queues of a second topic, some aborted) and ``txreader`` (a read_committed
+reader of that topic). Each writes its
 operations to its own history file (tests/chaos/history.py) until SIGTERM, then finishes the
 operation in hand and exits 0.
 """
@@ -10,6 +12,7 @@ operation in hand and exits 0.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import random
 import signal
@@ -20,12 +23,15 @@ from typing import Any
 
 import grpc
 
-from broker.client import BrokerClient, BrokerError, Message
+from broker.client import BrokerClient, BrokerError, Message, TransactionAborted
 from broker.client.messages import PoppedMessage
 from tests.chaos.history import Recorder, now_ms
 
 TOPIC = "chaos"
 QUEUES = 4
+TXN_TOPIC = "chaos-tx"
+TXN_QUEUES = 2
+TXN_TIMEOUT_MS = 5000
 SUB_GROUP = "chaos-sub"
 POP_GROUP = "chaos-pop"
 TIMEOUT_S = 10.0
@@ -162,6 +168,73 @@ def _ack(client: BrokerClient, messages: list[PoppedMessage]) -> dict[str, Any]:
     return {"refused": [list(by_handle[h]) for h in client.ack(POP_GROUP, messages) if h in by_handle]}
 
 
+# -- transactions --------------------------------------------------------------------------------
+def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
+    """Transactions of 2-12 messages over TXN_TOPIC's queues, one in five aborted on purpose. Each is
+    one ``txn`` op: its ids, whether commit was called, and the outcome (ok: committed; fail: it
+    never became visible — aborted by us or by the broker, or never begun; unknown: a commit whose
+    answer was lost)."""
+    n = 0
+    while not stopping.is_set():
+        ids = [f"{rec.client}-x{n}-{i}" for i in range(rng.randint(2, 12))]
+        n += 1
+        msgs = [Message(mid.encode() + b"|", key=f"k{rng.randrange(64)}") for mid in ids]
+        commit = rng.random() >= 0.2
+        value: dict[str, Any] = {"topic": TXN_TOPIC, "ids": ids, "commit": commit}
+        t0 = now_ms()
+        try:
+            tx = client.begin_transaction(f"{rec.client}-tx", timeout_ms=TXN_TIMEOUT_MS)
+        except Exception as exc:  # nothing begun that could commit
+            rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "not begun"})
+            stopping.wait(0.2)
+            continue
+        value["producer_id"] = tx.producer_id
+        try:
+            half = len(msgs) // 2  # two sends: a transaction spans calls
+            tx.send(TXN_TOPIC, msgs[:half])
+            tx.send(TXN_TOPIC, msgs[half:])
+        except Exception as exc:  # never committed: it can only end aborted (our abort, its timeout)
+            with contextlib.suppress(Exception):
+                tx.abort()
+            rec.record("txn", {**value, "commit": False}, "fail", t0, error=repr(exc), result={"ended": "send failed"})
+            stopping.wait(0.2)
+            continue
+        if not commit:
+            with contextlib.suppress(Exception):  # if this abort is lost, the timeout aborts it
+                tx.abort()
+            rec.record("txn", value, "fail", t0, result={"ended": "aborted by us"})
+            continue
+        try:
+            tx.commit()
+        except TransactionAborted as exc:
+            rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "aborted at commit"})
+            continue
+        except Exception as exc:
+            rec.record("txn", value, "unknown", t0, error=repr(exc))
+            with contextlib.suppress(Exception):  # a retried end answers the first outcome: learn it
+                tx.commit()
+            continue
+        rec.record("txn", value, "ok", t0)
+
+
+def txreader(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
+    """A read_committed reader of TXN_TOPIC: every id it sees, with where, as ``txn_recv`` ops."""
+    positions = dict.fromkeys(range(TXN_QUEUES), 0)
+    while not stopping.is_set():
+        for q in range(TXN_QUEUES):
+            t0 = now_ms()
+            try:
+                got = client.pull(TXN_TOPIC, q, positions[q], max_messages=2000, max_wait_ms=100)
+            except Exception as exc:  # a failover: pull again
+                rec.record("txn_recv", {"queue_id": q}, outcome_of(exc), t0, error=repr(exc))
+                stopping.wait(0.2)
+                continue
+            rows = [[m.queue_offset, body_id(m.body)] for m in got]
+            if rows:
+                rec.record("txn_recv", {"queue_id": q, "msgs": rows}, "ok", t0)
+            positions[q] = got.next_offset
+
+
 # -- topic creates -------------------------------------------------------------------------------
 def creator(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
     n = 0
@@ -199,7 +272,8 @@ def _status(c: BrokerClient) -> dict[str, Any]:
 
 
 ROLES: dict[str, Callable[[Recorder, BrokerClient, random.Random, argparse.Namespace], None]] = {
-    "producer": producer, "subscriber": subscriber, "popper": popper, "creator": creator, "sampler": sampler}
+    "producer": producer, "subscriber": subscriber, "popper": popper, "creator": creator, "sampler": sampler,
+    "transactor": transactor, "txreader": txreader}
 
 
 def main() -> None:

@@ -39,7 +39,8 @@ from proto import tidemark_pb2 as pb
 
 def check_transaction_send(request: SendRequest) -> None:
     """A send inside a transaction: its batches carry the transaction's producer id (their
-    sequences make it idempotent); delayed messages are not taken in transactions yet."""
+    sequences make it idempotent). Delayed messages are scheduled as always; the firing service
+    holds them while the transaction is open and drops them if it aborts."""
     txn = request.transaction
     if not is_txn_pid(txn):
         raise invalid(f"transaction {txn:#x} is not a transaction's producer id (BeginTransactionResponse.producer_id)")
@@ -48,11 +49,6 @@ def check_transaction_send(request: SendRequest) -> None:
     for i, b in enumerate(request.batches):
         if b.producer_id != txn:
             raise invalid(f"batch {i}: producer_id {b.producer_id:#x} is not the transaction's ({txn:#x})")
-        if b.delayed:
-            raise invalid(f"batch {i}: delayed messages in a transaction are not supported yet")
-    for i, m in enumerate(request.messages):
-        if m.deliver_at_ms > 0:
-            raise invalid(f"message {i}: delayed messages in a transaction are not supported yet")
 
 
 class DataRpcs(Rpcs):
@@ -71,7 +67,9 @@ class DataRpcs(Rpcs):
             raise invalid(f"unknown ack mode {request.ack}")
         if not request.batches and not request.messages:
             raise invalid("a send request needs at least one batch or message")
-        ack = ACK_NAMES[request.ack]
+        # a transaction's send is answered as ack=replica whatever it asks: an answered send survives a
+        # failover, so a commit on the next master never commits part of what its producer sent
+        ack = "replica" if request.transaction else ACK_NAMES[request.ack]
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
         # a framing walk stops at the declared record count, so declared counts bound the checks

@@ -40,7 +40,7 @@ class PopRpcs(Rpcs):
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
         pop = functools.partial(self.pops.pop, request.group, request.topic, max_messages,
                                 request.invisible_ms or 30_000, request.start_earliest,
-                                current_caller().may("admin"))
+                                current_caller().may("admin"), request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
         deadline = loop.time() + wait_s
         key = (request.topic, ANY_QUEUE)
         while True:

@@ -25,11 +25,13 @@ class TopicRpcs(Rpcs):
     """Topics, timers' cancels, status and role changes."""
 
     def _topic_info(self, name: str, queues: int) -> pb.TopicInfo:
-        highs = []
+        highs, stable = [], []
         for q in range(queues):
             qf = self.store.views.queues.queue(name, q)
-            highs.append(qf.next_queue_offset if qf else 0)
-        return pb.TopicInfo(name=name, queues=queues, queue_max_offsets=highs)
+            high = qf.next_queue_offset if qf else 0
+            highs.append(high)
+            stable.append(self.store.reads.stable_end(name, q, high, True))
+        return pb.TopicInfo(name=name, queues=queues, queue_max_offsets=highs, queue_stable_offsets=stable)
 
     @staticmethod
     def _new_topic(request: pb.CreateTopicRequest) -> tuple[str, dict[str, Any]]:
