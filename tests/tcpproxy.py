@@ -51,14 +51,30 @@ class TcpProxy:
                 continue
             with self._lock:
                 self._conns += [client, upstream]
+            ends = [2]  # pumps of this pair still running: the last one closes both sockets
             for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+                threading.Thread(target=self._pump_then_close, args=(a, b, ends), daemon=True).start()
 
-    @staticmethod
-    def _drain(src: socket.socket) -> None:
+    def _pump_then_close(self, src: socket.socket, dst: socket.socket, ends: list[int]) -> None:
+        self._pump(src, dst)
+        with self._lock:
+            ends[0] -= 1
+            if ends[0]:
+                return
+        self._forget(src, dst)
+
+    def _forget(self, *socks: socket.socket) -> None:
+        """Close connections that ended (their descriptors would pile up over a long run)."""
+        with self._lock:
+            self._conns = [c for c in self._conns if all(c is not s for s in socks)]
+        for s in socks:
+            s.close()  # a second close (by cut) of a Python socket is a no-op
+
+    def _drain(self, src: socket.socket) -> None:
         with contextlib.suppress(OSError):
             while src.recv(65536):
                 pass
+        self._forget(src)
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
