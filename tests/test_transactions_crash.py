@@ -36,6 +36,11 @@ def _view(c: BrokerClient, topic: str, queues: int) -> dict[int, tuple[list[int]
     return out
 
 
+def _reconnected(c: BrokerClient) -> None:
+    """Wait until ``c`` reaches its restarted node again (gRPC's reconnect backoff)."""
+    wait_until(c.status, 60, "the client's channel connected again", transient=lambda e: isinstance(e, BrokerError))
+
+
 def _checkpointed(d: DaemonProcess, aborted_runs: int) -> None:
     """Wait until the aborted index on disk holds ``aborted_runs`` entries (topic ``TOPIC``)."""
     path = os.path.join(d.data_dir, "txn", "aborted.idx")
@@ -113,8 +118,7 @@ def test_a_crash_after_the_decision_is_answered_by_the_retry(spawn: Spawn, commi
         assert tx.state == "open", "an end that was not answered leaves the transaction to retry"
         d.env = {}
         d.start()
-        wait_until(c.status, 60, "the client's channel connected again (gRPC's reconnect backoff)",
-                   transient=lambda e: isinstance(e, BrokerError))
+        _reconnected(c)
         if commit:
             tx.commit()  # answered "committed" from the decision in the log
         else:
@@ -163,7 +167,7 @@ def test_a_delayed_message_of_an_open_transaction_waits_across_kill9(spawn: Spaw
         gone.abort()
         d.kill9()
         d.start()
-        wait_until(c.status, 60, "the client's channel connected again", transient=lambda e: isinstance(e, BrokerError))
+        _reconnected(c)
         time.sleep(1.0)  # due: held while open, dropped when aborted, also after the restart
         assert c.status()["timer_pending"] == 1
         assert [m.body for r in c.iter_pull(TOPIC, 0, 0, isolation="read_uncommitted") for m in r] == []
@@ -186,7 +190,7 @@ def test_a_torn_tail_inside_a_transaction(spawn: Spawn, tmp_path: Path) -> None:
         d.stop()
         d.env["TIDEMARK_FAILPOINTS"] = "commitlog_before_fsync=exit@2"  # 1: recovery's own sync
         d.start()
-        wait_until(c.status, 60, "connected again", transient=lambda e: isinstance(e, BrokerError))
+        _reconnected(c)
         with contextlib.suppress(BrokerError):
             tx.send(TOPIC, [Message(b"torn " * 200)], ack="leader")
         assert d.wait_exit(30) != 0
@@ -198,7 +202,7 @@ def test_a_torn_tail_inside_a_transaction(spawn: Spawn, tmp_path: Path) -> None:
             f.write(written[durable : durable + (len(written) - durable) // 2])  # a torn batch
         d.env = {}
         d.start()
-        wait_until(c.status, 60, "connected again", transient=lambda e: isinstance(e, BrokerError))
+        _reconnected(c)
         assert c.status()["recovery"]["truncated_bytes"] > 0
         assert [t["transactional_id"] for t in c.list_transactions()] == ["torn"]
         assert [m.body for r in c.iter_pull(TOPIC, 0, 0, isolation="read_uncommitted") for m in r] == [b"durable"]
