@@ -259,8 +259,8 @@ class PopService(LeaseEnds, PopReports):
             if n_fresh:
                 fresh = np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)
                 if committed:
-                    fresh, aborted = self._without_aborted(topic, q, fresh)
-                    gone = np.union1d(gone, aborted)
+                    aborted = self.store.reads.aborted_mask(topic, q, fresh)
+                    fresh, gone = fresh[~aborted], np.union1d(gone, fresh[aborted])
                 offs = np.concatenate((offs, fresh))
                 counts = np.concatenate((counts, np.zeros(fresh.size, dtype=np.int64)))
             nxt = pq.next_visible_ms()
@@ -268,16 +268,6 @@ class PopService(LeaseEnds, PopReports):
             if offs.size or dead.size or gone.size or start is not None:
                 return _Pick(q, start, offs, counts, dead, gone), wake
             return None, wake
-
-    def _without_aborted(self, topic: str, queue_id: int, fresh: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``fresh`` (adjacent offsets) split into those to lease and those of aborted transactions."""
-        ranges = self.store.reads.aborted_within(topic, queue_id, int(fresh[0]), int(fresh[-1]) + 1)
-        if not ranges:
-            return fresh, fresh[:0]
-        mask = np.zeros(fresh.size, dtype=bool)
-        for start, stop in ranges:
-            mask[max(0, start - int(fresh[0])):max(0, stop - int(fresh[0]))] = True
-        return fresh[~mask], fresh[mask]
 
     def _read_runs(self, topic: str, queue_id: int, offsets: np.ndarray, counts: np.ndarray,
                    budget: int) -> tuple[list[tuple[int, int, int, list[bytes], int]], np.ndarray, np.ndarray, int]:

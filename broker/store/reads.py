@@ -151,6 +151,12 @@ class Reads:
         last = qf.entry(qf.locate(end - 1))
         return qf.entry(qf.locate(start)).commit_offset, last.commit_offset + last.batch_bytes
 
+    def aborted_mask(self, topic: str, queue_id: int, offsets: np.ndarray) -> np.ndarray:
+        """Which of ``offsets`` (ascending queue offsets) belong to aborted transactions."""
+        if not len(offsets):
+            return np.zeros(0, dtype=bool)
+        return _within(offsets, self.aborted_within(topic, queue_id, int(offsets[0]), int(offsets[-1]) + 1))
+
     def aborted_within(self, topic: str, queue_id: int, low: int, high: int) -> list[tuple[int, int]]:
         """Ranges ``[start, end)`` of aborted transactions' queue offsets that overlap ``[low, high)``."""
         if topic.startswith(system_records.SYSTEM_PREFIX):
