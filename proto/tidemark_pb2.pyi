@@ -960,36 +960,42 @@ class DescribeTopicResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDescription, _Mapping]]] = ...) -> None: ...
 
 class BeginTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "timeout_ms", "check_back")
+    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
+    COUNT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     timeout_ms: int
     check_back: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ...) -> None: ...
+    count_messages: bool
+    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ...) -> None: ...
 
 class BeginTransactionResponse(_message.Message):
-    __slots__ = ("producer_id", "epoch", "timeout_ms")
+    __slots__ = ("producer_id", "epoch", "timeout_ms", "counted")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    COUNTED_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     epoch: int
     timeout_ms: int
-    def __init__(self, producer_id: _Optional[int] = ..., epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+    counted: bool
+    def __init__(self, producer_id: _Optional[int] = ..., epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., counted: _Optional[bool] = ...) -> None: ...
 
 class EndTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "commit", "offsets")
+    __slots__ = ("transactional_id", "producer_id", "commit", "offsets", "messages_sent")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_SENT_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     commit: bool
     offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., commit: _Optional[bool] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+    messages_sent: int
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., commit: _Optional[bool] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ..., messages_sent: _Optional[int] = ...) -> None: ...
 
 class EndTransactionResponse(_message.Message):
     __slots__ = ("outcome", "reason")

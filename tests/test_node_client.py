@@ -56,6 +56,7 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
     assert steps["read_committed"] == {"step": "read_committed", "bodies": ["node-tx-ok 1", "node-tx-ok 2"],
                                        "offsets": ["0", "1"], "next_offset": "4", "uncommitted": 4}
     assert steps["status"]["transactions"] == {"committed": "1", "aborted": "1", "open": "0"}
+    assert steps["transaction"]["counted"] is True, "a Node producer's transaction is counted (ACK_LEADER sends)"
     with BrokerClient(d.address) as c:  # what Node sent is what our own client reads
         msgs = list(c.pull("orders", 0, 0))
         assert [m.body for m in msgs] == [b"hello from node", b"delayed from node"]

@@ -428,3 +428,56 @@ def test_a_pull_never_reads_past_the_end_it_saw(spawn: Spawn) -> None:
         reader.join(10)
         assert got == [[b"plain"]], "a read_committed pull returned an open transaction's message"
         tx.abort()
+
+
+def test_a_counted_commit_is_checked_against_the_log_and_its_sends_keep_their_ack(spawn: Spawn) -> None:
+    """A counted transaction (count_messages, no check-back): its sends are answered at the ack they
+    ask for, and a commit whose count the log does not hold aborts (reason "incomplete"); delayed
+    messages count; an uncounted or check-back transaction's sends are answered as ack=replica."""
+    port = free_port()
+    node = spawn("node", config={**FAST, "node.metrics_listen": f"127.0.0.1:{port}"})
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
+
+    def answered_as() -> dict[str, float]:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        return {m[0]: float(m[1]) for m in re.findall(r'^tidemark_send_seconds_count\{ack="(\w+)"\} (\S+)$', text, re.M)}
+
+    def begin(tid: str, **kw: bool) -> pb.BeginTransactionResponse:
+        return stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id=tid, **kw))
+
+    def send(pid: int, *bodies: bytes, deliver_at_ms: int = 0) -> None:
+        stub.Send(pb.SendRequest(transaction=pid, ack=pb.ACK_LEADER, messages=[
+            pb.PlainMessage(topic="t", body=b, deliver_at_ms=deliver_at_ms) for b in bodies]))
+
+    def end(tid: str, pid: int, sent: int) -> tuple[int, str]:
+        r = stub.EndTransaction(pb.EndTransactionRequest(transactional_id=tid, producer_id=pid, commit=True,
+                                                         messages_sent=sent))
+        return r.outcome, r.reason
+
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        short = begin("short", count_messages=True)
+        assert short.counted
+        before = answered_as()
+        send(short.producer_id, b"s1", b"s2")
+        assert answered_as().get("leader", 0) == before.get("leader", 0) + 1, "a counted send keeps its ack"
+        assert end("short", short.producer_id, 3) == (pb.TRANSACTION_OUTCOME_ABORTED, "incomplete")
+        assert end("short", short.producer_id, 2) == (pb.TRANSACTION_OUTCOME_ABORTED, "incomplete"), "first outcome"
+        whole = begin("whole", count_messages=True)
+        send(whole.producer_id, b"w1", b"w2")
+        send(whole.producer_id, b"w3", deliver_at_ms=int(time.time() * 1000) + 600_000)
+        assert end("whole", whole.producer_id, 3) == (pb.TRANSACTION_OUTCOME_COMMITTED, "client")
+        assert _bodies(c, "t") == [b"w1", b"w2"]
+        for tid, kw in (("plain", {}), ("checked", {"count_messages": True, "check_back": True})):
+            t = begin(tid, **kw)
+            assert not t.counted, "a check-back's commit has no count: its transaction is not counted"
+            before = answered_as()
+            send(t.producer_id, b"u")
+            assert answered_as().get("replica", 0) == before.get("replica", 0) + 1, "upgraded to ack=replica"
+            assert end(tid, t.producer_id, 0) == (pb.TRANSACTION_OUTCOME_COMMITTED, "client"), "not counted"
+        assert _bodies(c, "t") == [b"w1", b"w2", b"u", b"u"]
+        with c.transaction("client") as tx:  # our client counts for itself
+            tx.send("t", [Message(b"c1"), Message(b"c2")])
+            tx.send("t", [Message(b"c3")])
+        assert tx.counted and tx.messages_sent == 3 and tx.state == "committed"
+        assert _bodies(c, "t")[-3:] == [b"c1", b"c2", b"c3"]

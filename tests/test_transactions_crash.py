@@ -215,3 +215,35 @@ def test_a_torn_tail_inside_a_transaction(spawn: Spawn, tmp_path: Path) -> None:
         assert raw == [(0, b"durable"), (1, b"after")], "the queue goes on from the cut"
     finally:
         c.close()
+
+
+def test_a_send_lost_by_a_power_cut_makes_the_commit_abort(spawn: Spawn, tmp_path: Path) -> None:
+    """A counted transaction's ack=leader send answered, then lost (power cut before the fsync): the
+    commit after the restart finds the log short of the producer's count and aborts the whole
+    transaction (reason "incomplete"), so its durable part never becomes visible alone. The
+    other transaction, whose messages all survived, commits with its count rebuilt by recovery."""
+    journal = str(tmp_path / "fsync.journal")
+    d = spawn("node", config={**FAST, "commitlog.flush_interval_ms": 60_000},
+              env={"TIDEMARK_FSYNC_JOURNAL": journal})
+    c = BrokerClient(d.address, timeout_s=3)
+    try:
+        c.create_topic(TOPIC, queues=1)
+        kept = c.begin_transaction("kept", timeout_ms=600_000)
+        kept.send(TOPIC, [Message(b"k0"), Message(b"k1")])
+        torn = c.begin_transaction("torn", timeout_ms=600_000)
+        torn.send(TOPIC, [Message(b"durable")])
+        c.send(TOPIC, [Message(b"flushed")], ack="flush")  # everything so far is on disk
+        torn.send(TOPIC, [Message(b"lost")], ack="leader")
+        assert torn.counted and torn.messages_sent == 2
+        d.kill9()
+        assert drop_unsynced_bytes(journal) > 0
+        d.start()
+        _reconnected(c)
+        assert sorted(t["transactional_id"] for t in c.list_transactions()) == ["kept", "torn"]
+        with pytest.raises(TransactionAborted) as aborted:
+            torn.commit()
+        assert aborted.value.reason == "incomplete"
+        kept.commit()
+        assert _view(c, TOPIC, 1)[0][1] == [b"k0", b"k1", b"flushed"], "the torn transaction is all gaps"
+    finally:
+        c.close()

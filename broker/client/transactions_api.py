@@ -63,29 +63,40 @@ class Transaction:
     """One open transaction: ``send`` to any topics and queues, ``commit_offsets``, then ``commit``
     or ``abort``. Not for several threads at once."""
 
-    def __init__(self, client: TransactionsAPI, tid: str, pid: int, epoch: int, timeout_ms: int) -> None:
+    def __init__(self, client: TransactionsAPI, tid: str, pid: int, epoch: int, timeout_ms: int,
+                 counted: bool = False) -> None:
         self.client = client
         self.transactional_id = tid
         self.producer_id = pid
         self.epoch = epoch
         self.timeout_ms = timeout_ms
+        self.counted = counted
         self.state = "open"
+        self.messages_sent = 0
         self._producer = _Producer(producer_id=pid)
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._broken: BrokerError | None = None
 
-    def send(self, topic: str, messages: Sequence[Message], ack: str = "replica",
+    def send(self, topic: str, messages: Sequence[Message], ack: str | None = None,
              timeout_ms: int | None = None) -> Sequence[Receipt]:
-        """Messages of the transaction (invisible to read_committed readers until it commits). The
-        server answers every send of a transaction as ack=replica, whatever ``ack`` asks: a send
-        answered before a failover is on the next master, so a commit there commits all of it. A
-        send that failed leaves the transaction able only to abort (``commit`` refuses)."""
+        """Messages of the transaction (invisible to read_committed readers until it commits).
+
+        A transaction begun without ``check`` is counted: its sends are answered at ``ack``
+        (default ``leader``: appended on the master) and the commit, replicated, covers them all;
+        a commit on a master whose log lacks some of them (a failover lost them) aborts instead
+        (``TransactionAborted``, reason ``incomplete``). A check-back transaction's sends are
+        answered as ack=replica whatever ``ack`` asks. A send that failed leaves the transaction
+        able only to abort (``commit`` refuses)."""
         self._check_open()
         try:
-            return self.client._send_as(self._producer, topic, messages, ack, timeout_ms, transaction=self.producer_id)
+            receipts = self.client._send_as(self._producer, topic, messages, ack or ("leader" if self.counted
+                                                                                     else "replica"),
+                                            timeout_ms, transaction=self.producer_id)
         except BrokerError as exc:
             self._broken = exc  # outcome unknown: the sequences cannot go on; only abort is left
             raise
+        self.messages_sent += len(messages)
+        return receipts
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         """Consumer offsets (``{queue_id: next offset}``) stored only if the transaction commits."""
@@ -115,7 +126,7 @@ class Transaction:
 
     def _end(self, commit: bool, offsets: list[pb.CommittedOffset]) -> pb.EndTransactionResponse:
         req = pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
-                                       commit=commit, offsets=offsets)
+                                       commit=commit, offsets=offsets, messages_sent=self.messages_sent)
         try:
             response = self.client._call("EndTransaction", req)  # a retried end answers the first outcome
         finally:
@@ -152,11 +163,12 @@ class TransactionsAPI(DataAPI):
         ``timeout_ms``: aborted this long after its first write (0: the server's default). ``check``:
         past the timeout the master asks it ``"commit"``, ``"abort"`` or ``"unknown"`` (ask again)."""
         req = _request(pb.BeginTransactionRequest, transactional_id=transactional_id, timeout_ms=timeout_ms,
-                       check_back=check is not None)
+                       check_back=check is not None, count_messages=check is None)
         if check is not None:
             self._checkback_start().register(transactional_id, check)
         response = self._call("BeginTransaction", req)
-        return Transaction(self, transactional_id, response.producer_id, response.epoch, response.timeout_ms)
+        return Transaction(self, transactional_id, response.producer_id, response.epoch, response.timeout_ms,
+                           response.counted)
 
     @contextlib.contextmanager
     def transaction(self, transactional_id: str, timeout_ms: int = 0) -> Iterator[Transaction]:

@@ -2,12 +2,15 @@
 
 Each record's key is its kind, its body a JSON object (as ``__metadata``'s):
 
-- ``txn.begin`` ``{"tid": str, "epoch": int, "timeout_ms": int, "check": bool}``: a transaction
-  of the transactional id ``tid`` begins. Its producer id is ``TXN_PID_BIT | <this record's commit
-  offset>``: unique in the log's history, and never one a client picks (clients pick 63-bit ids).
+- ``txn.begin`` ``{"tid": str, "epoch": int, "timeout_ms": int, "check": bool, "counted"?: bool}``: a
+  transaction of the transactional id ``tid`` begins (``counted``: its producer gives, when it
+  commits, how many messages it sent, and its sends are acknowledged at the ack mode they ask
+  for). Its producer id is ``TXN_PID_BIT | <this record's commit offset>``: unique in the log's
+  history, and never one a client picks (clients pick 63-bit ids).
 - ``txn.end`` ``{"tid": str, "pid": int, "commit": bool, "reason": str, "offsets": [[group, topic,
   queue, offset], ...]}``: the decision, one per transaction on this node. ``reason``: ``client``,
-  ``timeout``, ``fenced`` (a newer begin of the same id), ``operator``, ``check``. ``offsets``: consumer
+  ``timeout``, ``fenced`` (a newer begin of the same id), ``operator``, ``check``, ``incomplete`` (a
+  counted commit whose count the log did not hold: aborted instead). ``offsets``: consumer
   offsets committed with the transaction (applied by the metadata view only when it commits).
 
 A transaction's messages are batches of their own queues whose header has ``FLAG_TRANSACTIONAL``
@@ -29,7 +32,7 @@ __all__ = ["BEGIN", "END", "TXN_PID_BIT", "TXN_TOPIC", "Begin", "End", "is_txn_p
 BEGIN = "txn.begin"
 END = "txn.end"
 TXN_PID_BIT = 1 << 63
-REASONS = ("client", "timeout", "fenced", "operator", "check")
+REASONS = ("client", "timeout", "fenced", "operator", "check", "incomplete")
 TIDS_MAX = 10_000  # transactional ids whose latest epoch is remembered (an open one's always)
 
 
@@ -46,6 +49,7 @@ class Begin:
     check: bool
     at_ms: int  # the batch's store time
     offset: int  # the record's commit offset
+    counted: bool = False  # the commit carries the producer's count of messages sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +63,11 @@ class End:
     offsets: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
-def encode_begin(tid: str, epoch: int, timeout_ms: int, check: bool) -> tuple[bytes, bytes]:
-    return BEGIN.encode(), json.dumps({"tid": tid, "epoch": epoch, "timeout_ms": timeout_ms, "check": check},
-                                      separators=(",", ":")).encode()
+def encode_begin(tid: str, epoch: int, timeout_ms: int, check: bool, counted: bool = False) -> tuple[bytes, bytes]:
+    body: dict[str, Any] = {"tid": tid, "epoch": epoch, "timeout_ms": timeout_ms, "check": check}
+    if counted:
+        body["counted"] = True
+    return BEGIN.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
 def encode_end(tid: str, pid: int, commit: bool, reason: str,
@@ -80,7 +86,7 @@ def records(header: bf.BatchHeader, batch: memoryview) -> Iterator[Begin | End]:
         if kind == b"txn.begin":
             f = json.loads(bytes(body))
             yield Begin(TXN_PID_BIT | offset, str(f["tid"]), int(f["epoch"]), int(f["timeout_ms"]), bool(f["check"]),
-                        header.store_time_ms, offset)
+                        header.store_time_ms, offset, bool(f.get("counted", False)))
         elif kind == b"txn.end":
             f = json.loads(bytes(body))
             yield End(int(f["pid"]), str(f["tid"]), bool(f["commit"]), str(f["reason"]), header.store_time_ms, offset,

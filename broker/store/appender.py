@@ -61,6 +61,8 @@ class TailState:
     txn_open: dict[int, str] = field(default_factory=dict)  # open transactions: producer id -> transactional id
     txn_by_tid: dict[str, int] = field(default_factory=dict)  # the same, by transactional id (one open per id)
     txn_epochs: OrderedDict[str, int] = field(default_factory=OrderedDict)  # transactional id -> begins so far
+    txn_messages: dict[int, int] = field(default_factory=dict)  # open transaction -> messages of its batches
+    txn_counted: set[int] = field(default_factory=set)  # open transactions whose commit carries a count
 
     @classmethod
     def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView, txns: TxnView,
@@ -71,8 +73,11 @@ class TailState:
         tail.queue_next, topics, tail.last_store_time_ms = queues.tail_state()  # store times never go back
         tail.producers = producers.producers.copy()
         tail.topics = {t for t in topics if not t.startswith(system_records.SYSTEM_PREFIX)}
-        tail.txn_open = {t.pid: t.tid for t in txns.open_transactions()}
+        open_now = txns.open_transactions()
+        tail.txn_open = {t.pid: t.tid for t in open_now}
         tail.txn_by_tid = {tid: pid for pid, tid in tail.txn_open.items()}
+        tail.txn_messages = {t.pid: t.messages for t in open_now}
+        tail.txn_counted = {t.pid for t in open_now if t.counted}
         tail.txn_epochs = OrderedDict((tid, epoch) for tid, (_, epoch) in txns.latest.items())
         start = min(queues.applied_offset, producers.applied_offset, txns.applied_offset)
         for header, batch in scan(log_.read, start, log_.max_offset if end is None else end, mode=Mode.STRICT,
@@ -88,6 +93,8 @@ class TailState:
         if txns and header.topic == txn_records.TXN_TOPIC:
             for rec in txn_records.records(header, batch):
                 self.apply_txn(rec)
+        elif txns and header.flags & bf.FLAG_TRANSACTIONAL:
+            self.count_txn_messages(header.producer_id, header.record_count)
         if queues:
             self.queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
             if header.topic == system_records.METADATA_TOPIC:
@@ -99,16 +106,26 @@ class TailState:
             self.producers.record(header)
         self.last_store_time_ms = max(self.last_store_time_ms, header.store_time_ms)
 
+    def count_txn_messages(self, pid: int, count: int) -> None:
+        if pid in self.txn_messages:  # a batch of a transaction not open is never visible: not counted
+            self.txn_messages[pid] += count
+
     def apply_txn(self, rec: txn_records.Begin | txn_records.End) -> None:
         if isinstance(rec, txn_records.Begin):
             self.txn_open[rec.pid] = rec.tid
             self.txn_by_tid[rec.tid] = rec.pid
+            self.txn_messages[rec.pid] = 0
+            if rec.counted:
+                self.txn_counted.add(rec.pid)
             self.txn_epochs[rec.tid] = rec.epoch
             self.txn_epochs.move_to_end(rec.tid)
             while len(self.txn_epochs) > txn_records.TIDS_MAX:
                 self.txn_epochs.popitem(last=False)
-        elif self.txn_open.pop(rec.pid, None) is not None and self.txn_by_tid.get(rec.tid) == rec.pid:
-            del self.txn_by_tid[rec.tid]
+        else:
+            self.txn_messages.pop(rec.pid, None)
+            self.txn_counted.discard(rec.pid)
+            if self.txn_open.pop(rec.pid, None) is not None and self.txn_by_tid.get(rec.tid) == rec.pid:
+                del self.txn_by_tid[rec.tid]
 
     def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
         """Created or deleted topics restart their queue offsets at 0; return the deleted ones."""
@@ -245,6 +262,7 @@ class Appender:
         producers = tail.producers
         undo = producers.savepoint()  # sequences are recorded as we go, so a request sees its own batches
         wait_offset = 0
+        counted: list[tuple[int, int]] = []  # transactions' batches: (producer id, messages)
         for b in batches:
             verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence)
             if verdict.error:
@@ -266,6 +284,8 @@ class Appender:
                 flags=b.flags,
             )
             chunks.append([head, b.records])
+            if b.flags & bf.FLAG_TRANSACTIONAL:
+                counted.append((b.producer_id, b.record_count))
             producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
             receipts.append(BatchReceipt(offset, qoff, b.record_count))
             queue_next[key] = qoff + b.record_count
@@ -277,6 +297,8 @@ class Appender:
                 self.on_topic_deleted(name)
             tail.queue_next.update(queue_next)
             tail.last_store_time_ms = now
+            for pid, count in counted:
+                tail.count_txn_messages(pid, count)
             wait_offset = max(wait_offset, end)
         return receipts, wait_offset
 
@@ -414,6 +436,11 @@ class Appender:
             return Truncation.CUT
 
     # -- the append side's view, for readers -------------------------------------------------------
+    def txn_counted(self, pid: int) -> bool:
+        """Whether open transaction ``pid``'s commit carries its count (read without the lock:
+        a transaction that ends meanwhile has its send refused under it)."""
+        return pid in self.tail.txn_counted
+
     def queue_end(self, topic: str, queue_id: int) -> int:
         """Next queue offset the append side will assign (counts appended, unconfirmed batches)."""
         with self.lock:

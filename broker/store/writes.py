@@ -33,6 +33,7 @@ from broker.store.watermarks import Watermarks
 from broker.views import View
 
 Changes = list[tuple[str, dict[str, Any]]]
+TxnRecord = txn_records.Begin | txn_records.End
 
 
 class WriteStep:
@@ -76,14 +77,27 @@ class WriteStep:
         self.acknowledged(end, ack, timeout_ms=timeout_ms, applied=applied, what=what)
         return receipts
 
-    def write_txn(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], *, applied: View,
-                  timeout_ms: int | None = None) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+    def write_txn(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], *, applied: View | None,
+                  ack: Callable[[list[TxnRecord]], str] | None = None, timeout_ms: int | None = None
+                  ) -> tuple[list[TxnRecord], int]:
         """``__txn`` records decided under the append lock (``Appender.append_txn``), acknowledged
-        as ack=replica and applied by ``applied``: a transaction's begin and end are answered
-        only once a promoted slave would know them, and a reader sees what they decided."""
+        as ack=replica (or as ``ack(records)`` says) and applied by ``applied`` (if given): a
+        transaction's end is answered only once a promoted slave would know it, and a reader sees
+        what it decided."""
         records, end = self.appender.append_txn(build)
         if end:
-            self.acknowledged(end, "replica", timeout_ms=timeout_ms, applied=applied, what="the transaction record")
+            mode = ack(records) if ack is not None else "replica"
+            self.acknowledged(end, mode, timeout_ms=timeout_ms, applied=applied, what="the transaction record")
+        return records, end
+
+    async def write_txn_async(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], *,
+                              applied: View | None, ack: Callable[[list[TxnRecord]], str] | None = None
+                              ) -> tuple[list[TxnRecord], int]:
+        """``write_txn`` on the event loop: the append is one short write under the append lock."""
+        records, end = self.appender.append_txn(build)
+        if end:
+            mode = ack(records) if ack is not None else "replica"
+            await self.acknowledged_async(end, mode, applied=applied, what="the transaction record")
         return records, end
 
     def write_system(self, changes: Changes, *, ack: str = "replica", timeout_ms: int | None = None,

@@ -5,7 +5,18 @@ so it is taken against the transactions open at that instant in the log's order:
 finds its transactional id's older transaction open aborts it in the same batch (reason
 ``fenced``), an end of a transaction that is no longer open appends nothing and answers the
 first outcome, a send of a transaction that ended is refused by the appender. Each record is
-acknowledged as ack=replica and applied by the transactions view before the call returns.
+applied by the transactions view before the call returns.
+
+Acknowledgement: an end is acknowledged as ack=replica. A **counted** transaction (its producer
+gives, with its commit, the number of messages it sent; no check-back) has its begin and its sends
+acknowledged at the ack mode they ask for, as Kafka's producer pipelines its transaction's sends:
+the commit record, replicated, covers everything before it in the log, and the commit is decided
+under the append lock against the messages this node's log holds for the transaction. A send
+answered by a master that failed before replicating it is not in the next master's log; a commit
+there finds its count short and aborts the transaction instead (reason ``incomplete``), so no
+commit ever makes part of a transaction visible. A begin that fences an older instance is always
+acknowledged as ack=replica (the fence must survive a failover). An uncounted transaction's sends
+are answered as ack=replica whatever they ask (``rpc/data.py``).
 
 The sweeper (``sweep``, run by ``TxnSweeper`` on the master) ends transactions past their
 timeout, counted from their first write: a ``check_back`` one is first asked about
@@ -26,7 +37,7 @@ from broker.logformat import txn_records as tr
 from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.store.appender import TailState
-from broker.views.transactions import Ended, OpenTxn
+from broker.views.transactions import Ended, OpenTxn, TxnView
 
 log = structlog.get_logger("txn")
 TID_BYTES_MAX = 200
@@ -39,6 +50,7 @@ class Begun:
     pid: int
     epoch: int
     timeout_ms: int
+    counted: bool
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,48 @@ def check_tid(tid: str) -> None:
         raise invalid(f"transactional id {shown(tid)} must be 1-{TID_BYTES_MAX} bytes of printable characters")
 
 
+@dataclass(frozen=True)
+class _BeginPlan:
+    tid: str
+    timeout_ms: int
+    check_back: bool
+    counted: bool
+    open_max: int
+    applied: TxnView | None
+
+    def build(self, tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+        """Under the append lock: an older open transaction of the id is aborted (fenced) first."""
+        older = tail.txn_by_tid.get(self.tid)
+        if older is None and len(tail.txn_open) >= self.open_max:
+            raise BrokerError("RESOURCE_EXHAUSTED", f"{self.open_max} transactions are open on this node "
+                              "(transactions.open_max); commit or abort some, or wait for their timeouts")
+        items = [tr.encode_end(self.tid, older, False, "fenced")] if older is not None else []
+        epoch = tail.txn_epochs.get(self.tid, 0) + 1
+        items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted))
+        return items
+
+    def ack(self, records: list[tr.Begin | tr.End]) -> str:
+        """A counted begin is acknowledged as ack=leader (its commit, replicated, covers it), unless
+        it fenced an older instance (two records): that abort must survive a failover."""
+        return "leader" if self.counted and len(records) == 1 else "replica"
+
+    def begun(self, records: list[tr.Begin | tr.End]) -> Begun:
+        begin = records[-1]
+        assert isinstance(begin, tr.Begin)
+        if len(records) > 1:
+            log.info("txn_fenced", transactional_id=self.tid, pid=f"{records[0].pid:#x}", epoch=begin.epoch)
+        return Begun(begin.pid, begin.epoch, self.timeout_ms, begin.counted)
+
+
+def _decided(records: list[tr.Begin | tr.End]) -> Outcome | None:
+    """The outcome an end just appended, or None: the transaction was not open (ended before)."""
+    if not records:
+        return None
+    end = records[0]
+    assert isinstance(end, tr.End)
+    return Outcome(end.commit, end.reason)
+
+
 class TxnService:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -59,58 +113,85 @@ class TxnService:
         self.view = store.views.txns
 
     # -- begin --------------------------------------------------------------------------------------
-    def begin(self, tid: str, timeout_ms: int, check_back: bool) -> Begun:
+    # Each call has one plan (checks, and what to write, decided under the append lock) and two
+    # drivers: a thread's (the sweeper, operators, an end with offsets) and the event loop's (the
+    # client's begin and end: one thread hand-off fewer per call, issue 37's throughput).
+    def begin(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
+        plan = self._begin_plan(tid, timeout_ms, check_back, count_messages)
+        return plan.begun(self.store.writes.write_txn(plan.build, applied=plan.applied, ack=plan.ack)[0])
+
+    async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
+        plan = self._begin_plan(tid, timeout_ms, check_back, count_messages)
+        return plan.begun((await self.store.writes.write_txn_async(plan.build, applied=plan.applied, ack=plan.ack))[0])
+
+    def _begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool) -> _BeginPlan:
         check_tid(tid)
         top = self.config["transactions.max_timeout_ms"]
         if timeout_ms > top:
             raise invalid(f"timeout_ms {timeout_ms} is above transactions.max_timeout_ms ({top})")
         timeout_ms = timeout_ms or min(self.config["transactions.timeout_ms"], top)
-        open_max = self.config["transactions.open_max"]
-
-        def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
-            older = tail.txn_by_tid.get(tid)
-            if older is None and len(tail.txn_open) >= open_max:
-                raise BrokerError("RESOURCE_EXHAUSTED", f"{open_max} transactions are open on this node "
-                                  "(transactions.open_max); commit or abort some, or wait for their timeouts")
-            items = [tr.encode_end(tid, older, False, "fenced")] if older is not None else []
-            epoch = tail.txn_epochs.get(tid, 0) + 1
-            items.append(tr.encode_begin(tid, epoch, timeout_ms, check_back))
-            return items
-
-        records, _ = self.store.writes.write_txn(build, applied=self.view)
-        begin = records[-1]
-        assert isinstance(begin, tr.Begin)
-        if len(records) > 1:
-            log.info("txn_fenced", transactional_id=tid, pid=f"{records[0].pid:#x}", epoch=begin.epoch)
-        return Begun(begin.pid, begin.epoch, timeout_ms)
+        counted = count_messages and not check_back  # a check-back's commit has no count to check
+        # a counted begin is not waited for in the view: the view applies what is confirmed
+        # (replicated), and the sends and the commit check the append side's state
+        return _BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"],
+                          None if counted else self.view)
 
     # -- end ----------------------------------------------------------------------------------------
     def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,
-            reason: str = "client") -> Outcome:
-        """Commit or abort; a transaction that is no longer open answers how it ended first."""
+            reason: str = "client", messages_sent: int | None = None) -> Outcome:
+        """Commit or abort; a transaction that is no longer open answers how it ended first.
+        ``messages_sent``: a counted transaction's count, checked against its messages in the log."""
+        offsets = self._end_checks(tid, pid, commit, offsets)
+        if offsets:
+            self.store.offsets.commit([], wait_s=self.config["limits.send_timeout_ms"] / 1000.0)  # older commits first
+        records, _ = self.store.writes.write_txn(self._end_build(tid, pid, commit, reason, offsets, messages_sent),
+                                                 applied=self.view)
+        failpoint("txn_after_decision")
+        decided = _decided(records)
+        if decided is not None:
+            return decided
+        ended = self.view.ended_of(pid)
+        if ended is None:  # the first end may not be applied yet
+            self.store.dispatcher.wait_applied(self.view, self.store.appender.log.max_offset, END_LOOKUP_WAIT_S)
+        return self._first_outcome(tid, pid, commit)
+
+    async def end_async(self, tid: str, pid: int, commit: bool, messages_sent: int | None = None) -> Outcome:
+        """``end`` by the client, without offsets, on the event loop."""
+        self._end_checks(tid, pid, commit, None)
+        records, _ = await self.store.writes.write_txn_async(self._end_build(tid, pid, commit, "client", [],
+                                                                             messages_sent), applied=self.view)
+        failpoint("txn_after_decision")
+        decided = _decided(records)
+        if decided is not None:
+            return decided
+        if self.view.ended_of(pid) is None:
+            await self.store.dispatcher.wait_applied_async(self.view, self.store.appender.log.max_offset,
+                                                           END_LOOKUP_WAIT_S)
+        return self._first_outcome(tid, pid, commit)
+
+    def _end_checks(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None) -> list[OffsetEntry]:
         check_tid(tid)
         if not tr.is_txn_pid(pid):
             raise invalid(f"producer id {pid:#x} is not a transaction's (BeginTransactionResponse.producer_id)")
-        offsets = offsets if commit else []
-        if offsets:
-            self.store.offsets.commit([], wait_s=self.config["limits.send_timeout_ms"] / 1000.0)  # older commits first
+        return (offsets or []) if commit else []
 
+    @staticmethod
+    def _end_build(tid: str, pid: int, commit: bool, reason: str, offsets: list[OffsetEntry],
+                   messages_sent: int | None) -> Callable[[TailState, int], list[tuple[bytes, bytes]]]:
         def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
             if tail.txn_open.get(pid) != tid:
                 return []
+            if commit and pid in tail.txn_counted and tail.txn_messages.get(pid, 0) != messages_sent:
+                log.warning("txn_incomplete", transactional_id=tid, pid=f"{pid:#x}", sent=messages_sent,
+                            in_log=tail.txn_messages.get(pid, 0))
+                return [tr.encode_end(tid, pid, False, "incomplete")]
             return [tr.encode_end(tid, pid, commit, reason, offsets)]
-
-        records, _ = self.store.writes.write_txn(build, applied=self.view)
-        failpoint("txn_after_decision")
-        if records:
-            end = records[0]
-            assert isinstance(end, tr.End)
-            return Outcome(end.commit, end.reason)
-        return self._first_outcome(tid, pid, commit)
+        return build
 
     def _first_outcome(self, tid: str, pid: int, commit: bool) -> Outcome:
-        """How a transaction that is not open ended (a retried end, a fenced instance, a timeout)."""
-        ended = self._ended_applied(pid)
+        """How a transaction that is not open ended (a retried end, a fenced instance, a timeout),
+        as the view knows it."""
+        ended = self.view.ended_of(pid)
         if ended is None:
             raise not_found(f"transaction {pid:#x} of {shown(tid)} is unknown here: never begun on this node, or "
                             f"ended long ago (the last {len(self.view.ended)} decisions are remembered)")
@@ -121,15 +202,6 @@ class TxnService:
                               "instance began a transaction with the same transactional id, and this one was "
                               "aborted; nothing of it is visible")
         return Outcome(ended.committed, ended.reason)
-
-    def _ended_applied(self, pid: int) -> Ended | None:
-        """The view's decision on ``pid``, once it applied everything appended so far."""
-        ended = self.view.ended_of(pid)
-        if ended is not None:
-            return ended
-        target = self.store.appender.log.max_offset
-        self.store.dispatcher.wait_applied(self.view, target, END_LOOKUP_WAIT_S)
-        return self.view.ended_of(pid)
 
     # -- operators ----------------------------------------------------------------------------------
     def abort_by_operator(self, tid: str) -> Ended:

@@ -53,19 +53,23 @@ class OpenTxn:
     begun_ms: int
     first_write_ms: int = 0  # store time of its first batch (0: none yet)
     runs: dict[QueueKey, list[list[int]]] = field(default_factory=dict)  # per queue: [start, end) of its batches
+    counted: bool = False  # its commit carries the producer's count of messages sent
+    messages: int = 0  # messages of its batches in the log
 
     def first_offset(self, key: QueueKey) -> int:
         return self.runs[key][0][0]
 
     def to_json(self) -> list[object]:
         return [self.pid, self.tid, self.epoch, self.timeout_ms, self.check, self.begun_ms, self.first_write_ms,
-                [[t, q, runs] for (t, q), runs in self.runs.items()]]
+                [[t, q, runs] for (t, q), runs in self.runs.items()], self.counted, self.messages]
 
     @classmethod
     def from_json(cls, row: list[Any]) -> OpenTxn:
-        pid, tid, epoch, timeout, check, begun, first_write, runs = row
+        pid, tid, epoch, timeout, check, begun, first_write, runs = row[:8]
+        counted, messages = row[8:10] if len(row) >= 10 else (False, 0)  # a checkpoint from before counts
         return cls(int(pid), str(tid), int(epoch), int(timeout), bool(check), int(begun), int(first_write),
-                   {(str(t), int(q)): [[int(a), int(b)] for a, b in r] for t, q, r in runs})
+                   {(str(t), int(q)): [[int(a), int(b)] for a, b in r] for t, q, r in runs}, bool(counted),
+                   int(messages))
 
 
 @dataclass(frozen=True)
@@ -228,7 +232,8 @@ class TxnView(View):
                         self._topic_deleted(str(fields["topic"]))
 
     def _begin(self, rec: tr.Begin) -> None:
-        self.open[rec.pid] = OpenTxn(rec.pid, rec.tid, rec.epoch, rec.timeout_ms, rec.check, rec.at_ms)
+        self.open[rec.pid] = OpenTxn(rec.pid, rec.tid, rec.epoch, rec.timeout_ms, rec.check, rec.at_ms,
+                                     counted=rec.counted)
         self.latest[rec.tid] = (rec.pid, rec.epoch)
         self.latest.move_to_end(rec.tid)
         if len(self.latest) > tr.TIDS_MAX:
@@ -274,6 +279,7 @@ class TxnView(View):
             return
         if not t.first_write_ms:
             t.first_write_ms = header.store_time_ms
+        t.messages += header.record_count
         runs = t.runs.get(key)
         if runs is None:
             t.runs[key] = [[start, end]]

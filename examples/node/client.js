@@ -106,19 +106,18 @@ async function main() {
   });
 
   // Transactions: begin, send with SendRequest.transaction, end. A read_committed pull (the
-  // default) sees the committed one only; the aborted one's offsets stay as a gap.
+  // default) sees the committed one only; the aborted one's offsets stay as a gap. Counted
+  // (count_messages): the sends are answered at ACK_LEADER and the commit gives how many messages
+  // they carried; a commit whose count the master's log does not hold aborts ("incomplete").
   for (const [name, commit] of [['node-tx-ok', true], ['node-tx-no', false]]) {
-    const begun = await call('BeginTransaction', { transactional_id: name, timeout_ms: 30000 });
-    await call('Send', {
-      ack: 'ACK_REPLICA', // a transaction's sends are answered as ACK_REPLICA whatever they ask
-      transaction: begun.producer_id,
-      messages: [1, 2].map((i) => ({ topic, queue_id: 1, body: Buffer.from(`${name} ${i}`) })),
-    });
+    const begun = await call('BeginTransaction', { transactional_id: name, timeout_ms: 30000, count_messages: true });
+    const messages = [1, 2].map((i) => ({ topic, queue_id: 1, body: Buffer.from(`${name} ${i}`) }));
+    await call('Send', { ack: 'ACK_LEADER', transaction: begun.producer_id, messages });
     const ended = await call('EndTransaction', {
-      transactional_id: name, producer_id: begun.producer_id, commit,
+      transactional_id: name, producer_id: begun.producer_id, commit, messages_sent: String(messages.length),
       offsets: commit ? [{ group: `${group}-tx`, topic, queue_id: 0, offset: '2' }] : [],
     });
-    print('transaction', { transactional_id: name, epoch: begun.epoch, outcome: ended.outcome });
+    print('transaction', { transactional_id: name, epoch: begun.epoch, counted: begun.counted, outcome: ended.outcome });
   }
   const txRead = await call('Pull', { topic, queue_id: 1, offset: '0', max_messages: 100, decode: true });
   const txRaw = await call('Pull', {

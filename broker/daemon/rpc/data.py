@@ -67,9 +67,12 @@ class DataRpcs(Rpcs):
             raise invalid(f"unknown ack mode {request.ack}")
         if not request.batches and not request.messages:
             raise invalid("a send request needs at least one batch or message")
-        # a transaction's send is answered as ack=replica whatever it asks: an answered send survives a
-        # failover, so a commit on the next master never commits part of what its producer sent
-        ack = "replica" if request.transaction else ACK_NAMES[request.ack]
+        # an uncounted transaction's send is answered as ack=replica whatever it asks: an answered send
+        # survives a failover, so a commit on the next master never commits part of what its producer
+        # sent. A counted one's commit checks its count instead (broker/txn/service.py).
+        ack = ACK_NAMES[request.ack]
+        if request.transaction and not self.store.appender.txn_counted(request.transaction):
+            ack = "replica"
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
         # a framing walk stops at the declared record count, so declared counts bound the checks

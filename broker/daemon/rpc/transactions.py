@@ -1,9 +1,10 @@
 """The ``Broker`` service's transaction RPCs (DESIGN §14): BeginTransaction, EndTransaction,
 ListTransactions, DescribeTransaction, AbortTransaction and the TransactionChecks stream.
 
-Begin and end wait for their ``__txn`` record to be replicated and applied: run in the server's
-thread pool like the other admin calls. The check-back stream is a coroutine on the loop; the
-answers it receives end transactions in the read pool."""
+Begin and a client's end run on the event loop (their append is one short write; the waits for the
+``__txn`` record's ack and application park a future); an end with consumer offsets runs in a
+thread (it waits for older offset commits first). The check-back stream is a coroutine on the loop;
+the answers it receives end transactions in the read pool."""
 
 from __future__ import annotations
 
@@ -14,14 +15,20 @@ from collections.abc import AsyncIterator
 import grpc
 
 from broker import clock
-from broker.daemon.rpc.common import Rpcs, handle
+from broker.daemon.rpc.common import Rpcs, handle, handle_async
 from broker.errors import BrokerError, invalid
 from broker.txn.checks import CheckStream
-from broker.txn.service import check_tid
+from broker.txn.service import Outcome, check_tid
 from broker.views.transactions import Ended, OpenTxn
 from proto import tidemark_pb2 as pb
 
 DECISIONS = {"commit": True, "abort": False}
+
+
+def _ended(outcome: Outcome) -> pb.EndTransactionResponse:
+    return pb.EndTransactionResponse(
+        outcome=pb.TRANSACTION_OUTCOME_COMMITTED if outcome.committed else pb.TRANSACTION_OUTCOME_ABORTED,
+        reason=outcome.reason)
 
 
 def transaction_info(t: OpenTxn | Ended) -> pb.TransactionInfo:
@@ -41,24 +48,33 @@ def transaction_info(t: OpenTxn | Ended) -> pb.TransactionInfo:
 class TransactionRpcs(Rpcs):
     """Transactions: begin, end, look, abort, check back."""
 
-    def BeginTransaction(self, request: pb.BeginTransactionRequest,
-                         context: grpc.ServicerContext) -> pb.BeginTransactionResponse:
-        def run() -> pb.BeginTransactionResponse:
-            begun = self.ctx.txns.begin(request.transactional_id, request.timeout_ms, request.check_back)
-            return pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch, timeout_ms=begun.timeout_ms)
-        return handle(context, run)
+    # Begin and a client's end without offsets run on the event loop: one short append under the
+    # append lock, then the ack parks a future, not a thread (issue 37's throughput)
+    async def BeginTransaction(self, request: pb.BeginTransactionRequest,
+                               context: grpc.aio.ServicerContext) -> pb.BeginTransactionResponse:
+        async def run() -> pb.BeginTransactionResponse:
+            begun = await self.ctx.txns.begin_async(request.transactional_id, request.timeout_ms, request.check_back,
+                                                    request.count_messages)
+            return pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch, timeout_ms=begun.timeout_ms,
+                                               counted=begun.counted)
+        return await handle_async(context, run)
 
-    def EndTransaction(self, request: pb.EndTransactionRequest, context: grpc.ServicerContext) -> pb.EndTransactionResponse:
-        def run() -> pb.EndTransactionResponse:
+    async def EndTransaction(self, request: pb.EndTransactionRequest,
+                             context: grpc.aio.ServicerContext) -> pb.EndTransactionResponse:
+        async def run() -> pb.EndTransactionResponse:
             self.store.check_writable()
-            offsets = self.groups.checked_offsets(request.offsets) if request.commit else []
-            if offsets:
-                self.groups.check_room(offsets)
-            outcome = self.ctx.txns.end(request.transactional_id, request.producer_id, request.commit, offsets)
-            return pb.EndTransactionResponse(
-                outcome=pb.TRANSACTION_OUTCOME_COMMITTED if outcome.committed else pb.TRANSACTION_OUTCOME_ABORTED,
-                reason=outcome.reason)
-        return handle(context, run)
+            if request.commit and request.offsets:  # offsets wait for older offset commits: a pool thread
+                return await asyncio.to_thread(self._end_with_offsets, request)
+            outcome = await self.ctx.txns.end_async(request.transactional_id, request.producer_id, request.commit,
+                                                    messages_sent=request.messages_sent)
+            return _ended(outcome)
+        return await handle_async(context, run)
+
+    def _end_with_offsets(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
+        offsets = self.groups.checked_offsets(request.offsets)
+        self.groups.check_room(offsets)
+        return _ended(self.ctx.txns.end(request.transactional_id, request.producer_id, True, offsets,
+                                        messages_sent=request.messages_sent))
 
     def ListTransactions(self, request: pb.ListTransactionsRequest,
                          context: grpc.ServicerContext) -> pb.ListTransactionsResponse:
