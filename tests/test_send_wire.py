@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from broker.daemon.send_wire import SendRequestView, parse_send
+from broker.daemon.send_wire import SendRequestView, begin_of, parse_send
 from broker.daemon.wire import varint as _varint
 from proto import tidemark_pb2 as pb
 from tests.wirefuzz import agree, mutated
@@ -16,6 +16,8 @@ BATCH_FIELDS = ("topic", "queue_id", "producer_id", "base_sequence", "record_cou
 def _fields(request: Any) -> dict[str, Any]:
     return {
         "ack": int(request.ack), "timeout_ms": request.timeout_ms, "producer_id": request.producer_id,
+        "transaction": request.transaction,
+        "begin": begin.SerializeToString() if (begin := begin_of(request)) is not None else None,
         "messages": [m.SerializeToString() for m in request.messages],
         "batches": [{**{f: getattr(b, f) for f in BATCH_FIELDS}, "records": bytes(b.records)} for b in request.batches],
     }
@@ -31,6 +33,9 @@ def _request(rng: random.Random) -> pb.SendRequest:
                       records=rng.randbytes(rng.choice((0, 1, 300, 70_000))), delayed=rng.random() < 0.3)
     if rng.random() < 0.1:
         r.messages.add(topic="t", body=b"plain")
+    if rng.random() < 0.3:  # a send that begins a transaction
+        r.begin.CopyFrom(pb.BeginTransactionRequest(transactional_id=rng.choice(("", "tx", "ordrés")),
+                                                    timeout_ms=rng.choice((0, 5_000)), count_messages=rng.random() < 0.5))
     return r
 
 
@@ -48,6 +53,16 @@ def test_the_reader_and_protobuf_agree_on_every_request() -> None:
                  lambda rng, data: mutated(rng, data, scalars=(2,), unknown=(6, 9, 100, 1, 2, 4), more=_batch_bent),
                  parse_send, pb.SendRequest.FromString, _fields, SendRequestView)
     assert fast > 1000  # most requests took the reader, not the fallback
+
+
+def test_a_beginning_send_takes_the_reader() -> None:
+    begin = pb.BeginTransactionRequest(transactional_id="tx", timeout_ms=9, count_messages=True)
+    data = pb.SendRequest(batches=[pb.ProduceBatch(topic="t", record_count=1, records=b"r")], begin=begin)
+    parsed = parse_send(data.SerializeToString())
+    assert isinstance(parsed, SendRequestView) and parsed.begin == begin
+    twice = data.SerializeToString() + pb.SendRequest(begin=pb.BeginTransactionRequest(timeout_ms=3)).SerializeToString()
+    merged = parse_send(twice)
+    assert isinstance(merged, pb.SendRequest) and merged.begin.transactional_id == "tx" and merged.begin.timeout_ms == 3
 
 
 def test_records_are_a_view_of_the_request() -> None:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 import grpc
 import pytest
 
-from broker.client import BrokerClient, CheckQuestion, FailedPrecondition, Message, TransactionAborted
+from broker.client import BrokerClient, BrokerError, CheckQuestion, FailedPrecondition, Message, TransactionAborted
 from broker.logformat.txn_records import TXN_PID_BIT
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -139,12 +139,13 @@ def test_a_second_instance_fences_the_first(node: DaemonProcess) -> None:
         old = c1.begin_transaction("shop")
         old.send("t", [Message(b"zombie")])
         new = c2.begin_transaction("shop")
+        assert new.epoch == 0, "a transaction begins on the master with its first send"
+        new.send("t", [Message(b"fresh")])
         assert new.epoch == old.epoch + 1
         with pytest.raises(FailedPrecondition, match="not open"):
             old.send("t", [Message(b"zombie-2")])
         with pytest.raises(FailedPrecondition, match="fenced"):
             old._end(True, [])  # the first instance's commit (its send failing is ignored here)
-        new.send("t", [Message(b"fresh")])
         new.commit()
         assert _bodies(c1, "t") == [b"fresh"]
 
@@ -260,14 +261,23 @@ def test_bad_transaction_requests_are_refused(node: DaemonProcess) -> None:
 def test_open_transactions_are_bounded(spawn: Spawn) -> None:
     d = spawn("node", config={**FAST, "transactions.open_max": 3})
     with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=1)
         txs = [c.begin_transaction(f"b{i}") for i in range(3)]
+        for tx in txs:
+            tx.send("t", [Message(b"m")])  # begun on the master with its first send
         with pytest.raises(Exception) as exc:
-            c.begin_transaction("b3")
+            c.begin_transaction("b3").send("t", [Message(b"one too many")])
+        assert "transactions.open_max" in str(exc.value)
+        with pytest.raises(Exception) as exc:  # a transaction that sent nothing begins at its commit
+            c.begin_transaction("b3").commit()
         assert "transactions.open_max" in str(exc.value)
         again = c.begin_transaction("b0")  # a new instance of an open id replaces it: not one more
+        again.send("t", [Message(b"m")])
         assert again.epoch == 2
         for tx in txs[1:]:
             tx.abort()
+        again.commit()
+        assert _bodies(c, "t") == [b"m"]
 
 
 def test_cli_lists_describes_and_aborts(node: DaemonProcess) -> None:
@@ -481,3 +491,47 @@ def test_a_counted_commit_is_checked_against_the_log_and_its_sends_keep_their_ac
             tx.send("t", [Message(b"c3")])
         assert tx.counted and tx.messages_sent == 3 and tx.state == "committed"
         assert _bodies(c, "t")[-3:] == [b"c1", b"c2", b"c3"]
+
+
+def test_a_transaction_begins_with_its_first_send(node: DaemonProcess) -> None:
+    """SendRequest.begin: the begin and the first batches in one call. A retried beginning send
+    begins again and fences the first attempt's transaction; a refused one begins nothing; a
+    transaction that sent nothing begins at its commit; an abort after a failed beginning send
+    leaves nothing open."""
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        first = pb.SendRequest(ack=pb.ACK_LEADER, messages=[pb.PlainMessage(topic="t", body=b"once")],
+                               begin=pb.BeginTransactionRequest(transactional_id="r", count_messages=True))
+        a, b = stub.Send(first).begun, stub.Send(first).begun  # the second: a retry whose first answer was lost
+        assert a.counted and b.epoch == a.epoch + 1 and b.producer_id != a.producer_id
+        wait_until(lambda: c.describe_transaction("r")["producer_id"] == f"{b.producer_id:#x}", 10,
+                   "the view to apply the second begin (it applies what is confirmed)",
+                   transient=lambda e: isinstance(e, BrokerError))
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.EndTransaction(pb.EndTransactionRequest(transactional_id="r", producer_id=a.producer_id, commit=True,
+                                                         messages_sent=1))
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "fenced" in (exc.value.details() or "")
+        ended = stub.EndTransaction(pb.EndTransactionRequest(transactional_id="r", producer_id=b.producer_id,
+                                                             commit=True, messages_sent=1))
+        assert ended.outcome == pb.TRANSACTION_OUTCOME_COMMITTED
+        assert _bodies(c, "t") == [b"once"]
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.Send(pb.SendRequest(messages=[pb.PlainMessage(topic="nowhere", body=b"x")],
+                                     begin=pb.BeginTransactionRequest(transactional_id="n")))
+        assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.Send(pb.SendRequest(transaction=b.producer_id, messages=[pb.PlainMessage(topic="t", body=b"x")],
+                                     begin=pb.BeginTransactionRequest(transactional_id="n")))
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert c.list_transactions() == [], "a refused beginning send begins nothing"
+        tx = c.begin_transaction("offsets-only")
+        tx.commit_offsets("g", "t", {0: 1})
+        tx.commit()
+        assert tx.producer_id and c.committed_offset("g", "t", 0) == 1
+        broken = c.begin_transaction("broken")
+        with pytest.raises(BrokerError):
+            broken.send("nowhere", [Message(b"x")])  # refused before anything is stored
+        broken.abort()
+        assert broken.state == "aborted" and c.list_transactions() == []
+        assert c.describe_transaction("broken")["state"] == "aborted"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import crc32c
@@ -53,9 +53,11 @@ class DataAPI(TopicsAPI):
                 raise
 
     def _send_as(self, producer: _Producer, topic: str, messages: Sequence[Message], ack: str,
-                 timeout_ms: int | None, transaction: int = 0) -> Sequence[Receipt]:
+                 timeout_ms: int | None, transaction: int = 0, begin: pb.BeginTransactionRequest | None = None,
+                 begun: Callable[[pb.BeginTransactionResponse], None] | None = None) -> Sequence[Receipt]:
         """``send`` with ``producer``'s id and sequences (advanced when it is answered); inside a
-        transaction, ``transaction`` is its producer id (and ``producer``'s)."""
+        transaction, ``transaction`` is its producer id (and ``producer``'s). ``begin``: the send
+        begins a transaction (``producer`` and ``transaction`` 0); ``begun`` gets its answer."""
         if ack not in ACKS:
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
@@ -76,7 +78,7 @@ class DataAPI(TopicsAPI):
                 group.append(i)
         topic_bytes = len(topic.encode())
         # filled in place: constructing sub-messages separately would copy every payload twice
-        request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction)
+        request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction, begin=begin)
         groups: list[SendGroup] = []
         for queue_id, idxs in by_queue.items():
             records, positions = encode_messages(messages, idxs)
@@ -94,6 +96,8 @@ class DataAPI(TopicsAPI):
             groups.append(SendGroup(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
             timer_seq += len(idxs)
         resp = self._call("Send", request, retryable=SEND_RETRYABLE)
+        if begun is not None:
+            begun(resp.begun)
         for g, r in zip(groups, resp.receipts, strict=True):
             if g.deliver is not None:
                 producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)

@@ -60,20 +60,25 @@ class TransactionInfo:
 
 
 class Transaction:
-    """One open transaction: ``send`` to any topics and queues, ``commit_offsets``, then ``commit``
-    or ``abort``. Not for several threads at once."""
+    """One transaction: ``send`` to any topics and queues, ``commit_offsets``, then ``commit`` or
+    ``abort``. Not for several threads at once.
 
-    def __init__(self, client: TransactionsAPI, tid: str, pid: int, epoch: int, timeout_ms: int,
-                 counted: bool = False) -> None:
+    It begins on the master with its first send (``SendRequest.begin``: one call, as Kafka's
+    producer begins a transaction locally), or at ``commit`` if nothing was sent: that is when its
+    transactional id's older open transaction is fenced, and when ``producer_id`` and ``epoch``
+    are known (0 before)."""
+
+    def __init__(self, client: TransactionsAPI, begin: pb.BeginTransactionRequest) -> None:
         self.client = client
-        self.transactional_id = tid
-        self.producer_id = pid
-        self.epoch = epoch
-        self.timeout_ms = timeout_ms
-        self.counted = counted
+        self.transactional_id = begin.transactional_id
+        self.producer_id = 0
+        self.epoch = 0
+        self.timeout_ms = begin.timeout_ms
+        self.counted = begin.count_messages
         self.state = "open"
         self.messages_sent = 0
-        self._producer = _Producer(producer_id=pid)
+        self._begin: pb.BeginTransactionRequest | None = begin  # until the master has begun it
+        self._producer = _Producer(producer_id=0)
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._broken: BrokerError | None = None
 
@@ -89,14 +94,22 @@ class Transaction:
         able only to abort (``commit`` refuses)."""
         self._check_open()
         try:
-            receipts = self.client._send_as(self._producer, topic, messages, ack or ("leader" if self.counted
-                                                                                     else "replica"),
-                                            timeout_ms, transaction=self.producer_id)
+            receipts = self.client._send_as(self._producer, topic, messages,
+                                            ack or ("leader" if self.counted else "replica"), timeout_ms,
+                                            transaction=self.producer_id, begin=self._begin,
+                                            begun=self._begun if self._begin is not None else None)
         except BrokerError as exc:
             self._broken = exc  # outcome unknown: the sequences cannot go on; only abort is left
             raise
         self.messages_sent += len(messages)
         return receipts
+
+    def _begun(self, answer: pb.BeginTransactionResponse) -> None:
+        self.producer_id = self._producer.producer_id = answer.producer_id
+        self.epoch = answer.epoch
+        self.timeout_ms = answer.timeout_ms
+        self.counted = answer.counted
+        self._begin = None
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         """Consumer offsets (``{queue_id: next offset}``) stored only if the transaction commits."""
@@ -113,6 +126,8 @@ class Transaction:
                                      f"a send of this transaction failed ({self._broken}); abort it") from self._broken
         offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
                    for (g, t, q), o in self._offsets.items()]
+        if self._begin is not None:  # nothing sent: begun here (its offsets still commit with it)
+            self._begun(self.client._call("BeginTransaction", self._begin))
         outcome = self._end(True, offsets)
         if outcome.outcome != pb.TRANSACTION_OUTCOME_COMMITTED:
             raise TransactionAborted(outcome.reason, f"transaction {self.transactional_id!r} was aborted "
@@ -122,6 +137,12 @@ class Transaction:
         """Abort: none of its messages or offsets ever becomes visible."""
         if self.state != "open":
             return
+        if self._begin is not None and self._broken is None:  # never begun on the master: nothing to end
+            self.state = "aborted"
+            self.client._checkback_forget(self.transactional_id, 0)
+            return
+        if self._begin is not None:  # its beginning send failed: it may have begun; its id is unknown
+            self._begun(self.client._call("BeginTransaction", self._begin))  # begins again, fencing it
         self._end(False, [])
 
     def _end(self, commit: bool, offsets: list[pb.CommittedOffset]) -> pb.EndTransactionResponse:
@@ -159,16 +180,15 @@ class TransactionsAPI(DataAPI):
 
     def begin_transaction(self, transactional_id: str, timeout_ms: int = 0,
                           check: Callable[[CheckQuestion], str] | None = None) -> Transaction:
-        """Open a transaction (an older instance's open one with this id is aborted: fenced).
+        """Open a transaction (an older instance's open one with this id is aborted, fenced, when
+        this one reaches the master: with its first send, or its commit if it sent nothing).
         ``timeout_ms``: aborted this long after its first write (0: the server's default). ``check``:
         past the timeout the master asks it ``"commit"``, ``"abort"`` or ``"unknown"`` (ask again)."""
         req = _request(pb.BeginTransactionRequest, transactional_id=transactional_id, timeout_ms=timeout_ms,
                        check_back=check is not None, count_messages=check is None)
         if check is not None:
             self._checkback_start().register(transactional_id, check)
-        response = self._call("BeginTransaction", req)
-        return Transaction(self, transactional_id, response.producer_id, response.epoch, response.timeout_ms,
-                           response.counted)
+        return Transaction(self, req)
 
     @contextlib.contextmanager
     def transaction(self, transactional_id: str, timeout_ms: int = 0) -> Iterator[Transaction]:

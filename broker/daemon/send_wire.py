@@ -53,6 +53,14 @@ class SendRequestView:
     transaction: int = 0
     messages: tuple[pb.PlainMessage, ...] = ()
     wire_bytes: int = 0  # the request's size (logged with an unexpected failure)
+    begin: pb.BeginTransactionRequest | None = None  # a few small fields: the protobuf parser reads it
+
+
+def begin_of(request: SendRequestView | pb.SendRequest) -> pb.BeginTransactionRequest | None:
+    """``SendRequest.begin`` if the request has one."""
+    if isinstance(request, SendRequestView):
+        return request.begin
+    return request.begin if request.HasField("begin") else None
 
 
 def _signed64(v: int) -> int:
@@ -102,6 +110,9 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
         request = SendRequestView(wire_bytes=len(data))
         for number, wire, a, z in fields(data, 0, len(data), REQUEST_FIELDS_MAX):
             if wire == LEN:
+                if number == 7 and request.begin is None:  # twice: protobuf merges them, and so it reads it
+                    request.begin = pb.BeginTransactionRequest.FromString(data[a:z])
+                    continue
                 if number != 1:
                     raise NotFast
                 request.batches.append(_batch(data, view, a, z))

@@ -240,13 +240,34 @@ class Appender:
             self._notify_appended()
         return receipts, wait_offset
 
-    def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
-                       not_before_ms: int) -> tuple[list[BatchReceipt], int]:
-        """``append`` under the append lock, the batches validated."""
-        receipts: list[BatchReceipt] = []
-        tail = self.tail
+    def append_beginning(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]],
+                         batches: list[IncomingBatch]) -> tuple[list[txn_records.Begin | txn_records.End],
+                                                                list[BatchReceipt], int]:
+        """A transaction begun by its first send: its ``__txn`` records (``build``, as ``append_txn``)
+        and then ``batches``, flagged with its producer id, in one hold of the append lock. Returns
+        the records, the batches' receipts and the end offset to wait for. A send refused for its
+        topics begins nothing; one refused after the begin (a full disk) leaves the transaction
+        open and empty, to its timeout."""
         self.check_writable()
-        for b in batches:  # the append side's own view of topics: deletes may not be applied yet
+        for b in batches:
+            self.validate(b)
+        with self.lock:
+            self.check_writable()
+            self._check_topics(batches)
+            records, _ = self._append_txn_locked(build)
+            pid = records[-1].pid
+            for b in batches:
+                b.producer_id = pid
+                b.flags |= bf.FLAG_TRANSACTIONAL
+            receipts, wait_offset = self._append_locked(batches, None, 0)
+        self._notify_appended()
+        return records, receipts, wait_offset
+
+    def _check_topics(self, batches: list[IncomingBatch]) -> None:
+        """Under the append lock: each batch's topic exists (the append side's own view of topics:
+        deletes may not be applied yet), and a transaction's batch joins an open transaction."""
+        tail = self.tail
+        for b in batches:
             name = b.timer_target[0] if b.timer_target else b.topic
             if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
                 raise not_found(f"unknown topic {shown(name)}")
@@ -254,6 +275,14 @@ class Appender:
                 raise BrokerError("FAILED_PRECONDITION", f"transaction {b.producer_id:#x} is not open: it ended "
                                   "(committed, aborted, timed out, or fenced by a newer instance of its "
                                   "transactional id); nothing of this send was stored")
+
+    def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
+                       not_before_ms: int) -> tuple[list[BatchReceipt], int]:
+        """``append`` under the append lock, the batches validated."""
+        receipts: list[BatchReceipt] = []
+        tail = self.tail
+        self.check_writable()
+        self._check_topics(batches)
         self._check_topic_changes(topic_changes or [])
         offset = self.log.max_offset
         now = max(clock.wall_ms(), tail.last_store_time_ms, not_before_ms)
@@ -334,20 +363,26 @@ class Appender:
         self.check_writable()
         with self.lock:
             self.check_writable()
-            items = build(self.tail, self.log.max_offset)
-            if not items:
-                return [], 0
-            records, _ = bf.encode_records([(body, key, b"") for key, body in items])
-            batch = IncomingBatch(txn_records.TXN_TOPIC, 0, records, len(items), crc32c.crc32c(records))
-            self.validate(batch, internal=True)
-            receipts, end = self._append_locked([batch], None, 0)
-            start = receipts[0].commit_offset
-            data = memoryview(self.log.read(start, end - start))
-            header = bf.decode_header(data, 0)
-            appended = list(txn_records.records(header, data))
-            for rec in appended:
-                self.tail.apply_txn(rec)
-        self._notify_appended()
+            appended, end = self._append_txn_locked(build)
+        if end:
+            self._notify_appended()
+        return appended, end
+
+    def _append_txn_locked(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]]
+                           ) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+        items = build(self.tail, self.log.max_offset)
+        if not items:
+            return [], 0
+        records, _ = bf.encode_records([(body, key, b"") for key, body in items])
+        batch = IncomingBatch(txn_records.TXN_TOPIC, 0, records, len(items), crc32c.crc32c(records))
+        self.validate(batch, internal=True)
+        receipts, end = self._append_locked([batch], None, 0)
+        start = receipts[0].commit_offset
+        data = memoryview(self.log.read(start, end - start))
+        header = bf.decode_header(data, 0)
+        appended = list(txn_records.records(header, data))
+        for rec in appended:
+            self.tail.apply_txn(rec)
         return appended, end
 
     def _check_topic_changes(self, changes: TopicChanges) -> None:

@@ -65,7 +65,7 @@ def check_tid(tid: str) -> None:
 
 
 @dataclass(frozen=True)
-class _BeginPlan:
+class BeginPlan:
     tid: str
     timeout_ms: int
     check_back: bool
@@ -117,14 +117,14 @@ class TxnService:
     # drivers: a thread's (the sweeper, operators, an end with offsets) and the event loop's (the
     # client's begin and end: one thread hand-off fewer per call, issue 37's throughput).
     def begin(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
-        plan = self._begin_plan(tid, timeout_ms, check_back, count_messages)
+        plan = self.begin_plan(tid, timeout_ms, check_back, count_messages)
         return plan.begun(self.store.writes.write_txn(plan.build, applied=plan.applied, ack=plan.ack)[0])
 
     async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
-        plan = self._begin_plan(tid, timeout_ms, check_back, count_messages)
+        plan = self.begin_plan(tid, timeout_ms, check_back, count_messages)
         return plan.begun((await self.store.writes.write_txn_async(plan.build, applied=plan.applied, ack=plan.ack))[0])
 
-    def _begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool) -> _BeginPlan:
+    def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool) -> BeginPlan:
         check_tid(tid)
         top = self.config["transactions.max_timeout_ms"]
         if timeout_ms > top:
@@ -133,7 +133,7 @@ class TxnService:
         counted = count_messages and not check_back  # a check-back's commit has no count to check
         # a counted begin is not waited for in the view: the view applies what is confirmed
         # (replicated), and the sends and the commit check the append side's state
-        return _BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"],
+        return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"],
                           None if counted else self.view)
 
     # -- end ----------------------------------------------------------------------------------------

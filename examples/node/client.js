@@ -105,16 +105,20 @@ async function main() {
     not_acked: acked.results.length,
   });
 
-  // Transactions: begin, send with SendRequest.transaction, end. A read_committed pull (the
-  // default) sees the committed one only; the aborted one's offsets stay as a gap. Counted
+  // Transactions: the first Send begins one (SendRequest.begin; BeginTransaction does it alone),
+  // later sends name it (SendRequest.transaction), EndTransaction ends it. A read_committed pull
+  // (the default) sees the committed one only; the aborted one's offsets stay as a gap. Counted
   // (count_messages): the sends are answered at ACK_LEADER and the commit gives how many messages
   // they carried; a commit whose count the master's log does not hold aborts ("incomplete").
   for (const [name, commit] of [['node-tx-ok', true], ['node-tx-no', false]]) {
-    const begun = await call('BeginTransaction', { transactional_id: name, timeout_ms: 30000, count_messages: true });
-    const messages = [1, 2].map((i) => ({ topic, queue_id: 1, body: Buffer.from(`${name} ${i}`) }));
-    await call('Send', { ack: 'ACK_LEADER', transaction: begun.producer_id, messages });
+    const [first, second] = [1, 2].map((i) => ({ topic, queue_id: 1, body: Buffer.from(`${name} ${i}`) }));
+    const { begun } = await call('Send', {
+      ack: 'ACK_LEADER', messages: [first],
+      begin: { transactional_id: name, timeout_ms: 30000, count_messages: true },
+    });
+    await call('Send', { ack: 'ACK_LEADER', transaction: begun.producer_id, messages: [second] });
     const ended = await call('EndTransaction', {
-      transactional_id: name, producer_id: begun.producer_id, commit, messages_sent: String(messages.length),
+      transactional_id: name, producer_id: begun.producer_id, commit, messages_sent: '2',
       offsets: commit ? [{ group: `${group}-tx`, topic, queue_id: 0, offset: '2' }] : [],
     });
     print('transaction', { transactional_id: name, epoch: begun.epoch, counted: begun.counted, outcome: ended.outcome });

@@ -188,10 +188,10 @@ def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: ar
             rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "not begun"})
             stopping.wait(0.2)
             continue
-        value["producer_id"] = tx.producer_id
         try:
-            half = len(msgs) // 2  # two sends: a transaction spans calls
+            half = len(msgs) // 2  # two sends: a transaction spans calls (the first begins it)
             tx.send(TXN_TOPIC, msgs[:half])
+            value["producer_id"] = tx.producer_id
             tx.send(TXN_TOPIC, msgs[half:])
         except Exception as exc:  # never committed: it can only end aborted (our abort, its timeout)
             with contextlib.suppress(Exception):

@@ -27,20 +27,26 @@ from broker.daemon.rpc.common import (
     handle,
     handle_async,
 )
+from broker.daemon.send_wire import begin_of
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import BrokerError, invalid
 from broker.logformat import batch as bf
 from broker.logformat import system_records
-from broker.logformat.txn_records import is_txn_pid
+from broker.logformat.txn_records import TXN_PID_BIT, is_txn_pid
 from broker.ports import BatchReceipt, IncomingBatch
 from broker.store.reads import LocalPull, PullResult
 from proto import tidemark_pb2 as pb
 
 
-def check_transaction_send(request: SendRequest) -> None:
+def check_transaction_send(request: SendRequest, beginning: bool = False) -> None:
     """A send inside a transaction: its batches carry the transaction's producer id (their
     sequences make it idempotent). Delayed messages are scheduled as always; the firing service
-    holds them while the transaction is open and drops them if it aborts."""
+    holds them while the transaction is open and drops them if it aborts. A ``beginning`` send
+    (SendRequest.begin) leaves every producer id 0: its transaction's is known once appended."""
+    if beginning:
+        if request.transaction or request.producer_id or any(b.producer_id for b in request.batches):
+            raise invalid("a send that begins a transaction leaves transaction and every producer_id 0")
+        return
     txn = request.transaction
     if not is_txn_pid(txn):
         raise invalid(f"transaction {txn:#x} is not a transaction's producer id (BeginTransactionResponse.producer_id)")
@@ -71,18 +77,24 @@ class DataRpcs(Rpcs):
         # survives a failover, so a commit on the next master never commits part of what its producer
         # sent. A counted one's commit checks its count instead (broker/txn/service.py).
         ack = ACK_NAMES[request.ack]
-        if request.transaction and not self.store.appender.txn_counted(request.transaction):
+        txn = request.transaction
+        asked = begin_of(request)
+        begin = (self.ctx.txns.begin_plan(asked.transactional_id, asked.timeout_ms, asked.check_back,
+                                          asked.count_messages) if asked is not None else None)
+        if (txn and not self.store.appender.txn_counted(txn)) or (begin is not None and not begin.counted):
             ack = "replica"
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
         # a framing walk stops at the declared record count, so declared counts bound the checks
         on_loop = (sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
                    and len(request.messages) <= MESSAGES_ON_LOOP_MAX)
-        txn = request.transaction
-        if txn:
-            check_transaction_send(request)
-        # plain messages in a transaction are idempotent when they carry sequences (else stored as sent)
-        producer_id = (txn if any(m.HasField("sequence") for m in request.messages) else 0) if txn else request.producer_id
+        if txn or begin is not None:
+            check_transaction_send(request, begin is not None)
+        # plain messages in a transaction are idempotent when they carry sequences (else stored as sent);
+        # a beginning send's producer id is known only under the append lock: TXN_PID_BIT stands in
+        in_txn = txn or (TXN_PID_BIT if begin is not None else 0)
+        producer_id = ((in_txn if any(m.HasField("sequence") for m in request.messages) else 0) if in_txn
+                       else request.producer_id)
         plain_batches = await self._heavy(on_loop, plain.encode, request.messages, producer_id,
                                           self._queues_of) if request.messages else None
         batches = [
@@ -98,8 +110,16 @@ class DataRpcs(Rpcs):
                 b.flags |= bf.FLAG_TRANSACTIONAL
         records_bytes = sum(len(b.records) for b in batches)
         on_loop = on_loop and records_bytes <= SEND_ON_LOOP_BYTES_MAX
+        begun = None
         try:
-            receipts, wait_offset = await self._on_loop_or_pool(on_loop, self.store.appender.append, batches)
+            if begin is not None:
+                records, receipts, wait_offset = await self._on_loop_or_pool(
+                    on_loop, self.store.appender.append_beginning, begin.build, batches)
+                begun = begin.begun(records)
+                if begin.ack(records) == "replica":  # it fenced an older instance
+                    ack = "replica"
+            else:
+                receipts, wait_offset = await self._on_loop_or_pool(on_loop, self.store.appender.append, batches)
         except BrokerError:
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
@@ -109,8 +129,13 @@ class DataRpcs(Rpcs):
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
         metrics.SEND_BYTES.inc(records_bytes)
         if plain_batches is None:
-            return _send_response(request, receipts, None)
-        return await self._heavy(on_loop, _send_response, request, receipts, plain_batches)
+            response = _send_response(request, receipts, None)
+        else:
+            response = await self._heavy(on_loop, _send_response, request, receipts, plain_batches)
+        if begun is not None:
+            response.begun.CopyFrom(pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch,
+                                                                timeout_ms=begun.timeout_ms, counted=begun.counted))
+        return response
 
     async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` right here on the loop, or (work that would hold the loop, and every other
