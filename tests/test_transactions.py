@@ -111,9 +111,9 @@ def test_commit_offsets_apply_with_the_commit(node: DaemonProcess) -> None:
         c.create_topic("out", queues=1)
         c.send("in", [Message(b"a")] * 3)  # keyless calls rotate over the queues
         c.send("in", [Message(b"b")] * 2)
-        ends = c.describe_topic("in")["queues"]
-        offsets = {q["queue_id"]: q["max_offset"] for q in ends}
-        assert sorted(offsets.values()) == [2, 3]
+        offsets = wait_until(lambda: {q["queue_id"]: q["max_offset"] for q in c.describe_topic("in")["queues"]}, 10,
+                             "the sends in describe_topic (it reads the applied views)",
+                             accept=lambda o: sorted(o.values()) == [2, 3])
         with c.transaction("pipe") as tx:
             tx.send("out", [Message(b"transformed")])
             tx.commit_offsets("g", "in", offsets)

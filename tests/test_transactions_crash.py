@@ -217,14 +217,19 @@ def test_a_torn_tail_inside_a_transaction(spawn: Spawn, tmp_path: Path) -> None:
         c.close()
 
 
+def _unsynced_node(spawn: Spawn, tmp_path: Path) -> tuple[DaemonProcess, str]:
+    """A node whose writes stay unsynced until an ack=flush asks (for ``drop_unsynced_bytes``)."""
+    journal = str(tmp_path / "fsync.journal")
+    return spawn("node", config={**FAST, "commitlog.flush_interval_ms": 60_000},
+                 env={"TIDEMARK_FSYNC_JOURNAL": journal}), journal
+
+
 def test_a_send_lost_by_a_power_cut_makes_the_commit_abort(spawn: Spawn, tmp_path: Path) -> None:
     """A counted transaction's ack=leader send answered, then lost (power cut before the fsync): the
     commit after the restart finds the log short of the producer's count and aborts the whole
     transaction (reason "incomplete"), so its durable part never becomes visible alone. The
     other transaction, whose messages all survived, commits with its count rebuilt by recovery."""
-    journal = str(tmp_path / "fsync.journal")
-    d = spawn("node", config={**FAST, "commitlog.flush_interval_ms": 60_000},
-              env={"TIDEMARK_FSYNC_JOURNAL": journal})
+    d, journal = _unsynced_node(spawn, tmp_path)
     c = BrokerClient(d.address, timeout_s=3)
     try:
         c.create_topic(TOPIC, queues=1)
@@ -245,5 +250,34 @@ def test_a_send_lost_by_a_power_cut_makes_the_commit_abort(spawn: Spawn, tmp_pat
         assert aborted.value.reason == "incomplete"
         kept.commit()
         assert _view(c, TOPIC, 1)[0][1] == [b"k0", b"k1", b"flushed"], "the torn transaction is all gaps"
+    finally:
+        c.close()
+
+
+def test_a_producer_id_lost_with_the_tail_never_joins_a_later_transaction(spawn: Spawn, tmp_path: Path) -> None:
+    """A counted transaction begun by an ack=leader send, then lost whole (a power cut before the
+    fsync). After the restart the next begin lands at the very offset the lost one had; its producer
+    id differs all the same (new_pid's random bits), so the first producer's next send is refused
+    instead of joining the other transaction, and the other commits only its own message."""
+    d, journal = _unsynced_node(spawn, tmp_path)
+    c = BrokerClient(d.address, timeout_s=3)
+    try:
+        c.create_topic(TOPIC, queues=1)
+        c.send(TOPIC, [Message(b"flushed")], ack="flush")
+        lost = c.begin_transaction("lost", timeout_ms=600_000)
+        lost.send(TOPIC, [Message(b"l0")], ack="leader")
+        lost_at = lost.producer_id & ((1 << 48) - 1)
+        d.kill9()
+        assert drop_unsynced_bytes(journal) > 0
+        d.start()
+        _reconnected(c)
+        assert c.status()["max_offset"] == lost_at, "the lost begin's batch was the log's end"
+        other = c.begin_transaction("other", timeout_ms=600_000)
+        other.send(TOPIC, [Message(b"o0")], ack="flush")
+        assert other.producer_id & ((1 << 48) - 1) == lost_at and other.producer_id != lost.producer_id
+        with pytest.raises(BrokerError, match="not open"):
+            lost.send(TOPIC, [Message(b"l1")])
+        other.commit()
+        assert _view(c, TOPIC, 1)[0][1] == [b"flushed", b"o0"]
     finally:
         c.close()

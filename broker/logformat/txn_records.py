@@ -2,11 +2,12 @@
 
 Each record's key is its kind, its body a JSON object (as ``__metadata``'s):
 
-- ``txn.begin`` ``{"tid": str, "epoch": int, "timeout_ms": int, "check": bool, "counted"?: bool}``: a
-  transaction of the transactional id ``tid`` begins (``counted``: its producer gives, when it
-  commits, how many messages it sent, and its sends are acknowledged at the ack mode they ask
-  for). Its producer id is ``TXN_PID_BIT | <this record's commit offset>``: unique in the log's
-  history, and never one a client picks (clients pick 63-bit ids).
+- ``txn.begin`` ``{"tid": str, "epoch": int, "timeout_ms": int, "check": bool, "counted"?: bool,
+  "pid"?: int}``: a transaction of the transactional id ``tid`` begins (``counted``: its producer
+  gives, when it commits, how many messages it sent, and its sends are acknowledged at the ack mode
+  they ask for). Its producer id is ``pid``: ``TXN_PID_BIT | 15 random bits << 48 | <the batch's
+  offset, low 48 bits>`` (``new_pid``), or, for a record without it (written before it), ``TXN_PID_BIT
+  | <this record's commit offset>``. Never one a client picks (clients pick 63-bit ids).
 - ``txn.end`` ``{"tid": str, "pid": int, "commit": bool, "reason": str, "offsets": [[group, topic,
   queue, offset], ...]}``: the decision, one per transaction on this node. ``reason``: ``client``,
   ``timeout``, ``fenced`` (a newer begin of the same id), ``operator``, ``check``, ``incomplete`` (a
@@ -20,6 +21,7 @@ and the transaction's producer id. Spec: docs/formats/txn-records.md.
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,11 +29,12 @@ from typing import Any
 from broker.logformat import batch as bf
 from broker.logformat.system_records import TXN_TOPIC
 
-__all__ = ["BEGIN", "END", "TXN_PID_BIT", "TXN_TOPIC", "Begin", "End", "is_txn_pid", "records"]
+__all__ = ["BEGIN", "END", "TXN_PID_BIT", "TXN_TOPIC", "Begin", "End", "is_txn_pid", "new_pid", "records"]
 
 BEGIN = "txn.begin"
 END = "txn.end"
 TXN_PID_BIT = 1 << 63
+OFFSET_BITS_MASK = (1 << 48) - 1
 REASONS = ("client", "timeout", "fenced", "operator", "check", "incomplete")
 TIDS_MAX = 10_000  # transactional ids whose latest epoch is remembered (an open one's always)
 
@@ -63,10 +66,21 @@ class End:
     offsets: list[tuple[str, str, int, int]] = field(default_factory=list)
 
 
-def encode_begin(tid: str, epoch: int, timeout_ms: int, check: bool, counted: bool = False) -> tuple[bytes, bytes]:
+def new_pid(batch_offset: int) -> int:
+    """A transaction's producer id, for a begin in the ``__txn`` batch at ``batch_offset``: unique in
+    the log's history (one begin per batch), and unlikely (2^-15) to meet again a producer id that
+    a master answered before it lost it with its log's tail (a failover, a power cut) when another
+    begin lands at the same offset: a producer still holding the lost one must not join it."""
+    return TXN_PID_BIT | (random.getrandbits(15) << 48) | (batch_offset & OFFSET_BITS_MASK)
+
+
+def encode_begin(tid: str, epoch: int, timeout_ms: int, check: bool, counted: bool = False,
+                 pid: int = 0) -> tuple[bytes, bytes]:
     body: dict[str, Any] = {"tid": tid, "epoch": epoch, "timeout_ms": timeout_ms, "check": check}
     if counted:
         body["counted"] = True
+    if pid:
+        body["pid"] = pid
     return BEGIN.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -85,7 +99,8 @@ def records(header: bf.BatchHeader, batch: memoryview) -> Iterator[Begin | End]:
         offset = header.base_offset + pos
         if kind == b"txn.begin":
             f = json.loads(bytes(body))
-            yield Begin(TXN_PID_BIT | offset, str(f["tid"]), int(f["epoch"]), int(f["timeout_ms"]), bool(f["check"]),
+            pid = int(f["pid"]) if "pid" in f else TXN_PID_BIT | offset
+            yield Begin(pid, str(f["tid"]), int(f["epoch"]), int(f["timeout_ms"]), bool(f["check"]),
                         header.store_time_ms, offset, bool(f.get("counted", False)))
         elif kind == b"txn.end":
             f = json.loads(bytes(body))

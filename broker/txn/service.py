@@ -73,7 +73,7 @@ class BeginPlan:
     open_max: int
     applied: TxnView | None
 
-    def build(self, tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+    def build(self, tail: TailState, offset: int) -> list[tuple[bytes, bytes]]:
         """Under the append lock: an older open transaction of the id is aborted (fenced) first."""
         older = tail.txn_by_tid.get(self.tid)
         if older is None and len(tail.txn_open) >= self.open_max:
@@ -81,7 +81,8 @@ class BeginPlan:
                               "(transactions.open_max); commit or abort some, or wait for their timeouts")
         items = [tr.encode_end(self.tid, older, False, "fenced")] if older is not None else []
         epoch = tail.txn_epochs.get(self.tid, 0) + 1
-        items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted))
+        items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted,
+                                     tr.new_pid(offset)))
         return items
 
     def ack(self, records: list[tr.Begin | tr.End]) -> str:
