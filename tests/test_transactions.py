@@ -140,14 +140,20 @@ def test_a_second_instance_fences_the_first(node: DaemonProcess) -> None:
         old.send("t", [Message(b"zombie")])
         new = c2.begin_transaction("shop")
         assert new.epoch == 0, "a transaction begins on the master with its first send"
+        old.send("t", [Message(b"zombie-1")])  # not fenced yet
         new.send("t", [Message(b"fresh")])
         assert new.epoch == old.epoch + 1
         with pytest.raises(FailedPrecondition, match="not open"):
             old.send("t", [Message(b"zombie-2")])
         with pytest.raises(FailedPrecondition, match="fenced"):
             old._end(True, [])  # the first instance's commit (its send failing is ignored here)
-        new.commit()
-        assert _bodies(c1, "t") == [b"fresh"]
+        third = c1.begin_transaction("shop", fence=True)  # fenced at once: before it reads its inputs
+        assert third.epoch == new.epoch + 1
+        with pytest.raises(FailedPrecondition, match="fenced"):
+            new.commit()
+        third.send("t", [Message(b"third")])
+        third.commit()
+        assert _bodies(c1, "t") == [b"third"]
 
 
 def test_timeout_without_callback_aborts_and_the_lso_moves_on(spawn: Spawn) -> None:
@@ -234,11 +240,12 @@ def test_bad_transaction_requests_are_refused(node: DaemonProcess) -> None:
          grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: stub.EndTransaction(pb.EndTransactionRequest(transactional_id="t", producer_id=5, commit=True)),
          grpc.StatusCode.INVALID_ARGUMENT),
-        (lambda: stub.EndTransaction(pb.EndTransactionRequest(transactional_id="t", producer_id=TXN_PID_BIT | 12345,
-                                                              commit=True)), grpc.StatusCode.NOT_FOUND),
         (lambda: stub.Send(pb.SendRequest(transaction=7, messages=[pb.PlainMessage(topic="t", body=b"x")])),
          grpc.StatusCode.INVALID_ARGUMENT),
         (lambda: stub.Send(pb.SendRequest(transaction=TXN_PID_BIT | 999, messages=[pb.PlainMessage(topic="t", body=b"x")])),
+         grpc.StatusCode.FAILED_PRECONDITION),
+        # what a node that ignores SendRequest.begin sees of a beginning send: refused, never stored plain
+        (lambda: stub.Send(pb.SendRequest(transaction=TXN_PID_BIT, messages=[pb.PlainMessage(topic="t", body=b"x")])),
          grpc.StatusCode.FAILED_PRECONDITION),
         (lambda: stub.AbortTransaction(pb.AbortTransactionRequest(transactional_id="nobody")), grpc.StatusCode.NOT_FOUND),
         (lambda: stub.DescribeTransaction(pb.DescribeTransactionRequest(transactional_id="nobody")),
@@ -248,6 +255,9 @@ def test_bad_transaction_requests_are_refused(node: DaemonProcess) -> None:
         with pytest.raises(grpc.RpcError) as exc:
             call()
         assert exc.value.code() == code, exc.value.details()
+    never = stub.EndTransaction(pb.EndTransactionRequest(transactional_id="t", producer_id=TXN_PID_BIT | 12345,
+                                                         commit=True))
+    assert (never.outcome, never.reason) == (pb.TRANSACTION_OUTCOME_ABORTED, "lost"), "a begin this log never held"
     begun = stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id="d"))
     delayed = pb.SendRequest(transaction=begun.producer_id,
                              messages=[pb.PlainMessage(topic="t", body=b"x", deliver_at_ms=int(time.time() * 1000) + 60_000)])
@@ -455,9 +465,15 @@ def test_a_counted_commit_is_checked_against_the_log_and_its_sends_keep_their_ac
     def begin(tid: str, **kw: bool) -> pb.BeginTransactionResponse:
         return stub.BeginTransaction(pb.BeginTransactionRequest(transactional_id=tid, **kw))
 
+    sequences: dict[int, int] = {}
+
     def send(pid: int, *bodies: bytes, deliver_at_ms: int = 0) -> None:
+        """Idempotent plain messages (a counted transaction takes no other), queue 0."""
+        first = sequences.get(pid, 0)
+        sequences[pid] = first + len(bodies)
         stub.Send(pb.SendRequest(transaction=pid, ack=pb.ACK_LEADER, messages=[
-            pb.PlainMessage(topic="t", body=b, deliver_at_ms=deliver_at_ms) for b in bodies]))
+            pb.PlainMessage(topic="t", queue_id=0, sequence=first + i, body=b, deliver_at_ms=deliver_at_ms)
+            for i, b in enumerate(bodies)]))
 
     def end(tid: str, pid: int, sent: int) -> tuple[int, str]:
         r = stub.EndTransaction(pb.EndTransactionRequest(transactional_id=tid, producer_id=pid, commit=True,
@@ -471,6 +487,9 @@ def test_a_counted_commit_is_checked_against_the_log_and_its_sends_keep_their_ac
         before = answered_as()
         send(short.producer_id, b"s1", b"s2")
         assert answered_as().get("leader", 0) == before.get("leader", 0) + 1, "a counted send keeps its ack"
+        with pytest.raises(grpc.RpcError) as exc:  # a retry stored twice could make up for a send lost
+            stub.Send(pb.SendRequest(transaction=short.producer_id, messages=[pb.PlainMessage(topic="t", body=b"x")]))
+        assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "idempotent" in (exc.value.details() or "")
         assert end("short", short.producer_id, 3) == (pb.TRANSACTION_OUTCOME_ABORTED, "incomplete")
         assert end("short", short.producer_id, 2) == (pb.TRANSACTION_OUTCOME_ABORTED, "incomplete"), "first outcome"
         whole = begin("whole", count_messages=True)
@@ -501,7 +520,8 @@ def test_a_transaction_begins_with_its_first_send(node: DaemonProcess) -> None:
     stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
     with BrokerClient(node.address) as c:
         c.create_topic("t", queues=1)
-        first = pb.SendRequest(ack=pb.ACK_LEADER, messages=[pb.PlainMessage(topic="t", body=b"once")],
+        first = pb.SendRequest(ack=pb.ACK_LEADER, transaction=TXN_PID_BIT,
+                               messages=[pb.PlainMessage(topic="t", queue_id=0, sequence=0, body=b"once")],
                                begin=pb.BeginTransactionRequest(transactional_id="r", count_messages=True))
         a, b = stub.Send(first).begun, stub.Send(first).begun  # the second: a retry whose first answer was lost
         assert a.counted and b.epoch == a.epoch + 1 and b.producer_id != a.producer_id
@@ -532,6 +552,7 @@ def test_a_transaction_begins_with_its_first_send(node: DaemonProcess) -> None:
         broken = c.begin_transaction("broken")
         with pytest.raises(BrokerError):
             broken.send("nowhere", [Message(b"x")])  # refused before anything is stored
-        broken.abort()
+        broken.abort()  # a definite refusal: nothing begun, nothing to end
         assert broken.state == "aborted" and c.list_transactions() == []
-        assert c.describe_transaction("broken")["state"] == "aborted"
+        with pytest.raises(BrokerError, match="no transaction"):
+            c.describe_transaction("broken")

@@ -12,11 +12,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, Message, TransactionAborted
 from broker.views.aborted_index import ENTRY_HEAD
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from tests.crashutil import drop_unsynced_bytes
 from tests.failoverutil import TOPIC, Pair, create_topic, in_sync, status, wait_master
 from tests.procs import DaemonProcess
@@ -277,6 +280,12 @@ def test_a_producer_id_lost_with_the_tail_never_joins_a_later_transaction(spawn:
         assert other.producer_id & ((1 << 48) - 1) == lost_at and other.producer_id != lost.producer_id
         with pytest.raises(BrokerError, match="not open"):
             lost.send(TOPIC, [Message(b"l1")])
+        stub = pb_grpc.BrokerStub(grpc.insecure_channel(d.address))
+        ended = stub.EndTransaction(pb.EndTransactionRequest(transactional_id="lost", producer_id=lost.producer_id,
+                                                             commit=True, messages_sent=1))
+        assert (ended.outcome, ended.reason) == (pb.TRANSACTION_OUTCOME_ABORTED, "lost"), "its begin is not here"
+        lost.abort()
+        assert lost.state == "aborted"
         other.commit()
         assert _view(c, TOPIC, 1)[0][1] == [b"flushed", b"o0"]
     finally:

@@ -18,10 +18,11 @@ from typing import Any
 import grpc
 
 from broker.client.checkback import CheckBack, CheckQuestion
-from broker.client.core import _Producer, _request
+from broker.client.core import SEND_RETRYABLE, _Producer, _request
 from broker.client.data_api import DataAPI
 from broker.client.errors import BrokerError, FailedPrecondition
 from broker.client.messages import Message, Receipt
+from broker.logformat.txn_records import TXN_PID_BIT
 from proto import tidemark_pb2 as pb
 
 __all__ = ["CheckQuestion", "Transaction", "TransactionAborted", "TransactionsAPI"]
@@ -94,9 +95,11 @@ class Transaction:
         able only to abort (``commit`` refuses)."""
         self._check_open()
         try:
+            # a beginning send names transaction 1<<63: a node that does not know SendRequest.begin
+            # refuses it ("not open") instead of storing plain messages
             receipts = self.client._send_as(self._producer, topic, messages,
                                             ack or ("leader" if self.counted else "replica"), timeout_ms,
-                                            transaction=self.producer_id, begin=self._begin,
+                                            transaction=self.producer_id or TXN_PID_BIT, begin=self._begin,
                                             begun=self._begun if self._begin is not None else None)
         except BrokerError as exc:
             self._broken = exc  # outcome unknown: the sequences cannot go on; only abort is left
@@ -104,7 +107,20 @@ class Transaction:
         self.messages_sent += len(messages)
         return receipts
 
+    def _begin_now(self) -> None:
+        """Begin on the master with a call of its own (nothing sent yet, or fencing asked for)."""
+        assert self._begin is not None
+        try:
+            self._begun(self.client._call("BeginTransaction", self._begin))
+        except BrokerError as exc:
+            if exc.code in SEND_RETRYABLE:
+                self._broken = exc  # it may have begun (and fenced): abort begins again to end it
+            raise
+
     def _begun(self, answer: pb.BeginTransactionResponse) -> None:
+        if not answer.producer_id & TXN_PID_BIT:
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION, "the node answered no transaction "
+                                     "(a version without SendRequest.begin?); nothing of it is visible")
         self.producer_id = self._producer.producer_id = answer.producer_id
         self.epoch = answer.epoch
         self.timeout_ms = answer.timeout_ms
@@ -127,7 +143,7 @@ class Transaction:
         offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
                    for (g, t, q), o in self._offsets.items()]
         if self._begin is not None:  # nothing sent: begun here (its offsets still commit with it)
-            self._begun(self.client._call("BeginTransaction", self._begin))
+            self._begin_now()
         outcome = self._end(True, offsets)
         if outcome.outcome != pb.TRANSACTION_OUTCOME_COMMITTED:
             raise TransactionAborted(outcome.reason, f"transaction {self.transactional_id!r} was aborted "
@@ -137,12 +153,13 @@ class Transaction:
         """Abort: none of its messages or offsets ever becomes visible."""
         if self.state != "open":
             return
-        if self._begin is not None and self._broken is None:  # never begun on the master: nothing to end
+        unknown = self._broken is not None and self._broken.code in SEND_RETRYABLE
+        if self._begin is not None and not unknown:  # never begun on the master: nothing to end
             self.state = "aborted"
             self.client._checkback_forget(self.transactional_id, 0)
             return
-        if self._begin is not None:  # its beginning send failed: it may have begun; its id is unknown
-            self._begun(self.client._call("BeginTransaction", self._begin))  # begins again, fencing it
+        if self._begin is not None:  # a beginning call's outcome is unknown: it may have begun, id unknown
+            self._begin_now()  # begins again, fencing it
         self._end(False, [])
 
     def _end(self, commit: bool, offsets: list[pb.CommittedOffset]) -> pb.EndTransactionResponse:
@@ -179,16 +196,22 @@ class TransactionsAPI(DataAPI):
     _checkback_lock = threading.Lock()
 
     def begin_transaction(self, transactional_id: str, timeout_ms: int = 0,
-                          check: Callable[[CheckQuestion], str] | None = None) -> Transaction:
+                          check: Callable[[CheckQuestion], str] | None = None, fence: bool = False) -> Transaction:
         """Open a transaction (an older instance's open one with this id is aborted, fenced, when
         this one reaches the master: with its first send, or its commit if it sent nothing).
         ``timeout_ms``: aborted this long after its first write (0: the server's default). ``check``:
-        past the timeout the master asks it ``"commit"``, ``"abort"`` or ``"unknown"`` (ask again)."""
+        past the timeout the master asks it ``"commit"``, ``"abort"`` or ``"unknown"`` (ask again).
+        ``fence``: begin on the master now (one call), so the older instance's open transaction is
+        aborted before this returns: a consume-transform-produce loop's first transaction, before
+        it reads its committed input offsets (as Kafka's ``initTransactions``)."""
         req = _request(pb.BeginTransactionRequest, transactional_id=transactional_id, timeout_ms=timeout_ms,
                        check_back=check is not None, count_messages=check is None)
         if check is not None:
             self._checkback_start().register(transactional_id, check)
-        return Transaction(self, req)
+        tx = Transaction(self, req)
+        if fence:
+            tx._begin_now()
+        return tx
 
     @contextlib.contextmanager
     def transaction(self, transactional_id: str, timeout_ms: int = 0) -> Iterator[Transaction]:

@@ -35,7 +35,7 @@ BEGIN = "txn.begin"
 END = "txn.end"
 TXN_PID_BIT = 1 << 63
 OFFSET_BITS_MASK = (1 << 48) - 1
-REASONS = ("client", "timeout", "fenced", "operator", "check", "incomplete")
+REASONS = ("client", "timeout", "fenced", "operator", "check", "incomplete", "lost")
 TIDS_MAX = 10_000  # transactional ids whose latest epoch is remembered (an open one's always)
 
 

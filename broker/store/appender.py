@@ -259,8 +259,10 @@ class Appender:
             for b in batches:
                 b.producer_id = pid
                 b.flags |= bf.FLAG_TRANSACTIONAL
-            receipts, wait_offset = self._append_locked(batches, None, 0)
-        self._notify_appended()
+            try:
+                receipts, wait_offset = self._append_locked(batches, None, 0)
+            finally:
+                self._notify_appended()  # the begin is appended either way
         return records, receipts, wait_offset
 
     def _check_topics(self, batches: list[IncomingBatch]) -> None:
@@ -271,10 +273,15 @@ class Appender:
             name = b.timer_target[0] if b.timer_target else b.topic
             if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
                 raise not_found(f"unknown topic {shown(name)}")
-            if b.flags & bf.FLAG_TRANSACTIONAL and b.producer_id not in tail.txn_open:
-                raise BrokerError("FAILED_PRECONDITION", f"transaction {b.producer_id:#x} is not open: it ended "
-                                  "(committed, aborted, timed out, or fenced by a newer instance of its "
-                                  "transactional id); nothing of this send was stored")
+            if b.flags & bf.FLAG_TRANSACTIONAL:
+                self.check_txn_open(b.producer_id)
+
+    def check_txn_open(self, pid: int) -> None:
+        """Transaction ``pid`` is open here (under the append lock: at this instant in the log's order)."""
+        if pid not in self.tail.txn_open:
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} is not open: it ended (committed, "
+                              "aborted, timed out, or fenced by a newer instance of its transactional id), or its "
+                              "begin was lost with a failed master; nothing of this send was stored")
 
     def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
                        not_before_ms: int) -> tuple[list[BatchReceipt], int]:

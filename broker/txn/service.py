@@ -33,7 +33,9 @@ import structlog
 
 from broker import clock
 from broker.errors import BrokerError, invalid, not_found, shown
+from broker.logformat import batch as bf
 from broker.logformat import txn_records as tr
+from broker.logformat.errors import CorruptionError
 from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.store.appender import TailState
@@ -194,8 +196,11 @@ class TxnService:
         as the view knows it."""
         ended = self.view.ended_of(pid)
         if ended is None:
-            raise not_found(f"transaction {pid:#x} of {shown(tid)} is unknown here: never begun on this node, or "
-                            f"ended long ago (the last {len(self.view.ended)} decisions are remembered)")
+            if not self._begun_here(pid):
+                log.warning("txn_lost", transactional_id=tid, pid=f"{pid:#x}")
+                return Outcome(False, "lost")
+            raise not_found(f"transaction {pid:#x} of {shown(tid)} is unknown here: it ended long ago (the last "
+                            f"{len(self.view.ended)} decisions are remembered), or retention removed its begin")
         if ended.tid != tid:
             raise invalid(f"transaction {pid:#x} belongs to {shown(ended.tid)}, not {shown(tid)}")
         if ended.reason == "fenced" and commit:
@@ -203,6 +208,27 @@ class TxnService:
                               "instance began a transaction with the same transactional id, and this one was "
                               "aborted; nothing of it is visible")
         return Outcome(ended.committed, ended.reason)
+
+    def _begun_here(self, pid: int) -> bool:
+        """Whether this node's log holds (or held, below retention) ``pid``'s begin. Its ``__txn`` batch
+        starts at the producer id's low 48 bits (``tr.new_pid``). A begin answered before it was
+        replicated or synced, then lost with a failed master's tail, is not here: the transaction
+        can never become visible anywhere, and its end answers aborted, reason ``lost``."""
+        at = pid & tr.OFFSET_BITS_MASK
+        log_ = self.store.appender.log
+        if at < log_.min_offset:
+            return True  # retention took it: cannot tell
+        if at >= log_.max_offset:
+            return False
+        try:
+            head = log_.read(at, bf.HEADER_BYTES + len(tr.TXN_TOPIC))
+            header = bf.decode_header(head, 0)
+            if header.topic != tr.TXN_TOPIC or header.base_offset != at:
+                return False
+            batch = memoryview(log_.read(at, header.batch_bytes))
+            return any(isinstance(rec, tr.Begin) and rec.pid == pid for rec in tr.records(header, batch))
+        except (CorruptionError, ValueError):  # no batch starts there
+            return False
 
     # -- operators ----------------------------------------------------------------------------------
     def abort_by_operator(self, tid: str) -> Ended:

@@ -111,9 +111,11 @@ async function main() {
   // (count_messages): the sends are answered at ACK_LEADER and the commit gives how many messages
   // they carried; a commit whose count the master's log does not hold aborts ("incomplete").
   for (const [name, commit] of [['node-tx-ok', true], ['node-tx-no', false]]) {
-    const [first, second] = [1, 2].map((i) => ({ topic, queue_id: 1, body: Buffer.from(`${name} ${i}`) }));
+    // a counted transaction's messages are idempotent: a queue_id and a sequence each
+    const [first, second] = [0, 1].map((i) => ({ topic, queue_id: 1, sequence: String(i), body: Buffer.from(`${name} ${i + 1}`) }));
     const { begun } = await call('Send', {
       ack: 'ACK_LEADER', messages: [first],
+      transaction: '9223372036854775808', // 1<<63 with begin: a node without SendRequest.begin refuses the send
       begin: { transactional_id: name, timeout_ms: 30000, count_messages: true },
     });
     await call('Send', { ack: 'ACK_LEADER', transaction: begun.producer_id, messages: [second] });

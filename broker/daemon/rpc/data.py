@@ -44,12 +44,15 @@ def check_transaction_send(request: SendRequest, beginning: bool = False) -> Non
     holds them while the transaction is open and drops them if it aborts. A ``beginning`` send
     (SendRequest.begin) leaves every producer id 0: its transaction's is known once appended."""
     if beginning:
-        if request.transaction or request.producer_id or any(b.producer_id for b in request.batches):
-            raise invalid("a send that begins a transaction leaves transaction and every producer_id 0")
+        # transaction TXN_PID_BIT: a node that does not know SendRequest.begin refuses the send
+        # ("not open") instead of storing it as plain messages
+        if request.transaction not in (0, TXN_PID_BIT) or request.producer_id or any(b.producer_id for b in request.batches):
+            raise invalid("a send that begins a transaction leaves transaction 0 (or 1<<63) and every producer_id 0")
         return
     txn = request.transaction
     if not is_txn_pid(txn):
-        raise invalid(f"transaction {txn:#x} is not a transaction's producer id (BeginTransactionResponse.producer_id)")
+        raise invalid(f"transaction {txn:#x} is not a transaction's producer id (BeginTransactionResponse.producer_id, "
+                      "SendResponse.begun.producer_id)")
     if request.producer_id and request.producer_id != txn:
         raise invalid("a send inside a transaction takes the transaction's producer id: leave producer_id 0")
     for i, b in enumerate(request.batches):
@@ -77,19 +80,22 @@ class DataRpcs(Rpcs):
         # survives a failover, so a commit on the next master never commits part of what its producer
         # sent. A counted one's commit checks its count instead (broker/txn/service.py).
         ack = ACK_NAMES[request.ack]
-        txn = request.transaction
         asked = begin_of(request)
         begin = (self.ctx.txns.begin_plan(asked.transactional_id, asked.timeout_ms, asked.check_back,
                                           asked.count_messages) if asked is not None else None)
-        if (txn and not self.store.appender.txn_counted(txn)) or (begin is not None and not begin.counted):
+        txn = request.transaction if begin is None else 0
+        if txn or begin is not None:
+            check_transaction_send(request, begin is not None)
+        if txn:
+            self.store.appender.check_txn_open(txn)  # a definite refusal, not a wait for a replica
+        counted = begin.counted if begin is not None else bool(txn) and self.store.appender.txn_counted(txn)
+        if (txn or begin is not None) and not counted:
             ack = "replica"
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
         # a framing walk stops at the declared record count, so declared counts bound the checks
         on_loop = (sum(b.record_count for b in request.batches) + len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX
                    and len(request.messages) <= MESSAGES_ON_LOOP_MAX)
-        if txn or begin is not None:
-            check_transaction_send(request, begin is not None)
         # plain messages in a transaction are idempotent when they carry sequences (else stored as sent);
         # a beginning send's producer id is known only under the append lock: TXN_PID_BIT stands in
         in_txn = txn or (TXN_PID_BIT if begin is not None else 0)
@@ -104,6 +110,10 @@ class DataRpcs(Rpcs):
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
         ] + (plain_batches.batches if plain_batches is not None else [])
+        if counted and any(b.base_sequence == bf.NO_SEQUENCE for b in batches):
+            # a retried send stored twice would make up in the count for one a failover lost
+            raise invalid("a counted transaction's sends are idempotent: give each plain message a queue_id and a "
+                          "sequence (batches: base_sequence >= 0), or begin it without count_messages")
         if txn:
             for b in batches:
                 b.producer_id = txn

@@ -64,7 +64,8 @@ class TransactionRpcs(Rpcs):
         async def run() -> pb.EndTransactionResponse:
             self.store.check_writable()
             if request.commit and request.offsets:  # offsets wait for older offset commits: a pool thread
-                return await asyncio.to_thread(self._end_with_offsets, request)
+                return await asyncio.get_running_loop().run_in_executor(self.read_pool, self._end_with_offsets,
+                                                                        request)
             outcome = await self.ctx.txns.end_async(request.transactional_id, request.producer_id, request.commit,
                                                     messages_sent=request.messages_sent)
             return _ended(outcome)
