@@ -433,9 +433,20 @@ def clients(ops: list[Op], final: Final) -> Verdict:
     return v
 
 
+def readable(ops: list[Op], final: Final) -> Verdict:
+    """Every queue reads from offset 0 at the end: local retention deletes only what tiered storage
+    holds, and the run keeps tiered objects forever. A queue whose start no read reaches has lost
+    what was there for every reader (the ``lost`` checker counts the acknowledged ones)."""
+    rows = final.get("unreadable", [])
+    v = Verdict("readable", not rows, {"queues_unreadable_from_0": len(rows)})
+    for topic, queue, low in rows:
+        v.example(f"{topic}/{queue}: reads start at {low}, not 0")
+    return v
+
+
 CHECKERS: tuple[Callable[[list[Op], Final], Verdict], ...] = (
     lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, split_brain, tiered_bound,
-    convergence, latency, transactions, clients)
+    convergence, latency, transactions, clients, readable)
 
 
 def check_all(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> list[Verdict]:

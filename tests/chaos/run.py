@@ -197,11 +197,17 @@ def _no_open_transactions(cluster: Cluster) -> bool:
         return not c.list_transactions()
 
 
-def _read_all(c: BrokerClient, topic: str, queues: int) -> list[Any]:
-    """(queue, offset, message) of every record a read_committed reader sees in ``topic``."""
+def _read_all(c: BrokerClient, topic: str, queues: int, unreadable: list[list[Any]]) -> list[Any]:
+    """(queue, offset, message) of every record a read_committed reader sees in ``topic``. A queue
+    whose start no read reaches any more (retention with tiered storage keeps every offset
+    readable) is read from where it can be, and goes into ``unreadable`` as [topic, queue, min
+    offset] for the ``readable`` checker: one verdict, not a run without any."""
     out: list[Any] = []
+    lows = {q["queue_id"]: q["min_offset"] for q in c.describe_topic(topic)["queues"]}
     for q in range(queues):
-        out += [(q, m) for r in c.iter_pull(topic, q, 0, max_messages=5000) for m in r]
+        if lows.get(q, 0):
+            unreadable.append([topic, q, lows[q]])
+        out += [(q, m) for r in c.iter_pull(topic, q, lows.get(q, 0), max_messages=5000) for m in r]
     return out
 
 
@@ -224,10 +230,11 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
     digest once both have applied the same confirm offset."""
     master = cluster.master()
     assert master is not None, "no master at the end of the run"
+    unreadable: list[list[Any]] = []
     with BrokerClient(master.address, timeout_s=30) as c:
         messages = [[TOPIC, q, m.queue_offset, body_id(m.body), m.store_time_ms, m.deliver_at_ms or 0,
-                     m.timer_offset or 0] for q, m in _read_all(c, TOPIC, QUEUES)]
-        txn_messages = [[q, m.queue_offset, body_id(m.body)] for q, m in _read_all(c, TXN_TOPIC, TXN_QUEUES)]
+                     m.timer_offset or 0] for q, m in _read_all(c, TOPIC, QUEUES, unreadable)]
+        txn_messages = [[q, m.queue_offset, body_id(m.body)] for q, m in _read_all(c, TXN_TOPIC, TXN_QUEUES, unreadable)]
         open_transactions = len(c.list_transactions())
     _wait(lambda: _same_applied(cluster), 60, "both nodes applied the same confirm offset")
     statuses = {n.name: n.status() for n in cluster.nodes.values()}
@@ -241,7 +248,7 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
         nodes[name]["digest"] = hashlib.sha256(data[low - first : compare_below - first]).hexdigest()
         nodes[name]["log_range"] = [first, first + len(data)]
     return {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
-            "nodes": nodes, "compare_below": compare_below, "compare_from": low,
+            "unreadable": unreadable, "nodes": nodes, "compare_below": compare_below, "compare_from": low,
             "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
 
 

@@ -195,3 +195,11 @@ def test_a_crashed_client_fails_the_run() -> None:
     final["client_exit_codes"] = {"p1": 0, "t1": 1}
     v = verdict("clients", ops, final)
     assert not v.ok and v.counts["crashed"] == 1 and "t1" in v.examples[0]
+
+
+def test_a_queue_whose_start_no_read_reaches_fails_the_run() -> None:
+    ops, final = history()
+    assert verdict("readable", ops, final).ok
+    final["unreadable"] = [["chaos", 0, 171898]]
+    v = verdict("readable", ops, final)
+    assert not v.ok and v.counts["queues_unreadable_from_0"] == 1 and "171898" in v.examples[0]
