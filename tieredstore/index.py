@@ -7,7 +7,9 @@ import threading
 import time
 
 from tieredstore.backend import Backend
-from tieredstore.objects import LOG_PREFIX, TieredObject, parse_key, runs
+from tieredstore.objects import LOG_PREFIX, TieredObject, parse_key, run_end, runs
+
+OVERLAP_LOOKBACK = 8  # objects before the last one starting at or below an offset that find() also asks
 
 
 class ObjectIndex:
@@ -75,18 +77,22 @@ class ObjectIndex:
                 del self._starts[i]
 
     def find(self, offset: int) -> TieredObject | None:
-        """The object holding ``offset`` (the last one starting at or below it)."""
+        """The object holding ``offset``: of those that do (one, unless two masters uploaded over
+        each other around a failover), the newest epoch's, whose history is the one that stands;
+        among equals the one starting last. Looks back ``OVERLAP_LOOKBACK`` objects at most."""
         with self._lock:
             i = bisect.bisect_right(self._starts, offset) - 1
-            if i >= 0 and offset < self._objects[i].end:
-                return self._objects[i]
-        return None
+            best: TieredObject | None = None
+            for o in self._objects[max(0, i - OVERLAP_LOOKBACK + 1) : i + 1]:
+                if offset < o.end and (best is None or o.epoch >= best.epoch):
+                    best = o
+            return best
 
     def contiguous_from(self, upto: int) -> int:
         """Lowest offset from which objects cover every byte up to ``upto`` (``upto`` when none do)."""
         with self._lock:
             for run in runs(self._objects):
-                if run[0].start <= upto <= run[-1].end:
+                if run[0].start <= upto <= run_end(run):
                     return run[0].start
         return upto
 

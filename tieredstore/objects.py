@@ -103,11 +103,23 @@ def whole_batches(data: bytes | memoryview, start: int, limit: int) -> int:
 
 
 def runs(objects: list[TieredObject]) -> list[list[TieredObject]]:
-    """Split objects (sorted by start) into contiguous runs; an overlap also starts a new run."""
+    """Split objects (sorted by start) into runs that cover their range without a hole. An object
+    that starts at or before the end of its run so far continues it: adjacent, or overlapping.
+    Overlaps happen around a failover: a deposed master's put that passed its checks lands after
+    the next master resumed from the same break point (chaos run 11: two objects from one start).
+    ``ObjectIndex.find`` reads an overlap from the newest epoch's object."""
     out: list[list[TieredObject]] = []
+    end = 0
     for o in objects:
-        if out and out[-1][-1].end == o.start:
+        if out and o.start <= end:
             out[-1].append(o)
+            end = max(end, o.end)
         else:
             out.append([o])
+            end = o.end
     return out
+
+
+def run_end(run: list[TieredObject]) -> int:
+    """Where a run's coverage ends (its last object need not be the one that ends last)."""
+    return max(o.end for o in run)

@@ -38,7 +38,7 @@ from broker.threads import NamedThread, name_pool_thread
 from tieredstore import metrics
 from tieredstore.backend import Backend, BackendError, ObjectExists
 from tieredstore.index import ObjectIndex
-from tieredstore.objects import QUARANTINE_PREFIX, Described, TieredObject, describe, runs, whole_batches
+from tieredstore.objects import QUARANTINE_PREFIX, Described, TieredObject, describe, run_end, runs, whole_batches
 from tieredstore.retention import plan_deletions
 
 log = structlog.get_logger("tieredstore.uploader")
@@ -147,7 +147,7 @@ class Uploader:
         if objs:
             last = objs[-1]
             point = last.end
-            self.gaps = [(a[-1].end, b[0].start) for a, b in zip(runs(objs), runs(objs)[1:], strict=False)]
+            self.gaps = [(run_end(a), b[0].start) for a, b in zip(runs(objs), runs(objs)[1:], strict=False)]
             if self.gaps:
                 log.warning("tiered_gaps", gaps=self.gaps[:10])
         else:
