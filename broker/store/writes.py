@@ -83,22 +83,12 @@ class WriteStep:
         """``__txn`` records decided under the append lock (``Appender.append_txn``: one short
         write), acknowledged as ack=replica (or as ``ack(records)`` says) and applied by ``applied``
         (if given): a transaction's end is answered only once a promoted slave would know it, and
-        a reader sees what it decided. Driven by ``write_txn`` (a thread) or ``write_txn_async``."""
+        a reader sees what it decided. Driven by ``run`` (a thread) or ``run_async`` (the event loop)."""
         records, end = self.appender.append_txn(build)
         if end:
             mode = ack(records) if ack is not None else "replica"
             yield from self.steps(end, mode, timeout_ms, applied, "the transaction record")
         return records, end
-
-    def write_txn(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], *, applied: View | None,
-                  ack: Callable[[list[TxnRecord]], str] | None = None, timeout_ms: int | None = None
-                  ) -> tuple[list[TxnRecord], int]:
-        return run(self.txn_steps(build, applied, ack, timeout_ms))
-
-    async def write_txn_async(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], *,
-                              applied: View | None, ack: Callable[[list[TxnRecord]], str] | None = None
-                              ) -> tuple[list[TxnRecord], int]:
-        return await run_async(self.txn_steps(build, applied, ack))
 
     def write_system(self, changes: Changes, *, ack: str = "replica", timeout_ms: int | None = None,
                      applied: View | None = None) -> int:

@@ -39,6 +39,7 @@ from broker.logformat.errors import CorruptionError
 from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.store.appender import TailState
+from broker.store.waiters import Steps, run, run_async
 from broker.views.transactions import Ended, OpenTxn, TxnView
 
 log = structlog.get_logger("txn")
@@ -120,12 +121,14 @@ class TxnService:
     # drivers: a thread's (the sweeper, operators, an end with offsets) and the event loop's (the
     # client's begin and end: one thread hand-off fewer per call, issue 37's throughput).
     def begin(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
-        plan = self.begin_plan(tid, timeout_ms, check_back, count_messages)
-        return plan.begun(self.store.writes.write_txn(plan.build, applied=plan.applied, ack=plan.ack)[0])
+        return run(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages)))
 
     async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
-        plan = self.begin_plan(tid, timeout_ms, check_back, count_messages)
-        return plan.begun((await self.store.writes.write_txn_async(plan.build, applied=plan.applied, ack=plan.ack))[0])
+        return await run_async(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages)))
+
+    def _begin_steps(self, plan: BeginPlan) -> Steps[Begun]:
+        records, _ = yield from self.store.writes.txn_steps(plan.build, plan.applied, plan.ack)
+        return plan.begun(records)
 
     def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool) -> BeginPlan:
         check_tid(tid)
@@ -147,29 +150,24 @@ class TxnService:
         offsets = self._end_checks(tid, pid, commit, offsets)
         if offsets:
             self.store.offsets.commit([], wait_s=self.config["limits.send_timeout_ms"] / 1000.0)  # older commits first
-        records, _ = self.store.writes.write_txn(self._end_build(tid, pid, commit, reason, offsets, messages_sent),
-                                                 applied=self.view)
-        failpoint("txn_after_decision")
-        decided = _decided(records)
-        if decided is not None:
-            return decided
-        ended = self.view.ended_of(pid)
-        if ended is None:  # the first end may not be applied yet
-            self.store.dispatcher.wait_applied(self.view, self.store.appender.log.max_offset, END_LOOKUP_WAIT_S)
-        return self._first_outcome(tid, pid, commit)
+        return run(self._end_steps(tid, pid, commit, reason, offsets, messages_sent))
 
     async def end_async(self, tid: str, pid: int, commit: bool, messages_sent: int | None = None) -> Outcome:
         """``end`` by the client, without offsets, on the event loop."""
         self._end_checks(tid, pid, commit, None)
-        records, _ = await self.store.writes.write_txn_async(self._end_build(tid, pid, commit, "client", [],
-                                                                             messages_sent), applied=self.view)
+        return await run_async(self._end_steps(tid, pid, commit, "client", [], messages_sent))
+
+    def _end_steps(self, tid: str, pid: int, commit: bool, reason: str, offsets: list[OffsetEntry],
+                   messages_sent: int | None) -> Steps[Outcome]:
+        build = self._end_build(tid, pid, commit, reason, offsets, messages_sent)
+        records, _ = yield from self.store.writes.txn_steps(build, self.view, None)
         failpoint("txn_after_decision")
         decided = _decided(records)
         if decided is not None:
             return decided
-        if self.view.ended_of(pid) is None:
-            await self.store.dispatcher.wait_applied_async(self.view, self.store.appender.log.max_offset,
-                                                           END_LOOKUP_WAIT_S)
+        if self.view.ended_of(pid) is None:  # the first end may not be applied yet
+            yield from self.store.watermarks.view_steps(self.view.name, lambda: self.view.applied_offset,
+                                                        self.store.appender.log.max_offset, END_LOOKUP_WAIT_S)
         return self._first_outcome(tid, pid, commit)
 
     def _end_checks(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None) -> list[OffsetEntry]:
