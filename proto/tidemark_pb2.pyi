@@ -104,7 +104,7 @@ class PlainMessage(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., key: _Optional[str] = ..., body: _Optional[bytes] = ..., properties: _Optional[_Mapping[str, str]] = ..., deliver_at_ms: _Optional[int] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class SendRequest(_message.Message):
-    __slots__ = ("batches", "ack", "timeout_ms", "messages", "producer_id", "transaction", "begin")
+    __slots__ = ("batches", "ack", "timeout_ms", "messages", "producer_id", "transaction", "begin", "commit")
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     ACK_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class SendRequest(_message.Message):
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FIELD_NUMBER: _ClassVar[int]
     BEGIN_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
     batches: _containers.RepeatedCompositeFieldContainer[ProduceBatch]
     ack: Ack
     timeout_ms: int
@@ -119,7 +120,8 @@ class SendRequest(_message.Message):
     producer_id: int
     transaction: int
     begin: BeginTransactionRequest
-    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PlainMessage, _Mapping]]] = ..., producer_id: _Optional[int] = ..., transaction: _Optional[int] = ..., begin: _Optional[_Union[BeginTransactionRequest, _Mapping]] = ...) -> None: ...
+    commit: EndTransactionRequest
+    def __init__(self, batches: _Optional[_Iterable[_Union[ProduceBatch, _Mapping]]] = ..., ack: _Optional[_Union[Ack, str]] = ..., timeout_ms: _Optional[int] = ..., messages: _Optional[_Iterable[_Union[PlainMessage, _Mapping]]] = ..., producer_id: _Optional[int] = ..., transaction: _Optional[int] = ..., begin: _Optional[_Union[BeginTransactionRequest, _Mapping]] = ..., commit: _Optional[_Union[EndTransactionRequest, _Mapping]] = ...) -> None: ...
 
 class BatchReceipt(_message.Message):
     __slots__ = ("commit_offset", "base_queue_offset", "record_count", "duplicate")
@@ -152,14 +154,16 @@ class MessageReceipt(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., queue_offset: _Optional[int] = ..., commit_offset: _Optional[int] = ..., duplicate: _Optional[bool] = ..., timer_offset: _Optional[int] = ..., deliver_at_ms: _Optional[int] = ...) -> None: ...
 
 class SendResponse(_message.Message):
-    __slots__ = ("receipts", "message_receipts", "begun")
+    __slots__ = ("receipts", "message_receipts", "begun", "ended")
     RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     MESSAGE_RECEIPTS_FIELD_NUMBER: _ClassVar[int]
     BEGUN_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     receipts: _containers.RepeatedCompositeFieldContainer[BatchReceipt]
     message_receipts: _containers.RepeatedCompositeFieldContainer[MessageReceipt]
     begun: BeginTransactionResponse
-    def __init__(self, receipts: _Optional[_Iterable[_Union[BatchReceipt, _Mapping]]] = ..., message_receipts: _Optional[_Iterable[_Union[MessageReceipt, _Mapping]]] = ..., begun: _Optional[_Union[BeginTransactionResponse, _Mapping]] = ...) -> None: ...
+    ended: EndTransactionResponse
+    def __init__(self, receipts: _Optional[_Iterable[_Union[BatchReceipt, _Mapping]]] = ..., message_receipts: _Optional[_Iterable[_Union[MessageReceipt, _Mapping]]] = ..., begun: _Optional[_Union[BeginTransactionResponse, _Mapping]] = ..., ended: _Optional[_Union[EndTransactionResponse, _Mapping]] = ...) -> None: ...
 
 class PullRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "offset", "max_messages", "max_wait_ms", "max_bytes", "decode", "isolation")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from broker.daemon.send_wire import SendRequestView, begin_of, parse_send
+from broker.daemon.send_wire import SendRequestView, begin_of, commit_of, parse_send
 from broker.daemon.wire import varint as _varint
 from proto import tidemark_pb2 as pb
 from tests.wirefuzz import agree, mutated
@@ -18,6 +18,7 @@ def _fields(request: Any) -> dict[str, Any]:
         "ack": int(request.ack), "timeout_ms": request.timeout_ms, "producer_id": request.producer_id,
         "transaction": request.transaction,
         "begin": begin.SerializeToString() if (begin := begin_of(request)) is not None else None,
+        "commit": commit.SerializeToString() if (commit := commit_of(request)) is not None else None,
         "messages": [m.SerializeToString() for m in request.messages],
         "batches": [{**{f: getattr(b, f) for f in BATCH_FIELDS}, "records": bytes(b.records)} for b in request.batches],
     }
@@ -36,6 +37,9 @@ def _request(rng: random.Random) -> pb.SendRequest:
     if rng.random() < 0.3:  # a send that begins a transaction
         r.begin.CopyFrom(pb.BeginTransactionRequest(transactional_id=rng.choice(("", "tx", "ordrés")),
                                                     timeout_ms=rng.choice((0, 5_000)), count_messages=rng.random() < 0.5))
+    if rng.random() < 0.3:  # a send that commits its transaction
+        r.commit.CopyFrom(pb.EndTransactionRequest(transactional_id=rng.choice(("", "tx")), producer_id=rng.choice((0, 2**63 + 5)),
+                                                   commit=rng.random() < 0.9, messages_sent=rng.choice((0, 1000))))
     return r
 
 
@@ -63,6 +67,17 @@ def test_a_beginning_send_takes_the_reader() -> None:
     twice = data.SerializeToString() + pb.SendRequest(begin=pb.BeginTransactionRequest(timeout_ms=3)).SerializeToString()
     merged = parse_send(twice)
     assert isinstance(merged, pb.SendRequest) and merged.begin.transactional_id == "tx" and merged.begin.timeout_ms == 3
+
+
+def test_a_committing_send_takes_the_reader() -> None:
+    commit = pb.EndTransactionRequest(transactional_id="tx", producer_id=2**63 + 7, commit=True, messages_sent=12)
+    data = pb.SendRequest(batches=[pb.ProduceBatch(topic="t", record_count=1, records=b"r")], transaction=2**63 + 7,
+                          commit=commit)
+    parsed = parse_send(data.SerializeToString())
+    assert isinstance(parsed, SendRequestView) and parsed.commit == commit and parsed.transaction == 2**63 + 7
+    twice = data.SerializeToString() + pb.SendRequest(commit=pb.EndTransactionRequest(messages_sent=3)).SerializeToString()
+    merged = parse_send(twice)
+    assert isinstance(merged, pb.SendRequest) and merged.commit.transactional_id == "tx" and merged.commit.messages_sent == 3
 
 
 def test_records_are_a_view_of_the_request() -> None:

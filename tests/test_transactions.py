@@ -556,3 +556,82 @@ def test_a_transaction_begins_with_its_first_send(node: DaemonProcess) -> None:
         assert broken.state == "aborted" and c.list_transactions() == []
         with pytest.raises(BrokerError, match="no transaction"):
             c.describe_transaction("broken")
+
+
+def test_a_send_can_carry_the_commit(node: DaemonProcess) -> None:
+    """SendRequest.commit: the last send's batches and the decision in one call, answered once
+    both are applied (readable at once). A count short of the log aborts it (incomplete); a retry
+    of a committed call stores nothing and answers the first outcome; a refused one decides
+    nothing; a commit that is not one, or names another transaction, is refused."""
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
+    with BrokerClient(node.address) as c:
+        c.create_topic("a", queues=2)
+        c.create_topic("b", queues=1)
+        tx = c.begin_transaction("two-topics")
+        tx.send("a", [Message(b"a1", key="x"), Message(b"a2", key="y")])
+        receipts = tx.send("b", [Message(b"b1")], commit=True)
+        assert tx.state == "committed" and len(receipts) == 1 and receipts[0].queue_offset == 0
+        assert _all_bodies(c, "a", 2) == {b"a1", b"a2"} and _bodies(c, "b") == [b"b1"]  # no wait: applied
+        assert c.list_transactions() == []
+        once = c.begin_transaction("one-call")
+        once.send("b", [Message(b"b2"), Message(b"b3")], commit=True)  # begin, batches, commit: one call
+        assert once.state == "committed" and once.producer_id and _bodies(c, "b") == [b"b1", b"b2", b"b3"]
+
+        short = stub.Send(pb.SendRequest(
+            ack=pb.ACK_LEADER, transaction=TXN_PID_BIT, messages=[pb.PlainMessage(topic="b", queue_id=0, sequence=0,
+                                                                                   body=b"short")],
+            begin=pb.BeginTransactionRequest(transactional_id="short", count_messages=True),
+            commit=pb.EndTransactionRequest(transactional_id="short", commit=True, messages_sent=2)))
+        assert short.ended.outcome == pb.TRANSACTION_OUTCOME_ABORTED and short.ended.reason == "incomplete"
+        assert short.begun.producer_id and len(short.message_receipts) == 1
+        assert _bodies(c, "b") == [b"b1", b"b2", b"b3"]
+
+        pid = stub.Send(pb.SendRequest(ack=pb.ACK_LEADER, transaction=TXN_PID_BIT,
+                                       messages=[pb.PlainMessage(topic="b", queue_id=0, sequence=0, body=b"r0")],
+                                       begin=pb.BeginTransactionRequest(transactional_id="retry", count_messages=True))
+                        ).begun.producer_id
+        last = pb.SendRequest(ack=pb.ACK_LEADER, transaction=pid,
+                              messages=[pb.PlainMessage(topic="b", queue_id=0, sequence=1, body=b"r1")],
+                              commit=pb.EndTransactionRequest(transactional_id="retry", producer_id=pid, commit=True,
+                                                              messages_sent=2))
+        first, again = stub.Send(last), stub.Send(last)  # the second: a retry whose first answer was lost
+        assert first.ended.outcome == again.ended.outcome == pb.TRANSACTION_OUTCOME_COMMITTED
+        assert len(first.message_receipts) == 1 and not again.message_receipts
+        assert _bodies(c, "b")[3:] == [b"r0", b"r1"], "the retry stored nothing"
+
+        open_tx = c.begin_transaction("refused")
+        open_tx.send("b", [Message(b"kept")])
+        with pytest.raises(BrokerError) as refused:
+            open_tx.send("nowhere", [Message(b"x")], commit=True)
+        assert refused.value.code == grpc.StatusCode.NOT_FOUND
+        wait_until(lambda: [t["transactional_id"] for t in c.list_transactions()] == ["refused"], 10,
+                   "the view to apply the begin (it applies what is confirmed): a refused send decides nothing")
+        open_tx.abort()
+        assert open_tx.state == "aborted" and b"kept" not in _bodies(c, "b", isolation="read_committed")
+
+        opened = stub.Send(pb.SendRequest(ack=pb.ACK_LEADER, transaction=TXN_PID_BIT,
+                                          messages=[pb.PlainMessage(topic="b", queue_id=0, sequence=0, body=b"z")],
+                                          begin=pb.BeginTransactionRequest(transactional_id="bad", count_messages=True))
+                           ).begun.producer_id
+        for commit, transaction in ((pb.EndTransactionRequest(transactional_id="bad", producer_id=opened), opened),
+                                    (pb.EndTransactionRequest(transactional_id="bad", producer_id=opened, commit=True,
+                                                              offsets=[pb.CommittedOffset(group="g", topic="b")]),
+                                     opened),
+                                    (pb.EndTransactionRequest(transactional_id="bad", producer_id=opened + 1,
+                                                              commit=True), opened),
+                                    (pb.EndTransactionRequest(transactional_id="bad", commit=True), 0)):
+            with pytest.raises(grpc.RpcError) as exc:
+                stub.Send(pb.SendRequest(transaction=transaction, commit=commit,
+                                         messages=[pb.PlainMessage(topic="b", queue_id=0, sequence=1, body=b"z")]))
+            assert exc.value.code() == grpc.StatusCode.INVALID_ARGUMENT, commit
+        with pytest.raises(grpc.RpcError) as exc:  # refused by the append: nothing stored, nothing decided
+            stub.Send(pb.SendRequest(transaction=opened, messages=[pb.PlainMessage(topic="nowhere", body=b"z")],
+                                     commit=pb.EndTransactionRequest(transactional_id="bad", producer_id=opened,
+                                                                     commit=True, messages_sent=2)))
+        assert exc.value.code() == grpc.StatusCode.NOT_FOUND
+        wait_until(lambda: [t["transactional_id"] for t in c.list_transactions()] == ["bad"], 10, "'bad' still open")
+
+        with_offsets = c.begin_transaction("with-offsets")
+        with_offsets.commit_offsets("g", "b", {0: 2})
+        with_offsets.send("b", [Message(b"o")], commit=True)  # a send, then EndTransaction with the offsets
+        assert with_offsets.state == "committed" and c.committed_offset("g", "b", 0) == 2

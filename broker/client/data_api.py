@@ -54,10 +54,14 @@ class DataAPI(TopicsAPI):
 
     def _send_as(self, producer: _Producer, topic: str, messages: Sequence[Message], ack: str,
                  timeout_ms: int | None, transaction: int = 0, begin: pb.BeginTransactionRequest | None = None,
-                 begun: Callable[[pb.BeginTransactionResponse], None] | None = None) -> Sequence[Receipt]:
+                 begun: Callable[[pb.BeginTransactionResponse], None] | None = None,
+                 commit: pb.EndTransactionRequest | None = None,
+                 ended: Callable[[pb.EndTransactionResponse], None] | None = None) -> Sequence[Receipt]:
         """``send`` with ``producer``'s id and sequences (advanced when it is answered); inside a
         transaction, ``transaction`` is its producer id (and ``producer``'s). ``begin``: the send
-        begins a transaction (``producer`` and ``transaction`` 0); ``begun`` gets its answer."""
+        begins a transaction (``producer`` and ``transaction`` 0); ``begun`` gets its answer.
+        ``commit``: the send commits it; ``ended`` gets the outcome (no receipts if the
+        transaction had ended before: a retry whose first attempt committed)."""
         if ack not in ACKS:
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
@@ -78,7 +82,8 @@ class DataAPI(TopicsAPI):
                 group.append(i)
         topic_bytes = len(topic.encode())
         # filled in place: constructing sub-messages separately would copy every payload twice
-        request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction, begin=begin)
+        request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction, begin=begin,
+                                 commit=commit)
         groups: list[SendGroup] = []
         for queue_id, idxs in by_queue.items():
             records, positions = encode_messages(messages, idxs)
@@ -98,6 +103,10 @@ class DataAPI(TopicsAPI):
         resp = self._call("Send", request, retryable=SEND_RETRYABLE)
         if begun is not None:
             begun(resp.begun)
+        if ended is not None:
+            ended(resp.ended)
+            if not resp.receipts:
+                return Receipts(topic, 0, [])
         for g, r in zip(groups, resp.receipts, strict=True):
             if g.deliver is not None:
                 producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)

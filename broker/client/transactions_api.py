@@ -82,9 +82,10 @@ class Transaction:
         self._producer = _Producer(producer_id=0)
         self._offsets: dict[tuple[str, str, int], int] = {}
         self._broken: BrokerError | None = None
+        self._reason = ""  # why it ended
 
     def send(self, topic: str, messages: Sequence[Message], ack: str | None = None,
-             timeout_ms: int | None = None) -> Sequence[Receipt]:
+             timeout_ms: int | None = None, *, commit: bool = False) -> Sequence[Receipt]:
         """Messages of the transaction (invisible to read_committed readers until it commits).
 
         A transaction begun without ``check`` is counted: its sends are answered at ``ack``
@@ -92,20 +93,48 @@ class Transaction:
         a commit on a master whose log lacks some of them (a failover lost them) aborts instead
         (``TransactionAborted``, reason ``incomplete``). A check-back transaction's sends are
         answered as ack=replica whatever ``ack`` asks. A send that failed leaves the transaction
-        able only to abort (``commit`` refuses)."""
+        able only to abort (``commit`` refuses).
+
+        ``commit=True``: this send is the transaction's last and commits it, in one call and one
+        replication round (``SendRequest.commit``); answered as ``commit()`` is, and raising what
+        it raises. With consumer offsets to commit, the send and the commit are two calls."""
         self._check_open()
+        if commit and self._offsets:  # a send's commit takes no offsets
+            receipts = self.send(topic, messages, ack, timeout_ms)
+            self.commit()
+            return receipts
+        if commit:
+            self._check_unbroken()
+        ending = (pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                           commit=True, messages_sent=self.messages_sent + len(messages))
+                  if commit else None)
         try:
             # a beginning send names transaction 1<<63: a node that does not know SendRequest.begin
             # refuses it ("not open") instead of storing plain messages
             receipts = self.client._send_as(self._producer, topic, messages,
                                             ack or ("leader" if self.counted else "replica"), timeout_ms,
                                             transaction=self.producer_id or TXN_PID_BIT, begin=self._begin,
-                                            begun=self._begun if self._begin is not None else None)
+                                            begun=self._begun if self._begin is not None else None,
+                                            commit=ending, ended=self._ended if commit else None)
         except BrokerError as exc:
             self._broken = exc  # outcome unknown: the sequences cannot go on; only abort is left
             raise
+        finally:
+            if commit:
+                self.client._checkback_forget(self.transactional_id, self.producer_id)
         self.messages_sent += len(messages)
+        if commit and self.state == "open":  # a node without SendRequest.commit stored the send only
+            self.commit()
+        elif commit and self.state != "committed":
+            raise TransactionAborted(self._reason, f"transaction {self.transactional_id!r} was aborted "
+                                     f"({self._reason}) before this commit: none of it is visible")
         return receipts
+
+    def _ended(self, answer: pb.EndTransactionResponse) -> None:
+        if answer.outcome not in (pb.TRANSACTION_OUTCOME_COMMITTED, pb.TRANSACTION_OUTCOME_ABORTED):
+            return  # no outcome: a node that does not know SendRequest.commit (send then commits by itself)
+        self.state = "committed" if answer.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
+        self._reason = answer.reason
 
     def _begin_now(self) -> None:
         """Begin on the master with a call of its own (nothing sent yet, or fencing asked for)."""
@@ -137,9 +166,7 @@ class Transaction:
         """Commit: answered once the decision is replicated (ack=replica) and visible.
         ``TransactionAborted`` if it was aborted meanwhile (its timeout, an operator, fencing)."""
         self._check_open()
-        if self._broken is not None:
-            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"a send of this transaction failed ({self._broken}); abort it") from self._broken
+        self._check_unbroken()
         offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
                    for (g, t, q), o in self._offsets.items()]
         if self._begin is not None:  # nothing sent: begun here (its offsets still commit with it)
@@ -171,6 +198,11 @@ class Transaction:
             self.client._checkback_forget(self.transactional_id, self.producer_id)
         self.state = "committed" if response.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
         return response
+
+    def _check_unbroken(self) -> None:
+        if self._broken is not None:
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION,
+                                     f"a send of this transaction failed ({self._broken}); abort it") from self._broken
 
     def _check_open(self) -> None:
         if self.state != "open":

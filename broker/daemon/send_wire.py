@@ -54,6 +54,7 @@ class SendRequestView:
     messages: tuple[pb.PlainMessage, ...] = ()
     wire_bytes: int = 0  # the request's size (logged with an unexpected failure)
     begin: pb.BeginTransactionRequest | None = None  # a few small fields: the protobuf parser reads it
+    commit: pb.EndTransactionRequest | None = None  # likewise
 
 
 def begin_of(request: SendRequestView | pb.SendRequest) -> pb.BeginTransactionRequest | None:
@@ -61,6 +62,13 @@ def begin_of(request: SendRequestView | pb.SendRequest) -> pb.BeginTransactionRe
     if isinstance(request, SendRequestView):
         return request.begin
     return request.begin if request.HasField("begin") else None
+
+
+def commit_of(request: SendRequestView | pb.SendRequest) -> pb.EndTransactionRequest | None:
+    """``SendRequest.commit`` if the request has one."""
+    if isinstance(request, SendRequestView):
+        return request.commit
+    return request.commit if request.HasField("commit") else None
 
 
 def _signed64(v: int) -> int:
@@ -112,6 +120,9 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
             if wire == LEN:
                 if number == 7 and request.begin is None:  # twice: protobuf merges them, and so it reads it
                     request.begin = pb.BeginTransactionRequest.FromString(data[a:z])
+                    continue
+                if number == 8 and request.commit is None:
+                    request.commit = pb.EndTransactionRequest.FromString(data[a:z])
                     continue
                 if number != 1:
                     raise NotFast

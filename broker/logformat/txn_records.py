@@ -92,8 +92,26 @@ def encode_end(tid: str, pid: int, commit: bool, reason: str,
     return END.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
-def records(header: bf.BatchHeader, batch: memoryview) -> Iterator[Begin | End]:
+# Each ``__txn`` batch is read by the append side, the transactions view and the metadata view (and
+# on a master by the write that appended it): decoded once, kept for the next readers. Keyed by
+# where it lies, when it was stored and its records' CRC (a log cut and written again differs).
+_DECODED: dict[tuple[int, int, int], tuple[Begin | End, ...]] = {}
+DECODED_MAX = 256
+
+
+def records(header: bf.BatchHeader, batch: memoryview) -> tuple[Begin | End, ...]:
     """The begins and ends of one ``__txn`` batch, in order (a record of another kind is skipped)."""
+    key = (header.base_offset, header.store_time_ms, header.body_crc)
+    decoded = _DECODED.get(key)
+    if decoded is None:
+        decoded = tuple(_decode(header, batch))
+        if len(_DECODED) >= DECODED_MAX:
+            _DECODED.clear()
+        _DECODED[key] = decoded
+    return decoded
+
+
+def _decode(header: bf.BatchHeader, batch: memoryview) -> Iterator[Begin | End]:
     for pos, key, _, body in bf.iter_records(batch, header):
         kind = bytes(key)
         offset = header.base_offset + pos

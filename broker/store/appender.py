@@ -144,6 +144,11 @@ class TailState:
         return deleted
 
 
+# __txn records (key, body) decided under the append lock from the tail and where their batch lands
+TxnBuild = Callable[[TailState, int], list[tuple[bytes, bytes]]]
+TxnRecords = list[txn_records.Begin | txn_records.End]
+
+
 class Appender:
     def __init__(self, config: Config, log_: CommitLog, epochs: EpochHistory, views: ViewSet, tail: TailState,
                  watermarks: Watermarks, disk: DiskSpace, check_writable: Callable[[], None],
@@ -240,30 +245,38 @@ class Appender:
             self._notify_appended()
         return receipts, wait_offset
 
-    def append_beginning(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]],
-                         batches: list[IncomingBatch]) -> tuple[list[txn_records.Begin | txn_records.End],
-                                                                list[BatchReceipt], int]:
-        """A transaction begun by its first send: its ``__txn`` records (``build``, as ``append_txn``)
-        and then ``batches``, flagged with its producer id, in one hold of the append lock. Returns
-        the records, the batches' receipts and the end offset to wait for. A send refused for its
-        topics begins nothing; one refused after the begin (a full disk) leaves the transaction
-        open and empty, to its timeout."""
+    def append_in_txn(self, batches: list[IncomingBatch], *, begin: TxnBuild | None = None,
+                      end: Callable[[int], TxnBuild] | None = None
+                      ) -> tuple[TxnRecords, list[BatchReceipt], TxnRecords, int]:
+        """A transaction's send with its begin, its end, or both, in one hold of the append lock:
+        ``begin``'s ``__txn`` records first (as ``append_txn``: a transaction begun by its first
+        send; the batches then take its producer id), the batches, then ``end(pid)``'s (a send that
+        commits: decided after the batches, so a count covers them). Returns the begin's records,
+        the batches' receipts, the end's records and the end offset to wait for. A send refused for its
+        topics, or for a transaction that is not open, appends nothing; one refused after a begin
+        (a full disk) leaves the transaction open and empty, to its timeout; after a refused send
+        no end is appended."""
         self.check_writable()
         for b in batches:
             self.validate(b)
         with self.lock:
             self.check_writable()
             self._check_topics(batches)
-            records, _ = self._append_txn_locked(build)
-            pid = records[-1].pid
-            for b in batches:
-                b.producer_id = pid
-                b.flags |= bf.FLAG_TRANSACTIONAL
+            begun: TxnRecords = []
+            ended: TxnRecords = []
             try:
+                if begin is not None:
+                    begun, _ = self._append_txn_locked(begin)
+                    for b in batches:
+                        b.producer_id = begun[-1].pid
+                        b.flags |= bf.FLAG_TRANSACTIONAL
                 receipts, wait_offset = self._append_locked(batches, None, 0)
+                if end is not None:
+                    ended, end_offset = self._append_txn_locked(end(batches[0].producer_id))
+                    wait_offset = max(wait_offset, end_offset)
             finally:
-                self._notify_appended()  # the begin is appended either way
-        return records, receipts, wait_offset
+                self._notify_appended()
+        return begun, receipts, ended, wait_offset
 
     def _check_topics(self, batches: list[IncomingBatch]) -> None:
         """Under the append lock: each batch's topic exists (the append side's own view of topics:
@@ -275,6 +288,10 @@ class Appender:
                 raise not_found(f"unknown topic {shown(name)}")
             if b.flags & bf.FLAG_TRANSACTIONAL:
                 self.check_txn_open(b.producer_id)
+
+    def txn_is_open(self, pid: int) -> bool:
+        """Transaction ``pid`` is open here now (a read without the append lock: the append decides)."""
+        return pid in self.tail.txn_open
 
     def check_txn_open(self, pid: int) -> None:
         """Transaction ``pid`` is open here (under the append lock: at this instant in the log's order)."""
@@ -362,8 +379,7 @@ class Appender:
         _, end = self.append([batch], internal=True, topic_changes=changes)
         return end
 
-    def append_txn(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]]
-                   ) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+    def append_txn(self, build: TxnBuild) -> tuple[list[txn_records.Begin | txn_records.End], int]:
         """Append ``__txn`` records (one batch) decided under the append lock: ``build(tail, offset)``
         returns them (key, body) from the transactions open now, the batch to land at ``offset``.
         Returns the records as the log now holds them (a begin's producer id known) and the batch end."""
@@ -375,8 +391,7 @@ class Appender:
             self._notify_appended()
         return appended, end
 
-    def _append_txn_locked(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]]
-                           ) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+    def _append_txn_locked(self, build: TxnBuild) -> tuple[list[txn_records.Begin | txn_records.End], int]:
         items = build(self.tail, self.log.max_offset)
         if not items:
             return [], 0

@@ -26,7 +26,7 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.logformat import txn_records
 from broker.ports import BatchReceipt, IncomingBatch
-from broker.store.appender import Appender, TailState
+from broker.store.appender import Appender, TxnBuild
 from broker.store.permit import WritePermit
 from broker.store.waiters import Steps, run, run_async
 from broker.store.watermarks import Watermarks
@@ -77,7 +77,7 @@ class WriteStep:
         self.acknowledged(end, ack, timeout_ms=timeout_ms, applied=applied, what=what)
         return receipts
 
-    def txn_steps(self, build: Callable[[TailState, int], list[tuple[bytes, bytes]]], applied: View | None,
+    def txn_steps(self, build: TxnBuild, applied: View | None,
                   ack: Callable[[list[TxnRecord]], str] | None, timeout_ms: int | None = None
                   ) -> Steps[tuple[list[TxnRecord], int]]:
         """``__txn`` records decided under the append lock (``Appender.append_txn``: one short

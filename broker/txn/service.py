@@ -38,7 +38,7 @@ from broker.logformat import txn_records as tr
 from broker.logformat.errors import CorruptionError
 from broker.storage.failpoints import failpoint
 from broker.store import Store
-from broker.store.appender import TailState
+from broker.store.appender import TailState, TxnBuild
 from broker.store.waiters import Steps, run, run_async
 from broker.views.transactions import Ended, OpenTxn, TxnView
 
@@ -101,15 +101,6 @@ class BeginPlan:
         return Begun(begin.pid, begin.epoch, self.timeout_ms, begin.counted)
 
 
-def _decided(records: list[tr.Begin | tr.End]) -> Outcome | None:
-    """The outcome an end just appended, or None: the transaction was not open (ended before)."""
-    if not records:
-        return None
-    end = records[0]
-    assert isinstance(end, tr.End)
-    return Outcome(end.commit, end.reason)
-
-
 class TxnService:
     def __init__(self, store: Store) -> None:
         self.store = store
@@ -162,13 +153,28 @@ class TxnService:
         build = self._end_build(tid, pid, commit, reason, offsets, messages_sent)
         records, _ = yield from self.store.writes.txn_steps(build, self.view, None)
         failpoint("txn_after_decision")
-        decided = _decided(records)
+        decided = self.decided(records)
         if decided is not None:
             return decided
         if self.view.ended_of(pid) is None:  # the first end may not be applied yet
             yield from self.store.watermarks.view_steps(self.view.name, lambda: self.view.applied_offset,
                                                         self.store.appender.log.max_offset, END_LOOKUP_WAIT_S)
         return self._first_outcome(tid, pid, commit)
+
+    def commit_build(self, tid: str, messages_sent: int) -> Callable[[int], TxnBuild]:
+        """The commit a send carries (SendRequest.commit), for ``Appender.append_in_txn``: decided
+        under the append lock after the send's batches, for the transaction's producer id."""
+        check_tid(tid)
+        return lambda pid: self._end_build(tid, pid, True, "client", [], messages_sent)
+
+    @staticmethod
+    def decided(records: list[tr.Begin | tr.End]) -> Outcome | None:
+        """The outcome an end just appended, or None: the transaction was not open (ended before)."""
+        if not records:
+            return None
+        end = records[0]
+        assert isinstance(end, tr.End)
+        return Outcome(end.commit, end.reason)
 
     def _end_checks(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None) -> list[OffsetEntry]:
         check_tid(tid)
@@ -178,7 +184,7 @@ class TxnService:
 
     @staticmethod
     def _end_build(tid: str, pid: int, commit: bool, reason: str, offsets: list[OffsetEntry],
-                   messages_sent: int | None) -> Callable[[TailState, int], list[tuple[bytes, bytes]]]:
+                   messages_sent: int | None) -> TxnBuild:
         def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
             if tail.txn_open.get(pid) != tid:
                 return []

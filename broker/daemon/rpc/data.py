@@ -27,7 +27,8 @@ from broker.daemon.rpc.common import (
     handle,
     handle_async,
 )
-from broker.daemon.send_wire import begin_of
+from broker.daemon.rpc.transactions import ended_response
+from broker.daemon.send_wire import begin_of, commit_of
 from broker.daemon.wire import pull_response_bytes
 from broker.errors import BrokerError, invalid
 from broker.logformat import batch as bf
@@ -60,6 +61,22 @@ def check_transaction_send(request: SendRequest, beginning: bool = False) -> Non
             raise invalid(f"batch {i}: producer_id {b.producer_id:#x} is not the transaction's ({txn:#x})")
 
 
+def check_commit_send(request: SendRequest, ending: pb.EndTransactionRequest,
+                      begin: pb.BeginTransactionRequest | None) -> None:
+    """A send that commits its transaction (SendRequest.commit) names it and only commits."""
+    if not ending.commit:
+        raise invalid("SendRequest.commit commits (commit true): abort with EndTransaction")
+    if ending.offsets:
+        raise invalid("a send's commit takes no consumer offsets: commit them with EndTransaction")
+    if begin is not None:
+        if ending.producer_id or ending.transactional_id != begin.transactional_id:
+            raise invalid("a send that begins and commits its transaction names the begin's transactional_id "
+                          "and producer_id 0 in its commit")
+    elif not request.transaction or ending.producer_id != request.transaction:
+        raise invalid("SendRequest.commit needs the send's transaction: producer_id equal to SendRequest.transaction "
+                      "(or a SendRequest.begin)")
+
+
 class DataRpcs(Rpcs):
     """Sends, pulls and consumer offsets."""
 
@@ -86,11 +103,17 @@ class DataRpcs(Rpcs):
         txn = request.transaction if begin is None else 0
         if txn or begin is not None:
             check_transaction_send(request, begin is not None)
+        ending = commit_of(request)
+        if ending is not None:
+            check_commit_send(request, ending, asked)
+            if txn and not self.store.appender.txn_is_open(txn):  # a retry whose first attempt committed, ...
+                return pb.SendResponse(ended=ended_response(await self.ctx.txns.end_async(
+                    ending.transactional_id, txn, True, messages_sent=ending.messages_sent)))
         if txn:
             self.store.appender.check_txn_open(txn)  # a definite refusal, not a wait for a replica
         counted = begin.counted if begin is not None else bool(txn) and self.store.appender.txn_counted(txn)
-        if (txn or begin is not None) and not counted:
-            ack = "replica"
+        if ((txn or begin is not None) and not counted) or ending is not None:
+            ack = "replica"  # a decision is answered once a promoted slave would know it
         if ack == "replica":
             self.store.watermarks.check_replica_ack_possible()
         # a framing walk stops at the declared record count, so declared counts bound the checks
@@ -120,20 +143,27 @@ class DataRpcs(Rpcs):
                 b.flags |= bf.FLAG_TRANSACTIONAL
         records_bytes = sum(len(b.records) for b in batches)
         on_loop = on_loop and records_bytes <= SEND_ON_LOOP_BYTES_MAX
-        begun = None
+        begun, ended = None, None
         try:
-            if begin is not None:
-                records, receipts, wait_offset = await self._on_loop_or_pool(
-                    on_loop, self.store.appender.append_beginning, begin.build, batches)
-                begun = begin.begun(records)
-                if begin.ack(records) == "replica":  # it fenced an older instance
-                    ack = "replica"
+            if begin is not None or ending is not None:
+                end = (self.ctx.txns.commit_build(ending.transactional_id, ending.messages_sent)
+                       if ending is not None else None)
+                begin_records, receipts, end_records, wait_offset = await self._on_loop_or_pool(
+                    on_loop, functools.partial(self.store.appender.append_in_txn, batches,
+                                               begin=begin.build if begin is not None else None, end=end))
+                if begin is not None:
+                    begun = begin.begun(begin_records)
+                    if begin.ack(begin_records) == "replica":  # it fenced an older instance
+                        ack = "replica"
+                ended = self.ctx.txns.decided(end_records)
             else:
                 receipts, wait_offset = await self._on_loop_or_pool(on_loop, self.store.appender.append, batches)
         except BrokerError:
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
-        await self.store.writes.acknowledged_async(wait_offset, ack, timeout_ms=request.timeout_ms)
+        await self.store.writes.acknowledged_async(wait_offset, ack, timeout_ms=request.timeout_ms,
+                                                   applied=self.store.views.txns if ending is not None else None,
+                                                   what="the transaction's commit")
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
@@ -145,6 +175,11 @@ class DataRpcs(Rpcs):
         if begun is not None:
             response.begun.CopyFrom(pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch,
                                                                 timeout_ms=begun.timeout_ms, counted=begun.counted))
+        if ending is not None:
+            if ended is None:  # not open at the decision (the checks above make this unexpected)
+                ended = await self.ctx.txns.end_async(ending.transactional_id, begun.pid if begun else txn, True,
+                                                      messages_sent=ending.messages_sent)
+            response.ended.CopyFrom(ended_response(ended))
         return response
 
     async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:

@@ -25,7 +25,7 @@ from proto import tidemark_pb2 as pb
 DECISIONS = {"commit": True, "abort": False}
 
 
-def _ended(outcome: Outcome) -> pb.EndTransactionResponse:
+def ended_response(outcome: Outcome) -> pb.EndTransactionResponse:
     return pb.EndTransactionResponse(
         outcome=pb.TRANSACTION_OUTCOME_COMMITTED if outcome.committed else pb.TRANSACTION_OUTCOME_ABORTED,
         reason=outcome.reason)
@@ -68,13 +68,13 @@ class TransactionRpcs(Rpcs):
                                                                         request)
             outcome = await self.ctx.txns.end_async(request.transactional_id, request.producer_id, request.commit,
                                                     messages_sent=request.messages_sent)
-            return _ended(outcome)
+            return ended_response(outcome)
         return await handle_async(context, run)
 
     def _end_with_offsets(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
         offsets = self.groups.checked_offsets(request.offsets)
         self.groups.check_room(offsets)
-        return _ended(self.ctx.txns.end(request.transactional_id, request.producer_id, True, offsets,
+        return ended_response(self.ctx.txns.end(request.transactional_id, request.producer_id, True, offsets,
                                         messages_sent=request.messages_sent))
 
     def ListTransactions(self, request: pb.ListTransactionsRequest,
