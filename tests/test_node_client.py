@@ -55,11 +55,13 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
     assert steps["status"]["role"] == "ROLE_MASTER" and steps["status"]["epoch"] == 1
     assert steps["read_committed"] == {"step": "read_committed", "bodies": ["node-tx-ok 1", "node-tx-ok 2"],
                                        "offsets": ["0", "1"], "next_offset": "4", "uncommitted": 4}
-    assert steps["status"]["transactions"] == {"committed": "1", "aborted": "1", "open": "0"}
+    assert steps["transaction_one"] == {"step": "transaction_one", "outcome": "TRANSACTION_OUTCOME_COMMITTED",
+                                        "began": True, "receipts": 1}
+    assert steps["status"]["transactions"] == {"committed": "2", "aborted": "1", "open": "0"}
     assert steps["transaction"]["counted"] is True, "a Node producer's transaction is counted (ACK_LEADER sends)"
     with BrokerClient(d.address) as c:  # what Node sent is what our own client reads
         msgs = list(c.pull("orders", 0, 0))
-        assert [m.body for m in msgs] == [b"hello from node", b"delayed from node"]
+        assert [m.body for m in msgs] == [b"hello from node", b"delayed from node", b"node-tx-one"]
         assert msgs[0].key == "order-1" and msgs[0].properties == {"lang": "node"}
         assert msgs[1].deliver_at_ms == int(sent[1]["deliver_at_ms"]) and msgs[1].timer_offset == int(sent[1]["timer_offset"])
         assert msgs[1].store_time_ms >= msgs[1].deliver_at_ms  # fired, never early

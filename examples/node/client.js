@@ -2,7 +2,7 @@
 // CRC, no Tidemark library. It creates a topic, sends a plain and a delayed message, pulls them
 // back decoded, commits an offset, reads it back, pops them for a second group and acks them
 // (pop mode), runs two transactions on queue 1 (one committed with a consumer offset, one aborted)
-// and reads queue 1 read_committed, and prints the node's typed status.
+// and one in a single call on queue 0, reads queue 1 read_committed, and prints the node's typed status.
 //
 //   npm ci && node client.js 127.0.0.1:7600 [topic]
 //   TIDEMARK_TOKEN=... node client.js ...      # a daemon with auth.tokens_file
@@ -125,6 +125,16 @@ async function main() {
     });
     print('transaction', { transactional_id: name, epoch: begun.epoch, counted: begun.counted, outcome: ended.outcome });
   }
+  // A transaction in one call: the Send begins it and carries its commit (SendRequest.commit;
+  // producer_id 0 with begin, messages_sent counting this call's): begin, messages and decision
+  // appended in one step, answered once the decision is replicated, with `ended`.
+  const one = await call('Send', {
+    ack: 'ACK_LEADER', transaction: '9223372036854775808',
+    messages: [{ topic, queue_id: 0, sequence: '0', body: Buffer.from('node-tx-one') }],
+    begin: { transactional_id: 'node-tx-one', count_messages: true },
+    commit: { transactional_id: 'node-tx-one', commit: true, messages_sent: '1' },
+  });
+  print('transaction_one', { outcome: one.ended.outcome, began: one.begun.producer_id !== '0', receipts: one.message_receipts.length });
   const txRead = await call('Pull', { topic, queue_id: 1, offset: '0', max_messages: 100, decode: true });
   const txRaw = await call('Pull', {
     topic, queue_id: 1, offset: '0', max_messages: 100, decode: true, isolation: 'ISOLATION_READ_UNCOMMITTED',

@@ -384,7 +384,8 @@ def transactions(ops: list[Op], final: Final) -> Verdict:
     answered aborted) is never seen by anyone; one whose commit's answer was lost is all or none;
     no message is stored twice; no transaction is left open at the end."""
     v = Verdict("transactions", True, {"committed": 0, "aborted": 0, "unknown_all": 0, "unknown_none": 0,
-                                       "partial": 0, "aborted_seen": 0, "lost": 0, "duplicated": 0, "left_open": 0})
+                                       "partial": 0, "aborted_seen": 0, "lost": 0, "duplicated": 0, "left_open": 0,
+                                       "committed_by_their_send": 0})
     if "txn_messages" not in final:
         return v  # a run without the transactional workload
     stored = Counter(row[2] for row in final["txn_messages"])
@@ -400,6 +401,7 @@ def transactions(ops: list[Op], final: Final) -> Verdict:
         tx = f"transaction {ids[0].rsplit('-', 1)[0]} ({o['outcome']})"
         if o["outcome"] == "ok":
             v.counts["committed"] += 1
+            v.counts["committed_by_their_send"] += bool(o["value"].get("carried"))
             if held < len(ids):
                 v.counts["lost"] += 1
                 v.example(f"{tx}: {len(ids) - held} of its {len(ids)} messages are not stored")

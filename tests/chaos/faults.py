@@ -22,6 +22,7 @@ KINDS = ("kill9", "sigstop", "isolate", "link_delay", "disk_full", "power_loss",
          "s3_slow", "etcd_kill", "etcd_pause", "clock_jump")
 NODE_KINDS = {"kill9", "sigstop", "isolate", "disk_full", "power_loss", "clock_jump"}
 SETTLE_S = 30.0
+RESTART_SEC_S = 2.0  # deploy/systemd/tidemark-*.service RestartSec
 
 
 @dataclass
@@ -136,15 +137,29 @@ class Nemesis:
                                   **fault.detail}, "ok", now_ms())
 
     def settle(self) -> bool:
-        """Wait until both nodes run and one is the unfenced master."""
+        """Wait until both nodes run and one is the unfenced master. A node that exited on its own
+        (every fault is healed by now) is started again as systemd's ``Restart=on-failure`` would
+        (deploy/systemd: ``RestartSec=2s``, not after exit code 2), and the exit is recorded (op
+        ``node_exit``): the next fault must not strike the only node left."""
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
+            self._restart_exited()
             if all(n.alive() for n in self.cluster.nodes.values()) and self.cluster.master() is not None:
                 return True
             time.sleep(0.2)
         self.unsettled += 1
         self.rec.record("fault", {"kind": "unsettled", "node": "", "role": "", "phase": "end"}, "ok", now_ms())
         return False
+
+    def _restart_exited(self) -> None:
+        for node in self.cluster.nodes.values():
+            proc = node.daemon.proc
+            code = proc.poll() if proc is not None else None
+            if code is None or code == 2:
+                continue
+            self.rec.record("node_exit", {"node": node.name, "code": code}, "ok", now_ms())
+            time.sleep(RESTART_SEC_S)
+            node.daemon.start(60)
 
     def check_convergence(self) -> None:
         """After a heal: both logs byte-identical below the common confirm offset (history op

@@ -188,10 +188,15 @@ def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: ar
             rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "not begun"})
             stopping.wait(0.2)
             continue
+        carried = commit and rng.random() < 0.5  # the last send carries the commit (SendRequest.commit)
+        value["carried"] = carried
         try:
             half = len(msgs) // 2  # two sends: a transaction spans calls (the first begins it)
             tx.send(TXN_TOPIC, msgs[:half])
             value["producer_id"] = tx.producer_id
+            if carried:
+                _send_and_commit(rec, tx, msgs[half:], value, t0)
+                continue
             tx.send(TXN_TOPIC, msgs[half:])
         except Exception as exc:  # never committed: it can only end aborted (our abort, its timeout)
             with contextlib.suppress(Exception):
@@ -215,6 +220,21 @@ def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: ar
                 tx.commit()
             continue
         rec.record("txn", value, "ok", t0)
+
+
+def _send_and_commit(rec: Recorder, tx: Any, msgs: list[Message], value: dict[str, Any], t0: float) -> None:
+    """The transaction's last send, carrying its commit: one ``txn`` op as ``transactor``'s."""
+    try:
+        tx.send(TXN_TOPIC, msgs, commit=True)
+    except TransactionAborted as exc:
+        rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "aborted at commit"})
+        return
+    except Exception as exc:  # a refusal decides nothing, a lost answer may have committed: unknown
+        rec.record("txn", value, "unknown", t0, error=repr(exc))
+        with contextlib.suppress(Exception):  # an end answers the first outcome; an open one aborts
+            tx.abort()
+        return
+    rec.record("txn", value, "ok", t0)
 
 
 def txreader(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
