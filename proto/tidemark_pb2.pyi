@@ -968,16 +968,18 @@ class DescribeTopicResponse(_message.Message):
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDescription, _Mapping]]] = ...) -> None: ...
 
 class BeginTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages")
+    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
     COUNT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    BEGIN_ID_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     timeout_ms: int
     check_back: bool
     count_messages: bool
-    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ...) -> None: ...
+    begin_id: int
+    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ...) -> None: ...
 
 class BeginTransactionResponse(_message.Message):
     __slots__ = ("producer_id", "epoch", "timeout_ms", "counted")

@@ -635,3 +635,34 @@ def test_a_send_can_carry_the_commit(node: DaemonProcess) -> None:
         with_offsets.commit_offsets("g", "b", {0: 2})
         with_offsets.send("b", [Message(b"o")], commit=True)  # a send, then EndTransaction with the offsets
         assert with_offsets.state == "committed" and c.committed_offset("g", "b", 0) == 2
+
+
+def test_a_retried_beginning_call_joins_what_its_first_attempt_began(node: DaemonProcess) -> None:
+    """BeginTransactionRequest.begin_id: a retry of the call that began a transaction joins it (no
+    fence, its batches found again by their sequences); once it has ended, a retried beginning
+    send that does not commit is refused and stores nothing. Without a begin id a retry begins
+    again (test_a_transaction_begins_with_its_first_send)."""
+    stub = pb_grpc.BrokerStub(grpc.insecure_channel(node.address))
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        first = pb.SendRequest(ack=pb.ACK_LEADER, transaction=TXN_PID_BIT,
+                               messages=[pb.PlainMessage(topic="t", queue_id=0, sequence=0, body=b"j")],
+                               begin=pb.BeginTransactionRequest(transactional_id="j", count_messages=True, begin_id=5))
+        a, b = stub.Send(first), stub.Send(first)
+        assert a.begun.producer_id == b.begun.producer_id and a.begun.epoch == b.begun.epoch == 1
+        assert b.message_receipts[0].duplicate and b.message_receipts[0].queue_offset == a.message_receipts[0].queue_offset
+        pid = a.begun.producer_id
+        again = stub.BeginTransaction(first.begin)  # a BeginTransaction with the same id joins it too
+        assert again.producer_id == pid
+        ended = stub.EndTransaction(pb.EndTransactionRequest(transactional_id="j", producer_id=pid, commit=True,
+                                                             messages_sent=1))
+        assert ended.outcome == pb.TRANSACTION_OUTCOME_COMMITTED and _bodies(c, "t") == [b"j"]
+        with pytest.raises(grpc.RpcError) as exc:
+            stub.Send(first)
+        assert exc.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "not open" in (exc.value.details() or "")
+        assert stub.BeginTransaction(first.begin).producer_id == pid, "answers the id it began"
+        newer = pb.BeginTransactionRequest(transactional_id="j", count_messages=True, begin_id=6)
+        fresh = stub.BeginTransaction(newer)
+        assert fresh.producer_id != pid and fresh.epoch == 2
+        stub.EndTransaction(pb.EndTransactionRequest(transactional_id="j", producer_id=fresh.producer_id))
+        assert _bodies(c, "t", isolation="read_uncommitted") == [b"j"], "the refused retry stored nothing"

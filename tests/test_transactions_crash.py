@@ -17,6 +17,7 @@ import pytest
 
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, Message, TransactionAborted
+from broker.logformat.txn_records import TXN_PID_BIT
 from broker.views.aborted_index import ENTRY_HEAD
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -128,6 +129,47 @@ def test_a_crash_after_the_decision_is_answered_by_the_retry(spawn: Spawn, commi
             with pytest.raises(TransactionAborted):
                 tx.commit()  # the first outcome was abort
         assert _view(c, TOPIC, 1)[0][1] == ([b"m"] if commit else [])
+
+
+def test_a_crash_after_a_one_call_transaction_is_answered_by_the_retry_once(spawn: Spawn) -> None:
+    """A send that begins and commits its transaction, killed after the decision and before the
+    answer: a retry of the same call (same begin id, same sequences) finds the transaction its
+    first attempt began, ended, and answers committed without storing anything; our client, after
+    such a failure, learns the outcome with ``commit()`` (its count covers the failed send)."""
+    d = spawn("node", config=FAST, env={"TIDEMARK_FAILPOINTS": "txn_after_decision=exit"})
+    one_call = pb.SendRequest(
+        ack=pb.ACK_LEADER, transaction=TXN_PID_BIT,
+        messages=[pb.PlainMessage(topic=TOPIC, queue_id=0, sequence=i, body=f"once-{i}".encode()) for i in range(2)],
+        begin=pb.BeginTransactionRequest(transactional_id="raw", count_messages=True, begin_id=77),
+        commit=pb.EndTransactionRequest(transactional_id="raw", commit=True, messages_sent=2))
+    with BrokerClient(d.address, timeout_s=3) as c:
+        c.create_topic(TOPIC, queues=1)
+        with pytest.raises(grpc.RpcError):
+            pb_grpc.BrokerStub(grpc.insecure_channel(d.address)).Send(one_call, timeout=10)
+        assert d.wait_exit(30) != 0
+        d.env = {}
+        d.start()
+        _reconnected(c)
+        again = pb_grpc.BrokerStub(grpc.insecure_channel(d.address)).Send(one_call, timeout=10)
+        assert again.ended.outcome == pb.TRANSACTION_OUTCOME_COMMITTED and not again.message_receipts
+        assert again.begun.producer_id and again.begun.epoch == 1, "joined, not begun again"
+        assert _view(c, TOPIC, 1)[0][1] == [b"once-0", b"once-1"], "stored and committed once"
+
+        d.kill9()
+        d.env = {"TIDEMARK_FAILPOINTS": "txn_after_decision=exit"}
+        d.start()
+        _reconnected(c)
+        tx = c.begin_transaction("client")
+        with pytest.raises(BrokerError):
+            tx.send(TOPIC, [Message(b"client-a"), Message(b"client-b")], commit=True)
+        assert d.wait_exit(30) != 0
+        d.env = {}
+        d.start()
+        _reconnected(c)
+        tx.commit()  # joins what the failed call began (its begin id): committed, counted 2
+        assert tx.state == "committed"
+        assert _view(c, TOPIC, 1)[0][1] == [b"once-0", b"once-1", b"client-a", b"client-b"]
+        assert c.status()["transactions"]["committed"] == 2
 
 
 def test_a_new_master_finishes_goes_on_and_times_out(spawn: Spawn, etcd: EtcdProcess) -> None:

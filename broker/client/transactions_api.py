@@ -10,6 +10,7 @@ A transaction's sends use its own producer id and sequences: a retried send is s
 from __future__ import annotations
 
 import contextlib
+import secrets
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -92,19 +93,21 @@ class Transaction:
         (default ``leader``: appended on the master) and the commit, replicated, covers them all;
         a commit on a master whose log lacks some of them (a failover lost them) aborts instead
         (``TransactionAborted``, reason ``incomplete``). A check-back transaction's sends are
-        answered as ack=replica whatever ``ack`` asks. A send that failed leaves the transaction
-        able only to abort (``commit`` refuses).
+        answered as ack=replica whatever ``ack`` asks. After a send that failed no other is taken;
+        a counted transaction can still commit if the failure left the send's outcome unknown (its
+        messages are counted: the commit succeeds only if the log holds them all, else it aborts,
+        reason ``incomplete``), any other only abort.
 
         ``commit=True``: this send is the transaction's last and commits it, in one call and one
         replication round (``SendRequest.commit``); answered as ``commit()`` is, and raising what
-        it raises. With consumer offsets to commit, the send and the commit are two calls."""
+        it raises. A retry whose first attempt committed answers committed, with no receipts. With
+        consumer offsets to commit, the send and the commit are two calls."""
         self._check_open()
+        self._check_unbroken()
         if commit and self._offsets:  # a send's commit takes no offsets
             receipts = self.send(topic, messages, ack, timeout_ms)
             self.commit()
             return receipts
-        if commit:
-            self._check_unbroken()
         ending = (pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
                                            commit=True, messages_sent=self.messages_sent + len(messages))
                   if commit else None)
@@ -117,10 +120,12 @@ class Transaction:
                                             begun=self._begun if self._begin is not None else None,
                                             commit=ending, ended=self._ended if commit else None)
         except BrokerError as exc:
-            self._broken = exc  # outcome unknown: the sequences cannot go on; only abort is left
+            self._broken = exc  # the sequences cannot go on: no other send
+            if exc.code in SEND_RETRYABLE:  # maybe stored: counted, so a commit needs them in the log
+                self.messages_sent += len(messages)
             raise
         finally:
-            if commit:
+            if self.state != "open":
                 self.client._checkback_forget(self.transactional_id, self.producer_id)
         self.messages_sent += len(messages)
         if commit and self.state == "open":  # a node without SendRequest.commit stored the send only
@@ -166,7 +171,7 @@ class Transaction:
         """Commit: answered once the decision is replicated (ack=replica) and visible.
         ``TransactionAborted`` if it was aborted meanwhile (its timeout, an operator, fencing)."""
         self._check_open()
-        self._check_unbroken()
+        self._check_unbroken(committing=True)
         offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
                    for (g, t, q), o in self._offsets.items()]
         if self._begin is not None:  # nothing sent: begun here (its offsets still commit with it)
@@ -177,7 +182,8 @@ class Transaction:
                                      f"({outcome.reason}) before this commit: none of it is visible")
 
     def abort(self) -> None:
-        """Abort: none of its messages or offsets ever becomes visible."""
+        """Abort: none of its messages or offsets ever becomes visible. ``FailedPrecondition`` if
+        it had committed (a committing call whose answer was lost committed it)."""
         if self.state != "open":
             return
         unknown = self._broken is not None and self._broken.code in SEND_RETRYABLE
@@ -186,8 +192,10 @@ class Transaction:
             self.client._checkback_forget(self.transactional_id, 0)
             return
         if self._begin is not None:  # a beginning call's outcome is unknown: it may have begun, id unknown
-            self._begin_now()  # begins again, fencing it
-        self._end(False, [])
+            self._begin_now()  # the same begin id: joins what it began (or begins one, to end it)
+        if self._end(False, []).outcome == pb.TRANSACTION_OUTCOME_COMMITTED:
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION, f"transaction {self.transactional_id!r} "
+                                     "had committed (a call whose answer was lost committed it): it is visible")
 
     def _end(self, commit: bool, offsets: list[pb.CommittedOffset]) -> pb.EndTransactionResponse:
         req = pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
@@ -199,10 +207,13 @@ class Transaction:
         self.state = "committed" if response.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
         return response
 
-    def _check_unbroken(self) -> None:
-        if self._broken is not None:
-            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION,
-                                     f"a send of this transaction failed ({self._broken}); abort it") from self._broken
+    def _check_unbroken(self, committing: bool = False) -> None:
+        if self._broken is None:
+            return
+        if committing and self.counted and self._broken.code in SEND_RETRYABLE:
+            return  # the count decides: committed only if every message it counts is in the log
+        raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION,
+                                 f"a send of this transaction failed ({self._broken}); abort it") from self._broken
 
     def _check_open(self) -> None:
         if self.state != "open":
@@ -217,7 +228,9 @@ class Transaction:
         if kind is None:
             self.commit()
         else:
-            with contextlib.suppress(BrokerError):  # the exception that ended the block is what the caller sees
+            # the exception that ended the block is what the caller sees (``state``: "committed" if a
+            # committing call whose answer was lost had committed it)
+            with contextlib.suppress(BrokerError):
                 self.abort()
 
 
@@ -236,8 +249,10 @@ class TransactionsAPI(DataAPI):
         ``fence``: begin on the master now (one call), so the older instance's open transaction is
         aborted before this returns: a consume-transform-produce loop's first transaction, before
         it reads its committed input offsets (as Kafka's ``initTransactions``)."""
+        # begin_id: a retry of the call that begins it joins what its first attempt began
         req = _request(pb.BeginTransactionRequest, transactional_id=transactional_id, timeout_ms=timeout_ms,
-                       check_back=check is not None, count_messages=check is None)
+                       check_back=check is not None, count_messages=check is None,
+                       begin_id=secrets.randbits(63) + 1)
         if check is not None:
             self._checkback_start().register(transactional_id, check)
         tx = Transaction(self, req)

@@ -3,7 +3,8 @@
 Each record's key is its kind, its body a JSON object (as ``__metadata``'s):
 
 - ``txn.begin`` ``{"tid": str, "epoch": int, "timeout_ms": int, "check": bool, "counted"?: bool,
-  "pid"?: int}``: a transaction of the transactional id ``tid`` begins (``counted``: its producer
+  "pid"?: int, "begin_id"?: int}``: a transaction of the transactional id ``tid`` begins
+  (``begin_id``: the producer's id for the call that began it, so that a retry joins it; ``counted``: its producer
   gives, when it commits, how many messages it sent, and its sends are acknowledged at the ack mode
   they ask for). Its producer id is ``pid``: ``TXN_PID_BIT | 15 random bits << 48 | <the batch's
   offset, low 48 bits>`` (``new_pid``), or, for a record without it (written before it), ``TXN_PID_BIT
@@ -53,6 +54,7 @@ class Begin:
     at_ms: int  # the batch's store time
     offset: int  # the record's commit offset
     counted: bool = False  # the commit carries the producer's count of messages sent
+    begin_id: int = 0  # the producer's id for the call that began it (a retry joins this one); 0: none
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +77,14 @@ def new_pid(batch_offset: int) -> int:
 
 
 def encode_begin(tid: str, epoch: int, timeout_ms: int, check: bool, counted: bool = False,
-                 pid: int = 0) -> tuple[bytes, bytes]:
+                 pid: int = 0, begin_id: int = 0) -> tuple[bytes, bytes]:
     body: dict[str, Any] = {"tid": tid, "epoch": epoch, "timeout_ms": timeout_ms, "check": check}
     if counted:
         body["counted"] = True
     if pid:
         body["pid"] = pid
+    if begin_id:
+        body["begin_id"] = begin_id
     return BEGIN.encode(), json.dumps(body, separators=(",", ":")).encode()
 
 
@@ -119,7 +123,7 @@ def _decode(header: bf.BatchHeader, batch: memoryview) -> Iterator[Begin | End]:
             f = json.loads(bytes(body))
             pid = int(f["pid"]) if "pid" in f else TXN_PID_BIT | offset
             yield Begin(pid, str(f["tid"]), int(f["epoch"]), int(f["timeout_ms"]), bool(f["check"]),
-                        header.store_time_ms, offset, bool(f.get("counted", False)))
+                        header.store_time_ms, offset, bool(f.get("counted", False)), int(f.get("begin_id", 0)))
         elif kind == b"txn.end":
             f = json.loads(bytes(body))
             yield End(int(f["pid"]), str(f["tid"]), bool(f["commit"]), str(f["reason"]), header.store_time_ms, offset,

@@ -63,6 +63,9 @@ class TailState:
     txn_epochs: OrderedDict[str, int] = field(default_factory=OrderedDict)  # transactional id -> begins so far
     txn_messages: dict[int, int] = field(default_factory=dict)  # open transaction -> messages of its batches
     txn_counted: set[int] = field(default_factory=set)  # open transactions whose commit carries a count
+    # transactional id -> (begin id, producer id) of its latest begin, if that carried a begin id: a
+    # retried beginning call joins the transaction its first attempt began (ids as in txn_epochs)
+    txn_begin_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView, txns: TxnView,
@@ -78,7 +81,8 @@ class TailState:
         tail.txn_by_tid = {tid: pid for pid, tid in tail.txn_open.items()}
         tail.txn_messages = {t.pid: t.messages for t in open_now}
         tail.txn_counted = {t.pid for t in open_now if t.counted}
-        tail.txn_epochs = OrderedDict((tid, epoch) for tid, (_, epoch) in txns.latest.items())
+        tail.txn_epochs = OrderedDict((tid, epoch) for tid, (_, epoch, _) in txns.latest.items())
+        tail.txn_begin_ids = {tid: (begin_id, pid) for tid, (pid, _, begin_id) in txns.latest.items() if begin_id}
         start = min(queues.applied_offset, producers.applied_offset, txns.applied_offset)
         for header, batch in scan(log_.read, start, log_.max_offset if end is None else end, mode=Mode.STRICT,
                                   path=log_.directory):
@@ -119,8 +123,13 @@ class TailState:
                 self.txn_counted.add(rec.pid)
             self.txn_epochs[rec.tid] = rec.epoch
             self.txn_epochs.move_to_end(rec.tid)
+            if rec.begin_id:
+                self.txn_begin_ids[rec.tid] = (rec.begin_id, rec.pid)
+            else:
+                self.txn_begin_ids.pop(rec.tid, None)
             while len(self.txn_epochs) > txn_records.TIDS_MAX:
-                self.txn_epochs.popitem(last=False)
+                forgotten, _ = self.txn_epochs.popitem(last=False)
+                self.txn_begin_ids.pop(forgotten, None)
         else:
             self.txn_messages.pop(rec.pid, None)
             self.txn_counted.discard(rec.pid)
@@ -147,6 +156,18 @@ class TailState:
 # __txn records (key, body) decided under the append lock from the tail and where their batch lands
 TxnBuild = Callable[[TailState, int], list[tuple[bytes, bytes]]]
 TxnRecords = list[txn_records.Begin | txn_records.End]
+
+
+@dataclass
+class TxnAppend:
+    """What ``Appender.append_in_txn`` did."""
+
+    pid: int  # the transaction's producer id
+    begun: TxnRecords  # its begin's records ([]: not begun here, or joined by a retry)
+    receipts: list[BatchReceipt]
+    ended: TxnRecords  # its end's records
+    wait_offset: int  # where the appended records end
+    not_open: bool = False  # the transaction had ended: nothing appended
 
 
 class Appender:
@@ -246,37 +267,46 @@ class Appender:
         return receipts, wait_offset
 
     def append_in_txn(self, batches: list[IncomingBatch], *, begin: TxnBuild | None = None,
-                      end: Callable[[int], TxnBuild] | None = None
-                      ) -> tuple[TxnRecords, list[BatchReceipt], TxnRecords, int]:
+                      rejoin: Callable[[TailState], int | None] | None = None,
+                      end: Callable[[int], TxnBuild] | None = None) -> TxnAppend:
         """A transaction's send with its begin, its end, or both, in one hold of the append lock:
         ``begin``'s ``__txn`` records first (as ``append_txn``: a transaction begun by its first
         send; the batches then take its producer id), the batches, then ``end(pid)``'s (a send that
-        commits: decided after the batches, so a count covers them). Returns the begin's records,
-        the batches' receipts, the end's records and the end offset to wait for. A send refused for its
-        topics, or for a transaction that is not open, appends nothing; one refused after a begin
-        (a full disk) leaves the transaction open and empty, to its timeout; after a refused send
-        no end is appended."""
+        commits: decided after the batches, so a count covers them). ``rejoin(tail)``: the
+        transaction a retried beginning call's first attempt began, if it did: joined instead of
+        begun. A transaction that is no longer open when a committing or rejoining call reaches
+        the lock appends nothing (``not_open``: the caller answers how it ended). A send refused
+        for its topics appends nothing; one refused after a begin (a full disk) leaves the
+        transaction open and empty, to its timeout; after a refused send no end is appended."""
         self.check_writable()
         for b in batches:
             self.validate(b)
         with self.lock:
             self.check_writable()
+            tail = self.tail
+            joined = rejoin(tail) if begin is not None and rejoin is not None else None
+            pid = joined if joined is not None else (0 if begin is not None else batches[0].producer_id)
+            if pid and (joined is not None or end is not None) and pid not in tail.txn_open:
+                return TxnAppend(pid, [], [], [], 0, not_open=True)
             self._check_topics(batches)
             begun: TxnRecords = []
             ended: TxnRecords = []
             try:
+                if begin is not None and joined is None:
+                    begun, _ = self._append_txn_locked(begin, checked=True)
+                    pid = begun[-1].pid
                 if begin is not None:
-                    begun, _ = self._append_txn_locked(begin)
                     for b in batches:
-                        b.producer_id = begun[-1].pid
+                        b.producer_id = pid
                         b.flags |= bf.FLAG_TRANSACTIONAL
-                receipts, wait_offset = self._append_locked(batches, None, 0)
+                # checked once above for the whole call: the end is not refused after its batches
+                receipts, wait_offset = self._append_locked(batches, None, 0, checked=True)
                 if end is not None:
-                    ended, end_offset = self._append_txn_locked(end(batches[0].producer_id))
+                    ended, end_offset = self._append_txn_locked(end(pid), checked=True)
                     wait_offset = max(wait_offset, end_offset)
             finally:
                 self._notify_appended()
-        return begun, receipts, ended, wait_offset
+        return TxnAppend(pid, begun, receipts, ended, wait_offset)
 
     def _check_topics(self, batches: list[IncomingBatch]) -> None:
         """Under the append lock: each batch's topic exists (the append side's own view of topics:
@@ -289,9 +319,10 @@ class Appender:
             if b.flags & bf.FLAG_TRANSACTIONAL:
                 self.check_txn_open(b.producer_id)
 
-    def txn_is_open(self, pid: int) -> bool:
-        """Transaction ``pid`` is open here now (a read without the append lock: the append decides)."""
-        return pid in self.tail.txn_open
+    def txn_owner(self, pid: int) -> str | None:
+        """The transactional id of open transaction ``pid`` (None: not open). A read without the
+        append lock: a producer id's transactional id never changes, and the append decides."""
+        return self.tail.txn_open.get(pid)
 
     def check_txn_open(self, pid: int) -> None:
         """Transaction ``pid`` is open here (under the append lock: at this instant in the log's order)."""
@@ -301,11 +332,13 @@ class Appender:
                               "begin was lost with a failed master; nothing of this send was stored")
 
     def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
-                       not_before_ms: int) -> tuple[list[BatchReceipt], int]:
-        """``append`` under the append lock, the batches validated."""
+                       not_before_ms: int, *, checked: bool = False) -> tuple[list[BatchReceipt], int]:
+        """``append`` under the append lock, the batches validated (``checked``: and the node found
+        writable earlier in this hold of the lock, for a call of several appends)."""
         receipts: list[BatchReceipt] = []
         tail = self.tail
-        self.check_writable()
+        if not checked:
+            self.check_writable()
         self._check_topics(batches)
         self._check_topic_changes(topic_changes or [])
         offset = self.log.max_offset
@@ -391,14 +424,14 @@ class Appender:
             self._notify_appended()
         return appended, end
 
-    def _append_txn_locked(self, build: TxnBuild) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+    def _append_txn_locked(self, build: TxnBuild, *, checked: bool = False) -> tuple[TxnRecords, int]:
         items = build(self.tail, self.log.max_offset)
         if not items:
             return [], 0
         records, _ = bf.encode_records([(body, key, b"") for key, body in items])
         batch = IncomingBatch(txn_records.TXN_TOPIC, 0, records, len(items), crc32c.crc32c(records))
         self.validate(batch, internal=True)
-        receipts, end = self._append_locked([batch], None, 0)
+        receipts, end = self._append_locked([batch], None, 0, checked=checked)
         start = receipts[0].commit_offset
         data = memoryview(self.log.read(start, end - start))
         header = bf.decode_header(data, 0)

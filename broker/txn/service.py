@@ -67,7 +67,7 @@ def check_tid(tid: str) -> None:
         raise invalid(f"transactional id {shown(tid)} must be 1-{TID_BYTES_MAX} bytes of printable characters")
 
 
-@dataclass(frozen=True)
+@dataclass
 class BeginPlan:
     tid: str
     timeout_ms: int
@@ -75,9 +75,25 @@ class BeginPlan:
     counted: bool
     open_max: int
     applied: TxnView | None
+    begin_id: int = 0
+    rejoined: Begun | None = None  # set under the append lock when a retry joins its first attempt's
+
+    def rejoin(self, tail: TailState) -> int | None:
+        """Under the append lock: the transaction this call's first attempt began (its begin
+        carried the same begin id and is the id's latest), or None."""
+        known = tail.txn_begin_ids.get(self.tid) if self.begin_id else None
+        if known is None or known[0] != self.begin_id:
+            return None
+        pid = known[1]
+        self.rejoined = Begun(pid, tail.txn_epochs.get(self.tid, 0), self.timeout_ms, self.counted)
+        log.info("txn_begin_retried", transactional_id=self.tid, pid=f"{pid:#x}", open=pid in tail.txn_open)
+        return pid
 
     def build(self, tail: TailState, offset: int) -> list[tuple[bytes, bytes]]:
-        """Under the append lock: an older open transaction of the id is aborted (fenced) first."""
+        """Under the append lock: an older open transaction of the id is aborted (fenced) first.
+        Nothing for a retry whose first attempt began it (``rejoin``)."""
+        if self.rejoin(tail) is not None:
+            return []
         older = tail.txn_by_tid.get(self.tid)
         if older is None and len(tail.txn_open) >= self.open_max:
             raise BrokerError("RESOURCE_EXHAUSTED", f"{self.open_max} transactions are open on this node "
@@ -85,7 +101,7 @@ class BeginPlan:
         items = [tr.encode_end(self.tid, older, False, "fenced")] if older is not None else []
         epoch = tail.txn_epochs.get(self.tid, 0) + 1
         items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted,
-                                     tr.new_pid(offset)))
+                                     tr.new_pid(offset), self.begin_id))
         return items
 
     def ack(self, records: list[tr.Begin | tr.End]) -> str:
@@ -94,6 +110,9 @@ class BeginPlan:
         return "leader" if self.counted and len(records) == 1 else "replica"
 
     def begun(self, records: list[tr.Begin | tr.End]) -> Begun:
+        if not records:  # a retry joined the transaction its first attempt began
+            assert self.rejoined is not None
+            return self.rejoined
         begin = records[-1]
         assert isinstance(begin, tr.Begin)
         if len(records) > 1:
@@ -111,17 +130,21 @@ class TxnService:
     # Each call has one plan (checks, and what to write, decided under the append lock) and two
     # drivers: a thread's (the sweeper, operators, an end with offsets) and the event loop's (the
     # client's begin and end: one thread hand-off fewer per call, issue 37's throughput).
-    def begin(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
-        return run(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages)))
+    def begin(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False,
+              begin_id: int = 0) -> Begun:
+        return run(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages, begin_id)))
 
-    async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False) -> Begun:
-        return await run_async(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages)))
+    async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False,
+                          begin_id: int = 0) -> Begun:
+        return await run_async(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages,
+                                                                 begin_id)))
 
     def _begin_steps(self, plan: BeginPlan) -> Steps[Begun]:
         records, _ = yield from self.store.writes.txn_steps(plan.build, plan.applied, plan.ack)
         return plan.begun(records)
 
-    def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool) -> BeginPlan:
+    def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool,
+                   begin_id: int = 0) -> BeginPlan:
         check_tid(tid)
         top = self.config["transactions.max_timeout_ms"]
         if timeout_ms > top:
@@ -131,7 +154,7 @@ class TxnService:
         # a counted begin is not waited for in the view: the view applies what is confirmed
         # (replicated), and the sends and the commit check the append side's state
         return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"],
-                          None if counted else self.view)
+                          None if counted else self.view, begin_id)
 
     # -- end ----------------------------------------------------------------------------------------
     def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,

@@ -105,7 +105,7 @@ class TxnView(View):
     def _clear(self) -> None:
         self.open: dict[int, OpenTxn] = {}
         self.queue_open: dict[QueueKey, dict[int, int]] = {}  # queue -> open pid -> its first queue offset
-        self.latest: OrderedDict[str, tuple[int, int]] = OrderedDict()  # tid -> (its latest pid, epoch)
+        self.latest: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # tid -> (its latest pid, epoch, begin_id)
         self.ended: OrderedDict[int, Ended] = OrderedDict()
         self.aborted = AbortedRanges()
         self.counts = {"committed": 0, "aborted": 0, "timed_out": 0}
@@ -150,7 +150,7 @@ class TxnView(View):
         with self.lock:
             return self.ended.get(pid)
 
-    def latest_of(self, tid: str) -> tuple[int, int] | None:
+    def latest_of(self, tid: str) -> tuple[int, int, int] | None:
         with self.lock:
             return self.latest.get(tid)
 
@@ -197,7 +197,9 @@ class TxnView(View):
         self._clear()
         self.applied_offset = int(state["applied_offset"])
         self.open = {t.pid: t for t in map(OpenTxn.from_json, state["open"])}
-        self.latest = OrderedDict((str(tid), (int(pid), int(epoch))) for tid, pid, epoch in state["latest"])
+        # a row of 3 fields, from before begin ids, reads as begin id 0
+        self.latest = OrderedDict((str(row[0]), (int(row[1]), int(row[2]), int(row[3]) if len(row) > 3 else 0))
+                                  for row in state["latest"])
         self.ended = OrderedDict((e.pid, e) for e in map(Ended.from_json, state["ended"]))
         self.counts = {k: int(v) for k, v in state["counts"].items()}
         for t in self.open.values():
@@ -234,7 +236,7 @@ class TxnView(View):
     def _begin(self, rec: tr.Begin) -> None:
         self.open[rec.pid] = OpenTxn(rec.pid, rec.tid, rec.epoch, rec.timeout_ms, rec.check, rec.at_ms,
                                      counted=rec.counted)
-        self.latest[rec.tid] = (rec.pid, rec.epoch)
+        self.latest[rec.tid] = (rec.pid, rec.epoch, rec.begin_id)
         self.latest.move_to_end(rec.tid)
         if len(self.latest) > tr.TIDS_MAX:
             open_tids = {t.tid for t in self.open.values()}
@@ -310,7 +312,7 @@ class TxnView(View):
             state = {
                 "applied_offset": self.applied_offset,
                 "open": [t.to_json() for t in self.open.values()],
-                "latest": [[tid, pid, epoch] for tid, (pid, epoch) in self.latest.items()],
+                "latest": [[tid, pid, epoch, begin_id] for tid, (pid, epoch, begin_id) in self.latest.items()],
                 "ended": [e.to_json() for e in self.ended.values()],
                 "counts": dict(self.counts),
             }

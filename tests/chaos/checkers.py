@@ -423,6 +423,32 @@ def transactions(ops: list[Op], final: Final) -> Verdict:
     return v
 
 
+# a node may exit by design under these faults of its own: a full disk under the dispatcher (a queue
+# file it cannot write) ends the process, for systemd to start it again
+EXIT_CAUSES = frozenset({"disk_full"})
+
+
+def node_exits(ops: list[Op], final: Final) -> Verdict:
+    """No node exited on its own (op ``node_exit``: the nemesis found it dead after a heal and
+    started it again, as systemd would) except under a fault that ends the process by design: the
+    node's latest fault before it must be one of ``EXIT_CAUSES``."""
+    v = Verdict("node_exits", True, {"exits": 0, "unexplained": 0})
+    last_fault: dict[str, str] = {}
+    for o in sorted((o for o in ops if o["op"] in ("fault", "node_exit")), key=lambda o: o["invoke_ms"]):
+        if o["op"] == "fault":
+            if o["value"]["phase"] == "start":
+                last_fault[o["value"]["node"]] = o["value"]["kind"]
+            continue
+        node = o["value"]["node"]
+        v.counts["exits"] += 1
+        if last_fault.get(node) not in EXIT_CAUSES:
+            v.counts["unexplained"] += 1
+            v.example(f"node {node} exited ({o['value']['code']}) after {last_fault.get(node, 'no fault')}: "
+                      f"see node-{node}.log")
+    v.ok = v.counts["unexplained"] == 0
+    return v
+
+
 def clients(ops: list[Op], final: Final) -> Verdict:
     """Every workload client ran to the end (a client that crashed stops testing what it tests)."""
     exits = final.get("client_exit_codes", {})
@@ -448,7 +474,7 @@ def readable(ops: list[Op], final: Final) -> Verdict:
 
 CHECKERS: tuple[Callable[[list[Op], Final], Verdict], ...] = (
     lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, split_brain, tiered_bound,
-    convergence, latency, transactions, clients, readable)
+    convergence, latency, transactions, clients, readable, node_exits)
 
 
 def check_all(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> list[Verdict]:

@@ -155,7 +155,7 @@ class Nemesis:
         for node in self.cluster.nodes.values():
             proc = node.daemon.proc
             code = proc.poll() if proc is not None else None
-            if code is None or code == 2:
+            if code is None or code in (0, 2):  # Restart=on-failure, RestartPreventExitStatus=2
                 continue
             self.rec.record("node_exit", {"node": node.name, "code": code}, "ok", now_ms())
             time.sleep(RESTART_SEC_S)

@@ -203,3 +203,14 @@ def test_a_queue_whose_start_no_read_reaches_fails_the_run() -> None:
     final["unreadable"] = [["chaos", 0, 171898]]
     v = verdict("readable", ops, final)
     assert not v.ok and v.counts["queues_unreadable_from_0"] == 1 and "171898" in v.examples[0]
+
+
+def test_a_node_that_exits_on_its_own_fails_the_run_unless_a_full_disk_explains_it() -> None:
+    ops, final = history()
+    fault = {"node": "a", "role": "master", "phase": "start"}
+    ops += [op("fault", {**fault, "kind": "disk_full"}, 900), op("node_exit", {"node": "a", "code": 1}, 950)]
+    v = verdict("node_exits", ops, final)
+    assert v.ok and v.counts == {"exits": 1, "unexplained": 0}
+    ops += [op("fault", {**fault, "kind": "sigstop"}, 960), op("node_exit", {"node": "a", "code": -11}, 990)]
+    v = verdict("node_exits", ops, final)
+    assert not v.ok and v.counts == {"exits": 2, "unexplained": 1} and "after sigstop" in v.examples[0]

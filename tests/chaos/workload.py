@@ -24,6 +24,7 @@ from typing import Any
 import grpc
 
 from broker.client import BrokerClient, BrokerError, Message, TransactionAborted
+from broker.client.core import SEND_RETRYABLE
 from broker.client.messages import PoppedMessage
 from tests.chaos.history import Recorder, now_ms
 
@@ -188,12 +189,15 @@ def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: ar
             rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "not begun"})
             stopping.wait(0.2)
             continue
-        carried = commit and rng.random() < 0.5  # the last send carries the commit (SendRequest.commit)
+        # the last send carries the commit (SendRequest.commit) in half the committed ones, and in a
+        # third of those it is the only send: begin, messages and commit in one call
+        carried = commit and rng.random() < 0.5
+        half = 0 if carried and rng.random() < 1 / 3 else len(msgs) // 2
         value["carried"] = carried
         try:
-            half = len(msgs) // 2  # two sends: a transaction spans calls (the first begins it)
-            tx.send(TXN_TOPIC, msgs[:half])
-            value["producer_id"] = tx.producer_id
+            if half:  # two sends: a transaction spans calls (the first begins it)
+                tx.send(TXN_TOPIC, msgs[:half])
+                value["producer_id"] = tx.producer_id
             if carried:
                 _send_and_commit(rec, tx, msgs[half:], value, t0)
                 continue
@@ -223,16 +227,32 @@ def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: ar
 
 
 def _send_and_commit(rec: Recorder, tx: Any, msgs: list[Message], value: dict[str, Any], t0: float) -> None:
-    """The transaction's last send, carrying its commit: one ``txn`` op as ``transactor``'s."""
+    """The transaction's last send, carrying its commit: one ``txn`` op as ``transactor``'s. After a
+    failure whose outcome is unknown, ``commit()`` learns it (the client's count covers the send;
+    a retry of an ended transaction answers its first outcome); a definite refusal decided nothing."""
     try:
         tx.send(TXN_TOPIC, msgs, commit=True)
     except TransactionAborted as exc:
         rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "aborted at commit"})
         return
-    except Exception as exc:  # a refusal decides nothing, a lost answer may have committed: unknown
+    except BrokerError as exc:
+        if exc.code not in SEND_RETRYABLE and exc.code != grpc.StatusCode.NOT_FOUND:  # refused: nothing decided
+            with contextlib.suppress(Exception):  # if this abort is lost, the timeout aborts it
+                tx.abort()
+            rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "refused, aborted"})
+            return
+        try:
+            tx.commit()
+        except TransactionAborted as again:
+            rec.record("txn", value, "fail", t0, error=repr(again), result={"ended": "aborted at commit"})
+            return
+        except Exception as again:
+            rec.record("txn", value, "unknown", t0, error=repr(again))
+            return
+        rec.record("txn", value, "ok", t0, result={"after": repr(exc)})
+        return
+    except Exception as exc:
         rec.record("txn", value, "unknown", t0, error=repr(exc))
-        with contextlib.suppress(Exception):  # an end answers the first outcome; an open one aborts
-            tx.abort()
         return
     rec.record("txn", value, "ok", t0)
 

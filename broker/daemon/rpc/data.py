@@ -27,15 +27,18 @@ from broker.daemon.rpc.common import (
     handle,
     handle_async,
 )
-from broker.daemon.rpc.transactions import ended_response
+from broker.daemon.rpc.transactions import begun_response, ended_response
 from broker.daemon.send_wire import begin_of, commit_of
 from broker.daemon.wire import pull_response_bytes
-from broker.errors import BrokerError, invalid
+from broker.errors import BrokerError, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.logformat.txn_records import TXN_PID_BIT, is_txn_pid
 from broker.ports import BatchReceipt, IncomingBatch
+from broker.storage.failpoints import failpoint
+from broker.store.appender import TxnAppend
 from broker.store.reads import LocalPull, PullResult
+from broker.txn.service import BeginPlan
 from proto import tidemark_pb2 as pb
 
 
@@ -62,8 +65,9 @@ def check_transaction_send(request: SendRequest, beginning: bool = False) -> Non
 
 
 def check_commit_send(request: SendRequest, ending: pb.EndTransactionRequest,
-                      begin: pb.BeginTransactionRequest | None) -> None:
-    """A send that commits its transaction (SendRequest.commit) names it and only commits."""
+                      begin: pb.BeginTransactionRequest | None, owner: str | None) -> None:
+    """A send that commits its transaction (SendRequest.commit) names it and only commits.
+    ``owner``: the transactional id of the open transaction the send names (None: not open)."""
     if not ending.commit:
         raise invalid("SendRequest.commit commits (commit true): abort with EndTransaction")
     if ending.offsets:
@@ -72,9 +76,12 @@ def check_commit_send(request: SendRequest, ending: pb.EndTransactionRequest,
         if ending.producer_id or ending.transactional_id != begin.transactional_id:
             raise invalid("a send that begins and commits its transaction names the begin's transactional_id "
                           "and producer_id 0 in its commit")
-    elif not request.transaction or ending.producer_id != request.transaction:
+    elif request.transaction in (0, TXN_PID_BIT) or ending.producer_id != request.transaction:
         raise invalid("SendRequest.commit needs the send's transaction: producer_id equal to SendRequest.transaction "
                       "(or a SendRequest.begin)")
+    elif owner is not None and owner != ending.transactional_id:
+        raise invalid(f"transaction {request.transaction:#x} belongs to {shown(owner)}, not "
+                      f"{shown(ending.transactional_id)}")
 
 
 class DataRpcs(Rpcs):
@@ -99,17 +106,14 @@ class DataRpcs(Rpcs):
         ack = ACK_NAMES[request.ack]
         asked = begin_of(request)
         begin = (self.ctx.txns.begin_plan(asked.transactional_id, asked.timeout_ms, asked.check_back,
-                                          asked.count_messages) if asked is not None else None)
+                                          asked.count_messages, asked.begin_id) if asked is not None else None)
         txn = request.transaction if begin is None else 0
         if txn or begin is not None:
             check_transaction_send(request, begin is not None)
         ending = commit_of(request)
-        if ending is not None:
-            check_commit_send(request, ending, asked)
-            if txn and not self.store.appender.txn_is_open(txn):  # a retry whose first attempt committed, ...
-                return pb.SendResponse(ended=ended_response(await self.ctx.txns.end_async(
-                    ending.transactional_id, txn, True, messages_sent=ending.messages_sent)))
-        if txn:
+        if ending is not None:  # whether its transaction is still open is decided under the append lock
+            check_commit_send(request, ending, asked, self.store.appender.txn_owner(txn) if txn else None)
+        elif txn:
             self.store.appender.check_txn_open(txn)  # a definite refusal, not a wait for a replica
         counted = begin.counted if begin is not None else bool(txn) and self.store.appender.txn_counted(txn)
         if ((txn or begin is not None) and not counted) or ending is not None:
@@ -146,16 +150,15 @@ class DataRpcs(Rpcs):
         begun, ended = None, None
         try:
             if begin is not None or ending is not None:
-                end = (self.ctx.txns.commit_build(ending.transactional_id, ending.messages_sent)
-                       if ending is not None else None)
-                begin_records, receipts, end_records, wait_offset = await self._on_loop_or_pool(
-                    on_loop, functools.partial(self.store.appender.append_in_txn, batches,
-                                               begin=begin.build if begin is not None else None, end=end))
+                done = await self._append_in_txn(on_loop, batches, begin, ending)
+                if done.not_open:
+                    return await self._ended_before(done, begin, ending)
+                receipts, wait_offset = done.receipts, done.wait_offset
                 if begin is not None:
-                    begun = begin.begun(begin_records)
-                    if begin.ack(begin_records) == "replica":  # it fenced an older instance
+                    begun = begin.begun(done.begun)
+                    if begin.ack(done.begun) == "replica":  # it fenced an older instance (or was retried)
                         ack = "replica"
-                ended = self.ctx.txns.decided(end_records)
+                ended = self.ctx.txns.decided(done.ended)
             else:
                 receipts, wait_offset = await self._on_loop_or_pool(on_loop, self.store.appender.append, batches)
         except BrokerError:
@@ -164,6 +167,8 @@ class DataRpcs(Rpcs):
         await self.store.writes.acknowledged_async(wait_offset, ack, timeout_ms=request.timeout_ms,
                                                    applied=self.store.views.txns if ending is not None else None,
                                                    what="the transaction's commit")
+        if ending is not None:
+            failpoint("txn_after_decision")
         metrics.SEND_REQUESTS.labels("ok").inc()
         metrics.SEND_SECONDS.labels(ack).observe(time.perf_counter() - started)
         metrics.SEND_MESSAGES.inc(sum(r.record_count for r in receipts if not r.duplicate))
@@ -173,13 +178,35 @@ class DataRpcs(Rpcs):
         else:
             response = await self._heavy(on_loop, _send_response, request, receipts, plain_batches)
         if begun is not None:
-            response.begun.CopyFrom(pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch,
-                                                                timeout_ms=begun.timeout_ms, counted=begun.counted))
+            response.begun.CopyFrom(begun_response(begun))
         if ending is not None:
-            if ended is None:  # not open at the decision (the checks above make this unexpected)
+            if ended is None:  # not expected: openness is checked under the lock, the id above
                 ended = await self.ctx.txns.end_async(ending.transactional_id, begun.pid if begun else txn, True,
                                                       messages_sent=ending.messages_sent)
             response.ended.CopyFrom(ended_response(ended))
+        return response
+
+    async def _append_in_txn(self, on_loop: bool, batches: list[IncomingBatch], begin: BeginPlan | None,
+                             ending: pb.EndTransactionRequest | None) -> TxnAppend:
+        end = self.ctx.txns.commit_build(ending.transactional_id, ending.messages_sent) if ending is not None else None
+        return await self._on_loop_or_pool(on_loop, functools.partial(
+            self.store.appender.append_in_txn, batches, begin=begin.build if begin is not None else None,
+            rejoin=begin.rejoin if begin is not None else None, end=end))
+
+    async def _ended_before(self, done: TxnAppend, begin: BeginPlan | None,
+                            ending: pb.EndTransactionRequest | None) -> pb.SendResponse:
+        """A committing send, or a retried beginning one, whose transaction had ended when it reached
+        the append lock: nothing of it was stored. A commit answers how it ended (a retry whose
+        first attempt committed), with the transaction's ``begun`` if it began it."""
+        if ending is None:
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {done.pid:#x} is not open: this retried "
+                              "beginning send's first attempt began it, and it has ended since (committed, "
+                              "aborted or timed out); nothing of this send was stored")
+        outcome = await self.ctx.txns.end_async(ending.transactional_id, done.pid, True,
+                                                messages_sent=ending.messages_sent)
+        response = pb.SendResponse(ended=ended_response(outcome))
+        if begin is not None:
+            response.begun.CopyFrom(begun_response(begin.begun([])))
         return response
 
     async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:

@@ -18,11 +18,16 @@ from broker import clock
 from broker.daemon.rpc.common import Rpcs, handle, handle_async
 from broker.errors import BrokerError, invalid
 from broker.txn.checks import CheckStream
-from broker.txn.service import Outcome, check_tid
+from broker.txn.service import Begun, Outcome, check_tid
 from broker.views.transactions import Ended, OpenTxn
 from proto import tidemark_pb2 as pb
 
 DECISIONS = {"commit": True, "abort": False}
+
+
+def begun_response(begun: Begun) -> pb.BeginTransactionResponse:
+    return pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch, timeout_ms=begun.timeout_ms,
+                                       counted=begun.counted)
 
 
 def ended_response(outcome: Outcome) -> pb.EndTransactionResponse:
@@ -54,9 +59,8 @@ class TransactionRpcs(Rpcs):
                                context: grpc.aio.ServicerContext) -> pb.BeginTransactionResponse:
         async def run() -> pb.BeginTransactionResponse:
             begun = await self.ctx.txns.begin_async(request.transactional_id, request.timeout_ms, request.check_back,
-                                                    request.count_messages)
-            return pb.BeginTransactionResponse(producer_id=begun.pid, epoch=begun.epoch, timeout_ms=begun.timeout_ms,
-                                               counted=begun.counted)
+                                                    request.count_messages, request.begin_id)
+            return begun_response(begun)
         return await handle_async(context, run)
 
     async def EndTransaction(self, request: pb.EndTransactionRequest,
