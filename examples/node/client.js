@@ -11,6 +11,7 @@
 // can check what happened.
 'use strict';
 
+const crypto = require('crypto');
 const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
@@ -29,6 +30,11 @@ const definition = protoLoader.loadSync(PROTO, {
 });
 const tidemark = grpc.loadPackageDefinition(definition).tidemark.v1;
 const broker = new tidemark.Broker(address, grpc.credentials.createInsecure());
+
+// A transaction's BeginTransactionRequest.begin_id: random, nonzero, a uint64 as a decimal string.
+function newBeginId() {
+  return (crypto.randomBytes(8).readBigUInt64BE() | 1n).toString();
+}
 
 function metadata() {
   const md = new grpc.Metadata();
@@ -116,7 +122,8 @@ async function main() {
     const { begun } = await call('Send', {
       ack: 'ACK_LEADER', messages: [first],
       transaction: '9223372036854775808', // 1<<63 with begin: a node without SendRequest.begin refuses the send
-      begin: { transactional_id: name, timeout_ms: 30000, count_messages: true },
+      // begin_id: random, the same on every retry of this call (a retry joins what it began)
+      begin: { transactional_id: name, timeout_ms: 30000, count_messages: true, begin_id: newBeginId() },
     });
     await call('Send', { ack: 'ACK_LEADER', transaction: begun.producer_id, messages: [second] });
     const ended = await call('EndTransaction', {
@@ -131,7 +138,7 @@ async function main() {
   const one = await call('Send', {
     ack: 'ACK_LEADER', transaction: '9223372036854775808',
     messages: [{ topic, queue_id: 0, sequence: '0', body: Buffer.from('node-tx-one') }],
-    begin: { transactional_id: 'node-tx-one', count_messages: true },
+    begin: { transactional_id: 'node-tx-one', count_messages: true, begin_id: newBeginId() },
     commit: { transactional_id: 'node-tx-one', commit: true, messages_sent: '1' },
   });
   print('transaction_one', { outcome: one.ended.outcome, began: one.begun.producer_id !== '0', receipts: one.message_receipts.length });

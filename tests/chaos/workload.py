@@ -213,17 +213,22 @@ def transactor(rec: Recorder, client: BrokerClient, rng: random.Random, args: ar
                 tx.abort()
             rec.record("txn", value, "fail", t0, result={"ended": "aborted by us"})
             continue
-        try:
+        _commit_txn(rec, tx, value, t0)
+
+
+def _commit_txn(rec: Recorder, tx: Any, value: dict[str, Any], t0: float, after: str = "") -> None:
+    """``commit()`` and its ``txn`` op (``after``: the failure of unknown outcome before it)."""
+    try:
+        tx.commit()
+    except TransactionAborted as exc:
+        rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "aborted at commit"})
+        return
+    except Exception as exc:
+        rec.record("txn", value, "unknown", t0, error=repr(exc))
+        with contextlib.suppress(Exception):  # a retried end answers the first outcome: learn it
             tx.commit()
-        except TransactionAborted as exc:
-            rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "aborted at commit"})
-            continue
-        except Exception as exc:
-            rec.record("txn", value, "unknown", t0, error=repr(exc))
-            with contextlib.suppress(Exception):  # a retried end answers the first outcome: learn it
-                tx.commit()
-            continue
-        rec.record("txn", value, "ok", t0)
+        return
+    rec.record("txn", value, "ok", t0, result={"after": after} if after else None)
 
 
 def _send_and_commit(rec: Recorder, tx: Any, msgs: list[Message], value: dict[str, Any], t0: float) -> None:
@@ -241,15 +246,7 @@ def _send_and_commit(rec: Recorder, tx: Any, msgs: list[Message], value: dict[st
                 tx.abort()
             rec.record("txn", value, "fail", t0, error=repr(exc), result={"ended": "refused, aborted"})
             return
-        try:
-            tx.commit()
-        except TransactionAborted as again:
-            rec.record("txn", value, "fail", t0, error=repr(again), result={"ended": "aborted at commit"})
-            return
-        except Exception as again:
-            rec.record("txn", value, "unknown", t0, error=repr(again))
-            return
-        rec.record("txn", value, "ok", t0, result={"after": repr(exc)})
+        _commit_txn(rec, tx, value, t0, after=repr(exc))
         return
     except Exception as exc:
         rec.record("txn", value, "unknown", t0, error=repr(exc))
