@@ -4,7 +4,7 @@
    For each size N in (1000, 100, 10): windows of plain sends of N messages with ack=replica and
    windows of transactions of N messages, begun by their send and committed by it
    (``tx.send(..., commit=True)``: begin, batch and decision appended in one step, one call,
-   answered at ack=replica once applied). Each window three times, interleaved, after a warm-up
+   answered at ack=replica once applied). Each window five times, interleaved, after a warm-up
    window; the mean of each (this machine drifts by ~10% from one window to the next). Messages per second each and
    their ratio (target >= 0.9 at N = 1,000; 100 and 10 printed). At N = 1,000 also the two-call
    shape (a send answered at ack=leader, then ``commit()``) and its commit call's p99 against the
@@ -43,13 +43,15 @@ TOPIC = "bench-txn"
 PRODUCERS = 4
 QUEUES = 4
 SIZES = (1000, 100, 10)
-ROUNDS = 3  # windows per mode, interleaved
+ROUNDS = 5  # windows per mode, interleaved
+# 16 windows of ~270 MB/s fill more than the disk twice over (master and slave): old segments go
+RETAIN = {"retention.local_bytes": 4 << 30, "retention.check_interval_ms": 1000}
 
 
 @contextlib.contextmanager
 def running_pair(workdir: str) -> Iterator[tuple[DaemonProcess, DaemonProcess]]:
-    with common.running_daemon(workdir, "master") as m, \
-            common.running_daemon(workdir, "slave", {"node.role": "slave", "node.master": m.address}) as s:
+    with common.running_daemon(workdir, "master", RETAIN) as m, \
+            common.running_daemon(workdir, "slave", {**RETAIN, "node.role": "slave", "node.master": m.address}) as s:
         common.wait_for(lambda: any(r.get("in_sync") for r in common.status(m.address).get("replicas") or []),
                         60, "the slave in sync")
         yield m, s
