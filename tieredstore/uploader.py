@@ -17,6 +17,7 @@ recorded (the master died in between) is recorded now.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -147,7 +148,7 @@ class Uploader:
         if objs:
             last = objs[-1]
             point = last.end
-            self.gaps = [(run_end(a), b[0].start) for a, b in zip(runs(objs), runs(objs)[1:], strict=False)]
+            self.gaps = [(run_end(a), b[0].start) for a, b in itertools.pairwise(runs(objs))]
             if self.gaps:
                 log.warning("tiered_gaps", gaps=self.gaps[:10])
         else:

@@ -204,7 +204,7 @@ class Transaction:
             response = self.client._call("EndTransaction", req)  # a retried end answers the first outcome
         finally:
             self.client._checkback_forget(self.transactional_id, self.producer_id)
-        self.state = "committed" if response.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
+        self._ended(response)
         return response
 
     def _check_unbroken(self, committing: bool = False) -> None:

@@ -60,12 +60,11 @@ class TailState:
     last_store_time_ms: int = 0
     txn_open: dict[int, str] = field(default_factory=dict)  # open transactions: producer id -> transactional id
     txn_by_tid: dict[str, int] = field(default_factory=dict)  # the same, by transactional id (one open per id)
-    txn_epochs: OrderedDict[str, int] = field(default_factory=OrderedDict)  # transactional id -> begins so far
+    # transactional id -> (producer id, epoch, begin id) of its latest begin, as the view's ``latest``:
+    # the epoch counts its begins; a retried beginning call with that begin id joins that transaction
+    txn_latest: OrderedDict[str, tuple[int, int, int]] = field(default_factory=OrderedDict)
     txn_messages: dict[int, int] = field(default_factory=dict)  # open transaction -> messages of its batches
     txn_counted: set[int] = field(default_factory=set)  # open transactions whose commit carries a count
-    # transactional id -> (begin id, producer id) of its latest begin, if that carried a begin id: a
-    # retried beginning call joins the transaction its first attempt began (ids as in txn_epochs)
-    txn_begin_ids: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     @classmethod
     def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView, txns: TxnView,
@@ -81,8 +80,7 @@ class TailState:
         tail.txn_by_tid = {tid: pid for pid, tid in tail.txn_open.items()}
         tail.txn_messages = {t.pid: t.messages for t in open_now}
         tail.txn_counted = {t.pid for t in open_now if t.counted}
-        tail.txn_epochs = OrderedDict((tid, epoch) for tid, (_, epoch, _) in txns.latest.items())
-        tail.txn_begin_ids = {tid: (begin_id, pid) for tid, (pid, _, begin_id) in txns.latest.items() if begin_id}
+        tail.txn_latest = OrderedDict(txns.latest)
         start = min(queues.applied_offset, producers.applied_offset, txns.applied_offset)
         for header, batch in scan(log_.read, start, log_.max_offset if end is None else end, mode=Mode.STRICT,
                                   path=log_.directory):
@@ -121,15 +119,10 @@ class TailState:
             self.txn_messages[rec.pid] = 0
             if rec.counted:
                 self.txn_counted.add(rec.pid)
-            self.txn_epochs[rec.tid] = rec.epoch
-            self.txn_epochs.move_to_end(rec.tid)
-            if rec.begin_id:
-                self.txn_begin_ids[rec.tid] = (rec.begin_id, rec.pid)
-            else:
-                self.txn_begin_ids.pop(rec.tid, None)
-            while len(self.txn_epochs) > txn_records.TIDS_MAX:
-                forgotten, _ = self.txn_epochs.popitem(last=False)
-                self.txn_begin_ids.pop(forgotten, None)
+            self.txn_latest[rec.tid] = (rec.pid, rec.epoch, rec.begin_id)
+            self.txn_latest.move_to_end(rec.tid)
+            while len(self.txn_latest) > txn_records.TIDS_MAX:
+                self.txn_latest.popitem(last=False)
         else:
             self.txn_messages.pop(rec.pid, None)
             self.txn_counted.discard(rec.pid)

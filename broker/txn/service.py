@@ -81,11 +81,11 @@ class BeginPlan:
     def rejoin(self, tail: TailState) -> int | None:
         """Under the append lock: the transaction this call's first attempt began (its begin
         carried the same begin id and is the id's latest), or None."""
-        known = tail.txn_begin_ids.get(self.tid) if self.begin_id else None
-        if known is None or known[0] != self.begin_id:
+        latest = tail.txn_latest.get(self.tid) if self.begin_id else None
+        if latest is None or latest[2] != self.begin_id:
             return None
-        pid = known[1]
-        self.rejoined = Begun(pid, tail.txn_epochs.get(self.tid, 0), self.timeout_ms, self.counted)
+        pid, epoch, _ = latest
+        self.rejoined = Begun(pid, epoch, self.timeout_ms, self.counted)
         log.info("txn_begin_retried", transactional_id=self.tid, pid=f"{pid:#x}", open=pid in tail.txn_open)
         return pid
 
@@ -99,7 +99,7 @@ class BeginPlan:
             raise BrokerError("RESOURCE_EXHAUSTED", f"{self.open_max} transactions are open on this node "
                               "(transactions.open_max); commit or abort some, or wait for their timeouts")
         items = [tr.encode_end(self.tid, older, False, "fenced")] if older is not None else []
-        epoch = tail.txn_epochs.get(self.tid, 0) + 1
+        epoch = tail.txn_latest[self.tid][1] + 1 if self.tid in tail.txn_latest else 1
         items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted,
                                      tr.new_pid(offset), self.begin_id))
         return items

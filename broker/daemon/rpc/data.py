@@ -179,11 +179,9 @@ class DataRpcs(Rpcs):
             response = await self._heavy(on_loop, _send_response, request, receipts, plain_batches)
         if begun is not None:
             response.begun.CopyFrom(begun_response(begun))
-        if ending is not None:
-            if ended is None:  # not expected: openness is checked under the lock, the id above
-                ended = await self.ctx.txns.end_async(ending.transactional_id, begun.pid if begun else txn, True,
-                                                      messages_sent=ending.messages_sent)
-            response.ended.CopyFrom(ended_response(ended))
+        if ending is not None:  # None: not expected (openness is checked under the lock, the id above)
+            response.ended.CopyFrom(ended_response(ended) if ended is not None else
+                                    await self._first_outcome(ending, begun.pid if begun else txn))
         return response
 
     async def _append_in_txn(self, on_loop: bool, batches: list[IncomingBatch], begin: BeginPlan | None,
@@ -202,12 +200,15 @@ class DataRpcs(Rpcs):
             raise BrokerError("FAILED_PRECONDITION", f"transaction {done.pid:#x} is not open: this retried "
                               "beginning send's first attempt began it, and it has ended since (committed, "
                               "aborted or timed out); nothing of this send was stored")
-        outcome = await self.ctx.txns.end_async(ending.transactional_id, done.pid, True,
-                                                messages_sent=ending.messages_sent)
-        response = pb.SendResponse(ended=ended_response(outcome))
+        response = pb.SendResponse(ended=await self._first_outcome(ending, done.pid))
         if begin is not None:
             response.begun.CopyFrom(begun_response(begin.begun([])))
         return response
+
+    async def _first_outcome(self, ending: pb.EndTransactionRequest, pid: int) -> pb.EndTransactionResponse:
+        """How a transaction a committing send found not open ended (as a retried end answers)."""
+        return ended_response(await self.ctx.txns.end_async(ending.transactional_id, pid, True,
+                                                            messages_sent=ending.messages_sent))
 
     async def _on_loop_or_pool(self, on_loop: bool, fn: Callable[..., T], *args: Any) -> T:
         """``fn(*args)`` right here on the loop, or (work that would hold the loop, and every other
