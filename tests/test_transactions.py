@@ -450,6 +450,31 @@ def test_a_pull_never_reads_past_the_end_it_saw(spawn: Spawn) -> None:
         tx.abort()
 
 
+def test_what_a_commit_decided_is_read_at_once_while_the_views_lag(spawn: Spawn) -> None:
+    """A begin and a commit are answered once durable, not once the transactions view applied them
+    (issue 37's throughput): a read_committed pull, describe and list that begin after the answer
+    wait for the view instead. Each dispatcher round here sleeps 300 ms before it applies, so
+    without that wait the pull finds the queue still held back and describe finds it open."""
+    node = spawn("node", config=FAST, env={"TIDEMARK_FAILPOINTS": "views_before_apply=sleep:300"})
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=1)
+        for i, one_call in ((0, False), (1, True), (2, False)):
+            body = f"m{i}".encode()
+            tx = c.begin_transaction("lag")
+            if one_call:
+                tx.send("t", [Message(body)], commit=True)
+            else:
+                tx.send("t", [Message(body)])
+                assert [t["transactional_id"] for t in c.list_transactions()] == ["lag"]
+                # the queue view holds the message: the pull's own read-your-writes wait is not taken
+                assert _bodies(c, "t", isolation="read_uncommitted")[-1] == body
+                assert body not in _bodies(c, "t")
+                tx.commit()
+            assert _bodies(c, "t")[-1] == body, "the commit's message is in the next read_committed pull"
+            assert c.describe_transaction("lag")["state"] == "committed"
+            assert c.list_transactions() == []
+
+
 def test_a_counted_commit_is_checked_against_the_log_and_its_sends_keep_their_ack(spawn: Spawn) -> None:
     """A counted transaction (count_messages, no check-back): its sends are answered at the ack they
     ask for, and a commit whose count the log does not hold aborts (reason "incomplete"); delayed

@@ -4,8 +4,11 @@ Every decision is a ``__txn`` record appended under the append lock (``Appender.
 so it is taken against the transactions open at that instant in the log's order: a begin that
 finds its transactional id's older transaction open aborts it in the same batch (reason
 ``fenced``), an end of a transaction that is no longer open appends nothing and answers the
-first outcome, a send of a transaction that ended is refused by the appender. Each record is
-applied by the transactions view before the call returns.
+first outcome, a send of a transaction that ended is refused by the appender. The producer's
+begin and end are answered once replicated, not once the transactions view applied them (the
+append side's own state decides every later call; a read_committed pull waits for the view,
+``rpc/data.py``); an operator's, the sweeper's and a check-back's end, and an end with consumer
+offsets, are answered once applied.
 
 Acknowledgement: an end is acknowledged as ack=replica. A **counted** transaction (its producer
 gives, with its commit, the number of messages it sent; no check-back) has its begin and its sends
@@ -46,6 +49,7 @@ log = structlog.get_logger("txn")
 TID_BYTES_MAX = 200
 OffsetEntry = tuple[str, str, int, int]  # group, topic, queue, offset
 END_LOOKUP_WAIT_S = 5.0  # a retried end waits this long for the view to apply the first end
+CATCH_UP_WAIT_S = 2.0  # an operator's look waits this long for the view to apply the log's end
 
 
 @dataclass(frozen=True)
@@ -74,7 +78,6 @@ class BeginPlan:
     check_back: bool
     counted: bool
     open_max: int
-    applied: TxnView | None
     begin_id: int = 0
     rejoined: Begun | None = None  # set under the append lock when a retry joins its first attempt's
 
@@ -140,7 +143,7 @@ class TxnService:
                                                                  begin_id)))
 
     def _begin_steps(self, plan: BeginPlan) -> Steps[Begun]:
-        records, _ = yield from self.store.writes.txn_steps(plan.build, plan.applied, plan.ack)
+        records, _ = yield from self.store.writes.txn_steps(plan.build, None, plan.ack)
         return plan.begun(records)
 
     def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool,
@@ -151,10 +154,7 @@ class TxnService:
             raise invalid(f"timeout_ms {timeout_ms} is above transactions.max_timeout_ms ({top})")
         timeout_ms = timeout_ms or min(self.config["transactions.timeout_ms"], top)
         counted = count_messages and not check_back  # a check-back's commit has no count to check
-        # a counted begin is not waited for in the view: the view applies what is confirmed
-        # (replicated), and the sends and the commit check the append side's state
-        return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"],
-                          None if counted else self.view, begin_id)
+        return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"], begin_id)
 
     # -- end ----------------------------------------------------------------------------------------
     def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,
@@ -164,17 +164,17 @@ class TxnService:
         offsets = self._end_checks(tid, pid, commit, offsets)
         if offsets:
             self.store.offsets.commit([], wait_s=self.config["limits.send_timeout_ms"] / 1000.0)  # older commits first
-        return run(self._end_steps(tid, pid, commit, reason, offsets, messages_sent))
+        return run(self._end_steps(tid, pid, commit, reason, offsets, messages_sent, self.view))
 
     async def end_async(self, tid: str, pid: int, commit: bool, messages_sent: int | None = None) -> Outcome:
         """``end`` by the client, without offsets, on the event loop."""
         self._end_checks(tid, pid, commit, None)
-        return await run_async(self._end_steps(tid, pid, commit, "client", [], messages_sent))
+        return await run_async(self._end_steps(tid, pid, commit, "client", [], messages_sent, None))
 
     def _end_steps(self, tid: str, pid: int, commit: bool, reason: str, offsets: list[OffsetEntry],
-                   messages_sent: int | None) -> Steps[Outcome]:
+                   messages_sent: int | None, applied: TxnView | None) -> Steps[Outcome]:
         build = self._end_build(tid, pid, commit, reason, offsets, messages_sent)
-        records, _ = yield from self.store.writes.txn_steps(build, self.view, None)
+        records, _ = yield from self.store.writes.txn_steps(build, applied, None)
         failpoint("txn_after_decision")
         decided = self.decided(records)
         if decided is not None:
@@ -260,6 +260,7 @@ class TxnService:
     # -- operators ----------------------------------------------------------------------------------
     def abort_by_operator(self, tid: str) -> Ended:
         check_tid(tid)
+        self._caught_up()
         pid = self._open_pid(tid)
         self.end(tid, pid, False, reason="operator")
         ended = self.view.ended_of(pid)
@@ -267,14 +268,25 @@ class TxnService:
             raise BrokerError("INTERNAL", f"transaction {pid:#x} ended but the view does not know it")
         return ended
 
+    def _caught_up(self) -> None:
+        """Wait (at most ``CATCH_UP_WAIT_S``) until the view applied what the log holds now: a
+        producer's begin or end answered before an operator looks (a counted begin as ack=leader:
+        appended, not yet confirmed) is in what the operator sees."""
+        self.store.dispatcher.wait_applied(self.view, self.store.appender.log.max_offset, CATCH_UP_WAIT_S)
+
     def _open_pid(self, tid: str) -> int:
         t = self.view.open_for(tid)
         if t is None:
             raise not_found(f"no open transaction of {shown(tid)}")
         return t.pid
 
+    def open_transactions(self) -> list[OpenTxn]:
+        self._caught_up()
+        return self.view.open_transactions()
+
     def describe(self, tid: str) -> OpenTxn | Ended:
         check_tid(tid)
+        self._caught_up()
         t = self.view.open_for(tid)
         if t is not None:
             return t

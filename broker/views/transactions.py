@@ -129,6 +129,11 @@ class TxnView(View):
         with self.lock:
             return key in self.queue_open or self.aborted.has(key)
 
+    def holds_back(self, key: QueueKey) -> bool:
+        """Whether an open transaction wrote to queue ``key`` (its LSO is below its end)."""
+        with self.lock:
+            return key in self.queue_open
+
     def runs_on(self, key: QueueKey) -> tuple[list[Range], list[Range]]:
         """Queue-offset ranges of queue ``key`` written by transactions open now, and by aborted ones."""
         with self.lock:

@@ -164,8 +164,9 @@ class DataRpcs(Rpcs):
         except BrokerError:
             metrics.SEND_REQUESTS.labels("refused").inc()
             raise
+        # a commit is answered once replicated; a read_committed pull waits for the transactions view
+        # to apply it (_read_your_writes), not the committing producer
         await self.store.writes.acknowledged_async(wait_offset, ack, timeout_ms=request.timeout_ms,
-                                                   applied=self.store.views.txns if ending is not None else None,
                                                    what="the transaction's commit")
         if ending is not None:
             failpoint("txn_after_decision")
@@ -247,7 +248,8 @@ class DataRpcs(Rpcs):
             max_bytes, 0, request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
         key = (request.topic, request.queue_id)
         deadline = loop.time() + wait_s
-        await self._read_your_writes(request.topic, request.queue_id, request.offset, max_messages)
+        await self._read_your_writes(request.topic, request.queue_id, request.offset, max_messages,
+                                     request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
         while True:
             async with self.longpolls.parking(key, wait_s > 0) as parked:
                 r = await loop.run_in_executor(self.read_pool, read)
@@ -271,23 +273,30 @@ class DataRpcs(Rpcs):
         return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
                                    min_offset=r.min_offset, max_offset=r.max_offset)
 
-    async def _read_your_writes(self, topic: str, queue_id: int, offset: int, max_messages: int) -> None:
+    async def _read_your_writes(self, topic: str, queue_id: int, offset: int, max_messages: int,
+                                committed: bool) -> None:
         """A pull that could take more than the queue view holds of its queue, while records of that
         queue were appended beyond it and the view lags the confirm offset, first waits (at most
         ``READ_YOUR_WRITES_WAIT_S``) for the view to apply what is confirmed now: a send
         acknowledged before the pull began is confirmed, and must be in the answer (not missed,
         nor an offset from its receipt refused as beyond the end) however far the view's apply
-        lags. Costs nothing when the view is current, holds all the pull may take, or holds all
-        this queue has."""
+        lags. The same for a read_committed pull of a queue an open transaction holds back, while
+        the transactions view lags: a commit answered before the pull began is confirmed (it is
+        answered once replicated, not once applied), and what it made visible must be in the
+        answer. Costs nothing when the views are current, the queue view holds all the pull may
+        take or all this queue has, and no transaction holds the queue."""
         confirmed = self.store.watermarks.confirm_offset
+        if self.store.closing:
+            return
         queues = self.store.views.queues
-        if queues.applied_offset >= confirmed or self.store.closing:
-            return
-        qf = queues.queue(topic, queue_id)
-        have = qf.next_queue_offset if qf is not None else 0
-        if offset + max_messages <= have or self.store.appender.queue_end_hint(topic, queue_id) <= have:
-            return
-        await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
+        if queues.applied_offset < confirmed:
+            qf = queues.queue(topic, queue_id)
+            have = qf.next_queue_offset if qf is not None else 0
+            if offset + max_messages > have and self.store.appender.queue_end_hint(topic, queue_id) > have:
+                await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
+        txns = self.store.views.txns
+        if committed and txns.applied_offset < confirmed and txns.holds_back((topic, queue_id)):
+            await self.store.dispatcher.wait_applied_async(txns, confirmed, READ_YOUR_WRITES_WAIT_S)
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         def run() -> pb.OffsetForTimeResponse:

@@ -85,7 +85,7 @@ class TransactionRpcs(Rpcs):
                          context: grpc.ServicerContext) -> pb.ListTransactionsResponse:
         def run() -> pb.ListTransactionsResponse:
             return pb.ListTransactionsResponse(
-                transactions=[transaction_info(t) for t in self.store.views.txns.open_transactions()])
+                transactions=[transaction_info(t) for t in self.ctx.txns.open_transactions()])
         return handle(context, run)
 
     def DescribeTransaction(self, request: pb.DescribeTransactionRequest,
