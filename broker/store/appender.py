@@ -325,9 +325,11 @@ class Appender:
                               "begin was lost with a failed master; nothing of this send was stored")
 
     def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
-                       not_before_ms: int, *, checked: bool = False) -> tuple[list[BatchReceipt], int]:
+                       not_before_ms: int, *, checked: bool = False,
+                       written: list[list[bytes | memoryview]] | None = None) -> tuple[list[BatchReceipt], int]:
         """``append`` under the append lock, the batches validated (``checked``: and the node found
-        writable earlier in this hold of the lock, for a call of several appends)."""
+        writable earlier in this hold of the lock, for a call of several appends). ``written``: gets
+        each stored batch's pieces (header, records), for a caller that reads them back."""
         receipts: list[BatchReceipt] = []
         tail = self.tail
         if not checked:
@@ -372,6 +374,8 @@ class Appender:
         if chunks:
             end = self._write(chunks, undo)
             invariant(end == offset, f"log end {end} != expected {offset}")
+            if written is not None:
+                written += chunks
             for name in tail.apply_topic_changes(topic_changes or []):
                 self.on_topic_deleted(name)
             tail.queue_next.update(queue_next)
@@ -424,10 +428,11 @@ class Appender:
         records, _ = bf.encode_records([(body, key, b"") for key, body in items])
         batch = IncomingBatch(txn_records.TXN_TOPIC, 0, records, len(items), crc32c.crc32c(records))
         self.validate(batch, internal=True)
-        receipts, end = self._append_locked([batch], None, 0, checked=checked)
-        start = receipts[0].commit_offset
-        data = memoryview(self.log.read(start, end - start))
+        written: list[list[bytes | memoryview]] = []
+        self._append_locked([batch], None, 0, checked=checked, written=written)
+        data = memoryview(b"".join(written[0]))  # the batch as the log now holds it, not read back
         header = bf.decode_header(data, 0)
+        end = header.base_offset + header.batch_bytes
         appended = list(txn_records.records(header, data))
         for rec in appended:
             self.tail.apply_txn(rec)
