@@ -104,6 +104,8 @@ KEYS: dict[str, Key] = {
     # -- automatic failover on etcd (DESIGN §11) ------------------------------------------------
     "coordinator.endpoints": Key((), tuple),
     "coordinator.cluster": Key("tidemark", str),
+    # this pair's shard in the cluster (DESIGN §15); "" = a one-pair cluster, its keys as before shards
+    "coordinator.shard": Key("", str),
     "coordinator.lease_ttl_ms": Key(2000, int, minimum=2000, maximum=600_000),
     "coordinator.advertise": Key("", str),
     "coordinator.unclean_election": Key(False, bool),
@@ -332,6 +334,10 @@ def _check_roles(values: dict[str, Any]) -> None:
     cluster = values["coordinator.cluster"]
     if not cluster or not set(cluster) <= CLUSTER_NAME_CHARS or len(cluster) > 100:
         raise ConfigError(f"coordinator.cluster: {cluster[:100]!r} must be 1-100 letters, digits, '-', '_' or '.'")
+    shard = values["coordinator.shard"]
+    if shard and (not set(shard) <= CLUSTER_NAME_CHARS or len(shard) > 64 or shard in (".", "..")):
+        raise ConfigError(f"coordinator.shard: {shard[:100]!r} must be 1-64 letters, digits, '-', '_' or '.' "
+                          "(or empty: a one-pair cluster)")
     if values["coordinator.lease_ttl_ms"] % 1000:
         raise ConfigError(f"coordinator.lease_ttl_ms: {values['coordinator.lease_ttl_ms']} is not whole seconds "
                           "(etcd leases are granted in seconds)")

@@ -44,6 +44,8 @@ ETCD = {"endpoints": ["http://127.0.0.1:2379"]}
         ({"coordinator": {"endpoints": ["https://127.0.0.1:2379"]}}, "coordinator.tls_ca_file: required"),
         ({"coordinator": {**ETCD, "username": "tm"}}, "coordinator.password_file: etcd authentication needs both"),
         ({"coordinator": {**ETCD, "cluster": "a/b"}}, "coordinator.cluster: 'a/b' must be"),
+        ({"coordinator": {**ETCD, "shard": "s/1"}}, "coordinator.shard: 's/1' must be"),
+        ({"coordinator": {**ETCD, "shard": ".."}}, "coordinator.shard: '..' must be"),
         ({"coordinator": {**ETCD, "lease_ttl_ms": 2500}}, "coordinator.lease_ttl_ms: 2500 is not whole seconds"),
         ({"coordinator": {**ETCD, "lease_ttl_ms": 1000}}, "coordinator.lease_ttl_ms: 1000 is below the minimum"),
     ],

@@ -10,6 +10,7 @@ import structlog
 from broker import metrics
 from replication.coordination import records as rec
 from replication.coordination.etcd import View
+from replication.coordination.shard_keys import campaign_gate
 from replication.coordination.state import CoordinatorBase
 
 log = structlog.get_logger("replication.coordinator")
@@ -51,6 +52,12 @@ class Election(CoordinatorBase):
 
     async def _maybe_campaign(self, view: View) -> None:
         store = self.store
+        gate = await campaign_gate(self.etcd, view, store.epochs.highest())
+        if gate:
+            if gate != self._waiting:
+                log.warning("not_campaigning", reason=gate)
+            self._waiting = gate
+            return
         epoch_in_etcd = int(view.epoch.value or b"0") if view.epoch.version else 0
         if (store.role == "master" and store.epoch == epoch_in_etcd and not view.switchover.version
                 and self.node_id in (self.members or (self.node_id,))):

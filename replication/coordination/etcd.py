@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 from etcd3aio import Etcd3Client, EtcdError, TokenRefresher
@@ -48,6 +49,11 @@ class View:
     insync: Entry
     switchover: Entry
     nodes: dict[str, Entry] = field(default_factory=dict)
+    sharded: Entry = field(default_factory=lambda: ABSENT)  # the cluster root's ``sharded`` marker (records.py)
+    # a shard's node: the keys a one-pair cluster keeps at the root, until they are upgraded into a shard
+    pair_leader: Entry = field(default_factory=lambda: ABSENT)
+    pair_epoch: Entry = field(default_factory=lambda: ABSENT)
+    pair_insync: Entry = field(default_factory=lambda: ABSENT)
 
 
 def _read_file(path: str) -> bytes:
@@ -58,7 +64,9 @@ def _read_file(path: str) -> bytes:
 class Etcd:
     def __init__(self, config: Config) -> None:
         self.config = config
-        self.prefix = rec.prefix(config["coordinator.cluster"])
+        self.shard = config["coordinator.shard"]
+        self.root = rec.prefix(config["coordinator.cluster"])
+        self.prefix = rec.prefix(config["coordinator.cluster"], self.shard)
         timeout_ms = config["coordinator.request_timeout_ms"] or config["coordinator.lease_ttl_ms"] // 4
         self.timeout_s = timeout_ms / 1000.0
         self._client: Etcd3Client | None = None
@@ -66,6 +74,9 @@ class Etcd:
 
     def key(self, name: str) -> bytes:
         return (self.prefix + name).encode()
+
+    def root_key(self, name: str) -> bytes:
+        return (self.root + name).encode()
 
     # -- connection -------------------------------------------------------------------------------
     async def connect(self) -> None:
@@ -140,15 +151,23 @@ class Etcd:
         ops = [kv.txn_op_get(self.key(n)) for n in names]
         nodes = self.key("nodes/")
         ops.append(kv.txn_op_get(nodes, range_end=prefix_range_end(nodes)))
+        roots = ("sharded", "leader", "epoch", "insync") if self.shard else ("sharded",)
+        ops += [kv.txn_op_get(self.root_key(n)) for n in roots]
         resp = await self._call(kv.txn([], ops))
-        entries: list[Entry] = []
-        for r in resp.responses[:len(names)]:
+
+        def entry(r: Any) -> Entry:
             kvs = r.response_range.kvs
-            entries.append(Entry(kvs[0].value, kvs[0].version, kvs[0].create_revision, kvs[0].lease) if kvs else ABSENT)
+            return Entry(kvs[0].value, kvs[0].version, kvs[0].create_revision, kvs[0].lease) if kvs else ABSENT
+
+        leader, epoch, insync, switchover = (entry(r) for r in resp.responses[:len(names)])
         node_entries = {kv_.key.decode()[len(nodes):]: Entry(kv_.value, kv_.version, kv_.create_revision, kv_.lease)
                         for kv_ in resp.responses[len(names)].response_range.kvs}
-        leader, epoch, insync, switchover = entries
-        return View(resp.header.revision, leader, epoch, insync, switchover, nodes=node_entries)
+        view = View(resp.header.revision, leader, epoch, insync, switchover, nodes=node_entries)
+        at_root = [entry(r) for r in resp.responses[len(names) + 1:]]
+        view.sharded = at_root[0]
+        if self.shard:
+            view.pair_leader, view.pair_epoch, view.pair_insync = at_root[1:]
+        return view
 
     # -- writes (each a compare-and-swap; the answer says whether it applied) -----------------------
     async def campaign(self, view: View, leader: rec.Leader, lease_id: int, insync: rec.InSync | None) -> int:
@@ -162,12 +181,42 @@ class Etcd:
                    kv.txn_compare_version(self.key("switchover"), view.switchover.version)]
         success = [kv.txn_op_put(self.key("leader"), rec.encode(leader), lease=lease_id),
                    kv.txn_op_put(self.key("epoch"), str(leader.epoch).encode())]
+        if not self.shard:  # a one-pair node never campaigns in a cluster of shards
+            compare.append(kv.txn_compare_create_revision(self.root_key("sharded"), 0))
+        else:  # nor a shard's node beside a one-pair cluster's keys not yet upgraded (upgrade_pair)
+            compare.append(kv.txn_compare_create_revision(self.root_key("epoch"), 0))
+            if not view.sharded.version:
+                compare.append(kv.txn_compare_create_revision(self.root_key("sharded"), 0))
+                success.append(kv.txn_op_put(self.root_key("sharded"), rec.encode(rec.Sharded())))
         if insync is not None:
             success.append(kv.txn_op_put(self.key("insync"), rec.encode(insync)))
         if view.switchover.version:
             success.append(kv.txn_op_delete(self.key("switchover")))
         resp = await self._call(kv.txn(compare, success))
         return int(resp.header.revision) if resp.succeeded else 0
+
+    async def upgrade_pair(self, view: View) -> bool:
+        """A one-pair cluster's keys into this shard's, in place: its epoch counter and in-sync set
+        move under ``shards/<shard>/`` (so epochs keep growing and only the pair's in-sync nodes
+        may be elected), and the root's ``sharded`` marker keeps a one-pair node from campaigning
+        there again. Only while no master of the pair holds the root's leader key, and nothing
+        changed since ``view``."""
+        kv = self._kv
+        compare = [kv.txn_compare_create_revision(self.root_key("leader"), 0),
+                   kv.txn_compare_version(self.root_key("epoch"), view.pair_epoch.version),
+                   kv.txn_compare_version(self.root_key("insync"), view.pair_insync.version),
+                   kv.txn_compare_create_revision(self.root_key("sharded"), 0),
+                   kv.txn_compare_create_revision(self.key("epoch"), 0),
+                   kv.txn_compare_create_revision(self.key("leader"), 0)]
+        success = [kv.txn_op_put(self.key("epoch"), view.pair_epoch.value),
+                   kv.txn_op_put(self.root_key("sharded"), rec.encode(rec.Sharded(self.shard))),
+                   kv.txn_op_delete(self.root_key("epoch")),
+                   kv.txn_op_delete(self.root_key("insync")),
+                   kv.txn_op_delete(self.root_key("switchover"))]
+        if view.pair_insync.version:
+            success.append(kv.txn_op_put(self.key("insync"), view.pair_insync.value))
+        resp = await self._call(kv.txn(compare, success))
+        return bool(resp.succeeded)
 
     async def set_insync(self, leader_revision: int, insync: rec.InSync) -> bool:
         """Write the in-sync set, only while our leader key (``leader_revision``) still stands."""

@@ -7,10 +7,12 @@ import asyncio
 import structlog
 
 from broker.config import Config
+from broker.invariant import StartupRefused
 from broker.storage.dirlock import DirLock
 from replication import bootstrap
 from replication.coordination import records as rec
 from replication.coordination.etcd import Etcd, Unreachable
+from replication.coordination.shard_keys import sharded_by
 
 log = structlog.get_logger("replication.coordination")
 
@@ -35,6 +37,33 @@ def elected_master(config: Config) -> str:
         return ""
 
 
+def check_shard(config: Config) -> None:
+    """A one-pair node (``coordinator.shard = ""``) in a cluster of shards refuses to start: it
+    would never be elected there (shard_keys.py), and its data belongs to a shard now."""
+    if not config["coordinator.endpoints"] or config["coordinator.shard"]:
+        return
+
+    async def read() -> str | None:
+        etcd = Etcd(config)
+        try:
+            await etcd.connect()
+            await etcd.authenticate()
+            return sharded_by(await etcd.view())
+        finally:
+            await etcd.close()
+
+    try:
+        marker = asyncio.run(read())
+    except (Unreachable, rec.RecordError, OSError) as exc:  # the election's gate refuses it later
+        log.warning("etcd_lookup_failed", error=str(exc))
+        return
+    if marker is not None:
+        into = f"; this pair's keys were upgraded into shard {marker!r}: set coordinator.shard = {marker!r}" if marker else ""
+        raise StartupRefused(f"coordinator.shard is empty (a one-pair cluster) but cluster "
+                             f"{config['coordinator.cluster']!r} in etcd is a cluster of shards{into}")
+
+
 def prestart(config: Config, lock: DirLock) -> None:
     """Entry point ``tidemark.prestart: replication``: the bootstrap, with etcd to find the master."""
+    check_shard(config)
     bootstrap.prestart(config, lock, elected_master)

@@ -10,6 +10,11 @@
                 for the first election of a new cluster and for switchovers.
 ``switchover``  bound to the requester's lease: hand the mastership to ``target``.
 
+A pair with ``coordinator.shard`` set keeps the same keys under ``/tidemark/<cluster>/shards/<shard>/``
+(docs/shards.md); the cluster's root then holds ``sharded`` (no lease), which keeps a one-pair node
+(shard "") from ever campaigning in a cluster of shards, and records which shard a one-pair
+cluster's keys were upgraded into.
+
 Values are JSON objects, one per key; unknown fields are ignored (a newer node may add some).
 """
 
@@ -22,8 +27,14 @@ from typing import Any
 FORMAT_VERSION = 1
 
 
-def prefix(cluster: str) -> str:
-    return f"/tidemark/{cluster}/"
+def prefix(cluster: str, shard: str = "") -> str:
+    """Where a pair's keys live: the cluster's root for a one-pair cluster, else its shard's."""
+    return f"/tidemark/{cluster}/shards/{shard}/" if shard else f"/tidemark/{cluster}/"
+
+
+@dataclass(frozen=True)
+class Sharded:
+    upgraded_from_pair: str = ""  # the shard a one-pair cluster's keys moved into ("": none did)
 
 
 @dataclass(frozen=True)
@@ -55,7 +66,7 @@ class Switchover:
     epoch: int  # the epoch it replaces (a stale request for an older epoch is ignored)
 
 
-def encode(record: Leader | InSync | Node | Switchover) -> bytes:
+def encode(record: Leader | InSync | Node | Switchover | Sharded) -> bytes:
     body: dict[str, Any] = {"v": FORMAT_VERSION, **asdict(record)}
     if isinstance(record, InSync):
         body["members"] = sorted(record.members)
@@ -90,6 +101,11 @@ def decode_node(raw: bytes) -> Node:
     b = _fields(raw, ("node_id", "client", "replication"))
     return Node(str(b["node_id"]), str(b["client"]), str(b["replication"]), int(b.get("max_epoch", 0)),
                 int(b.get("log_end", 0)))
+
+
+def decode_sharded(raw: bytes) -> Sharded:
+    b = _fields(raw, ())
+    return Sharded(str(b.get("upgraded_from_pair", "")))
 
 
 def decode_switchover(raw: bytes) -> Switchover:
