@@ -13,6 +13,7 @@ object: it registers, and the core calls it.
 | ``ColdReader``: log ranges below the local start | ``tieredstore/reader.py`` | ``register_cold_reader`` |
 | ``RetentionFloor``: local retention keeps everything at or above it | tiered storage (uploaded offset) | ``register_retention_floor`` |
 | ``QueueListener``: told which queues grew in a dispatch round | the daemon's long-polls | ``register_queue_listener`` |
+| ``Placement``: topics placed over a cluster of shards, each queue served by its own | ``replication/shards.py`` | ``register_placement`` |
 
 Fencing is one call, ``store.fence(reason)``; a new epoch (``set_role("master")``) lifts it.
 The data that crosses the append port is defined here too (``IncomingBatch``, ``BatchReceipt``).
@@ -57,6 +58,25 @@ class RoleController(Protocol):
 
     def demote(self, master: str) -> None:
         """Make this master a slave of ``master`` (its replication address)."""
+        ...
+
+
+class Placement(Protocol):
+    """A cluster of shards (docs/shards.md): where each topic's queues live, in etcd."""
+
+    shard: str
+
+    def place(self, topics: list[tuple[str, int]]) -> None:
+        """Place new topics (name, queues) over the shards, all or none (blocks: etcd)."""
+        ...
+
+    def check_queue(self, topic: str, queue: int) -> None:
+        """Raise unless this node's shard serves ``queue`` of ``topic`` (FAILED_PRECONDITION naming
+        the owner, or UNAVAILABLE while its log does not hold the topic yet)."""
+        ...
+
+    def owners(self, topic: str) -> list[tuple[str, str]] | None:
+        """Per queue: (shard, its master's client address); None when the topic is not placed."""
         ...
 
 

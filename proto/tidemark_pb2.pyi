@@ -942,20 +942,24 @@ class DescribeTopicRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ...) -> None: ...
 
 class QueueDescription(_message.Message):
-    __slots__ = ("queue_id", "min_offset", "max_offset", "bytes", "local_min_offset", "tiered_end_offset")
+    __slots__ = ("queue_id", "min_offset", "max_offset", "bytes", "local_min_offset", "tiered_end_offset", "shard", "master")
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     MAX_OFFSET_FIELD_NUMBER: _ClassVar[int]
     BYTES_FIELD_NUMBER: _ClassVar[int]
     LOCAL_MIN_OFFSET_FIELD_NUMBER: _ClassVar[int]
     TIERED_END_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
     queue_id: int
     min_offset: int
     max_offset: int
     bytes: int
     local_min_offset: int
     tiered_end_offset: int
-    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., bytes: _Optional[int] = ..., local_min_offset: _Optional[int] = ..., tiered_end_offset: _Optional[int] = ...) -> None: ...
+    shard: str
+    master: str
+    def __init__(self, queue_id: _Optional[int] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., bytes: _Optional[int] = ..., local_min_offset: _Optional[int] = ..., tiered_end_offset: _Optional[int] = ..., shard: _Optional[str] = ..., master: _Optional[str] = ...) -> None: ...
 
 class DescribeTopicResponse(_message.Message):
     __slots__ = ("name", "topic_id", "queues")

@@ -17,10 +17,13 @@ from broker.security import auth, tls
 from broker.threads import name_pool_thread
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.confirm import InSyncSet
+from replication.coordination import records as rec
+from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.coordinator import Coordinator
 from replication.master import MasterSide
 from replication.master_loop import LoopReplication
 from replication.roles import RoleController
+from replication.shards import ShardPlacement
 
 log = structlog.get_logger("replication")
 
@@ -56,6 +59,12 @@ def attach(daemon: PluginHost) -> None:
     if config["coordinator.endpoints"]:
         coordinator = Coordinator(store, config, insync, controller, replication_address(config))
         controller.coordinator = coordinator
+        if config["coordinator.shard"]:  # a cluster of shards: topics placed through etcd (docs/shards.md)
+            coordinator.cluster = ClusterMap(rec.prefix(config["coordinator.cluster"]))
+            placement = ShardPlacement(store, config["coordinator.shard"], coordinator.cluster, coordinator.run_on_loop)
+            store.register_placement(placement)
+            daemon.on_start.append(placement.start)
+            daemon.on_stop.insert(0, placement.stop)
         daemon.on_start.append(coordinator.start)
         daemon.on_stop.insert(0, coordinator.stop)
 

@@ -8,8 +8,13 @@ import base64
 import json
 import urllib.request
 
+import grpc
+import pytest
+
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import BrokerClient, Message
+from broker.client import AlreadyExists, BrokerClient, FailedPrecondition, Message
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
 from tests.procs import DaemonProcess
 from tests.waits import wait_until
@@ -79,6 +84,9 @@ def test_a_one_pair_cluster_upgrades_in_place_into_a_shard(spawn: Spawn, etcd: E
     assert json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/sharded") or b"{}")["upgraded_from_pair"] == "s1"
     with BrokerClient(new_master.address) as c:
         assert [m.body for r in c.iter_pull("t", 0, 0) for m in r] == [f"m{i}".encode() for i in range(20)]
+    adopted = wait_until(lambda: _etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/t"), 15,
+                         "the upgraded pair's topic placed in etcd (adopted by its shard)")
+    assert [q[0]["shard"] for q in json.loads(adopted)["segments"]] == ["s1"]
     wait_master([newcomer], 30)  # the new shard elects once the pair's keys are upgraded
 
     old = pair[0]  # its data directory belongs to shard s1 now: with shard "" it is refused, in one line
@@ -88,3 +96,57 @@ def test_a_one_pair_cluster_upgrades_in_place_into_a_shard(spawn: Spawn, etcd: E
     assert old.wait_exit(60) == 1
     said = old.tail_log(5)
     assert "cluster of shards" in said and "set coordinator.shard = 's1'" in said and "Traceback" not in said
+
+
+def _single(spawn: Spawn, etcd: EtcdProcess, shard: str, name: str) -> DaemonProcess:
+    node = spawn(name, config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": shard}))
+    wait_master([node])
+    return node
+
+
+def _send_to(node: DaemonProcess, topic: str, queue: int, body: bytes) -> None:
+    with grpc.insecure_channel(node.address) as ch:
+        pb_grpc.BrokerStub(ch).Send(pb.SendRequest(ack=pb.ACK_REPLICA, messages=[
+            pb.PlainMessage(topic=topic, queue_id=queue, body=body)]), timeout=10)
+
+
+def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A topic's queues spread over the shards in one etcd transaction (asked of any node); a
+    request for a queue of another shard is refused naming that shard and its master."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c1, BrokerClient(nodes["s2"].address) as c2:
+        c1.create_topic("orders", queues=4)
+        placed = json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/orders") or b"{}")
+        owners = [q[0]["shard"] for q in placed["segments"]]
+        assert sorted(owners) == ["s1", "s1", "s2", "s2"], "fewest queues first: two each"
+        described = c2.describe_topic("orders")["queues"]
+        assert [q["shard"] for q in described] == owners
+        assert [q["master"] for q in described] == [nodes[s].address for s in owners]
+        for q, shard in enumerate(owners):
+            other = nodes["s2" if shard == "s1" else "s1"]
+            body = f"q{q}".encode()
+            wait_until(lambda n=nodes[shard], q=q, body=body: _sent(n, "orders", q, body), 15,
+                       f"queue {q} writable on its shard {shard}")
+            with pytest.raises(grpc.RpcError) as refused:
+                _send_to(other, "orders", q, b"elsewhere")
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert f"on shard {shard!r} (master {nodes[shard].address})" in (refused.value.details() or "")
+            with BrokerClient(nodes[shard].address) as owner:
+                assert [m.body for r in owner.iter_pull("orders", q, 0) for m in r] == [body]
+            with BrokerClient(other.address) as wrong, pytest.raises(FailedPrecondition, match=f"on shard {shard!r}"):
+                wrong.pull("orders", q, 0)
+        with pytest.raises(AlreadyExists):
+            c2.create_topic("orders", queues=2)
+        with pytest.raises(AlreadyExists):
+            c2.create_topics({"fresh": 2, "orders": 2})
+        assert _etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/fresh") is None, "all or none"
+
+
+def _sent(node: DaemonProcess, topic: str, queue: int, body: bytes) -> bool:
+    try:
+        _send_to(node, topic, queue, body)
+    except grpc.RpcError as exc:
+        if exc.code() == grpc.StatusCode.UNAVAILABLE:  # the shard's log does not hold the topic yet
+            return False
+        raise
+    return True

@@ -452,9 +452,10 @@ def test_a_pull_never_reads_past_the_end_it_saw(spawn: Spawn) -> None:
 
 def test_what_a_commit_decided_is_read_at_once_while_the_views_lag(spawn: Spawn) -> None:
     """A begin and a commit are answered once durable, not once the transactions view applied them
-    (issue 37's throughput): a read_committed pull, describe and list that begin after the answer
-    wait for the view instead. Each dispatcher round here sleeps 300 ms before it applies, so
-    without that wait the pull finds the queue still held back and describe finds it open."""
+    (issue 37's throughput): a read_committed pull, a pop, list_topics' stable offsets, describe
+    and list that begin after the answer wait for the view instead (``store/decisions.py``). Each
+    dispatcher round here sleeps 300 ms before it applies, so without that wait the pull finds the
+    queue still held back and describe finds it open."""
     node = spawn("node", config=FAST, env={"TIDEMARK_FAILPOINTS": "views_before_apply=sleep:300"})
     with BrokerClient(node.address) as c:
         c.create_topic("t", queues=1)
@@ -471,6 +472,9 @@ def test_what_a_commit_decided_is_read_at_once_while_the_views_lag(spawn: Spawn)
                 assert body not in _bodies(c, "t")
                 tx.commit()
             assert _bodies(c, "t")[-1] == body, "the commit's message is in the next read_committed pull"
+            assert c.list_topics()["t"]["stable_offsets"] == [i + 1], "the LSO a Spark batch plans from"
+            assert [m.body for m in c.pop("g", "t", max_messages=10, start="earliest")] == [body], \
+                "a pop that does not wait leases it"
             assert c.describe_transaction("lag")["state"] == "committed"
             assert c.list_transactions() == []
 

@@ -45,12 +45,14 @@ class TopicsAPI(ClientCore):
                 for t in resp.topics}
 
     def describe_topic(self, name: str) -> dict[str, Any]:
-        """Queues with their min/max offsets, stored bytes, local and tiered ranges."""
+        """Queues with their min/max offsets, stored bytes, local and tiered ranges; in a cluster of
+        shards the shard that writes each and its master (offsets are the asked node's)."""
         resp = self._call("DescribeTopic", _request(pb.DescribeTopicRequest, name=name))
         return {"name": resp.name, "topic_id": resp.topic_id,
                 "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset,
                             "bytes": q.bytes, "local_min_offset": q.local_min_offset,
-                            "tiered_end_offset": q.tiered_end_offset} for q in resp.queues]}
+                            "tiered_end_offset": q.tiered_end_offset, "shard": q.shard, "master": q.master}
+                           for q in resp.queues]}
 
     def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
         """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.

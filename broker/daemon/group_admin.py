@@ -252,16 +252,20 @@ class GroupAdmin:
 
     def describe_topic(self, name: str) -> pb.DescribeTopicResponse:
         info = self.store.views.metadata.topic(name)
-        if info is None and name not in system_records.SYSTEM_TOPICS:
+        owners = self.store.placement.owners(name) if self.store.placement is not None else None
+        if info is None and owners is None and name not in system_records.SYSTEM_TOPICS:
             raise not_found(f"topic {shown(name)} does not exist")
-        queues = int(info["queues"]) if info is not None else 1
+        queues = int(info["queues"]) if info is not None else len(owners) if owners is not None else 1
         resp = pb.DescribeTopicResponse(name=name, topic_id=int(info.get("id", 0)) if info is not None else 0)
         tiered = int(self.store.status().get("tiered_uploaded_offset") or 0)  # type: ignore[call-overload]
         log_min = self.store.log.min_offset
         for q in range(queues):
             low, high = self.store.reads.queue_bounds(name, q)
             qf = self.store.views.queues.queue(name, q)
+            shard, master = owners[q] if owners is not None and q < len(owners) else ("", "")
             if qf is None:
+                if owners is not None:  # another shard's queue (its offsets are that shard's to tell)
+                    resp.queues.add(queue_id=q, shard=shard, master=master)
                 continue
             local_i = qf.first_at_commit(log_min) if log_min else 0
             local_min = qf.entry(local_i).base_queue_offset if local_i < qf.entries else qf.next_queue_offset
@@ -269,5 +273,6 @@ class GroupAdmin:
             tiered_end = qf.entry(tiered_i).base_queue_offset if tiered_i < qf.entries else qf.next_queue_offset
             first = qf.first_at_commit(self.store.reads.readable_min_offset()) if low else 0
             resp.queues.add(queue_id=q, min_offset=low, max_offset=high, bytes=qf.batch_bytes(first),
-                            local_min_offset=local_min, tiered_end_offset=tiered_end if tiered else 0)
+                            local_min_offset=local_min, tiered_end_offset=tiered_end if tiered else 0,
+                            shard=shard, master=master)
         return resp

@@ -65,7 +65,8 @@ class QueueLocks:
                 target = self.store.log.max_offset
                 break
             target = max(target, last[1])
-            if self._behind(k):  # a send acknowledged before this call: the pop sees it (read your writes)
+            # a send acknowledged before this call, or a commit answered before it: the pop sees it
+            if self._behind(k) or self.store.decisions.pending([(k[1], k[2])]):
                 target = max(target, confirmed)
         if not self.store.dispatcher.wait_applied(self.view, target, self.store.config["limits.send_timeout_ms"] / 1000.0):
             raise BrokerError("UNAVAILABLE", "pop state is not caught up with the log yet; retry")

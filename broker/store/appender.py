@@ -65,6 +65,7 @@ class TailState:
     txn_latest: OrderedDict[str, tuple[int, int, int]] = field(default_factory=OrderedDict)
     txn_messages: dict[int, int] = field(default_factory=dict)  # open transaction -> messages of its batches
     txn_counted: set[int] = field(default_factory=set)  # open transactions whose commit carries a count
+    txn_end: int = 0  # where the last ``__txn`` batch above what the transactions view applied ends
 
     @classmethod
     def rebuild(cls, log_: CommitLog, queues: ConsumeQueueView, producers: ProducerStateView, txns: TxnView,
@@ -95,6 +96,7 @@ class TailState:
         if txns and header.topic == txn_records.TXN_TOPIC:
             for rec in txn_records.records(header, batch):
                 self.apply_txn(rec)
+            self.txn_end = header.base_offset + header.batch_bytes
         elif txns and header.flags & bf.FLAG_TRANSACTIONAL:
             self.count_txn_messages(header.producer_id, header.record_count)
         if queues:
@@ -436,6 +438,7 @@ class Appender:
         appended = list(txn_records.records(header, data))
         for rec in appended:
             self.tail.apply_txn(rec)
+        self.tail.txn_end = end
         return appended, end
 
     def _check_topic_changes(self, changes: TopicChanges) -> None:

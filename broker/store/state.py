@@ -6,10 +6,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker.config import Config
-from broker.ports import RoleController, RoleListener, StatusProvider
+from broker.ports import Placement, RoleController, RoleListener, StatusProvider
 from broker.storage.epochs import EpochHistory
 from broker.storage.identity import Identity
 from broker.store.appender import Appender
+from broker.store.decisions import Decisions
 from broker.store.disk import DiskSpace
 from broker.store.dispatcher import Dispatcher
 from broker.store.incidents import Incidents
@@ -41,6 +42,8 @@ class StoreState:
     dispatcher: Dispatcher
     retention: Retention
     reads: Reads
+    decisions: Decisions
     role_controller: RoleController | None
+    placement: Placement | None
     _role_listeners: list[RoleListener]
     _status_providers: list[StatusProvider]

@@ -26,6 +26,7 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.logformat import system_records
 from broker.ports import (
+    Placement,
     RoleController,
     RoleListener,
     StatusProvider,
@@ -35,6 +36,7 @@ from broker.storage.epochs import EpochHistory
 from broker.storage.identity import Identity
 from broker.store import recovery
 from broker.store.appender import Appender
+from broker.store.decisions import Decisions
 from broker.store.disk import DiskSpace
 from broker.store.dispatcher import Dispatcher
 from broker.store.firing import TimerService
@@ -96,6 +98,7 @@ class Store(StorePorts, Mastership, MetadataFence):
         self._role_listeners: list[RoleListener] = []
         self._status_providers: list[StatusProvider] = []
         self.role_controller: RoleController | None = None
+        self.placement: Placement | None = None  # a cluster of shards (registered by replication)
         self.metadata_fence = 0  # set by a node taking office: see ``wait_metadata_fence``
         self.disk = DiskSpace(data_dir)
         self.incidents = Incidents()
@@ -110,6 +113,7 @@ class Store(StorePorts, Mastership, MetadataFence):
                                 self.check_still_master_after_append)
         self.retention = Retention(config, log_, views, self.dispatcher.checkpoint_floor)
         self.reads = Reads(log_, views, self.watermarks, lambda: self.closing)
+        self.decisions = Decisions(self.appender, views, self.watermarks, self.dispatcher)
         self.timers = TimerService(config, views.timers, log_, self.appender, self.writes, self.dispatcher,
                                    self.reads, lambda: self.role, self.check_writable, self.incidents.report_to("timers"))
         self._role_listeners.append(self.timers.on_role)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import structlog
 
-from broker.ports import ColdReader, ConfirmRule, QueueListener, RetentionFloor, RoleController, RoleListener, StatusProvider
+from broker.ports import ColdReader, ConfirmRule, Placement, QueueListener, RetentionFloor, RoleController, RoleListener, StatusProvider
 from broker.storage import identity as identity_mod
 from broker.store.state import StoreState
 
@@ -17,6 +17,9 @@ class StorePorts(StoreState):
 
     def register_role_controller(self, controller: RoleController) -> None:
         self.role_controller = controller
+
+    def register_placement(self, placement: Placement) -> None:
+        self.placement = placement
 
     def register_role_listener(self, listener: RoleListener) -> None:
         self._role_listeners.append(listener)

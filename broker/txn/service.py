@@ -49,7 +49,6 @@ log = structlog.get_logger("txn")
 TID_BYTES_MAX = 200
 OffsetEntry = tuple[str, str, int, int]  # group, topic, queue, offset
 END_LOOKUP_WAIT_S = 5.0  # a retried end waits this long for the view to apply the first end
-CATCH_UP_WAIT_S = 2.0  # an operator's look waits this long for the view to apply the log's end
 
 
 @dataclass(frozen=True)
@@ -260,6 +259,7 @@ class TxnService:
     # -- operators ----------------------------------------------------------------------------------
     def abort_by_operator(self, tid: str) -> Ended:
         check_tid(tid)
+        self.store.check_writable()  # before any wait: a slave or a fenced node refuses at once
         self._caught_up()
         pid = self._open_pid(tid)
         self.end(tid, pid, False, reason="operator")
@@ -269,10 +269,9 @@ class TxnService:
         return ended
 
     def _caught_up(self) -> None:
-        """Wait (at most ``CATCH_UP_WAIT_S``) until the view applied what the log holds now: a
-        producer's begin or end answered before an operator looks (a counted begin as ack=leader:
-        appended, not yet confirmed) is in what the operator sees."""
-        self.store.dispatcher.wait_applied(self.view, self.store.appender.log.max_offset, CATCH_UP_WAIT_S)
+        """A producer's begin or end answered before an operator looks is in what it sees
+        (``Decisions.caught_up``: bounded)."""
+        self.store.decisions.caught_up(self.store.role == "master")
 
     def _open_pid(self, tid: str) -> int:
         t = self.view.open_for(tid)

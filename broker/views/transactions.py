@@ -129,10 +129,10 @@ class TxnView(View):
         with self.lock:
             return key in self.queue_open or self.aborted.has(key)
 
-    def holds_back(self, key: QueueKey) -> bool:
-        """Whether an open transaction wrote to queue ``key`` (its LSO is below its end)."""
+    def holders(self, key: QueueKey) -> list[int]:
+        """The open transactions (producer ids) that wrote to queue ``key``: what holds its LSO back."""
         with self.lock:
-            return key in self.queue_open
+            return list(self.queue_open.get(key, ()))
 
     def runs_on(self, key: QueueKey) -> tuple[list[Range], list[Range]]:
         """Queue-offset ranges of queue ``key`` written by transactions open now, and by aborted ones."""

@@ -42,9 +42,9 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -54,6 +54,7 @@ from broker.store import Store
 from broker.threads import NamedThread, name_pool_thread
 from replication.confirm import InSyncSet
 from replication.coordination import records as rec
+from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.election import Election
 from replication.coordination.etcd import Etcd, Unreachable, View
 from replication.coordination.insync_keeper import InSyncKeeper
@@ -64,6 +65,7 @@ from replication.roles import RoleController
 log = structlog.get_logger("replication.coordinator")
 
 REGISTER_EVERY_S = 1.0
+T = TypeVar("T")
 
 
 class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
@@ -91,6 +93,7 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
         self._stop = threading.Event()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread = NamedThread(target=self._run, name="coordinator", daemon=True)
+        self.cluster: ClusterMap | None = None  # a cluster of shards: the watched placement (plugin.py)
         store.register_status_provider(self._status)
         # a slave whose master fell silent for as long as makes it campaign names no master to writers
         store.register_master_silence(lambda: not self._hears_live_master())
@@ -124,8 +127,11 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
         self._steps = asyncio.Lock()
         self.etcd = Etcd(self.config)
         permit = asyncio.ensure_future(self._permit_loop())
+        watch: asyncio.Future[None] | None = None
         try:
             await self.etcd.connect()
+            if self.cluster is not None:
+                watch = asyncio.ensure_future(self.cluster.follow(self.etcd))
             while not self._stop.is_set():
                 t0 = time.monotonic()
                 try:
@@ -143,11 +149,32 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
                 await asyncio.sleep(max(0.0, self.tick_s - (time.monotonic() - t0)))
         finally:
             permit.cancel()
+            if watch is not None:
+                watch.cancel()
             if self.holding is not None:  # stop acknowledging before the lease (and the key) goes
                 self._lost_key("the coordinator loop ended")
             await self._resign_on_stop()
             self.lease_id = 0
             await self.etcd.close()
+
+    def run_on_loop(self, fn: Callable[[Etcd], Coroutine[Any, Any, T]], timeout_s: float) -> T:
+        """``fn(etcd)`` on this loop with its etcd client, from another thread (the shard placement's
+        writes); UNAVAILABLE when etcd does not answer within ``timeout_s``."""
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise BrokerError("UNAVAILABLE", "this node is not connected to etcd yet")
+
+        async def call() -> T:
+            return await fn(self.etcd)
+
+        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        try:
+            return future.result(timeout_s)
+        except TimeoutError:
+            future.cancel()
+            raise BrokerError("UNAVAILABLE", f"etcd did not answer within {timeout_s:g} s") from None
+        except Unreachable as exc:
+            raise BrokerError("UNAVAILABLE", f"etcd: {exc}") from None
 
     async def _resign_on_stop(self) -> None:
         if self.lease_id:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +23,8 @@ from etcd3aio.kv import KVService, prefix_range_end
 
 from broker.config import Config
 from replication.coordination import records as rec
+
+DELETE_EVENT = 1  # mvccpb.Event.EventType.DELETE
 
 
 class Unreachable(Exception):
@@ -192,6 +195,36 @@ class Etcd:
             success.append(kv.txn_op_put(self.key("insync"), rec.encode(insync)))
         if view.switchover.version:
             success.append(kv.txn_op_delete(self.key("switchover")))
+        resp = await self._call(kv.txn(compare, success))
+        return int(resp.header.revision) if resp.succeeded else 0
+
+    # -- a cluster of shards: placement (docs/shards.md) --------------------------------------------
+    async def range_prefix(self, prefix: str) -> tuple[int, list[tuple[str, bytes]]]:
+        """Every key under ``prefix`` and the revision they were read at."""
+        key = prefix.encode()
+        resp = await self._call(self._kv.get(key, range_end=prefix_range_end(key)))
+        return int(resp.header.revision), [(kv_.key.decode(), kv_.value) for kv_ in resp.kvs]
+
+    async def watch_prefix(self, prefix: str, start_revision: int
+                           ) -> AsyncIterator[tuple[int, list[tuple[str, bytes | None]], bool]]:
+        """Changes under ``prefix`` from ``start_revision``: (revision, [(key, value or None when
+        deleted)], compacted). ``compacted``: etcd no longer holds the revisions asked for."""
+        assert self._client is not None and self._client.watch is not None
+        key = prefix.encode()
+        try:
+            async for resp in self._client.watch.watch(key, range_end=prefix_range_end(key),
+                                                       start_revision=start_revision):
+                events = [(ev.kv.key.decode(), None if ev.type == DELETE_EVENT else ev.kv.value) for ev in resp.events]
+                yield int(resp.header.revision), events, bool(resp.compact_revision or resp.canceled)
+        except (EtcdError, OSError, grpc.RpcError) as exc:
+            raise Unreachable(f"watch: {type(exc).__name__}: {exc}"[:300]) from None
+
+    async def create_placements(self, records: dict[str, bytes]) -> int:
+        """Each topic's placement record, only if none of them exists (all or none); the revision
+        they were written at, 0 when one existed."""
+        kv = self._kv
+        compare = [kv.txn_compare_create_revision(self.root_key(f"topics/{t}"), 0) for t in records]
+        success = [kv.txn_op_put(self.root_key(f"topics/{t}"), v) for t, v in records.items()]
         resp = await self._call(kv.txn(compare, success))
         return int(resp.header.revision) if resp.succeeded else 0
 

@@ -137,6 +137,7 @@ class DataRpcs(Rpcs):
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
         ] + (plain_batches.batches if plain_batches is not None else [])
+        self._check_shard(batches)
         if counted and any(b.base_sequence == bf.NO_SEQUENCE for b in batches):
             # a retried send stored twice would make up in the count for one a failover lost
             raise invalid("a counted transaction's sends are idempotent: give each plain message a queue_id and a "
@@ -184,6 +185,12 @@ class DataRpcs(Rpcs):
             response.ended.CopyFrom(ended_response(ended) if ended is not None else
                                     await self._first_outcome(ending, begun.pid if begun else txn))
         return response
+
+    def _check_shard(self, batches: list[IncomingBatch]) -> None:
+        """In a cluster of shards: every batch for a queue this node's shard writes."""
+        if self.store.placement is not None:
+            for b in batches:
+                self.store.placement.check_queue(*(b.timer_target or (b.topic, b.queue_id)))
 
     async def _append_in_txn(self, on_loop: bool, batches: list[IncomingBatch], begin: BeginPlan | None,
                              ending: pb.EndTransactionRequest | None) -> TxnAppend:
@@ -237,6 +244,8 @@ class DataRpcs(Rpcs):
     async def _pull(self, request: pb.PullRequest | pb.PullLocalRequest, *, local: bool) -> Any:
         loop = asyncio.get_running_loop()
         check_system_read(request.topic)
+        if self.store.placement is not None:
+            self.store.placement.check_queue(request.topic, request.queue_id)
         max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
         if isinstance(request, pb.PullRequest) and request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
@@ -280,11 +289,11 @@ class DataRpcs(Rpcs):
         ``READ_YOUR_WRITES_WAIT_S``) for the view to apply what is confirmed now: a send
         acknowledged before the pull began is confirmed, and must be in the answer (not missed,
         nor an offset from its receipt refused as beyond the end) however far the view's apply
-        lags. The same for a read_committed pull of a queue an open transaction holds back, while
-        the transactions view lags: a commit answered before the pull began is confirmed (it is
-        answered once replicated, not once applied), and what it made visible must be in the
+        lags. The same for a read_committed pull of a queue held back by a transaction whose
+        decision the transactions view has not applied yet (``store/decisions.py``): a commit
+        answered before the pull began is confirmed, and what it made visible must be in the
         answer. Costs nothing when the views are current, the queue view holds all the pull may
-        take or all this queue has, and no transaction holds the queue."""
+        take or all this queue has, and no ended transaction holds the queue back."""
         confirmed = self.store.watermarks.confirm_offset
         if self.store.closing:
             return
@@ -294,9 +303,8 @@ class DataRpcs(Rpcs):
             have = qf.next_queue_offset if qf is not None else 0
             if offset + max_messages > have and self.store.appender.queue_end_hint(topic, queue_id) > have:
                 await self.store.dispatcher.wait_applied_async(queues, confirmed, READ_YOUR_WRITES_WAIT_S)
-        txns = self.store.views.txns
-        if committed and txns.applied_offset < confirmed and txns.holds_back((topic, queue_id)):
-            await self.store.dispatcher.wait_applied_async(txns, confirmed, READ_YOUR_WRITES_WAIT_S)
+        if committed:
+            await self.store.decisions.settle_async([(topic, queue_id)])
 
     def OffsetForTime(self, request: pb.OffsetForTimeRequest, context: grpc.ServicerContext) -> pb.OffsetForTimeResponse:
         def run() -> pb.OffsetForTimeResponse:

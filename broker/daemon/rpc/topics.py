@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -52,7 +53,7 @@ class TopicRpcs(Rpcs):
             change = self._new_topic(request)
             # the appender checks "already exists" against its own topic set, under its lock: concurrent
             # creates are safe and share one group commit
-            await self._write_metadata([change])
+            await self._create([change])
             return pb.CreateTopicResponse(topic=self._topic_info(request.name, change[1]["queues"]))
         return await handle_async(context, run)
 
@@ -65,7 +66,7 @@ class TopicRpcs(Rpcs):
             changes = [self._new_topic(t) for t in request.topics]
             if len({t.name for t in request.topics}) != len(changes):
                 raise invalid("a topic name appears more than once in the request")
-            await self._write_metadata(changes)
+            await self._create(changes)
             return pb.CreateTopicsResponse(topics=[self._topic_info(f["topic"], f["queues"]) for _, f in changes])
         return await handle_async(context, run)
 
@@ -73,9 +74,22 @@ class TopicRpcs(Rpcs):
         async def run() -> pb.DeleteTopicResponse:
             if request.name.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"system topic {shown(request.name)} cannot be deleted")
+            if self.store.placement is not None:
+                raise BrokerError("UNIMPLEMENTED", "deleting a topic of a cluster of shards is not built yet "
+                                  "(docs/shards.md)")
             await self._write_metadata([(system_records.TOPIC_DELETE, {"topic": request.name})])
             return pb.DeleteTopicResponse()
         return await handle_async(context, run)
+
+    async def _create(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
+        """New topics: in this log, or in a cluster of shards placed through etcd (each shard's
+        master then creates them in its own log, ``replication/shards.py``)."""
+        placement = self.store.placement
+        if placement is None:
+            await self._write_metadata(changes)
+            return
+        self._check_queues_total(changes)
+        await asyncio.to_thread(placement.place, [(str(f["topic"]), int(f["queues"])) for _, f in changes])
 
     async def _write_metadata(self, changes: list[tuple[str, dict[str, Any]]]) -> None:
         """Append ``changes`` as one batch; return once it is acknowledged (ack=replica) and applied."""
@@ -96,7 +110,10 @@ class TopicRpcs(Rpcs):
 
     def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
         def run() -> pb.ListTopicsResponse:
-            topics = [self._topic_info(n, t["queues"]) for n, t in sorted(self.store.views.metadata.list_topics().items())]
+            listed = sorted(self.store.views.metadata.list_topics().items())
+            # the stable offsets (what the Spark source plans from) include every commit answered before
+            self.store.decisions.settle((n, q) for n, t in listed for q in range(int(t["queues"])))
+            topics = [self._topic_info(n, t["queues"]) for n, t in listed]
             if request.include_system:
                 topics += [self._topic_info(n, 1) for n in system_records.SYSTEM_TOPICS]
             return pb.ListTopicsResponse(topics=topics)

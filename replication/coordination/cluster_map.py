@@ -1,0 +1,121 @@
+"""A watched copy of a cluster of shards (docs/shards.md): every topic's placement and every
+shard's master, as etcd holds them under ``/tidemark/<cluster>/``.
+
+One range read, then one watch of the cluster's prefix from the revision after it: a node learns
+of a new topic or a new master from etcd's push, never by polling, whatever the cluster's size.
+A compacted watch (it fell too far behind) reads everything again. A value this version does not
+understand is kept aside (shown in status) and never trusted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+
+import structlog
+
+from replication.coordination import placement as pl
+from replication.coordination import records as rec
+from replication.coordination.etcd import Etcd, Unreachable
+
+log = structlog.get_logger("replication.cluster_map")
+RETRY_S = 0.5
+
+
+class ClusterMap:
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.on_change: list[Callable[[], None]] = []  # told after each change (from the loop: must not block)
+        self._cond = threading.Condition()
+        self.revision = 0  # the etcd revision this copy reflects (0: not loaded)
+        self.placements: dict[str, pl.Placement] = {}
+        self.masters: dict[str, rec.Leader] = {}  # shard -> its master
+        self.bad: dict[str, str] = {}  # key -> why its value is not understood
+
+    # -- reads (any thread) ---------------------------------------------------------------------
+    def placement(self, topic: str) -> pl.Placement | None:
+        with self._cond:
+            return self.placements.get(topic)
+
+    def placements_snapshot(self) -> dict[str, pl.Placement]:
+        with self._cond:
+            return dict(self.placements)
+
+    def master(self, shard: str) -> rec.Leader | None:
+        with self._cond:
+            return self.masters.get(shard)
+
+    def queues_held(self) -> dict[str, int]:
+        """Per shard with a master: the queues it writes now."""
+        with self._cond:
+            held = dict.fromkeys(self.masters, 0)
+            for p in self.placements.values():
+                for q in range(p.queues):
+                    owner = p.owner(q)
+                    if owner in held:
+                        held[owner] += 1
+            return held
+
+    def wait_revision(self, revision: int, timeout_s: float) -> bool:
+        """Until this copy reflects ``revision`` (a write of ours); False after ``timeout_s``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self.revision >= revision, timeout_s)
+
+    # -- the copy (the coordinator's loop) ----------------------------------------------------------
+    async def load(self, etcd: Etcd) -> None:
+        revision, kvs = await etcd.range_prefix(self.root)
+        with self._cond:
+            self.placements, self.masters, self.bad = {}, {}, {}
+            for key, value in kvs:
+                self._apply(key, value)
+            self.revision = revision
+            self._cond.notify_all()
+        self._changed()
+
+    async def follow(self, etcd: Etcd) -> None:
+        """Load, then apply the watch's events (until cancelled); again from a fresh read after a
+        compaction or an error."""
+        while True:
+            try:
+                await self.load(etcd)
+                async for revision, events, compacted in etcd.watch_prefix(self.root, self.revision + 1):
+                    if compacted:
+                        log.warning("cluster_watch_compacted", revision=revision)
+                        break
+                    with self._cond:
+                        for key, value in events:
+                            self._apply(key, value)
+                        self.revision = max(self.revision, revision)
+                        self._cond.notify_all()
+                    self._changed()
+            except Unreachable as exc:
+                log.warning("cluster_watch_failed", error=str(exc), retry_in_s=RETRY_S)
+            await asyncio.sleep(RETRY_S)
+
+    def _changed(self) -> None:
+        for callback in self.on_change:
+            callback()
+
+    def _apply(self, key: str, value: bytes | None) -> None:
+        """One key's new value (None: deleted), under the lock."""
+        name = key[len(self.root):]
+        try:
+            if name.startswith("topics/"):
+                topic = name[len("topics/"):]
+                if value is None:
+                    self.placements.pop(topic, None)
+                else:
+                    self.placements[topic] = pl.decode(value)
+            elif name.startswith("shards/") and name.endswith("/leader") and name.count("/") == 2:
+                shard = name.split("/")[1]
+                if value is None:
+                    self.masters.pop(shard, None)
+                else:
+                    self.masters[shard] = rec.decode_leader(value)
+            else:
+                return
+            self.bad.pop(key, None)
+        except rec.RecordError as exc:
+            self.bad[key] = str(exc)[:200]
+            log.warning("cluster_value_not_understood", key=key, error=str(exc)[:200])

@@ -1,0 +1,137 @@
+"""This node's part in a cluster of shards (docs/shards.md): the ``Placement`` port.
+
+- **Placing topics.** ``place`` spreads the queues of new topics over the shards that have a
+  master (``placement.spread``) and writes every topic's record in one etcd transaction that
+  requires each absent: all or none, whichever node is asked.
+- **Serving only its own queues.** ``check_queue`` refuses a request for a queue another shard
+  writes, ``FAILED_PRECONDITION`` naming that shard and its master, so a client updates its route
+  without asking etcd; a queue of this shard whose topic its log does not hold yet is
+  ``UNAVAILABLE`` for the moment the reconciler takes (clients retry it).
+- **Following etcd into the log.** The reconciler thread, on the shard's master, creates in the
+  log (``topic.create`` in ``__metadata``) every topic with a queue placed on this shard, as soon
+  as the watched copy shows it; and places the topics the log holds that etcd does not know (a
+  one-pair cluster upgraded into this shard: all their queues here). The log stays the truth for
+  everything the shard serves.
+
+Deleting a topic of a cluster of shards is not built yet (refused ``UNIMPLEMENTED``).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import structlog
+
+from broker.errors import BrokerError, shown
+from broker.logformat import system_records
+from broker.store import Store
+from broker.threads import NamedThread
+from replication.coordination import placement as pl
+from replication.coordination.cluster_map import ClusterMap
+from replication.coordination.etcd import Etcd
+
+log = structlog.get_logger("replication.shards")
+PLACE_WAIT_S = 10.0
+RECONCILE_EVERY_S = 1.0
+
+RunOnLoop = Callable[[Callable[[Etcd], Coroutine[Any, Any, Any]], float], Any]
+
+
+class ShardPlacement:
+    def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop) -> None:
+        self.store = store
+        self.shard = shard
+        self.cluster = cluster
+        self._run = run_on_loop  # a coroutine on the coordinator's loop, with its etcd client
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
+        cluster.on_change.append(self._wake.set)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(5)
+
+    # -- the port ---------------------------------------------------------------------------------
+    def place(self, topics: list[tuple[str, int]]) -> None:
+        """Place new topics (name, queues) over the live shards; all or none. ALREADY_EXISTS if one
+        is placed already; UNAVAILABLE when no shard has a master or etcd does not answer."""
+        for name, _ in topics:
+            if self.cluster.placement(name) is not None:
+                raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
+        held = self.cluster.queues_held()
+        if not held:
+            raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now")
+        records = {name: pl.encode(p) for name, p in pl.spread(held, topics).items()}
+        revision = self._run(lambda etcd: etcd.create_placements(records), PLACE_WAIT_S)
+        if not revision:
+            raise BrokerError("ALREADY_EXISTS", f"one of topics {', '.join(shown(n) for n, _ in topics)} was "
+                              "created meanwhile")
+        self.cluster.wait_revision(revision, PLACE_WAIT_S)
+        log.info("topics_placed", topics=[n for n, _ in topics], revision=revision)
+        self._wake.set()
+
+    def check_queue(self, topic: str, queue: int) -> None:
+        """Whether this shard serves ``queue`` of ``topic`` (raises if not). A topic etcd does not
+        place (a system topic, or an unknown one) is left to the log's own checks."""
+        p = self.cluster.placement(topic)
+        if p is None or not 0 <= queue < p.queues:
+            return
+        owner = p.owner(queue)
+        if owner != self.shard:
+            master = self.cluster.master(owner)
+            where = f"master {master.client}" if master is not None else "no master now"
+            raise BrokerError("FAILED_PRECONDITION", f"queue {queue} of topic {shown(topic)} is on shard "
+                              f"{owner!r} ({where}), not on this node's shard {self.shard!r}")
+        if self.store.views.metadata.topic(topic) is None:
+            self._wake.set()
+            raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
+                              "retry in a moment")
+
+    def owners(self, topic: str) -> list[tuple[str, str]] | None:
+        """Per queue of ``topic``: (shard, its master's client address or ''); None: not placed."""
+        p = self.cluster.placement(topic)
+        if p is None:
+            return None
+        out = []
+        for q in range(p.queues):
+            master = self.cluster.master(p.owner(q))
+            out.append((p.owner(q), master.client if master is not None else ""))
+        return out
+
+    # -- following etcd into the log (the shard's master) -----------------------------------------
+    def _reconcile_loop(self) -> None:
+        while not self._stop.is_set():
+            self._wake.wait(RECONCILE_EVERY_S)
+            self._wake.clear()
+            if self._stop.is_set() or self.store.role != "master" or not self.cluster.revision:
+                continue
+            try:
+                self.reconcile()
+            except BrokerError as exc:  # not writable now (a full disk, fenced): next time
+                log.warning("shard_reconcile_failed", error=exc.message)
+
+    def reconcile(self) -> None:
+        local = self.store.views.metadata.list_topics()
+        missing = [(name, p.queues) for name, p in self.cluster.placements_snapshot().items()
+                   if name not in local and self.shard in {p.owner(q) for q in range(p.queues)}]
+        if missing:
+            self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": n, "queues": q})
+                                            for n, q in missing], applied=self.store.views.metadata)
+            log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)
+        unplaced = {name: info["queues"] for name, info in local.items()
+                    if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None}
+        if unplaced:
+            records = {name: pl.encode(pl.Placement(tuple((pl.Segment(self.shard),) for _ in range(n))))
+                       for name, n in unplaced.items()}
+            revision = self._run(lambda etcd: etcd.create_placements(records), PLACE_WAIT_S)
+            if revision:
+                self.cluster.wait_revision(revision, PLACE_WAIT_S)
+                log.warning("shard_topics_adopted", topics=sorted(unplaced), shard=self.shard,
+                            note="topics of this shard's log that etcd did not place (an upgraded one-pair cluster)")

@@ -1,0 +1,30 @@
+"""The placement record and how new topics' queues are spread over shards (docs/shards.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from replication.coordination import placement as pl
+from replication.coordination.records import RecordError
+
+
+def test_queues_go_to_the_shards_with_the_fewest_first() -> None:
+    placed = pl.spread({"s1": 0, "s2": 0}, [("orders", 16)])["orders"]
+    assert [len(placed.queues_of(s)) for s in ("s1", "s2")] == [8, 8]
+    # a shard that joins late takes new queues until it has caught up
+    placed = pl.spread({"s1": 10, "s2": 10, "s3": 0}, [("a", 8), ("b", 8)])
+    owners = [p.owner(q) for p in placed.values() for q in range(p.queues)]
+    assert owners.count("s3") == 12 and owners.count("s1") == 2 and owners.count("s2") == 2
+    with pytest.raises(ValueError):
+        pl.spread({}, [("x", 1)])
+
+
+def test_a_placement_round_trips_and_a_bad_one_is_never_trusted() -> None:
+    p = pl.Placement(((pl.Segment("s1"),), (pl.Segment("s1", 0, "ro"), pl.Segment("s2", 40))))
+    back = pl.decode(pl.encode(p))
+    assert back == p and back.owner(1) == "s2" and back.shards() == {"s1", "s2"}
+    for raw in (b"not json", b'{"queues": 2, "segments": [[{"shard": "s1", "logical_start": 0, "state": "rw"}]]}',
+                b'{"queues": 1, "segments": [[{"shard": "s1", "logical_start": 0, "state": "gone"}]]}',
+                b'{"queues": 1, "segments": [[]]}', b'{"queues": 1}'):
+        with pytest.raises(RecordError):
+            pl.decode(raw)
