@@ -101,8 +101,9 @@ class ShardPlacement:
             return None
         out = []
         for q in range(p.queues):
-            master = self.cluster.master(p.owner(q))
-            out.append((p.owner(q), master.client if master is not None else ""))
+            shard = p.owner(q)
+            master = self.cluster.master(shard)
+            out.append((shard, master.client if master is not None else ""))
         return out
 
     # -- following etcd into the log (the shard's master) -----------------------------------------
@@ -120,7 +121,7 @@ class ShardPlacement:
     def reconcile(self) -> None:
         local = self.store.views.metadata.list_topics()
         missing = [(name, p.queues) for name, p in self.cluster.placements_snapshot().items()
-                   if name not in local and self.shard in {p.owner(q) for q in range(p.queues)}]
+                   if name not in local and p.queues_of(self.shard)]
         if missing:
             self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": n, "queues": q})
                                             for n, q in missing], applied=self.store.views.metadata)
