@@ -11,6 +11,13 @@ class BrokerError(Exception):
         self.metadata = metadata  # sent as gRPC trailing metadata (e.g. the master's address)
 
 
+# A request for a queue of another shard (docs/shards.md) is refused FAILED_PRECONDITION with the
+# owner in trailing metadata: the client updates that route without asking anyone.
+OWNER_SHARD_KEY = "tidemark-shard"
+OWNER_MASTER_KEY = "tidemark-shard-master"
+ROUTES_REVISION_KEY = "tidemark-routes-revision"
+
+
 def invalid(message: str) -> BrokerError:
     return BrokerError("INVALID_ARGUMENT", message)
 

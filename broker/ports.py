@@ -61,6 +61,27 @@ class RoleController(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class ShardRoute:
+    """One shard of a cluster: its master's client address ('' while none), its nodes' client
+    addresses, its master's epoch, the queues it writes."""
+
+    shard: str
+    master: str
+    nodes: tuple[str, ...]
+    epoch: int
+    queues: int
+
+
+@dataclass(frozen=True)
+class Routes:
+    """Where queues are written, as of one etcd revision: per topic the shard of each queue."""
+
+    revision: int
+    topics: dict[str, tuple[str, ...]]
+    shards: tuple[ShardRoute, ...]
+
+
 class Placement(Protocol):
     """A cluster of shards (docs/shards.md): where each topic's queues live, in etcd."""
 
@@ -77,6 +98,10 @@ class Placement(Protocol):
 
     def owners(self, topic: str) -> list[tuple[str, str]] | None:
         """Per queue: (shard, its master's client address); None when the topic is not placed."""
+        ...
+
+    def routes(self, topics: list[str]) -> Routes:
+        """The shard of each queue of ``topics`` (unplaced ones left out) and every shard's nodes."""
         ...
 
 

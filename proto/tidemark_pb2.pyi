@@ -971,6 +971,46 @@ class DescribeTopicResponse(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[QueueDescription]
     def __init__(self, name: _Optional[str] = ..., topic_id: _Optional[int] = ..., queues: _Optional[_Iterable[_Union[QueueDescription, _Mapping]]] = ...) -> None: ...
 
+class GetRoutesRequest(_message.Message):
+    __slots__ = ("topics",)
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    topics: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class TopicRoute(_message.Message):
+    __slots__ = ("topic", "queue_shards")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_shards: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, topic: _Optional[str] = ..., queue_shards: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ShardRoute(_message.Message):
+    __slots__ = ("shard", "master", "nodes", "epoch", "queues")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    MASTER_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    master: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    epoch: int
+    queues: int
+    def __init__(self, shard: _Optional[str] = ..., master: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., queues: _Optional[int] = ...) -> None: ...
+
+class GetRoutesResponse(_message.Message):
+    __slots__ = ("shard", "revision", "topics", "shards")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    REVISION_FIELD_NUMBER: _ClassVar[int]
+    TOPICS_FIELD_NUMBER: _ClassVar[int]
+    SHARDS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    revision: int
+    topics: _containers.RepeatedCompositeFieldContainer[TopicRoute]
+    shards: _containers.RepeatedCompositeFieldContainer[ShardRoute]
+    def __init__(self, shard: _Optional[str] = ..., revision: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardRoute, _Mapping]]] = ...) -> None: ...
+
 class BeginTransactionRequest(_message.Message):
     __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]

@@ -180,6 +180,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.TransactionCheckAnswer.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.TransactionCheck.FromString,
                 _registered_method=True)
+        self.GetRoutes = channel.unary_unary(
+                '/tidemark.v1.Broker/GetRoutes',
+                request_serializer=proto_dot_tidemark__pb2.GetRoutesRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.GetRoutesResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -390,6 +395,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetRoutes(self, request, context):
+        """Where each queue of some topics is written, and each shard's nodes (docs/shards.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -537,6 +549,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.TransactionChecks,
                     request_deserializer=proto_dot_tidemark__pb2.TransactionCheckAnswer.FromString,
                     response_serializer=proto_dot_tidemark__pb2.TransactionCheck.SerializeToString,
+            ),
+            'GetRoutes': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetRoutes,
+                    request_deserializer=proto_dot_tidemark__pb2.GetRoutesRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.GetRoutesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1323,6 +1340,33 @@ class Broker:
             '/tidemark.v1.Broker/TransactionChecks',
             proto_dot_tidemark__pb2.TransactionCheckAnswer.SerializeToString,
             proto_dot_tidemark__pb2.TransactionCheck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetRoutes(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/GetRoutes',
+            proto_dot_tidemark__pb2.GetRoutesRequest.SerializeToString,
+            proto_dot_tidemark__pb2.GetRoutesResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,8 +24,9 @@ from typing import Any
 
 import structlog
 
-from broker.errors import BrokerError, shown
+from broker.errors import OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
+from broker.ports import Routes, ShardRoute
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
@@ -88,7 +89,9 @@ class ShardPlacement:
             master = self.cluster.master(owner)
             where = f"master {master.client}" if master is not None else "no master now"
             raise BrokerError("FAILED_PRECONDITION", f"queue {queue} of topic {shown(topic)} is on shard "
-                              f"{owner!r} ({where}), not on this node's shard {self.shard!r}")
+                              f"{owner!r} ({where}), not on this node's shard {self.shard!r}",
+                              metadata=((OWNER_SHARD_KEY, owner), (OWNER_MASTER_KEY, master.client if master else ""),
+                                        (ROUTES_REVISION_KEY, str(self.cluster.revision))))
         if self.store.views.metadata.topic(topic) is None:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
@@ -105,6 +108,15 @@ class ShardPlacement:
             master = self.cluster.master(shard)
             out.append((shard, master.client if master is not None else ""))
         return out
+
+    def routes(self, topics: list[str]) -> Routes:
+        placed = {t: p for t in topics if (p := self.cluster.placement(t)) is not None}
+        held = self.cluster.queue_counts()
+        shards = tuple(ShardRoute(shard, master.client if master else "", tuple(n.client for n in nodes),
+                                  master.epoch if master else 0, held.get(shard, 0))
+                       for shard, (master, nodes) in self.cluster.shards().items())
+        return Routes(self.cluster.revision, {t: tuple(p.owner(q) for q in range(p.queues)) for t, p in placed.items()},
+                      shards)
 
     # -- following etcd into the log (the shard's master) -----------------------------------------
     def _reconcile_loop(self) -> None:

@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 import urllib.request
 
+import crc32c
 import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import AlreadyExists, BrokerClient, FailedPrecondition, Message
+from broker.client import AlreadyExists, BrokerClient, Message, Unavailable
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
@@ -133,8 +136,8 @@ def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(s
             assert f"on shard {shard!r} (master {nodes[shard].address})" in (refused.value.details() or "")
             with BrokerClient(nodes[shard].address) as owner:
                 assert [m.body for r in owner.iter_pull("orders", q, 0) for m in r] == [body]
-            with BrokerClient(other.address) as wrong, pytest.raises(FailedPrecondition, match=f"on shard {shard!r}"):
-                wrong.pull("orders", q, 0)
+            with BrokerClient(other.address, follow_master=False) as routed:  # the client follows the route
+                assert [m.body for m in routed.pull("orders", q, 0)] == [body]
         with pytest.raises(AlreadyExists):
             c2.create_topic("orders", queues=2)
         with pytest.raises(AlreadyExists):
@@ -150,3 +153,111 @@ def _sent(node: DaemonProcess, topic: str, queue: int, body: bytes) -> bool:
             return False
         raise
     return True
+
+
+def _keys_by_queue(c: BrokerClient, topic: str, queues: int) -> dict[int, list[bytes]]:
+    return {q: [m.body for r in c.iter_pull(topic, q, 0) for m in r] for q in range(queues)}
+
+
+def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """Keyed, keyless and delayed sends of one call split per shard and land on each queue's
+    owner; reads follow the same routes; a stale route costs one refusal that names the owner,
+    followed without asking any node for routes again."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s2"].address) as c:
+        c.create_topic("orders", queues=8)
+        owners = [q["shard"] for q in c.describe_topic("orders")["queues"]]
+        assert sorted(set(owners)) == ["s1", "s2"]
+        keys = [f"k{i}" for i in range(64)]
+        wait_until(lambda: _sends(c, "orders", [Message(b"probe", key=k) for k in keys]), 15, "every queue created")
+        c.send("orders", [Message(f"{k}:{n}".encode(), key=k) for n in range(5) for k in keys], ack="replica")
+        keyless = c.send("orders", [Message(b"loose") for _ in range(10)], ack="replica")
+        assert len({r.queue_id for r in keyless}) == 1, "a call's keyless messages share a queue"
+        due = int(time.time() * 1000) + 1500
+        delayed = c.send("orders", [Message(f"late-{k}".encode(), key=k, deliver_at_ms=due) for k in keys[:16]])
+        assert all(r.timer_offset is not None for r in delayed)
+        assert c.current_address == nodes["s2"].address, "the bootstrap connection stays where it was"
+
+        def everything_read() -> dict[int, list[bytes]] | None:
+            got = _keys_by_queue(c, "orders", 8)
+            return got if sum(len(v) for v in got.values()) == 64 + 320 + 10 + 16 else None
+
+        got = wait_until(everything_read, 20, "every message readable, the delayed ones once due")
+        assert got is not None
+        for k in keys:  # each key in one queue, its messages in order, on the shard the route names
+            holding = [q for q, bodies in got.items() if any(b.startswith(f"{k}:".encode()) for b in bodies)]
+            assert len(holding) == 1
+            mine = [b for b in got[holding[0]] if b.startswith(f"{k}:".encode())]
+            assert mine == [f"{k}:{n}".encode() for n in range(5)]
+        for k in keys[:16]:
+            assert sum(b == f"late-{k}".encode() for bodies in got.values() for b in bodies) == 1, "each timer fired once"
+        for q, shard in enumerate(owners):  # what each shard's own node holds is exactly its queues
+            with BrokerClient(nodes[shard].address) as direct:
+                assert [m.body for r in direct.iter_pull("orders", q, 0) for m in r] == got[q]
+
+        asked = []
+        learn = c._learn_routes
+        c._learn_routes = lambda topics: (asked.append(topics), learn(topics))[1]  # type: ignore[method-assign]
+        for q in range(8):  # every route wrong: each call is refused once and goes to the owner named
+            c._routes.moved("orders", q, "s1" if owners[q] == "s2" else "s2", "")
+        c.send("orders", [Message(b"after", key=k) for k in keys], ack="replica")
+        assert sum(len(v) for v in _keys_by_queue(c, "orders", 8).values()) == 64 + 320 + 10 + 16 + 64
+        assert [c._routes.owner("orders", q) for q in range(8)] == owners
+        assert asked == [], "no route request: the refusals named the owners"
+
+
+def _sends(c: BrokerClient, topic: str, messages: list[Message]) -> bool:
+    try:
+        c.send(topic, messages, ack="replica")
+    except Unavailable:  # a shard's log does not hold the topic yet
+        return False
+    return True
+
+
+def test_one_shard_failing_over_leaves_the_other_serving(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """kill -9 of one shard's master: the other shard's queues take sends throughout; the failed
+    shard's queues serve again after its failover, through the same client's (stale) routes."""
+    s1 = _pair(spawn, etcd, "s1", ("a", "b"))
+    s2 = _pair(spawn, etcd, "s2", ("c", "d"))
+    m1, slave1 = _settled(s1)
+    _settled(s2)
+    with BrokerClient([d.address for d in s2]) as c:
+        c.create_topic("t", queues=4)
+        owners = [q["shard"] for q in c.describe_topic("t")["queues"]]
+        wait_until(lambda: _sends(c, "t", [Message(b"probe", key=str(q)) for q in range(16)]), 15, "every queue created")
+        other_q = owners.index("s2")
+        failed_q = owners.index("s1")
+        gaps: list[float] = []
+        stop = threading.Event()
+
+        def steady() -> None:  # sends to an s2 queue, straight through s1's failover
+            with BrokerClient(s2[0].address) as p:
+                key = _key_for(p, "t", other_q)
+                last = time.monotonic()
+                while not stop.is_set():
+                    p.send("t", [Message(b"steady", key=key)], ack="replica")
+                    now = time.monotonic()
+                    gaps.append(now - last)
+                    last = now
+
+        t = threading.Thread(target=steady)
+        t.start()
+        time.sleep(1.0)
+        m1.kill9()
+        killed = time.monotonic()
+        c.send("t", [Message(b"after-failover", key=_key_for(c, "t", failed_q))], ack="replica")
+        served_s = time.monotonic() - killed
+        wait_master(s1, 30, among=[slave1])
+        time.sleep(1.0)
+        stop.set()
+        t.join(30)
+        assert max(gaps) < 0.5, f"the other shard's sends paused {max(gaps):.2f} s"
+        assert served_s < 15, "the failed shard's queue served again after its failover"
+        bodies = [m.body for r in c.iter_pull("t", failed_q, 0) for m in r]
+        assert bodies[-1] == b"after-failover"
+
+
+def _key_for(c: BrokerClient, topic: str, queue: int) -> str:
+    """A key that maps to ``queue`` (crc32c(key) % queues)."""
+    queues = c._queue_count(topic)
+    return next(k for k in (f"key{i}" for i in range(10_000)) if crc32c.crc32c(k.encode()) % queues == queue)

@@ -9,15 +9,17 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import grpc
 
 from broker import alloc
-from broker.client.errors import error_for, from_rpc_error
+from broker.client.errors import BrokerError, DeadlineExceeded, Unavailable, error_for, from_rpc_error
 from broker.client.local_reads import SegmentFiles
 from broker.client.pull_wire import parse_pull_response
+from broker.client.routes import RouteTable
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 
@@ -41,6 +43,8 @@ KEEPALIVE = [("grpc.keepalive_time_ms", 500), ("grpc.keepalive_timeout_ms", 500)
              # a BDP ping in flight (60 s timeout by default) would hold the keepalive pings back
              ("grpc.http2.bdp_probe", 0), ("grpc.http2.ping_timeout_ms", 500)]
 MESSAGE_BYTES_MAX = 256 << 20
+FAN_OUT_THREADS = 8  # a send spanning shards: requests to this many shards at once
+ROUTE_HOPS_MAX = 3  # refusals naming another owner followed by one call (routes in flux: then it fails)
 T = TypeVar("T")
 
 
@@ -144,6 +148,10 @@ class ClientCore:
         self._segment_files = SegmentFiles()  # local reads (local_reads.py)
         self._queues: dict[str, int] = {}
         self._round_robin = itertools.count()
+        self._routes = RouteTable()  # a cluster of shards: which shard writes each queue (routes.py)
+        self._shard_cores: dict[str, ClientCore] = {}  # a connection per shard, made when first needed
+        self._shards_lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None  # a send over several shards: a request to each at once
         alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
         self._connect(0)
 
@@ -176,6 +184,12 @@ class ClientCore:
         if self._channel is not None:
             self._channel.close()
             self._channel = None
+        with self._shards_lock:
+            cores, self._shard_cores = list(self._shard_cores.values()), {}
+        for core in cores:
+            core.close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
         self._segment_files.close()
 
     def __enter__(self) -> Any:
@@ -238,6 +252,78 @@ class ClientCore:
                     self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, BACKOFF_MAX_S)
+
+    # -- a cluster of shards (docs/shards.md): each queue's calls go to its shard ------------------
+    @property
+    def sharded(self) -> bool:
+        """Whether the cluster is several shards (asked of a node once)."""
+        if self._routes.sharded is None:
+            self._learn_routes([])
+        return bool(self._routes.sharded)
+
+    def _learn_routes(self, topics: list[str]) -> None:
+        """Ask a node where ``topics``' queues are (an older node that does not know: not sharded)."""
+        try:
+            resp = self._call("GetRoutes", pb.GetRoutesRequest(topics=topics))
+        except BrokerError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            self._routes.sharded = False
+            return
+        self._routes.learn(resp)
+
+    def _shard_of(self, topic: str, queue: int) -> str | None:
+        """The shard writing ``queue`` of ``topic`` (None: not a cluster of shards, or not placed)."""
+        if not self.sharded:
+            return None
+        shard = self._routes.owner(topic, queue)
+        if shard is None:
+            self._learn_routes([topic])
+            shard = self._routes.owner(topic, queue)
+        return shard
+
+    def _shard_core(self, shard: str | None) -> ClientCore:
+        """The connection to ``shard``'s nodes (this one for None)."""
+        if shard is None:
+            return self
+        addresses = self._routes.addresses(shard)
+        with self._shards_lock:
+            core = self._shard_cores.get(shard)
+            if core is not None:
+                core.addresses.extend(a for a in addresses if a not in core.addresses)
+                return core
+        if not addresses:
+            self._learn_routes([])
+            addresses = self._routes.addresses(shard)
+            if not addresses:
+                raise error_for(grpc.StatusCode.UNAVAILABLE, f"shard {shard!r} has no node with a lease in etcd now")
+        with self._shards_lock:
+            core = self._shard_cores.get(shard)
+            if core is None:
+                core = self._shard_cores[shard] = ClientCore(addresses, **self._options)
+            return core
+
+    def _fan_out(self) -> ThreadPoolExecutor:
+        with self._shards_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=FAN_OUT_THREADS, thread_name_prefix="tidemark-shards")
+            return self._pool
+
+    def _routed(self, topic: str, queue: int, call: Callable[[ClientCore], T]) -> T:
+        """``call`` on the connection to the shard writing ``queue``; a refusal naming another owner
+        updates the route and goes there (no other round trip)."""
+        hops = 0
+        while True:
+            shard = self._shard_of(topic, queue)
+            try:
+                return call(self._shard_core(shard))
+            except BrokerError as exc:
+                if isinstance(exc, (Unavailable, DeadlineExceeded)) and shard is not None:
+                    self._routes.doubt(shard)
+                if exc.owner is None or hops >= ROUTE_HOPS_MAX:
+                    raise
+                hops += 1
+                self._routes.moved(topic, queue, exc.owner.shard, exc.owner.master)
 
     @property
     def current_address(self) -> str:

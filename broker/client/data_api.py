@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -9,8 +10,18 @@ from typing import Any
 import crc32c
 import grpc
 
-from broker.client.core import ACKS, COLD_PULLS_REMOTE, SEND_RETRYABLE, SEQUENCE_MAX, _local_request, _Producer, _request
-from broker.client.errors import BrokerError, from_rpc_error
+from broker.client.core import (
+    ACKS,
+    COLD_PULLS_REMOTE,
+    ROUTE_HOPS_MAX,
+    SEND_RETRYABLE,
+    SEQUENCE_MAX,
+    ClientCore,
+    _local_request,
+    _Producer,
+    _request,
+)
+from broker.client.errors import BrokerError, error_for, from_rpc_error
 from broker.client.local_reads import LocalPullResponse, mark_not_local, not_local
 from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.client.topics_api import TopicsAPI
@@ -27,6 +38,11 @@ def isolation_of(name: str) -> int:
     if level is None:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
     return level
+
+
+def _receipts(topic: str, count: int, groups: list[SendGroup]) -> Receipts:
+    """No groups: a committing send whose transaction had ended before (no receipts)."""
+    return Receipts(topic, count, groups) if groups else Receipts(topic, 0, [])
 
 
 class DataAPI(TopicsAPI):
@@ -67,7 +83,8 @@ class DataAPI(TopicsAPI):
         if not messages:
             return Receipts(topic, 0, [])
         queues = self._queue_count(topic)
-        sticky = next(self._round_robin) % queues
+        sharded = self.sharded
+        sticky = self._sticky_queue(topic, queues) if sharded else next(self._round_robin) % queues
         by_queue: dict[int, list[int]] = {}
         delayed: dict[int, list[int]] = {}  # timer messages not yet due, by target queue
         crc = crc32c.crc32c
@@ -80,6 +97,51 @@ class DataAPI(TopicsAPI):
                 target[q] = [i]
             else:
                 group.append(i)
+        send = functools.partial(self._send_batches, producer, topic, messages, ack=ack, timeout_ms=timeout_ms,
+                                 transaction=transaction, begin=begin, begun=begun, commit=commit, ended=ended)
+        if not sharded:
+            return _receipts(topic, len(messages), send(self, by_queue, delayed))
+        # a cluster of shards: one request per shard, each to its master, side by side
+        parts: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
+        for which, grouped in ((0, by_queue), (1, delayed)):
+            for q, idxs in grouped.items():
+                parts.setdefault(self._shard_of(topic, q) or "", ({}, {}))[which][q] = idxs
+        if len(parts) > 1 and (transaction or begin is not None or commit is not None):
+            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "a transaction over queues of several shards is not "
+                            "built yet (docs/shards.md): keep one transaction's messages on one shard's queues")
+
+        def to_shard(shard: str) -> list[SendGroup]:
+            bq, dl = parts[shard]
+            any_queue = next(iter(bq or dl))
+            return self._routed(topic, any_queue, lambda core: send(core, bq, dl, timer_key=(f"{TIMER_TOPIC}@{shard}", 0)))
+
+        if len(parts) == 1:
+            return _receipts(topic, len(messages), to_shard(next(iter(parts))))
+        futures = [self._fan_out().submit(to_shard, shard) for shard in parts]
+        return _receipts(topic, len(messages), [g for f in futures for g in f.result()])
+
+    def _sticky_queue(self, topic: str, queues: int) -> int:
+        """The queue a call's keyless messages go to in a cluster of shards: the next in round-robin
+        order whose shard has a master and has not failed a call lately (any, if none has)."""
+        first = next(self._round_robin) % queues
+        for k in range(queues):
+            q = (first + k) % queues
+            shard = self._routes.owner(topic, q)
+            if shard is None or self._routes.trusted(shard):
+                return q
+        return first
+
+    def _send_batches(self, producer: _Producer, topic: str, messages: Sequence[Message], core: ClientCore,
+                      by_queue: dict[int, list[int]], delayed: dict[int, list[int]], *, ack: str, timeout_ms: int | None,
+                      transaction: int, begin: pb.BeginTransactionRequest | None,
+                      begun: Callable[[pb.BeginTransactionResponse], None] | None,
+                      commit: pb.EndTransactionRequest | None,
+                      ended: Callable[[pb.EndTransactionResponse], None] | None,
+                      timer_key: tuple[str, int] = (TIMER_TOPIC, 0)) -> list[SendGroup]:
+        """One Send of the batches grouped per queue, on ``core``'s node; the producer's sequences
+        advance once it is answered. ``timer_key``: where the sequence of this node's ``__timer``
+        is kept (one per shard in a cluster of shards)."""
+        crc = crc32c.crc32c
         topic_bytes = len(topic.encode())
         # filled in place: constructing sub-messages separately would copy every payload twice
         request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction, begin=begin,
@@ -92,7 +154,7 @@ class DataAPI(TopicsAPI):
                                 base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
                                 records=records)
             groups.append(SendGroup(queue_id, idxs, positions, seq))
-        timer_seq = producer.sequences.get((TIMER_TOPIC, 0), 0)
+        timer_seq = producer.sequences.get(timer_key, 0)
         for queue_id, idxs in delayed.items():  # one sequence for __timer: batches follow each other
             records, positions = encode_messages(messages, idxs, timer_target=(topic, queue_id))
             request.batches.add(topic=topic, queue_id=queue_id, producer_id=producer.producer_id,
@@ -100,23 +162,23 @@ class DataAPI(TopicsAPI):
                                 records=records, delayed=True)
             groups.append(SendGroup(queue_id, idxs, positions, timer_seq, [messages[i].deliver_at_ms or 0 for i in idxs]))
             timer_seq += len(idxs)
-        resp = self._call("Send", request, retryable=SEND_RETRYABLE)
+        resp = core._call("Send", request, retryable=SEND_RETRYABLE)
         if begun is not None:
             begun(resp.begun)
         if ended is not None:
             ended(resp.ended)
             if not resp.receipts:
-                return Receipts(topic, 0, [])
+                return []
         for g, r in zip(groups, resp.receipts, strict=True):
             if g.deliver is not None:
-                producer.sequences[(TIMER_TOPIC, 0)] = g.base_sequence + len(g.idxs)
+                producer.sequences[timer_key] = g.base_sequence + len(g.idxs)
                 g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
             else:
                 producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
                 g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
             g.base_queue_offset = r.base_queue_offset
             g.duplicate = r.duplicate
-        return Receipts(topic, len(messages), groups)
+        return groups
 
     def pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
              max_wait_ms: int = 0, max_bytes: int = 0, *, local_reads: bool = False,
@@ -131,24 +193,27 @@ class DataAPI(TopicsAPI):
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                        max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation=isolation_of(isolation))
         timeout_s = self.timeout_s + max_wait_ms / 1000.0
-        if local_reads and not_local(self.current_address) is None:
+        return self._routed(topic, queue_id, lambda core: self._pull_on(core, req, timeout_s, local_reads))
+
+    def _pull_on(self, core: ClientCore, req: pb.PullRequest, timeout_s: float, local_reads: bool) -> PullResult:
+        if local_reads and not_local(core.current_address) is None:
             try:
-                local = self._read_local(self._call("PullLocal", _local_request(req), timeout_s=timeout_s))
+                local = self._read_local(core, core._call("PullLocal", _local_request(req), timeout_s=timeout_s))
             except BrokerError as exc:
-                self._local_refused(exc.code, exc)
+                self._local_refused(core, exc.code, exc)
                 local = None
             if local is not None:
                 return PullResult(local)
-        return PullResult(self._call("Pull", req, timeout_s=timeout_s))
+        return PullResult(core._call("Pull", req, timeout_s=timeout_s))
 
-    def _read_local(self, response: pb.PullLocalResponse) -> LocalPullResponse | None:
-        return self._segment_files.read(self.current_address, response)
+    def _read_local(self, core: ClientCore, response: pb.PullLocalResponse) -> LocalPullResponse | None:
+        return self._segment_files.read(core.current_address, response)
 
-    def _local_refused(self, code: grpc.StatusCode, exc: Exception) -> None:
+    def _local_refused(self, core: ClientCore, code: grpc.StatusCode, exc: Exception) -> None:
         """A ``PullLocal`` refused: the pull goes over gRPC (UNIMPLEMENTED: an older node, never
         again from it; FAILED_PRECONDITION: a range in tiered storage), or the error stands."""
         if code == grpc.StatusCode.UNIMPLEMENTED:
-            mark_not_local(self.current_address, "the node does not serve PullLocal")
+            mark_not_local(core.current_address, "the node does not serve PullLocal")
         elif code != grpc.StatusCode.FAILED_PRECONDITION:
             raise exc from None
 
@@ -158,8 +223,9 @@ class DataAPI(TopicsAPI):
         response, ``cancel()`` ends it. For callers that wait on something else at the same time."""
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                        max_wait_ms=max_wait_ms, isolation=isolation_of(isolation))
-        assert self._stub is not None
-        return self._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
+        core = self._shard_core(self._shard_of(topic, queue_id))
+        assert core._stub is not None
+        return core._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
 
     def iter_pull(self, topic: str, queue_id: int, offset: int, max_messages: int = 5000,
                   max_wait_ms: int = 0, max_bytes: int = 0, *, stop_at_end: bool = True,
@@ -171,17 +237,19 @@ class DataAPI(TopicsAPI):
 
         level = isolation_of(isolation)
         remote_left = 0  # after a range in tiered storage, this many pulls go over gRPC before trying again
+        core = self._shard_core(self._shard_of(topic, queue_id))
+        hops = 0  # refusals naming another shard followed
 
         def request(at: int) -> tuple[Any, bool, Any]:
             nonlocal remote_left
             req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=at, max_messages=max_messages,
                            max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation=level)
-            assert self._stub is not None
-            local = local_reads and not remote_left and not_local(self.current_address) is None
+            assert core._stub is not None
+            local = local_reads and not remote_left and not_local(core.current_address) is None
             remote_left = max(0, remote_left - 1)
             if local:
-                return req, True, self._stub.PullLocal.future(_local_request(req), timeout=timeout, metadata=self._metadata)
-            return req, False, self._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
+                return req, True, core._stub.PullLocal.future(_local_request(req), timeout=timeout, metadata=self._metadata)
+            return req, False, core._stub.Pull.future(req, timeout=timeout, metadata=self._metadata)
 
         pending = request(offset)
         while True:
@@ -189,17 +257,24 @@ class DataAPI(TopicsAPI):
             try:
                 response = future.result()
                 if local:
-                    response = self._read_local(response)
+                    response = self._read_local(core, response)
             except grpc.RpcError as exc:
+                error = from_rpc_error(exc)
+                if error.owner is not None and hops < ROUTE_HOPS_MAX:  # another shard's queue: go there
+                    hops += 1
+                    self._routes.moved(topic, queue_id, error.owner.shard, error.owner.master)
+                    core = self._shard_core(error.owner.shard)
+                    pending = request(req.offset)
+                    continue
                 if not local:
-                    raise from_rpc_error(exc) from None
-                self._local_refused(exc.code(), from_rpc_error(exc))  # type: ignore[attr-defined]
+                    raise error from None
+                self._local_refused(core, exc.code(), error)  # type: ignore[attr-defined]
                 remote_left = COLD_PULLS_REMOTE  # a tiered range: keep the pipeline on gRPC through it
                 response = None
             if response is None:  # not readable locally: this one over gRPC
                 try:
-                    assert self._stub is not None
-                    response = self._stub.Pull(req, timeout=timeout, metadata=self._metadata)
+                    assert core._stub is not None
+                    response = core._stub.Pull(req, timeout=timeout, metadata=self._metadata)
                 except grpc.RpcError as exc:
                     raise from_rpc_error(exc) from None
             result = PullResult(response)
@@ -212,8 +287,8 @@ class DataAPI(TopicsAPI):
     def offset_for_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
         """The first queue offset whose message was stored at or after ``timestamp_ms`` (the end
         of the queue if none was)."""
-        return int(self._call("OffsetForTime", _request(pb.OffsetForTimeRequest,
-            topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)).offset)
+        req = _request(pb.OffsetForTimeRequest, topic=topic, queue_id=queue_id, timestamp_ms=timestamp_ms)
+        return int(self._routed(topic, queue_id, lambda core: core._call("OffsetForTime", req)).offset)
 
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
         """Store ``offset`` (the next one to consume) as ``group``'s position on one queue."""

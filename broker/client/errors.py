@@ -8,16 +8,30 @@ server's one-line message); the common codes have their own subclass, so a calle
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
+
+from broker.errors import OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who writes a queue that a node of another shard refused (docs/shards.md)."""
+
+    shard: str
+    master: str  # its client address, '' while it has none
+    revision: int  # the etcd revision of the refusing node's copy
 
 
 class BrokerError(Exception):
     """A call failed; ``code`` is the gRPC status code, ``details`` the server's message."""
 
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+    def __init__(self, code: grpc.StatusCode, message: str, owner: Owner | None = None) -> None:
         super().__init__(f"{code.name}: {message}")
         self.code = code
         self.details = message
+        self.owner = owner  # a refusal for another shard's queue: its owner
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.code.name}, {self.details!r})"
@@ -77,10 +91,27 @@ BY_CODE: dict[grpc.StatusCode, type[BrokerError]] = {
 }
 
 
-def error_for(code: grpc.StatusCode, message: str) -> BrokerError:
+def error_for(code: grpc.StatusCode, message: str, owner: Owner | None = None) -> BrokerError:
     """The exception for ``code``: its subclass if it has one, else ``BrokerError``."""
-    return BY_CODE.get(code, BrokerError)(code, message)
+    return BY_CODE.get(code, BrokerError)(code, message, owner)
+
+
+def owner_of(exc: grpc.RpcError) -> Owner | None:
+    """The owner named by a refusal for another shard's queue (None: another failure)."""
+    try:
+        trailing = dict(exc.trailing_metadata() or ())  # type: ignore[attr-defined]
+    except Exception:  # not every RpcError carries metadata
+        return None
+    shard = trailing.get(OWNER_SHARD_KEY)
+    if not shard:
+        return None
+    try:
+        revision = int(trailing.get(ROUTES_REVISION_KEY, 0))
+    except ValueError:
+        revision = 0
+    return Owner(str(shard), str(trailing.get(OWNER_MASTER_KEY, "")), revision)
 
 
 def from_rpc_error(exc: grpc.RpcError) -> BrokerError:
-    return error_for(exc.code(), exc.details() or "")  # type: ignore[attr-defined]
+    code = exc.code()  # type: ignore[attr-defined]
+    return error_for(code, exc.details() or "", owner_of(exc) if code == grpc.StatusCode.FAILED_PRECONDITION else None)

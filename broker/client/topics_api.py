@@ -83,6 +83,14 @@ class TopicsAPI(ClientCore):
 
     def _queue_count(self, topic: str) -> int:
         if topic not in self._queues:
+            if self.sharded:  # the topic's record in etcd (a node's log holds only its shard's topics)
+                shards = self._routes.queues(topic)
+                if shards is None:
+                    self._learn_routes([topic])
+                    shards = self._routes.queues(topic)
+                if shards is not None:
+                    self._queues[topic] = len(shards)
+                    return len(shards)
             topics = self.list_topics(include_system=True)
             if topic not in topics:
                 raise error_for(grpc.StatusCode.NOT_FOUND, f"unknown topic {shown(topic)}")

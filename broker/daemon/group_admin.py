@@ -260,13 +260,13 @@ class GroupAdmin:
         tiered = int(self.store.status().get("tiered_uploaded_offset") or 0)  # type: ignore[call-overload]
         log_min = self.store.log.min_offset
         for q in range(queues):
-            low, high = self.store.reads.queue_bounds(name, q)
             qf = self.store.views.queues.queue(name, q)
             shard, master = owners[q] if owners is not None and q < len(owners) else ("", "")
-            if qf is None:
-                if owners is not None:  # another shard's queue (its offsets are that shard's to tell)
+            if info is None or qf is None:
+                if owners is not None:  # another shard's queue, or one this log holds not yet: offsets not told here
                     resp.queues.add(queue_id=q, shard=shard, master=master)
                 continue
+            low, high = self.store.reads.queue_bounds(name, q)
             local_i = qf.first_at_commit(log_min) if log_min else 0
             local_min = qf.entry(local_i).base_queue_offset if local_i < qf.entries else qf.next_queue_offset
             tiered_i = qf.first_at_commit(tiered) if tiered else 0

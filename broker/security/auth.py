@@ -54,6 +54,7 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/ListGroups": "read",
     "/tidemark.v1.Broker/DescribeGroup": "read",
     "/tidemark.v1.Broker/DescribeTopic": "read",
+    "/tidemark.v1.Broker/GetRoutes": "read",
     "/tidemark.v1.Broker/ListTransactions": "read",
     "/tidemark.v1.Broker/DescribeTransaction": "read",
     "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": "read",
@@ -81,6 +82,9 @@ METHOD_ROLES = {
 }
 
 READ_ONLY = frozenset(m for m, role in METHOD_ROLES.items() if role == "read")
+# Any known token may ask these, whatever its roles: a producer holding only ``write`` must find
+# where its queues are in a cluster of shards (docs/shards.md)
+ANY_TOKEN = frozenset({"/tidemark.v1.Broker/GetRoutes"})
 
 
 @dataclass(frozen=True)
@@ -230,7 +234,7 @@ class Authorizer:
         if token is None:
             return Refusal(grpc.StatusCode.PERMISSION_DENIED, "unknown token")
         caller = Caller(token.name, token.roles, authenticated=True)
-        if not caller.may(needed):
+        if not caller.may(needed) and method not in ANY_TOKEN:
             return Refusal(grpc.StatusCode.PERMISSION_DENIED, f"token {token.name!r} lacks the {needed} role")
         return caller
 

@@ -31,7 +31,9 @@ class ClusterMap:
         self.revision = 0  # the etcd revision this copy reflects (0: not loaded)
         self.placements: dict[str, pl.Placement] = {}
         self.masters: dict[str, rec.Leader] = {}  # shard -> its master
+        self.nodes: dict[str, dict[str, rec.Node]] = {}  # shard -> node id -> its record (while leased)
         self.bad: dict[str, str] = {}  # key -> why its value is not understood
+        self._counted: tuple[int, dict[str, int]] = (0, {})  # (revision, queues per shard) of queue_counts
 
     # -- reads (any thread) ---------------------------------------------------------------------
     def placement(self, topic: str) -> pl.Placement | None:
@@ -46,16 +48,30 @@ class ClusterMap:
         with self._cond:
             return self.masters.get(shard)
 
+    def shards(self) -> dict[str, tuple[rec.Leader | None, list[rec.Node]]]:
+        """Every shard with a master or a leased node: (its master, its nodes by id)."""
+        with self._cond:
+            names = set(self.masters) | {s for s, n in self.nodes.items() if n}
+            return {s: (self.masters.get(s), [self.nodes.get(s, {})[i] for i in sorted(self.nodes.get(s, {}))])
+                    for s in sorted(names)}
+
+    def queue_counts(self) -> dict[str, int]:
+        """Per shard: the queues it writes (counted once per revision of the copy)."""
+        with self._cond:
+            if self._counted[0] != self.revision or self.revision == 0:
+                counts: dict[str, int] = {}
+                for p in self.placements.values():
+                    for q in range(p.queues):
+                        owner = p.owner(q)
+                        counts[owner] = counts.get(owner, 0) + 1
+                self._counted = (self.revision, counts)
+            return dict(self._counted[1])
+
     def queues_held(self) -> dict[str, int]:
         """Per shard with a master: the queues it writes now."""
+        counts = self.queue_counts()
         with self._cond:
-            held = dict.fromkeys(self.masters, 0)
-            for p in self.placements.values():
-                for q in range(p.queues):
-                    owner = p.owner(q)
-                    if owner in held:
-                        held[owner] += 1
-            return held
+            return {shard: counts.get(shard, 0) for shard in self.masters}
 
     def wait_revision(self, revision: int, timeout_s: float) -> bool:
         """Until this copy reflects ``revision`` (a write of ours); False after ``timeout_s``."""
@@ -66,7 +82,7 @@ class ClusterMap:
     async def load(self, etcd: Etcd) -> None:
         revision, kvs = await etcd.range_prefix(self.root)
         with self._cond:
-            self.placements, self.masters, self.bad = {}, {}, {}
+            self.placements, self.masters, self.nodes, self.bad = {}, {}, {}, {}
             for key, value in kvs:
                 self._apply(key, value)
             self.revision = revision
@@ -113,6 +129,12 @@ class ClusterMap:
                     self.masters.pop(shard, None)
                 else:
                     self.masters[shard] = rec.decode_leader(value)
+            elif name.startswith("shards/") and name.count("/") == 3 and name.split("/")[2] == "nodes":
+                _, shard, _, node_id = name.split("/")
+                if value is None:
+                    self.nodes.get(shard, {}).pop(node_id, None)
+                else:
+                    self.nodes.setdefault(shard, {})[node_id] = rec.decode_node(value)
             else:
                 return
             self.bad.pop(key, None)

@@ -74,7 +74,7 @@ SEND_ON_LOOP_BYTES_MAX = 8 << 20
 METADATA_FENCE_WAIT_S = 5.0
 METADATA_FENCE_WAIT_IN_POOL_S = 0.5
 # Calls that never wait for it: what an operator uses while a failover settles.
-FENCE_EXEMPT = frozenset({"Status", "Promote", "Demote"})
+FENCE_EXEMPT = frozenset({"Status", "Promote", "Demote", "GetRoutes"})
 # How long a pull at the end of its queue waits for the queue view to apply what is confirmed
 # (read-your-writes: ``_read_your_writes``); it reads what is applied after it.
 READ_YOUR_WRITES_WAIT_S = 2.0

@@ -21,6 +21,8 @@ from broker.logformat import system_records
 from broker.ports import RoleController
 from proto import tidemark_pb2 as pb
 
+ROUTES_TOPICS_MAX = system_records.CREATE_TOPICS_MAX
+
 
 class TopicRpcs(Rpcs):
     """Topics, timers' cancels, status and role changes."""
@@ -123,6 +125,23 @@ class TopicRpcs(Rpcs):
         def run() -> pb.DescribeTopicResponse:
             check_system_read(request.name)
             return self.groups.describe_topic(request.name)
+        return handle(context, run)
+
+    def GetRoutes(self, request: pb.GetRoutesRequest, context: grpc.ServicerContext) -> pb.GetRoutesResponse:
+        """Routes from this node's watched copy of etcd (docs/shards.md); a node outside a cluster of
+        shards answers an empty ``shard`` (everything is on its pair)."""
+        def run() -> pb.GetRoutesResponse:
+            if len(request.topics) > ROUTES_TOPICS_MAX:
+                raise invalid(f"a GetRoutes call takes at most {ROUTES_TOPICS_MAX} topics, got {len(request.topics)}")
+            placement = self.store.placement
+            if placement is None:
+                return pb.GetRoutesResponse()
+            routes = placement.routes(list(request.topics))
+            return pb.GetRoutesResponse(
+                shard=placement.shard, revision=routes.revision,
+                topics=[pb.TopicRoute(topic=t, queue_shards=shards) for t, shards in routes.topics.items()],
+                shards=[pb.ShardRoute(shard=s.shard, master=s.master, nodes=s.nodes, epoch=s.epoch, queues=s.queues)
+                        for s in routes.shards])
         return handle(context, run)
 
     def Promote(self, request: pb.PromoteRequest, context: grpc.ServicerContext) -> pb.PromoteResponse:

@@ -1,0 +1,101 @@
+"""The client's copy of a cluster's routes (docs/shards.md): which shard writes each queue, and
+each shard's nodes.
+
+Filled from ``GetRoutes`` (any node of any shard answers from its watched copy of etcd) the first
+time a topic is used, and corrected one queue at a time by a refusal that names the owner
+(``errors.Owner``): a stale route costs one refused call, never a round trip to etcd. A cluster
+that is not sharded (the node answers ``shard = ""``, or an older node does not know the call) is
+remembered as such, and the client talks to its pair as it always did.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+from proto import tidemark_pb2 as pb
+
+SHARD_DOUBT_S = 3.0  # a shard that failed a call this lately is avoided by keyless sends
+
+
+@dataclass
+class ShardNodes:
+    master: str  # client address ('' while it has none)
+    nodes: list[str]  # every node's client address, the master's first
+
+    def addresses(self) -> list[str]:
+        return [self.master, *(n for n in self.nodes if n != self.master)] if self.master else list(self.nodes)
+
+
+class RouteTable:
+    """Thread-safe; ``sharded`` is None until a node said whether its cluster is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.sharded: bool | None = None
+        self.revision = 0
+        self._topics: dict[str, list[str]] = {}  # topic -> the shard of each queue
+        self._shards: dict[str, ShardNodes] = {}
+        self._doubt: dict[str, float] = {}  # shard -> when a call to it last failed (monotonic)
+
+    def learn(self, resp: pb.GetRoutesResponse) -> None:
+        """Take a node's answer (its shard '' means: not a cluster of shards)."""
+        with self._lock:
+            if not resp.shard:
+                self.sharded = False
+                return
+            self.sharded = True
+            newer = resp.revision >= self.revision
+            for t in resp.topics:
+                if newer or t.topic not in self._topics:
+                    self._topics[t.topic] = list(t.queue_shards)
+            if newer:
+                self.revision = resp.revision
+                for s in resp.shards:
+                    self._shards[s.shard] = ShardNodes(s.master, list(s.nodes))
+
+    def queues(self, topic: str) -> list[str] | None:
+        """The shard of each queue of ``topic``; None: not known here."""
+        with self._lock:
+            shards = self._topics.get(topic)
+            return list(shards) if shards is not None else None
+
+    def owner(self, topic: str, queue: int) -> str | None:
+        with self._lock:
+            shards = self._topics.get(topic)
+            return shards[queue] if shards is not None and 0 <= queue < len(shards) else None
+
+    def addresses(self, shard: str) -> list[str]:
+        with self._lock:
+            nodes = self._shards.get(shard)
+            return nodes.addresses() if nodes is not None else []
+
+    def moved(self, topic: str, queue: int, shard: str, master: str) -> None:
+        """A node named ``shard`` (master at ``master``) as the writer of ``queue``."""
+        with self._lock:
+            shards = self._topics.get(topic)
+            if shards is not None and 0 <= queue < len(shards):
+                shards[queue] = shard
+            nodes = self._shards.setdefault(shard, ShardNodes("", []))
+            if master:
+                nodes.master = master
+                if master not in nodes.nodes:
+                    nodes.nodes.append(master)
+
+    def doubt(self, shard: str) -> None:
+        """A call to ``shard`` failed: keyless sends avoid it for a moment."""
+        with self._lock:
+            self._doubt[shard] = time.monotonic()
+
+    def trusted(self, shard: str) -> bool:
+        """A shard with a master (as last heard) that has not failed a call lately."""
+        with self._lock:
+            nodes = self._shards.get(shard)
+            failed = self._doubt.get(shard)
+            return (nodes is not None and bool(nodes.master)
+                    and (failed is None or time.monotonic() - failed >= SHARD_DOUBT_S))
+
+    def forget(self, topic: str) -> None:
+        with self._lock:
+            self._topics.pop(topic, None)
