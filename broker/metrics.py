@@ -105,6 +105,14 @@ LSO_STALLED_SECONDS = Gauge("tidemark_lso_stalled_seconds", "The longest time a 
                             "stood still while messages after it wait: the age (since its first write) of the open "
                             "transaction holding it, over the queues where others wrote after it (0: none)",
                             registry=REGISTRY)
+SHARD_INFO = Gauge("tidemark_shard_info", "1, labelled with this node's shard (a cluster of shards, docs/shards.md); "
+                   "join other series on instance to add a shard dimension", ["shard"], registry=REGISTRY)
+CLUSTER_SHARD_QUEUES = Gauge("tidemark_cluster_shard_queues", "Queues each shard writes, as this node's copy of etcd "
+                             "has it", ["shard"], registry=REGISTRY)
+CLUSTER_SHARD_HAS_MASTER = Gauge("tidemark_cluster_shard_has_master", "1 while a shard has a master, 0 while a shard "
+                                 "with queues has none, as this node's copy of etcd has it", ["shard"], registry=REGISTRY)
+CLUSTER_REVISION = Gauge("tidemark_cluster_revision", "The etcd revision this node's copy of the cluster reflects",
+                         registry=REGISTRY)
 CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],
                          registry=REGISTRY)
 
@@ -119,6 +127,7 @@ def export_status(st: Mapping[str, Any]) -> None:
     ROLE.labels("slave").set(0 if master else 1)
     coordinator = st.get("coordinator") or {}
     COORDINATOR_CONFIGURED.set(1 if coordinator else 0)
+    SHARD_INFO.labels(str(coordinator.get("shard") or "")).set(1)
     COORDINATOR_CONNECTED.set(1 if coordinator.get("connected") else 0)
     LEASE_REMAINING_MS.set(float(coordinator.get("lease_remaining_ms") or 0) if master else 0)
     INSYNC_REPLICAS.set(sum(1 for r in st.get("replicas") or [] if r.get("in_sync")) if master else 0)

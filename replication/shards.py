@@ -24,6 +24,7 @@ from typing import Any
 
 import structlog
 
+from broker import metrics
 from broker.errors import OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
 from broker.ports import Routes, ShardRoute
@@ -50,6 +51,7 @@ class ShardPlacement:
         self._wake = threading.Event()
         self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
         cluster.on_change.append(self._wake.set)
+        self._exported: set[str] = set()  # shards with series in the cluster gauges
 
     def start(self) -> None:
         self._thread.start()
@@ -123,12 +125,26 @@ class ShardPlacement:
         while not self._stop.is_set():
             self._wake.wait(RECONCILE_EVERY_S)
             self._wake.clear()
+            self._export()
             if self._stop.is_set() or self.store.role != "master" or not self.cluster.revision:
                 continue
             try:
                 self.reconcile()
             except BrokerError as exc:  # not writable now (a full disk, fenced): next time
                 log.warning("shard_reconcile_failed", error=exc.message)
+
+    def _export(self) -> None:
+        """The cluster as this node's copy has it, for metrics (every node exports the same)."""
+        shards = self.cluster.shards()
+        counts = self.cluster.queue_counts()
+        for shard, (master, _) in shards.items():
+            metrics.CLUSTER_SHARD_QUEUES.labels(shard).set(counts.get(shard, 0))
+            metrics.CLUSTER_SHARD_HAS_MASTER.labels(shard).set(1 if master is not None else 0)
+        for gone in self._exported - set(shards):  # a shard gone from etcd: its series go
+            metrics.CLUSTER_SHARD_QUEUES.remove(gone)
+            metrics.CLUSTER_SHARD_HAS_MASTER.remove(gone)
+        self._exported = set(shards)
+        metrics.CLUSTER_REVISION.set(self.cluster.revision)
 
     def reconcile(self) -> None:
         local = self.store.views.metadata.list_topics()

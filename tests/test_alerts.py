@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import urllib.request
@@ -58,3 +59,70 @@ def test_rules_use_metrics_a_master_and_slave_export(spawn: Callable[..., Daemon
     assert master_values["tidemark_is_master"] == 1 and master_values["tidemark_insync_replicas"] == 1
     assert slave_values["tidemark_is_master"] == 0 and slave_values["tidemark_follower_connected"] == 1
     assert master_values["tidemark_epoch"] == slave_values["tidemark_epoch"] == 1
+
+
+SHARDED_CASES = """
+rule_files: [{rules}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # two shards, one master each: no alert; then s2's master is lost and etcd shows no master
+      - series: 'tidemark_shard_info{{job="tidemark",instance="a",shard="s1"}}'
+        values: '1x10'
+      - series: 'tidemark_shard_info{{job="tidemark",instance="b",shard="s1"}}'
+        values: '1x10'
+      - series: 'tidemark_shard_info{{job="tidemark",instance="c",shard="s2"}}'
+        values: '1x10'
+      - series: 'tidemark_shard_info{{job="tidemark",instance="d",shard="s2"}}'
+        values: '1x10'
+      - series: 'tidemark_is_master{{job="tidemark",instance="a"}}'
+        values: '1x10'
+      - series: 'tidemark_is_master{{job="tidemark",instance="b"}}'
+        values: '0x10'
+      - series: 'tidemark_is_master{{job="tidemark",instance="c"}}'
+        values: '1 1 1 0 0 0 0 0 0 0 0'
+      - series: 'tidemark_is_master{{job="tidemark",instance="d"}}'
+        values: '0x10'
+      - series: 'tidemark_cluster_shard_has_master{{job="tidemark",instance="a",shard="s1"}}'
+        values: '1x10'
+      - series: 'tidemark_cluster_shard_has_master{{job="tidemark",instance="a",shard="s2"}}'
+        values: '1 1 1 0 0 0 0 0 0 0 0'
+    alert_rule_test:
+      - eval_time: 2m
+        alertname: TidemarkTwoMasters
+        exp_alerts: []
+      - eval_time: 2m
+        alertname: TidemarkNoWritableMaster
+        exp_alerts: []
+      - eval_time: 6m
+        alertname: TidemarkNoWritableMaster
+        exp_alerts:
+          - exp_labels: {{severity: critical, shard: s2}}
+            exp_annotations: {no_master}
+      - eval_time: 6m
+        alertname: TidemarkShardWithoutMaster
+        exp_alerts:
+          - exp_labels: {{severity: critical, shard: s2}}
+            exp_annotations: {shard_without}
+"""
+
+
+def _annotations(alert: str, shard: str) -> str:
+    """The rule's annotations as the alert carries them for ``shard`` (a JSON object, valid YAML)."""
+    block = RULES.read_text().split(f"- alert: {alert}\n", 1)[1].split("- alert:", 1)[0]
+    found = dict(re.findall(r'^\s+(summary|description): "(.*)"$', block, re.M))
+    return json.dumps({k: v.replace("{{ $labels.shard }}", shard).replace('\\"', '"') for k, v in found.items()})
+
+
+def test_master_alerts_count_per_shard(tmp_path: Path) -> None:
+    """`promtool test rules`: two shards with a master each raise no two-masters alert; a shard
+    that lost its master raises the no-master alerts for that shard only."""
+    promtool = require_tool("promtool", "prometheus")
+    (tmp_path / "rules.yml").write_text(RULES.read_text())
+    (tmp_path / "cases.yml").write_text(SHARDED_CASES.format(
+        rules="rules.yml", no_master=_annotations("TidemarkNoWritableMaster", "s2"),
+        shard_without=_annotations("TidemarkShardWithoutMaster", "s2")))
+    r = subprocess.run([promtool, "test", "rules", "cases.yml"], capture_output=True, text=True, timeout=60,
+                       check=False, cwd=tmp_path)
+    assert r.returncode == 0 and "SUCCESS" in r.stdout, r.stdout + r.stderr

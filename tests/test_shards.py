@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
@@ -194,6 +196,14 @@ def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spa
         for q, shard in enumerate(owners):  # what each shard's own node holds is exactly its queues
             with BrokerClient(nodes[shard].address) as direct:
                 assert [m.body for r in direct.iter_pull("orders", q, 0) for m in r] == got[q]
+
+        shown = subprocess.run([sys.executable, "-m", "broker.cli", "cluster", "status", "--json", "--broker",
+                                nodes["s1"].address], capture_output=True, text=True, timeout=60, check=True)
+        cluster = json.loads(shown.stdout)
+        assert cluster["sharded"] and cluster["shard"] == "s1"
+        assert {s["shard"]: (s["master"], s["nodes"], s["queues"]) for s in cluster["shards"]} == {
+            shard: (node.address, [node.address], owners.count(shard)) for shard, node in nodes.items()}
+        assert all(s["epoch"] >= 1 for s in cluster["shards"])
 
         asked = []
         learn = c._learn_routes

@@ -93,6 +93,15 @@ def _add_txn_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     txa.add_argument("--json", action="store_true")
 
 
+def _add_status_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
+    st = sub.add_parser("status", parents=[conn])
+    st.add_argument("--json", action="store_true")
+    cl = sub.add_parser("cluster", help="a cluster of shards: its shards, masters and queues")
+    cls = cl.add_subparsers(dest="cluster_command", required=True)
+    clst = cls.add_parser("status", parents=[conn], help="every shard: master, epoch, nodes, queues (any node answers)")
+    clst.add_argument("--json", action="store_true")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tidemark", description="Tidemark broker daemon and tools")
     conn = _connection_flags()
@@ -166,8 +175,7 @@ def _parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demote", parents=[conn], help="make a master follow another master")
     dm.add_argument("--master", required=True)
 
-    st = sub.add_parser("status", parents=[conn])
-    st.add_argument("--json", action="store_true")
+    _add_status_commands(sub, conn)
 
     cf = sub.add_parser("config", help="configuration tools")
     cfs = cf.add_subparsers(dest="config_command", required=True)
@@ -230,6 +238,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return 0
         if cmd == "status":
             return _status(args)
+        if cmd == "cluster":
+            return _cluster_status(args)
         if cmd == "promote":
             with _client(args) as c:
                 print(json.dumps({"promoted": args.broker, "epoch": c.promote(unclean=args.unclean)}))
@@ -488,6 +498,21 @@ def _consume(args: argparse.Namespace) -> int:
             else:
                 time.sleep(0.02)
         sys.stdout.flush()
+    return 0
+
+
+def _cluster_status(args: argparse.Namespace) -> int:
+    with _client(args) as c:
+        st = c.cluster_status()
+    if args.json:
+        print(json.dumps(st, indent=2))
+    elif not st["sharded"]:
+        print("not a cluster of shards: one pair (coordinator.shard is empty); `tidemark status` shows it")
+    else:
+        print(f"shards: {len(st['shards'])}  etcd revision: {st['revision']}  asked node's shard: {st['shard']}")
+        for s in st["shards"]:
+            print(f"{s['shard']:16} master={s['master'] or '(none)'} epoch={s['epoch']} queues={s['queues']} "
+                  f"nodes={','.join(s['nodes']) or '(none)'}")
     return 0
 
 

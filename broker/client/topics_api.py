@@ -9,7 +9,7 @@ from typing import Any
 import grpc
 
 from broker.client.core import ClientCore, _request
-from broker.client.errors import error_for
+from broker.client.errors import BrokerError, error_for
 from broker.client.messages import Receipt
 from broker.errors import shown
 from proto import tidemark_pb2 as pb
@@ -53,6 +53,21 @@ class TopicsAPI(ClientCore):
                             "bytes": q.bytes, "local_min_offset": q.local_min_offset,
                             "tiered_end_offset": q.tiered_end_offset, "shard": q.shard, "master": q.master}
                            for q in resp.queues]}
+
+    def cluster_status(self) -> dict[str, Any]:
+        """The cluster as the asked node's copy of etcd has it (docs/shards.md): ``{"sharded",
+        "shard" (the asked node's), "revision", "shards": [{"shard", "master", "nodes", "epoch",
+        "queues"}], "moves": []}``. A one-pair cluster answers ``sharded`` False and no shards."""
+        try:
+            resp = self._call("GetRoutes", pb.GetRoutesRequest())
+        except BrokerError as exc:
+            if exc.code != grpc.StatusCode.UNIMPLEMENTED:
+                raise
+            resp = pb.GetRoutesResponse()
+        return {"sharded": bool(resp.shard), "shard": resp.shard, "revision": resp.revision,
+                "shards": [{"shard": s.shard, "master": s.master, "nodes": list(s.nodes), "epoch": s.epoch,
+                            "queues": s.queues} for s in resp.shards],
+                "moves": []}  # moving queues between shards is issue 39
 
     def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
         """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.

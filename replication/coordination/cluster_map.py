@@ -49,9 +49,10 @@ class ClusterMap:
             return self.masters.get(shard)
 
     def shards(self) -> dict[str, tuple[rec.Leader | None, list[rec.Node]]]:
-        """Every shard with a master or a leased node: (its master, its nodes by id)."""
+        """Every shard with a master, a leased node or a queue: (its master, its nodes by id)."""
+        owning = self.queue_counts()
         with self._cond:
-            names = set(self.masters) | {s for s, n in self.nodes.items() if n}
+            names = set(self.masters) | {s for s, n in self.nodes.items() if n} | set(owning)
             return {s: (self.masters.get(s), [self.nodes.get(s, {})[i] for i in sorted(self.nodes.get(s, {}))])
                     for s in sorted(names)}
 

@@ -282,6 +282,8 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
         st["coordinator"] = {
             "connected": self.unreachable_ms() == 0 and bool(self.last_ok),
             "node_id": self.node_id,
+            "cluster": self.config["coordinator.cluster"],
+            "shard": self.config["coordinator.shard"],
             "leader": leader.node_id if leader else "",
             "leader_client": leader.client if leader else "",
             "epoch": leader.epoch if leader else 0,
