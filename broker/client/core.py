@@ -151,6 +151,7 @@ class ClientCore:
         self._routes = RouteTable()  # a cluster of shards: which shard writes each queue (routes.py)
         self._shard_cores: dict[str, ClientCore] = {}  # a connection per shard, made when first needed
         self._shards_lock = threading.Lock()
+        self._send_locks: dict[str, threading.Lock] = {}  # sends to one shard, one at a time (their sequences)
         self._pool: ThreadPoolExecutor | None = None  # a send over several shards: a request to each at once
         alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
         self._connect(0)
@@ -302,6 +303,13 @@ class ClientCore:
             if core is None:
                 core = self._shard_cores[shard] = ClientCore(addresses, **self._options)
             return core
+
+    def _shard_lock(self, shard: str) -> threading.Lock:
+        with self._shards_lock:
+            lock = self._send_locks.get(shard)
+            if lock is None:
+                lock = self._send_locks[shard] = threading.Lock()
+            return lock
 
     def _fan_out(self) -> ThreadPoolExecutor:
         with self._shards_lock:

@@ -59,6 +59,18 @@ class DataAPI(TopicsAPI):
              timeout_ms: int | None = None) -> Sequence[Receipt]:
         """Send in one request: one batch per queue. Keyless messages of one call share a queue
         (the next in round-robin order), so a call makes one batch, not one per message."""
+        if self.sharded:  # a lock per shard (in _send_as): a shard failing over holds up only its own sends
+            with self._lock:
+                if any(v > SEQUENCE_MAX for v in list(self._producer.sequences.values())):
+                    self._producer = _Producer()
+                producer = self._producer
+            try:
+                return self._send_as(producer, topic, messages, ack, timeout_ms)
+            except BrokerError:
+                with self._lock:
+                    if self._producer is producer:
+                        self._producer = _Producer()
+                raise
         with self._lock:
             if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
                 self._producer = _Producer()
@@ -113,7 +125,9 @@ class DataAPI(TopicsAPI):
         def to_shard(shard: str) -> list[SendGroup]:
             bq, dl = parts[shard]
             any_queue = next(iter(bq or dl))
-            return self._routed(topic, any_queue, lambda core: send(core, bq, dl, timer_key=(f"{TIMER_TOPIC}@{shard}", 0)))
+            with self._shard_lock(shard):  # one send at a time per shard and producer: its sequences
+                return self._routed(topic, any_queue,
+                                    lambda core: send(core, bq, dl, timer_key=(f"{TIMER_TOPIC}@{shard}", 0)))
 
         if len(parts) == 1:
             return _receipts(topic, len(messages), to_shard(next(iter(parts))))
