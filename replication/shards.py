@@ -18,6 +18,7 @@ Deleting a topic of a cluster of shards is not built yet (refused ``UNIMPLEMENTE
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -36,9 +37,16 @@ from replication.coordination.etcd import Etcd
 
 log = structlog.get_logger("replication.shards")
 PLACE_WAIT_S = 10.0
+# one etcd transaction places a CreateTopics call's topics (all or none); etcd refuses more operations
+# per transaction than its --max-txn-ops (128 by default)
+PLACE_TOPICS_MAX = 128
 RECONCILE_EVERY_S = 1.0
 
 RunOnLoop = Callable[[Callable[[Etcd], Coroutine[Any, Any, Any]], float], Any]
+
+
+async def _create_placements(records: dict[str, bytes], etcd: Etcd) -> int:
+    return await etcd.create_placements(records)
 
 
 class ShardPlacement:
@@ -65,6 +73,9 @@ class ShardPlacement:
     def place(self, topics: list[tuple[str, int]]) -> None:
         """Place new topics (name, queues) over the live shards; all or none. ALREADY_EXISTS if one
         is placed already; UNAVAILABLE when no shard has a master or etcd does not answer."""
+        if len(topics) > PLACE_TOPICS_MAX:
+            raise BrokerError("INVALID_ARGUMENT", f"a cluster of shards creates at most {PLACE_TOPICS_MAX} topics per "
+                              f"call (one etcd transaction; etcd's --max-txn-ops), got {len(topics)}: split the call")
         for name, _ in topics:
             if self.cluster.placement(name) is not None:
                 raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
@@ -114,9 +125,9 @@ class ShardPlacement:
     def routes(self, topics: list[str]) -> Routes:
         placed = {t: p for t in topics if (p := self.cluster.placement(t)) is not None}
         held = self.cluster.queue_counts()
-        shards = tuple(ShardRoute(shard, master.client if master else "", tuple(n.client for n in nodes),
+        shards = tuple(ShardRoute(shard, master.client if master else "", master.nodes if master else (),
                                   master.epoch if master else 0, held.get(shard, 0))
-                       for shard, (master, nodes) in self.cluster.shards().items())
+                       for shard, master in self.cluster.shards().items())
         return Routes(self.cluster.revision, {t: tuple(p.owner(q) for q in range(p.queues)) for t, p in placed.items()},
                       shards)
 
@@ -137,7 +148,7 @@ class ShardPlacement:
         """The cluster as this node's copy has it, for metrics (every node exports the same)."""
         shards = self.cluster.shards()
         counts = self.cluster.queue_counts()
-        for shard, (master, _) in shards.items():
+        for shard, master in shards.items():
             metrics.CLUSTER_SHARD_QUEUES.labels(shard).set(counts.get(shard, 0))
             metrics.CLUSTER_SHARD_HAS_MASTER.labels(shard).set(1 if master is not None else 0)
         for gone in self._exported - set(shards):  # a shard gone from etcd: its series go
@@ -156,11 +167,13 @@ class ShardPlacement:
             log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)
         unplaced = {name: info["queues"] for name, info in local.items()
                     if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None}
-        if unplaced:
-            records = {name: pl.encode(pl.Placement(tuple((pl.Segment(self.shard),) for _ in range(n))))
-                       for name, n in unplaced.items()}
-            revision = self._run(lambda etcd: etcd.create_placements(records), PLACE_WAIT_S)
+        names = sorted(unplaced)
+        for start in range(0, len(names), PLACE_TOPICS_MAX):  # each topic on its own: no need for one transaction
+            chunk = names[start:start + PLACE_TOPICS_MAX]
+            records = {name: pl.encode(pl.Placement(tuple((pl.Segment(self.shard),) for _ in range(unplaced[name]))))
+                       for name in chunk}
+            revision = self._run(functools.partial(_create_placements, records), PLACE_WAIT_S)
             if revision:
                 self.cluster.wait_revision(revision, PLACE_WAIT_S)
-                log.warning("shard_topics_adopted", topics=sorted(unplaced), shard=self.shard,
+                log.warning("shard_topics_adopted", topics=chunk, shard=self.shard,
                             note="topics of this shard's log that etcd did not place (an upgraded one-pair cluster)")

@@ -16,3 +16,5 @@ def test_demo_runs_and_loses_nothing() -> None:
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "(none lost)" in r.stdout and "rejoined as a slave by itself" in r.stdout and "(clean=True)" in r.stdout, r.stdout
     assert "etcd elected node-b" in r.stdout and "(each once)" in r.stdout and "is a switchover" in r.stdout, r.stdout
+    assert "placed in etcd: queues 0->" in r.stdout and "split per shard" in r.stdout, r.stdout
+    assert "s1's master: its queues served again" in r.stdout, r.stdout

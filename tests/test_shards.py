@@ -17,7 +17,7 @@ import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import AlreadyExists, BrokerClient, Message, Unavailable
+from broker.client import AlreadyExists, BrokerClient, InvalidArgument, Message, Unavailable
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
@@ -145,6 +145,10 @@ def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(s
         with pytest.raises(AlreadyExists):
             c2.create_topics({"fresh": 2, "orders": 2})
         assert _etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/fresh") is None, "all or none"
+        c1.create_topics({f"many-{i}": 1 for i in range(128)})  # one etcd transaction of 128 topics
+        assert _etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/many-127") is not None
+        with pytest.raises(InvalidArgument, match="at most 128 topics per call"):
+            c1.create_topics({f"more-{i}": 1 for i in range(129)})
 
 
 def _sent(node: DaemonProcess, topic: str, queue: int, body: bytes) -> bool:

@@ -1,7 +1,8 @@
 """``tidemark demo``: the main job on embedded defaults, with real daemon processes.
 
 A master/slave pair under a real etcd (automatic failover) in a temporary directory; shows every
-capability that exists so far and prints a short readable summary.
+capability that exists so far and prints a short readable summary; then two shards of one
+cluster (demo_shards.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from broker.cli import demo_shards
 from broker.cli.etcd_process import EtcdMissing, EtcdProcess
 from broker.cli.node_process import NodeProcess
 from broker.client import BrokerClient, Message, Receipt
@@ -183,6 +185,7 @@ def run_demo() -> int:
               "tieredstore.upload_interval_ms": 200,  # both nodes share one object store (a directory here)
               "coordinator.endpoints": etcd.endpoint}  # node.role is auto: etcd's election decides
     ok = False
+    shard_nodes: list[NodeProcess] = []
     master = NodeProcess(f"{work}/node-a", config=common)
     slave = NodeProcess(f"{work}/node-b", config=common)
     try:
@@ -202,12 +205,17 @@ def run_demo() -> int:
              f"{rec['scanned_bytes']} bytes and replayed {rec['replayed_bytes']} (only above the view checkpoints)")
         rec = _restart(slave, slave.stop)
         _say(f"11. after a clean stop (SIGTERM) the restart replayed {rec['replayed_bytes']} bytes (clean={rec['clean']})")
+        master.kill9()
+        slave.kill9()
+        shard_nodes = demo_shards.run(work, etcd.endpoint, _say, _wait)
         _say("Not shown here: TLS, tokens and systemd units (docs/operations.md); the S3 backend (README).")
         ok = True
         return 0
     finally:
         master.kill9()
         slave.kill9()
+        for node in shard_nodes:
+            node.kill9()
         etcd.kill9()
         if ok:
             shutil.rmtree(work, ignore_errors=True)

@@ -1,8 +1,10 @@
-"""A watched copy of a cluster of shards (docs/shards.md): every topic's placement and every
-shard's master, as etcd holds them under ``/tidemark/<cluster>/``.
+"""A watched copy of a cluster of shards (docs/shards.md): every topic's placement and where each
+shard serves (its master and nodes), as etcd holds them under ``/tidemark/<cluster>/topics/`` and
+``/tidemark/<cluster>/topology/``.
 
-One range read, then one watch of the cluster's prefix from the revision after it: a node learns
-of a new topic or a new master from etcd's push, never by polling, whatever the cluster's size.
+One range read, then one watch of those two prefixes (one key range: nothing sorts between them)
+from the revision after it: a node learns of a new topic or a new master from etcd's push, never
+by polling, and never sees the shards' own keys (their node records change every second).
 A compacted watch (it fell too far behind) reads everything again. A value this version does not
 understand is kept aside (shown in status) and never trusted.
 """
@@ -20,6 +22,11 @@ from replication.coordination import records as rec
 from replication.coordination.etcd import Etcd, Unreachable
 
 log = structlog.get_logger("replication.cluster_map")
+
+
+def prefix_range_end_text(prefix: str) -> str:
+    """The end of the key range of every key that starts with ``prefix`` (its last byte plus one)."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 RETRY_S = 0.5
 
 
@@ -30,9 +37,9 @@ class ClusterMap:
         self._cond = threading.Condition()
         self.revision = 0  # the etcd revision this copy reflects (0: not loaded)
         self.placements: dict[str, pl.Placement] = {}
-        self.masters: dict[str, rec.Leader] = {}  # shard -> its master
-        self.nodes: dict[str, dict[str, rec.Node]] = {}  # shard -> node id -> its record (while leased)
+        self.masters: dict[str, rec.Topology] = {}  # shard -> where it serves (while its master holds a lease)
         self.bad: dict[str, str] = {}  # key -> why its value is not understood
+        self._end = prefix_range_end_text(root + "topology/")  # the watched range: [topics/, past topology/)
         self._counted: tuple[int, dict[str, int]] = (0, {})  # (revision, queues per shard) of queue_counts
 
     # -- reads (any thread) ---------------------------------------------------------------------
@@ -44,17 +51,15 @@ class ClusterMap:
         with self._cond:
             return dict(self.placements)
 
-    def master(self, shard: str) -> rec.Leader | None:
+    def master(self, shard: str) -> rec.Topology | None:
         with self._cond:
             return self.masters.get(shard)
 
-    def shards(self) -> dict[str, tuple[rec.Leader | None, list[rec.Node]]]:
-        """Every shard with a master, a leased node or a queue: (its master, its nodes by id)."""
+    def shards(self) -> dict[str, rec.Topology | None]:
+        """Every shard with a master or a queue: where it serves (None: no master now)."""
         owning = self.queue_counts()
         with self._cond:
-            names = set(self.masters) | {s for s, n in self.nodes.items() if n} | set(owning)
-            return {s: (self.masters.get(s), [self.nodes.get(s, {})[i] for i in sorted(self.nodes.get(s, {}))])
-                    for s in sorted(names)}
+            return {s: self.masters.get(s) for s in sorted(set(self.masters) | set(owning))}
 
     def queue_counts(self) -> dict[str, int]:
         """Per shard: the queues it writes (counted once per revision of the copy)."""
@@ -81,9 +86,9 @@ class ClusterMap:
 
     # -- the copy (the coordinator's loop) ----------------------------------------------------------
     async def load(self, etcd: Etcd) -> None:
-        revision, kvs = await etcd.range_prefix(self.root)
+        revision, kvs = await etcd.range_prefix(self.root + "topics/", self._end)
         with self._cond:
-            self.placements, self.masters, self.nodes, self.bad = {}, {}, {}, {}
+            self.placements, self.masters, self.bad = {}, {}, {}
             for key, value in kvs:
                 self._apply(key, value)
             self.revision = revision
@@ -96,7 +101,8 @@ class ClusterMap:
         while True:
             try:
                 await self.load(etcd)
-                async for revision, events, compacted in etcd.watch_prefix(self.root, self.revision + 1):
+                async for revision, events, compacted in etcd.watch_prefix(self.root + "topics/", self.revision + 1,
+                                                                           self._end):
                     if compacted:
                         log.warning("cluster_watch_compacted", revision=revision)
                         break
@@ -124,18 +130,12 @@ class ClusterMap:
                     self.placements.pop(topic, None)
                 else:
                     self.placements[topic] = pl.decode(value)
-            elif name.startswith("shards/") and name.endswith("/leader") and name.count("/") == 2:
-                shard = name.split("/")[1]
+            elif name.startswith("topology/") and name.count("/") == 1:
+                shard = name[len("topology/"):]
                 if value is None:
                     self.masters.pop(shard, None)
                 else:
-                    self.masters[shard] = rec.decode_leader(value)
-            elif name.startswith("shards/") and name.count("/") == 3 and name.split("/")[2] == "nodes":
-                _, shard, _, node_id = name.split("/")
-                if value is None:
-                    self.nodes.get(shard, {}).pop(node_id, None)
-                else:
-                    self.nodes.setdefault(shard, {})[node_id] = rec.decode_node(value)
+                    self.masters[shard] = rec.decode_topology(value)
             else:
                 return
             self.bad.pop(key, None)

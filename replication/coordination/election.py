@@ -9,7 +9,7 @@ import structlog
 
 from broker import metrics
 from replication.coordination import records as rec
-from replication.coordination.etcd import View
+from replication.coordination.etcd import Unreachable, View
 from replication.coordination.shard_keys import campaign_gate
 from replication.coordination.state import CoordinatorBase
 
@@ -98,6 +98,8 @@ class Election(CoordinatorBase):
             self.unclean_once = False
         self.store.set_redirect("")
         self._grant(sent)
+        with contextlib.suppress(Unreachable):  # else the next round's _lead publishes it
+            await self._publish_topology(view, leader)
         log.info("elected" if not retake else "leader_key_retaken", epoch=epoch, log_end=self.store.log.max_offset,
                  insync=list(self.members))
 
@@ -136,3 +138,20 @@ class Election(CoordinatorBase):
             return
         self._grant(self.renewed_at)
         await self._maintain_insync()
+        await self._publish_topology(view, leader)
+
+    async def _publish_topology(self, view: View, leader: rec.Leader) -> None:
+        """A shard's master keeps ``topology/<shard>`` (where the shard serves) current: written
+        when elected (a new lease) and when its nodes' addresses change; gone with its lease."""
+        if not self.config["coordinator.shard"]:
+            return
+        nodes = {leader.client}
+        for entry in view.nodes.values():
+            try:
+                nodes.add(rec.decode_node(entry.value).client)
+            except rec.RecordError:
+                continue
+        record = rec.encode(rec.Topology(self.node_id, leader.epoch, leader.client, tuple(sorted(nodes))))
+        if self._topology_published != (self.lease_id, record):
+            await self.etcd.publish_topology(rec.decode_topology(record), self.lease_id)
+            self._topology_published = (self.lease_id, record)

@@ -199,20 +199,21 @@ class Etcd:
         return int(resp.header.revision) if resp.succeeded else 0
 
     # -- a cluster of shards: placement (docs/shards.md) --------------------------------------------
-    async def range_prefix(self, prefix: str) -> tuple[int, list[tuple[str, bytes]]]:
-        """Every key under ``prefix`` and the revision they were read at."""
+    async def range_prefix(self, prefix: str, end: str = "") -> tuple[int, list[tuple[str, bytes]]]:
+        """Every key under ``prefix`` (or in [``prefix``, ``end``)) and the revision they were read at."""
         key = prefix.encode()
-        resp = await self._call(self._kv.get(key, range_end=prefix_range_end(key)))
+        resp = await self._call(self._kv.get(key, range_end=end.encode() if end else prefix_range_end(key)))
         return int(resp.header.revision), [(kv_.key.decode(), kv_.value) for kv_ in resp.kvs]
 
-    async def watch_prefix(self, prefix: str, start_revision: int
+    async def watch_prefix(self, prefix: str, start_revision: int, end: str = ""
                            ) -> AsyncIterator[tuple[int, list[tuple[str, bytes | None]], bool]]:
-        """Changes under ``prefix`` from ``start_revision``: (revision, [(key, value or None when
-        deleted)], compacted). ``compacted``: etcd no longer holds the revisions asked for."""
+        """Changes under ``prefix`` (or in [``prefix``, ``end``)) from ``start_revision``: (revision,
+        [(key, value or None when deleted)], compacted). ``compacted``: etcd no longer holds the
+        revisions asked for."""
         assert self._client is not None and self._client.watch is not None
         key = prefix.encode()
         try:
-            async for resp in self._client.watch.watch(key, range_end=prefix_range_end(key),
+            async for resp in self._client.watch.watch(key, range_end=end.encode() if end else prefix_range_end(key),
                                                        start_revision=start_revision):
                 events = [(ev.kv.key.decode(), None if ev.type == DELETE_EVENT else ev.kv.value) for ev in resp.events]
                 yield int(resp.header.revision), events, bool(resp.compact_revision or resp.canceled)
@@ -266,6 +267,10 @@ class Etcd:
             success.append(kv.txn_op_put(self.key("insync"), rec.encode(insync)))
         resp = await self._call(kv.txn([kv.txn_compare_create_revision(self.key("leader"), leader_revision)], success))
         return bool(resp.succeeded)
+
+    async def publish_topology(self, topology: rec.Topology, lease_id: int) -> None:
+        """Where this shard serves (its master writes it, bound to its lease: gone with it)."""
+        await self._call(self._kv.put(self.root_key(f"topology/{self.shard}"), rec.encode(topology), lease=lease_id))
 
     async def register(self, node: rec.Node, lease_id: int) -> None:
         await self._call(self._kv.put(self.key(f"nodes/{node.node_id}"), rec.encode(node), lease=lease_id))

@@ -13,7 +13,11 @@
 A pair with ``coordinator.shard`` set keeps the same keys under ``/tidemark/<cluster>/shards/<shard>/``
 (docs/shards.md); the cluster's root then holds ``sharded`` (no lease), which keeps a one-pair node
 (shard "") from ever campaigning in a cluster of shards, and records which shard a one-pair
-cluster's keys were upgraded into.
+cluster's keys were upgraded into; ``topology/<shard>`` (bound to the shard master's lease) says
+where the shard serves: its master and its nodes' client addresses, written by the master when
+elected and when its nodes change. Every node watches ``topics/`` and ``topology/`` only (one
+range: nothing sorts between them), never the shards' own keys, whose node records are rewritten
+every second: a watch of those would send every node each other node's heartbeat.
 
 Values are JSON objects, one per key; unknown fields are ignored (a newer node may add some).
 """
@@ -66,7 +70,19 @@ class Switchover:
     epoch: int  # the epoch it replaces (a stale request for an older epoch is ignored)
 
 
-def encode(record: Leader | InSync | Node | Switchover | Sharded) -> bytes:
+@dataclass(frozen=True)
+class Topology:
+    node_id: str  # the shard's master
+    epoch: int
+    client: str  # where writers go
+    nodes: tuple[str, ...] = ()  # every node's client address (the master's among them)
+
+
+def topology_key(cluster: str, shard: str) -> str:
+    return f"/tidemark/{cluster}/topology/{shard}"
+
+
+def encode(record: Leader | InSync | Node | Switchover | Sharded | Topology) -> bytes:
     body: dict[str, Any] = {"v": FORMAT_VERSION, **asdict(record)}
     if isinstance(record, InSync):
         body["members"] = sorted(record.members)
@@ -106,6 +122,13 @@ def decode_node(raw: bytes) -> Node:
 def decode_sharded(raw: bytes) -> Sharded:
     b = _fields(raw, ())
     return Sharded(str(b.get("upgraded_from_pair", "")))
+
+
+def decode_topology(raw: bytes) -> Topology:
+    b = _fields(raw, ("node_id", "epoch", "client", "nodes"))
+    if not isinstance(b["nodes"], list):
+        raise RecordError("nodes: expected a list")
+    return Topology(str(b["node_id"]), int(b["epoch"]), str(b["client"]), tuple(str(n) for n in b["nodes"]))
 
 
 def decode_switchover(raw: bytes) -> Switchover:

@@ -48,6 +48,7 @@ class CoordinatorBase:
         self._lost_at = 0.0  # monotonic: when this master lost the leader key
         self._taking_office = False  # the key is ours and become_master runs: role and holding disagree
         self._waiting = ""  # why we do not campaign (logged when it changes)
+        self._topology_published: tuple[int, bytes] = (0, b"")  # (lease, record) of our shard's topology key
 
     # -- implemented by the parts (each in its module), called across them ----------------------------
     async def _step(self, step: Callable[..., None], *args: Any) -> None:  # coordinator
