@@ -69,20 +69,33 @@ class SimNode:
         self.node_id = f"{shard}-n{index}"
         self.client = f"10.{index}.{int(shard[1:]) // 256}.{int(shard[1:]) % 256}:7600"
         self.errors = 0
+        self.rounds = 0
+        self.leases_lost = 0
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def _take_lease(self) -> int:
+        """A new lease (as a node's coordinator takes one when etcd expired its last), and the
+        keys bound to it: a master's leader key and its shard's topology."""
         lease = await self.etcd.grant(2)
-        registered = 0.0
-        if self.index == 0:  # the shard's master: the leader key and its topology
+        if self.index == 0:
             leader = rec.Leader(self.node_id, 1, self.client, self.client)
             await self.etcd._kv.put(self.etcd.key("leader"), rec.encode(leader), lease=lease)
-            await self.etcd.publish_topology(rec.Topology(self.node_id, 1, self.client,
-                                                          tuple(sorted({self.client, self.client.replace(":7600", ":7601")}))), lease)
+            nodes = tuple(sorted({self.client, self.client.replace(":7600", ":7601")}))
+            await self.etcd.publish_topology(rec.Topology(self.node_id, 1, self.client, nodes), lease)
+        return lease
+
+    async def run(self, stop: asyncio.Event) -> None:
+        lease = 0
+        registered = 0.0
         while not stop.is_set():
             t0 = time.monotonic()
             try:
-                await self.etcd.renew(lease)
+                if not lease or not await self.etcd.renew(lease):
+                    if lease:
+                        self.leases_lost += 1
+                    lease = await self._take_lease()
+                    registered = 0.0
                 await self.etcd.view()
+                self.rounds += 1
                 if t0 - registered >= 1.0:
                     await self.etcd.register(rec.Node(self.node_id, self.client, self.client, 1, int(t0)), lease)
                     registered = t0
@@ -240,6 +253,9 @@ def _measure(sim: Sim, etcd: EtcdProcess, daemon: DaemonProcess, topics: list[st
     watch delays, etcd metrics before and after, wall seconds, this process's CPU seconds, etcd's pid)."""
     cpu0 = common.cpu_seconds_of(os.getpid())
     m0, wall0 = _etcd_metrics(etcd.endpoint), time.monotonic()
+    rounds0 = sum(n.rounds for n in SIM_NODES)
+    errors0 = sum(n.errors for n in SIM_NODES)
+    lost0 = sum(n.leases_lost for n in SIM_NODES)
     lookups: list[float] = []
     stop = threading.Event()
 
@@ -264,6 +280,9 @@ def _measure(sim: Sim, etcd: EtcdProcess, daemon: DaemonProcess, topics: list[st
     asker.join(10)
     wall = time.monotonic() - wall0
     m1 = _etcd_metrics(etcd.endpoint)
+    m1["node_rounds"] = sum(n.rounds for n in SIM_NODES) - rounds0
+    m1["node_errors"] = sum(n.errors for n in SIM_NODES) - errors0
+    m1["leases_lost"] = sum(n.leases_lost for n in SIM_NODES) - lost0
     cpu = common.cpu_seconds_of(os.getpid()) - cpu0
     for topic, seen in sim.seen.items():
         if len(seen) < a.watchers:
@@ -288,7 +307,10 @@ def _report(res: Results, a: Any, lookups: list[float], delays: list[float], m0:
     target, ok = common.at_most(delay_p99, WATCH_TARGET_MS)
     res.add("watch delay: a new topic's write to the last watcher holding it, p99", delay_p99, "ms", target=target,
             ok=ok, topics=len(delays))
-    res.add("nodes simulated", 2 * a.shards, "nodes", note=f"{sum(n.errors for n in SIM_NODES)} failed etcd rounds")
+    res.add("nodes simulated", 2 * a.shards, "nodes", note=f"in the window: {m1['node_errors']:.0f} failed etcd rounds, "
+            f"{m1['leases_lost']:.0f} leases expired (a round late by more than the 2 s TTL)")
+    res.add("a simulated node's rounds (lease renewal + view) per second", m1["node_rounds"] / wall / len(SIM_NODES),
+            "rounds/s", note=f"nominal {1000 / a.tick_ms:g}: fewer when this process or etcd cannot keep up")
     res.add("etcd requests per second", rate("grpc_handled"), "req/s")
     res.add("etcd writes (puts) per second", rate("etcd_mvcc_put_total"), "puts/s")
     res.add("etcd proposals committed per second", rate("etcd_server_proposals_committed_total"), "ops/s")

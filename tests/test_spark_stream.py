@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import BrokerClient, Message
+from broker.client import BrokerClient, BrokerError, Message
 from tests.failoverutil import TOPIC as FAILOVER_TOPIC
-from tests.failoverutil import Pair, create_topic, in_sync, wait_master
+from tests.failoverutil import Pair, coordinated, create_topic, in_sync, wait_master
 from tests.procs import DaemonProcess
 from tests.sparkutil import ROOT, build_session, spark_env, start_stream
 from tests.waits import holds_for, wait_until
@@ -362,3 +362,37 @@ def test_transactions_across_a_failover(spark: Any, spawn: Callable[..., DaemonP
         second = run_once(c)
     assert tag(first) == {b"t0", b"t1", b"t3"}, "the first run read an aborted or open transaction"
     assert tag(second) == {b"t0", b"t1", b"t3", b"hang", b"plain", b"t4", b"t6", b"t7"}
+
+
+def test_a_batch_read_spans_the_shards_of_a_cluster(spark: Any, spawn: Callable[..., DaemonProcess],
+                                                   etcd: EtcdProcess) -> None:
+    """A topic whose queues are placed over two shards, read with one bootstrap address (a node of
+    one shard): every queue's records, planned from each queue's owner and pulled from it."""
+    nodes = []
+    for name, shard in (("a", "s1"), ("b", "s2")):
+        nodes.append(spawn(name, config=coordinated(etcd.endpoint, **{"coordinator.cluster": "spark",
+                                                                      "coordinator.shard": shard})))
+        wait_master([nodes[-1]])
+    with BrokerClient(nodes[0].address) as c:
+        c.create_topic("spread", queues=4)
+        assert sorted({q["shard"] for q in c.describe_topic("spread")["queues"]}) == ["s1", "s2"]
+        probe = [Message(body=b"probe", key=f"p{i}") for i in range(32)]
+        wait_until(lambda: _sent(c, "spread", probe), 15, "every queue created on its shard")
+        c.send("spread", [Message(body=f"m{i}".encode(), key=f"k{i % 13}") for i in range(400)], ack="replica")
+        expected = pulled(c, "spread")  # each queue up to its end as its own shard lists it
+        assert sum(c.list_topics()["spread"]["max_offsets"]) == len(expected) >= 432
+        assert set(expected.values()) >= {f"m{i}".encode() for i in range(400)}
+    rows = (spark.read.format("tidemark").option("broker", nodes[1].address).option("subscribe", "spread").load()
+            .select("topic", "partition", "offset", "value").collect())
+    got = {(r.topic, r.partition, r.offset): bytes(r.value) for r in rows}
+    assert len(rows) == len(got) and got == expected
+
+
+def _sent(c: BrokerClient, topic: str, messages: list[Message]) -> bool:
+    try:
+        c.send(topic, messages, ack="replica")
+    except BrokerError as exc:
+        if exc.code.name != "UNAVAILABLE":
+            raise
+        return False
+    return True

@@ -66,6 +66,11 @@ class RouteTable:
             shards = self._topics.get(topic)
             return shards[queue] if shards is not None and 0 <= queue < len(shards) else None
 
+    def shards(self) -> list[str]:
+        """Every shard known (sorted)."""
+        with self._lock:
+            return sorted(self._shards)
+
     def addresses(self, shard: str) -> list[str]:
         with self._lock:
             nodes = self._shards.get(shard)

@@ -12,7 +12,10 @@ from broker.client.core import ClientCore, _request
 from broker.client.errors import BrokerError, error_for
 from broker.client.messages import Receipt
 from broker.errors import shown
+from broker.logformat.system_records import SYSTEM_PREFIX
 from proto import tidemark_pb2 as pb
+
+ROUTES_TOPICS_MAX = 1000  # topics per GetRoutes call
 
 
 class TopicsAPI(ClientCore):
@@ -40,9 +43,37 @@ class TopicsAPI(ClientCore):
         "stable_offsets": [each queue's LSO: where read_committed readers stop]}}`` (system topics,
         ``__...``, only with ``include_system``)."""
         resp = self._call("ListTopics", pb.ListTopicsRequest(include_system=include_system))
-        return {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets),
-                         "stable_offsets": list(t.queue_stable_offsets) or list(t.queue_max_offsets)}
-                for t in resp.topics}
+        listed = {t.name: {"queues": t.queues, "max_offsets": list(t.queue_max_offsets),
+                           "stable_offsets": list(t.queue_stable_offsets) or list(t.queue_max_offsets)}
+                  for t in resp.topics}
+        if not self.sharded:
+            return listed
+        # a cluster of shards: each queue's offsets from its own shard (system topics: the asked node's)
+        return {**{n: t for n, t in listed.items() if n.startswith(SYSTEM_PREFIX)}, **self._list_sharded()}
+
+    def _list_sharded(self) -> dict[str, dict[str, Any]]:
+        """Every topic some shard's log holds, each queue's offsets as its owner lists them."""
+        self._learn_routes([])  # the shards as they are now
+        answers: dict[str, dict[str, pb.TopicInfo]] = {}
+        for shard in self._routes.shards():
+            resp = self._shard_core(shard)._call("ListTopics", pb.ListTopicsRequest())
+            answers[shard] = {t.name: t for t in resp.topics}
+        names = sorted({n for topics in answers.values() for n in topics})
+        unknown = [n for n in names if self._routes.queues(n) is None]
+        for start in range(0, len(unknown), ROUTES_TOPICS_MAX):
+            self._learn_routes(unknown[start:start + ROUTES_TOPICS_MAX])
+        out: dict[str, dict[str, Any]] = {}
+        for name in names:
+            owners = self._routes.queues(name)
+            if owners is None:  # deleted meanwhile
+                continue
+            highs, stable = [], []
+            for q, shard in enumerate(owners):
+                info = answers.get(shard, {}).get(name)  # None: its log does not hold the topic yet (empty)
+                highs.append(int(info.queue_max_offsets[q]) if info is not None else 0)
+                stable.append(int((info.queue_stable_offsets or info.queue_max_offsets)[q]) if info is not None else 0)
+            out[name] = {"queues": len(owners), "max_offsets": highs, "stable_offsets": stable}
+        return out
 
     def describe_topic(self, name: str) -> dict[str, Any]:
         """Queues with their min/max offsets, stored bytes, local and tiered ranges; in a cluster of
