@@ -252,6 +252,8 @@ def _measure(sim: Sim, etcd: EtcdProcess, daemon: DaemonProcess, topics: list[st
     """Route lookups back to back and a new topic every 100 ms for ``a.seconds``: (lookup times,
     watch delays, etcd metrics before and after, wall seconds, this process's CPU seconds, etcd's pid)."""
     cpu0 = common.cpu_seconds_of(os.getpid())
+    assert etcd.proc is not None
+    etcd_cpu0 = common.cpu_seconds_of(etcd.proc.pid)
     m0, wall0 = _etcd_metrics(etcd.endpoint), time.monotonic()
     rounds0 = sum(n.rounds for n in SIM_NODES)
     errors0 = sum(n.errors for n in SIM_NODES)
@@ -281,6 +283,7 @@ def _measure(sim: Sim, etcd: EtcdProcess, daemon: DaemonProcess, topics: list[st
     wall = time.monotonic() - wall0
     m1 = _etcd_metrics(etcd.endpoint)
     m1["node_rounds"] = sum(n.rounds for n in SIM_NODES) - rounds0
+    m1["etcd_cpu_s"] = common.cpu_seconds_of(etcd.proc.pid) - etcd_cpu0
     m1["node_errors"] = sum(n.errors for n in SIM_NODES) - errors0
     m1["leases_lost"] = sum(n.leases_lost for n in SIM_NODES) - lost0
     cpu = common.cpu_seconds_of(os.getpid()) - cpu0
@@ -314,6 +317,8 @@ def _report(res: Results, a: Any, lookups: list[float], delays: list[float], m0:
     res.add("etcd requests per second", rate("grpc_handled"), "req/s")
     res.add("etcd writes (puts) per second", rate("etcd_mvcc_put_total"), "puts/s")
     res.add("etcd proposals committed per second", rate("etcd_server_proposals_committed_total"), "ops/s")
+    res.add("etcd CPU", m1["etcd_cpu_s"] / wall, "cores", note="a single member on this host")
+    res.add("etcd CPU per request", 1e6 * m1["etcd_cpu_s"] / max(1.0, m1["grpc_handled"] - m0["grpc_handled"]), "us")
     res.add("etcd RSS", _rss(etcd_pid) / 1e6, "MB")
     res.add("etcd database size", m1.get("etcd_mvcc_db_total_size_in_bytes", 0) / 1e6, "MB")
     res.add("etcd watchers", m1.get("etcd_debugging_mvcc_watcher_total", 0), "watchers")

@@ -91,6 +91,10 @@ class Placement(Protocol):
         """Place new topics (name, queues) over the shards, all or none (blocks: etcd)."""
         ...
 
+    def delete(self, topic: str) -> None:
+        """Delete a placed topic in every shard (blocks: etcd); NOT_FOUND if it is not placed."""
+        ...
+
     def check_queue(self, topic: str, queue: int) -> None:
         """Raise unless this node's shard serves ``queue`` of ``topic`` (FAILED_PRECONDITION naming
         the owner, or UNAVAILABLE while its log does not hold the topic yet)."""

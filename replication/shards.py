@@ -13,7 +13,10 @@
   one-pair cluster upgraded into this shard: all their queues here). The log stays the truth for
   everything the shard serves.
 
-Deleting a topic of a cluster of shards is not built yet (refused ``UNIMPLEMENTED``).
+- **Deleting topics.** ``delete`` turns the topic's record into a tombstone; each shard's master
+  deletes the topic from its log; requests for it are ``NOT_FOUND`` from then on, and a deleted
+  name is not created again (not yet: an incarnation id would have to tell the two apart in a
+  shard whose log has not applied the delete).
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ async def _create_placements(records: dict[str, bytes], etcd: Etcd) -> int:
     return await etcd.create_placements(records)
 
 
+async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: Etcd) -> int:
+    return await etcd.replace_placement(topic, expected, record)
+
+
 class ShardPlacement:
     def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop) -> None:
         self.store = store
@@ -79,6 +86,9 @@ class ShardPlacement:
         for name, _ in topics:
             if self.cluster.placement(name) is not None:
                 raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
+            if self.cluster.is_deleted(name):
+                raise BrokerError("FAILED_PRECONDITION", f"topic {shown(name)} was deleted; a cluster of shards does not "
+                                  "create a deleted name again yet (docs/shards.md): choose another name")
         held = self.cluster.queues_held()
         if not held:
             raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now")
@@ -91,11 +101,27 @@ class ShardPlacement:
         log.info("topics_placed", topics=[n for n, _ in topics], revision=revision)
         self._wake.set()
 
+    def delete(self, topic: str) -> None:
+        """Delete a placed topic: its record becomes a tombstone in one etcd transaction (if it did
+        not change meanwhile); each shard's master then deletes it from its log (``reconcile``)."""
+        p, raw = self.cluster.placement(topic), self.cluster.raw_record(topic)
+        if p is None or raw is None:
+            raise BrokerError("NOT_FOUND", f"topic {shown(topic)} does not exist")
+        record = pl.encode(pl.Placement(p.segments, deleted=True))
+        revision = self._run(functools.partial(_replace_placement, topic, raw, record), PLACE_WAIT_S)
+        if not revision:
+            raise BrokerError("ABORTED", f"topic {shown(topic)} changed in etcd meanwhile; retry the delete")
+        self.cluster.wait_revision(revision, PLACE_WAIT_S)
+        log.info("topic_deleted", topic=topic, revision=revision)
+        self._wake.set()
+
     def check_queue(self, topic: str, queue: int) -> None:
         """Whether this shard serves ``queue`` of ``topic`` (raises if not). A topic etcd does not
         place (a system topic, or an unknown one) is left to the log's own checks."""
         p = self.cluster.placement(topic)
         if p is None or not 0 <= queue < p.queues:
+            if self.cluster.is_deleted(topic):  # this shard's log may hold it a moment longer
+                raise BrokerError("NOT_FOUND", f"topic {shown(topic)} was deleted")
             return
         owner = p.owner(queue)
         if owner != self.shard:
@@ -159,6 +185,12 @@ class ShardPlacement:
 
     def reconcile(self) -> None:
         local = self.store.views.metadata.list_topics()
+        gone = [name for name in local if self.cluster.is_deleted(name)]
+        if gone:
+            self.store.writes.write_system([(system_records.TOPIC_DELETE, {"topic": n}) for n in gone],
+                                           applied=self.store.views.metadata)
+            log.info("shard_topics_deleted", topics=gone, shard=self.shard)
+            local = self.store.views.metadata.list_topics()
         missing = [(name, p.queues) for name, p in self.cluster.placements_snapshot().items()
                    if name not in local and p.queues_of(self.shard)]
         if missing:
@@ -166,7 +198,8 @@ class ShardPlacement:
                                             for n, q in missing], applied=self.store.views.metadata)
             log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)
         unplaced = {name: info["queues"] for name, info in local.items()
-                    if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None}
+                    if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None
+                    and not self.cluster.is_deleted(name)}
         names = sorted(unplaced)
         for start in range(0, len(names), PLACE_TOPICS_MAX):  # each topic on its own: no need for one transaction
             chunk = names[start:start + PLACE_TOPICS_MAX]

@@ -17,7 +17,15 @@ import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import AlreadyExists, BrokerClient, InvalidArgument, Message, Unavailable
+from broker.client import (
+    AlreadyExists,
+    BrokerClient,
+    FailedPrecondition,
+    InvalidArgument,
+    Message,
+    NotFound,
+    Unavailable,
+)
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
@@ -149,6 +157,27 @@ def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(s
         assert _etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/many-127") is not None
         with pytest.raises(InvalidArgument, match="at most 128 topics per call"):
             c1.create_topics({f"more-{i}": 1 for i in range(129)})
+
+        c2.delete_topic("orders")  # a tombstone in etcd; each shard's master deletes it from its log
+        assert json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/topics/orders") or b"{}").get("deleted") is True
+        for node in nodes.values():
+            wait_until(lambda n=node: _gone_from_log(n, "orders"), 15, "the topic gone from each shard's log")
+        with pytest.raises(NotFound):  # c1's routes still name the owners: they answer that it is gone
+            c1.send("orders", [Message(b"late", key=f"k{i}") for i in range(8)])
+        with pytest.raises(NotFound):
+            c1.delete_topic("orders")
+        with pytest.raises(FailedPrecondition, match="was deleted"):
+            c1.create_topic("orders", queues=2)
+
+
+def _gone_from_log(node: DaemonProcess, topic: str) -> bool:
+    """The node's log no longer holds ``topic`` (describe answers from it, and from etcd's record)."""
+    try:
+        with BrokerClient(node.address) as c:
+            c.describe_topic(topic)
+    except NotFound:
+        return True
+    return False
 
 
 def _sent(node: DaemonProcess, topic: str, queue: int, body: bytes) -> bool:

@@ -396,3 +396,39 @@ def _sent(c: BrokerClient, topic: str, messages: list[Message]) -> bool:
             raise
         return False
     return True
+
+
+def test_a_stream_over_two_shards_reads_each_record_once_across_a_shards_failover(
+        spark: Any, spawn: Callable[..., DaemonProcess], etcd: EtcdProcess, tmp_path: Path) -> None:
+    """Shard s1 a pair, s2 one node; an AvailableNow run from s2's address; kill -9 of s1's master,
+    more sends after s1's failover; a second run on the same checkpoint: every record once."""
+    sharded = {"coordinator.cluster": "stream", "checkpoint.interval_ms": 100}
+    s1 = Pair(spawn, etcd, **{**sharded, "coordinator.shard": "s1"})
+    s2 = spawn("c", config=coordinated(etcd.endpoint, **{**sharded, "coordinator.shard": "s2"}))
+    master = wait_master(s1.nodes)
+    slave = s1.other(master)
+    wait_master([s2])
+    wait_until(lambda: in_sync(master, slave), 30, "s1's slave in sync")
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    with BrokerClient(s2.address, timeout_s=30) as c:
+        c.create_topic("flow", queues=4)
+        assert sorted({q["shard"] for q in c.describe_topic("flow")["queues"]}) == ["s1", "s2"]
+        wait_until(lambda: _sent(c, "flow", [Message(b"probe", key=f"p{i}") for i in range(32)]), 15,
+                   "every queue created on its shard")
+        c.send("flow", [Message(f"one-{i}".encode(), key=f"k{i % 11}") for i in range(200)], ack="replica")
+
+        def run_once() -> dict[tuple[str, int, int], bytes]:
+            query = start_stream(spark, s2.address, "flow", str(out), str(checkpoint), max_offsets=64)
+            query.awaitTermination(120)
+            assert query.exception() is None and not query.isActive
+            seen = pulled(c, "flow")
+            assert_exactly_once(spark, out, seen)
+            return seen
+
+        first = run_once()
+        master.kill9()
+        wait_master(s1.nodes, 30, among=[slave])
+        c.send("flow", [Message(f"two-{i}".encode(), key=f"k{i % 11}") for i in range(200)], ack="replica")
+        second = run_once()
+    assert {f"one-{i}".encode() for i in range(200)} <= set(first.values())
+    assert {f"two-{i}".encode() for i in range(200)} <= set(second.values()) and len(second) == len(first) + 200

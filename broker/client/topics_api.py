@@ -37,6 +37,7 @@ class TopicsAPI(ClientCore):
         """Delete ``name``: its messages become unreadable and their space is reclaimed by retention."""
         self._call("DeleteTopic", _request(pb.DeleteTopicRequest, name=name), retry=False)
         self._queues.pop(name, None)
+        self._routes.forget(name)
 
     def list_topics(self, include_system: bool = False) -> dict[str, dict[str, Any]]:
         """Every topic: ``{name: {"queues": n, "max_offsets": [next queue offset of each queue],

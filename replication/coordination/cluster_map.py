@@ -37,6 +37,8 @@ class ClusterMap:
         self._cond = threading.Condition()
         self.revision = 0  # the etcd revision this copy reflects (0: not loaded)
         self.placements: dict[str, pl.Placement] = {}
+        self.deleted: set[str] = set()  # topics whose record is a tombstone
+        self.raw: dict[str, bytes] = {}  # topic -> its record as etcd holds it (a delete compares it)
         self.masters: dict[str, rec.Topology] = {}  # shard -> where it serves (while its master holds a lease)
         self.bad: dict[str, str] = {}  # key -> why its value is not understood
         self._end = prefix_range_end_text(root + "topology/")  # the watched range: [topics/, past topology/)
@@ -46,6 +48,14 @@ class ClusterMap:
     def placement(self, topic: str) -> pl.Placement | None:
         with self._cond:
             return self.placements.get(topic)
+
+    def is_deleted(self, topic: str) -> bool:
+        with self._cond:
+            return topic in self.deleted
+
+    def raw_record(self, topic: str) -> bytes | None:
+        with self._cond:
+            return self.raw.get(topic)
 
     def placements_snapshot(self) -> dict[str, pl.Placement]:
         with self._cond:
@@ -83,6 +93,7 @@ class ClusterMap:
         revision, kvs = await etcd.range_prefix(self.root + "topics/", self._end)
         with self._cond:
             self.placements, self.masters, self.bad, self._counts = {}, {}, {}, {}
+            self.deleted, self.raw = set(), {}
             for key, value in kvs:
                 self._apply(key, value)
             self.revision = revision
@@ -129,9 +140,15 @@ class ClusterMap:
                 old = self.placements.pop(topic, None)
                 if old is not None:
                     self._count(old, -1)
-                if new is not None:
-                    self.placements[topic] = new
-                    self._count(new, 1)
+                self.deleted.discard(topic)
+                self.raw.pop(topic, None)
+                if new is not None and value is not None:
+                    self.raw[topic] = value
+                    if new.deleted:
+                        self.deleted.add(topic)
+                    else:
+                        self.placements[topic] = new
+                        self._count(new, 1)
             elif name.startswith("topology/") and name.count("/") == 1:
                 shard = name[len("topology/"):]
                 if value is None:

@@ -245,6 +245,14 @@ class Etcd:
         resp = await self._call(kv.txn(compare, success))
         return int(resp.header.revision) if resp.succeeded else 0
 
+    async def replace_placement(self, topic: str, expected: bytes, record: bytes) -> int:
+        """Replace a topic's record (a tombstone on delete) if it still holds ``expected``; the
+        revision written at, 0 when it changed meanwhile."""
+        kv = self._kv
+        key = self.root_key(f"topics/{topic}")
+        resp = await self._call(kv.txn([kv.txn_compare_value(key, expected)], [kv.txn_op_put(key, record)]))
+        return int(resp.header.revision) if resp.succeeded else 0
+
     async def upgrade_pair(self, view: View) -> bool:
         """A one-pair cluster's keys into this shard's, in place: its epoch counter and in-sync set
         move under ``shards/<shard>/`` (so epochs keep growing and only the pair's in-sync nodes

@@ -4,7 +4,8 @@
 A topic has a fixed number of queues; each queue is a list of **segments** ``{shard,
 logical_start, state}`` (``rw``: writable, ``ro``: sealed by a move). Today every queue has one
 segment; a move (issue 39) seals the last and appends one, so the writable owner is always the
-last segment's shard.
+last segment's shard. A deleted topic's record stays as a tombstone (``"deleted": true``): each
+shard's master deletes the topic from its log, and no master ever adopts it back as unplaced.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Segment:
 @dataclass(frozen=True)
 class Placement:
     segments: tuple[tuple[Segment, ...], ...]  # per queue, oldest first
+    deleted: bool = False  # a tombstone: each shard's master deletes the topic from its log
 
     @property
     def queues(self) -> int:
@@ -48,6 +50,8 @@ def encode(p: Placement) -> bytes:
     body: dict[str, Any] = {"v": FORMAT_VERSION, "queues": p.queues,
                             "segments": [[{"shard": s.shard, "logical_start": s.logical_start, "state": s.state}
                                           for s in q] for q in p.segments]}
+    if p.deleted:
+        body["deleted"] = True
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -57,13 +61,14 @@ def decode(raw: bytes) -> Placement:
         queues = int(body["queues"])
         segments = tuple(tuple(Segment(str(s["shard"]), int(s["logical_start"]), str(s["state"])) for s in q)
                          for q in body["segments"])
+        deleted = body.get("deleted", False) is True
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
         raise RecordError(f"not a placement: {exc}") from None
     if queues != len(segments) or queues < 1 or any(not q for q in segments):
         raise RecordError(f"a placement of {queues} queues lists {len(segments)}, or a queue without a segment")
     if any(s.state not in STATES or not s.shard for q in segments for s in q):
         raise RecordError("a segment without a shard, or in a state other than rw or ro")
-    return Placement(segments)
+    return Placement(segments, deleted)
 
 
 def spread(held: dict[str, int], topics: list[tuple[str, int]]) -> dict[str, Placement]:

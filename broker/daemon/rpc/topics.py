@@ -76,9 +76,9 @@ class TopicRpcs(Rpcs):
         async def run() -> pb.DeleteTopicResponse:
             if request.name.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"system topic {shown(request.name)} cannot be deleted")
-            if self.store.placement is not None:
-                raise BrokerError("UNIMPLEMENTED", "deleting a topic of a cluster of shards is not built yet "
-                                  "(docs/shards.md)")
+            if self.store.placement is not None:  # a tombstone in etcd; each shard's master deletes it from its log
+                await asyncio.to_thread(self.store.placement.delete, request.name)
+                return pb.DeleteTopicResponse()
             await self._write_metadata([(system_records.TOPIC_DELETE, {"topic": request.name})])
             return pb.DeleteTopicResponse()
         return await handle_async(context, run)
