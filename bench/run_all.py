@@ -23,7 +23,7 @@ import round_table
 BENCHES = ("send_throughput", "send_profile", "grpc_floor", "pull_throughput",
            "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
            "longpoll", "many_queues", "failover", "groups", "pop", "plain_api", "verify_damage", "hostile",
-           "transactions")
+           "transactions", "shards", "shard_sim")
 
 
 def main() -> int:

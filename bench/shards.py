@@ -53,6 +53,7 @@ ROUTING_TARGET = 1.1
 GAP_TARGET_S = 0.5
 STALE_ROUTE_TARGET_S = 0.2
 KEYS = 64
+RETAINED_BYTES = 4 << 30
 
 
 CGROUP_CPU = "/sys/fs/cgroup/cpu"  # cgroup v1's cpu controller (this machine); v2 has cpu.max instead
@@ -155,6 +156,8 @@ def scale_and_routing(res: Results, a: Any, workdir: str, parts: set[str]) -> No
     setups: dict[str, dict[str, Any]] = {}
     try:
         def node(name: str, cpu: int, **config: object) -> DaemonProcess:
+            # each window writes gigabytes: retention keeps every daemon's log within RETAINED_BYTES
+            config = {**config, "retention.local_bytes": RETAINED_BYTES, "retention.check_interval_ms": 1000}
             return PinnedDaemon(os.path.join(workdir, name), cpu, cores, config=config).start(60)
 
         cores = a.daemon_cores if cgroup_quota_possible() else 1.0

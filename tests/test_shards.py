@@ -229,6 +229,8 @@ def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spa
         for q, shard in enumerate(owners):  # what each shard's own node holds is exactly its queues
             with BrokerClient(nodes[shard].address) as direct:
                 assert [m.body for r in direct.iter_pull("orders", q, 0) for m in r] == got[q]
+        described = c.describe_topic("orders")["queues"]  # each queue as its own shard describes it
+        assert [(d["shard"], d["max_offset"]) for d in described] == [(owners[q], len(got[q])) for q in range(8)]
 
         shown = subprocess.run([sys.executable, "-m", "broker.cli", "cluster", "status", "--json", "--broker",
                                 nodes["s1"].address], capture_output=True, text=True, timeout=60, check=True)

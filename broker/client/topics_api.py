@@ -78,13 +78,26 @@ class TopicsAPI(ClientCore):
 
     def describe_topic(self, name: str) -> dict[str, Any]:
         """Queues with their min/max offsets, stored bytes, local and tiered ranges; in a cluster of
-        shards the shard that writes each and its master (offsets are the asked node's)."""
-        resp = self._call("DescribeTopic", _request(pb.DescribeTopicRequest, name=name))
+        shards the shard that writes each and its master, each queue as its own shard describes it
+        (``topic_id`` is the asked node's)."""
+        request = _request(pb.DescribeTopicRequest, name=name)
+        resp = self._call("DescribeTopic", request)
+        queues = {q.queue_id: q for q in resp.queues}
+        owners = {q.shard for q in resp.queues if q.shard}
+        if owners and self.sharded:  # a cluster of shards: each queue as its own shard describes it
+            for shard in sorted(owners):
+                try:
+                    theirs = self._shard_core(shard)._call("DescribeTopic", request)
+                except BrokerError as exc:
+                    if exc.code not in (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.UNAVAILABLE):
+                        raise
+                    continue  # its log does not hold the topic yet, or no node answers: the asked node's row
+                queues.update({q.queue_id: q for q in theirs.queues if q.shard == shard})
         return {"name": resp.name, "topic_id": resp.topic_id,
                 "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset,
                             "bytes": q.bytes, "local_min_offset": q.local_min_offset,
                             "tiered_end_offset": q.tiered_end_offset, "shard": q.shard, "master": q.master}
-                           for q in resp.queues]}
+                           for _, q in sorted(queues.items())]}
 
     def cluster_status(self) -> dict[str, Any]:
         """The cluster as the asked node's copy of etcd has it (docs/shards.md): ``{"sharded",
