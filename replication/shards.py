@@ -149,6 +149,8 @@ class ShardPlacement:
         return out
 
     def routes(self, topics: list[str]) -> Routes:
+        if not self.cluster.revision:  # an empty answer would read as "no such topic"
+            raise BrokerError("UNAVAILABLE", "this node has not loaded the cluster's placements from etcd yet; retry")
         placed = {t: p for t in topics if (p := self.cluster.placement(t)) is not None}
         held = self.cluster.queue_counts()
         shards = tuple(ShardRoute(shard, master.client if master else "", master.nodes if master else (),

@@ -196,8 +196,8 @@ def _keys_by_queue(c: BrokerClient, topic: str, queues: int) -> dict[int, list[b
 
 def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spawn: Spawn, etcd: EtcdProcess) -> None:
     """Keyed, keyless and delayed sends of one call split per shard and land on each queue's
-    owner; reads follow the same routes; a stale route costs one refusal that names the owner,
-    followed without asking any node for routes again."""
+    owner; reads follow the same routes; a stale route costs a pull one refusal that names the
+    owner, followed without asking any node for routes again (a send: one route request)."""
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s2"].address) as c:
         c.create_topic("orders", queues=8)
@@ -231,6 +231,9 @@ def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spa
                 assert [m.body for r in direct.iter_pull("orders", q, 0) for m in r] == got[q]
         described = c.describe_topic("orders")["queues"]  # each queue as its own shard describes it
         assert [(d["shard"], d["max_offset"]) for d in described] == [(owners[q], len(got[q])) for q in range(8)]
+        assert c.describe_topic("__metadata")["queues"][0]["max_offset"] > 0, "a system topic: the asked node's"
+        with pytest.raises(FailedPrecondition, match="transactions in a cluster of shards"):
+            c.begin_transaction("tid")  # its begin and end would not go where its sends go: refused, not half done
 
         shown = subprocess.run([sys.executable, "-m", "broker.cli", "cluster", "status", "--json", "--broker",
                                 nodes["s1"].address], capture_output=True, text=True, timeout=60, check=True)
@@ -243,12 +246,18 @@ def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spa
         asked = []
         learn = c._learn_routes
         c._learn_routes = lambda topics: (asked.append(topics), learn(topics))[1]  # type: ignore[method-assign]
-        for q in range(8):  # every route wrong: each call is refused once and goes to the owner named
-            c._routes.moved("orders", q, "s1" if owners[q] == "s2" else "s2", "")
+        def corrupt() -> None:  # every route wrong
+            for q in range(8):
+                c._routes.moved("orders", q, "s1" if owners[q] == "s2" else "s2", "")
+
+        corrupt()  # a send's request per shard is refused (nothing stored): one route request, then the owners
         c.send("orders", [Message(b"after", key=k) for k in keys], ack="replica")
+        assert [c._routes.owner("orders", q) for q in range(8)] == owners
+        assert asked == [["orders"]]
+        corrupt()  # a pull of one queue follows the owner its refusal names, without asking anyone
         assert sum(len(v) for v in _keys_by_queue(c, "orders", 8).values()) == 64 + 320 + 10 + 16 + 64
         assert [c._routes.owner("orders", q) for q in range(8)] == owners
-        assert asked == [], "no route request: the refusals named the owners"
+        assert asked == [["orders"]], "no route request for the pulls: the refusals named the owners"
 
 
 def _sends(c: BrokerClient, topic: str, messages: list[Message]) -> bool:

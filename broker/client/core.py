@@ -152,6 +152,7 @@ class ClientCore:
         self._shard_cores: dict[str, ClientCore] = {}  # a connection per shard, made when first needed
         self._shards_lock = threading.Lock()
         self._send_locks: dict[str, threading.Lock] = {}  # sends to one shard, one at a time (their sequences)
+        self._shard_producers: dict[str, _Producer] = {}  # a producer id per shard, used under its lock
         self._pool: ThreadPoolExecutor | None = None  # a send over several shards: a request to each at once
         alloc.tune()  # see broker.alloc: multi-MB request buffers stay in the heap
         self._connect(0)
@@ -269,7 +270,8 @@ class ClientCore:
         except BrokerError as exc:
             if exc.code != grpc.StatusCode.UNIMPLEMENTED:
                 raise
-            self._routes.sharded = False
+            if self._routes.sharded is None:  # an older node; never back from sharded (one met mid-upgrade)
+                self._routes.sharded = False
             return
         self._routes.learn(resp)
 

@@ -21,7 +21,7 @@ from broker.client.core import (
     _Producer,
     _request,
 )
-from broker.client.errors import BrokerError, error_for, from_rpc_error
+from broker.client.errors import BrokerError, DeadlineExceeded, Unavailable, error_for, from_rpc_error
 from broker.client.local_reads import LocalPullResponse, mark_not_local, not_local
 from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.client.topics_api import TopicsAPI
@@ -38,6 +38,31 @@ def isolation_of(name: str) -> int:
     if level is None:
         raise ValueError(f"isolation must be one of {', '.join(ISOLATIONS)}")
     return level
+
+
+def _grouped(messages: Sequence[Message], queues: int, sticky: int) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Message indexes per queue (keyless ones to ``sticky``): due now, and delayed (timers)."""
+    by_queue: dict[int, list[int]] = {}
+    delayed: dict[int, list[int]] = {}  # timer messages not yet due, by target queue
+    crc = crc32c.crc32c
+    now_ms = int(time.time() * 1000)
+    for i, m in enumerate(messages):
+        q = sticky if m.key is None else crc(m.key.encode()) % queues
+        target = by_queue if m.deliver_at_ms is None or m.deliver_at_ms <= now_ms else delayed
+        group = target.get(q)
+        if group is None:
+            target[q] = [i]
+        else:
+            group.append(i)
+    return by_queue, delayed
+
+
+def _outcome(fn: Callable[[str | None], list[SendGroup]], shard: str | None) -> list[SendGroup] | BrokerError:
+    """``fn(shard)``'s groups, or the ``BrokerError`` it raised."""
+    try:
+        return fn(shard)
+    except BrokerError as exc:
+        return exc
 
 
 def _receipts(topic: str, count: int, groups: list[SendGroup]) -> Receipts:
@@ -59,18 +84,8 @@ class DataAPI(TopicsAPI):
              timeout_ms: int | None = None) -> Sequence[Receipt]:
         """Send in one request: one batch per queue. Keyless messages of one call share a queue
         (the next in round-robin order), so a call makes one batch, not one per message."""
-        if self.sharded:  # a lock per shard (in _send_as): a shard failing over holds up only its own sends
-            with self._lock:
-                if any(v > SEQUENCE_MAX for v in list(self._producer.sequences.values())):
-                    self._producer = _Producer()
-                producer = self._producer
-            try:
-                return self._send_as(producer, topic, messages, ack, timeout_ms)
-            except BrokerError:
-                with self._lock:
-                    if self._producer is producer:
-                        self._producer = _Producer()
-                raise
+        if self.sharded:  # a producer and a lock per shard: a shard failing over holds up only its own sends
+            return self._send_sharded(topic, messages, ack, timeout_ms)
         with self._lock:
             if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
                 self._producer = _Producer()
@@ -95,44 +110,79 @@ class DataAPI(TopicsAPI):
         if not messages:
             return Receipts(topic, 0, [])
         queues = self._queue_count(topic)
-        sharded = self.sharded
-        sticky = self._sticky_queue(topic, queues) if sharded else next(self._round_robin) % queues
-        by_queue: dict[int, list[int]] = {}
-        delayed: dict[int, list[int]] = {}  # timer messages not yet due, by target queue
-        crc = crc32c.crc32c
-        now_ms = int(time.time() * 1000)
-        for i, m in enumerate(messages):
-            q = sticky if m.key is None else crc(m.key.encode()) % queues
-            target = by_queue if m.deliver_at_ms is None or m.deliver_at_ms <= now_ms else delayed
-            group = target.get(q)
-            if group is None:
-                target[q] = [i]
+        by_queue, delayed = _grouped(messages, queues, next(self._round_robin) % queues)
+        if self.sharded:  # a transaction's (refused at its begin in a cluster of shards: not built yet)
+            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "transactions in a cluster of shards are not built yet")
+        return _receipts(topic, len(messages), self._send_batches(
+            producer, topic, messages, self, by_queue, delayed, ack=ack, timeout_ms=timeout_ms, transaction=transaction,
+            begin=begin, begun=begun, commit=commit, ended=ended))
+
+    def _send_sharded(self, topic: str, messages: Sequence[Message], ack: str,
+                      timeout_ms: int | None) -> Sequence[Receipt]:
+        """``send`` in a cluster of shards: one request per shard (side by side when a call spans
+        several), each with that shard's producer under that shard's lock. A refusal naming another
+        owner was not executed: the topic's routes are asked for again and those queues sent there.
+        A call spanning shards can fail on one after another stored its part (no atomicity across
+        shards without a transaction): the error is raised, the stored part stays."""
+        if ack not in ACKS:
+            raise ValueError(f"ack must be one of {', '.join(ACKS)}")
+        if not messages:
+            return Receipts(topic, 0, [])
+        queues = self._queue_count(topic)
+        by_queue, delayed = _grouped(messages, queues, self._sticky_queue(topic, queues))
+        done: list[SendGroup] = []
+        for hop in range(ROUTE_HOPS_MAX + 1):
+            parts: dict[str | None, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
+            for which, grouped in ((0, by_queue), (1, delayed)):
+                for q, idxs in grouped.items():
+                    parts.setdefault(self._shard_of(topic, q), ({}, {}))[which][q] = idxs
+
+            to_shard = functools.partial(self._send_part, parts, topic, messages, ack, timeout_ms)
+
+            if len(parts) == 1:
+                shard = next(iter(parts))
+                outcomes: list[tuple[str | None, list[SendGroup] | BrokerError]] = [(shard, _outcome(to_shard, shard))]
             else:
-                group.append(i)
-        send = functools.partial(self._send_batches, producer, topic, messages, ack=ack, timeout_ms=timeout_ms,
-                                 transaction=transaction, begin=begin, begun=begun, commit=commit, ended=ended)
-        if not sharded:
-            return _receipts(topic, len(messages), send(self, by_queue, delayed))
-        # a cluster of shards: one request per shard, each to its master, side by side
-        parts: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
-        for which, grouped in ((0, by_queue), (1, delayed)):
-            for q, idxs in grouped.items():
-                parts.setdefault(self._shard_of(topic, q) or "", ({}, {}))[which][q] = idxs
-        if len(parts) > 1 and (transaction or begin is not None or commit is not None):
-            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "a transaction over queues of several shards is not "
-                            "built yet (docs/shards.md): keep one transaction's messages on one shard's queues")
+                futures = [(shard, self._fan_out().submit(_outcome, to_shard, shard)) for shard in parts]
+                outcomes = [(shard, f.result()) for shard, f in futures]
+            refused: BrokerError | None = None
+            for shard, outcome in outcomes:
+                if isinstance(outcome, BrokerError):
+                    if outcome.owner is None:
+                        raise outcome
+                    refused = outcome
+                    continue
+                done.extend(outcome)
+                for q in parts[shard][0]:
+                    by_queue.pop(q)
+                for q in parts[shard][1]:
+                    delayed.pop(q)
+            if refused is None:
+                return _receipts(topic, len(messages), done)
+            if hop < ROUTE_HOPS_MAX:
+                self._learn_routes([topic])
+        assert refused is not None
+        raise refused
 
-        def to_shard(shard: str) -> list[SendGroup]:
-            bq, dl = parts[shard]
-            any_queue = next(iter(bq or dl))
-            with self._shard_lock(shard):  # one send at a time per shard and producer: its sequences
-                return self._routed(topic, any_queue,
-                                    lambda core: send(core, bq, dl, timer_key=(f"{TIMER_TOPIC}@{shard}", 0)))
-
-        if len(parts) == 1:
-            return _receipts(topic, len(messages), to_shard(next(iter(parts))))
-        futures = [self._fan_out().submit(to_shard, shard) for shard in parts]
-        return _receipts(topic, len(messages), [g for f in futures for g in f.result()])
+    def _send_part(self, parts: dict[str | None, tuple[dict[int, list[int]], dict[int, list[int]]]], topic: str,
+                   messages: Sequence[Message], ack: str, timeout_ms: int | None, shard: str | None) -> list[SendGroup]:
+        """One Send of ``parts[shard]`` to ``shard``'s master with its producer, under its lock."""
+        by_queue, delayed = parts[shard]
+        key = shard or ""
+        with self._shard_lock(key):
+            producer = self._shard_producers.get(key)
+            if producer is None or any(v > SEQUENCE_MAX for v in producer.sequences.values()):
+                producer = self._shard_producers[key] = _Producer()
+            try:
+                return self._send_batches(producer, topic, messages, self._shard_core(shard), by_queue, delayed,
+                                          ack=ack, timeout_ms=timeout_ms, transaction=0, begin=None, begun=None,
+                                          commit=None, ended=None)
+            except BrokerError as exc:
+                if exc.owner is None:  # outcome unknown after every retry: never reuse these sequences
+                    self._shard_producers[key] = _Producer()
+                if shard is not None and isinstance(exc, (Unavailable, DeadlineExceeded)):
+                    self._routes.doubt(shard)
+                raise
 
     def _sticky_queue(self, topic: str, queues: int) -> int:
         """The queue a call's keyless messages go to in a cluster of shards: the next in round-robin

@@ -53,7 +53,11 @@ class RouteTable:
             if newer:
                 self.revision = resp.revision
                 for s in resp.shards:
-                    self._shards[s.shard] = ShardNodes(s.master, list(s.nodes))
+                    known = self._shards.get(s.shard)
+                    # a shard between masters lists no nodes (its topology key goes with the master's
+                    # lease): keep the nodes known, so its slave is still tried while it fails over
+                    nodes = list(s.nodes) or (known.nodes if known is not None else [])
+                    self._shards[s.shard] = ShardNodes(s.master, nodes)
 
     def queues(self, topic: str) -> list[str] | None:
         """The shard of each queue of ``topic``; None: not known here."""

@@ -28,7 +28,8 @@ class TopicsAPI(ClientCore):
         self._queues[name] = queues
 
     def create_topics(self, topics: Mapping[str, int]) -> None:
-        """Create every topic of ``topics`` (name → queues) in one call, all or none (at most 1,000)."""
+        """Create every topic of ``topics`` (name → queues) in one call, all or none (at most 1,000;
+        128 in a cluster of shards: one etcd transaction)."""
         request = pb.CreateTopicsRequest(topics=[_request(pb.CreateTopicRequest, name=n, queues=q) for n, q in topics.items()])
         self._call("CreateTopics", request, retry=False)
         self._queues.update(topics)

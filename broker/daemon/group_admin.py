@@ -262,7 +262,7 @@ class GroupAdmin:
         for q in range(queues):
             qf = self.store.views.queues.queue(name, q)
             shard, master = owners[q] if owners is not None and q < len(owners) else ("", "")
-            if info is None or qf is None:
+            if qf is None or (info is None and owners is not None):
                 if owners is not None:  # another shard's queue, or one this log holds not yet: offsets not told here
                     resp.queues.add(queue_id=q, shard=shard, master=master)
                 continue

@@ -128,7 +128,10 @@ def decode_topology(raw: bytes) -> Topology:
     b = _fields(raw, ("node_id", "epoch", "client", "nodes"))
     if not isinstance(b["nodes"], list):
         raise RecordError("nodes: expected a list")
-    return Topology(str(b["node_id"]), int(b["epoch"]), str(b["client"]), tuple(str(n) for n in b["nodes"]))
+    try:  # every node reads this key: a bad value must not stop a node's copy of the cluster
+        return Topology(str(b["node_id"]), int(b["epoch"]), str(b["client"]), tuple(str(n) for n in b["nodes"]))
+    except (TypeError, ValueError) as exc:
+        raise RecordError(f"not a topology: {exc}") from None
 
 
 def decode_switchover(raw: bytes) -> Switchover:
