@@ -220,3 +220,15 @@ def _missing_now(address: str, acked: dict[bytes, tuple[int, int]], queues: int)
                 for m in res:
                     found[m.body] = (m.queue_id, m.queue_offset)
     return [b for b, where in acked.items() if found.get(b) != where]
+
+
+def sent_once_placed(c: BrokerClient, topic: str, messages: list[Message]) -> bool:
+    """A send in a cluster of shards; False while a shard's log does not hold the topic yet
+    (UNAVAILABLE: its master creates it a moment after etcd places it)."""
+    try:
+        c.send(topic, messages, ack="replica")
+    except BrokerError as exc:
+        if exc.code.name != "UNAVAILABLE":
+            raise
+        return False
+    return True

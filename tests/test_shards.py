@@ -24,11 +24,10 @@ from broker.client import (
     InvalidArgument,
     Message,
     NotFound,
-    Unavailable,
 )
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
-from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
+from tests.failoverutil import Spawn, coordinated, in_sync, sent_once_placed, status, wait_master
 from tests.procs import DaemonProcess
 from tests.waits import wait_until
 
@@ -204,7 +203,7 @@ def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spa
         owners = [q["shard"] for q in c.describe_topic("orders")["queues"]]
         assert sorted(set(owners)) == ["s1", "s2"]
         keys = [f"k{i}" for i in range(64)]
-        wait_until(lambda: _sends(c, "orders", [Message(b"probe", key=k) for k in keys]), 15, "every queue created")
+        wait_until(lambda: sent_once_placed(c, "orders", [Message(b"probe", key=k) for k in keys]), 15, "every queue created")
         c.send("orders", [Message(f"{k}:{n}".encode(), key=k) for n in range(5) for k in keys], ack="replica")
         keyless = c.send("orders", [Message(b"loose") for _ in range(10)], ack="replica")
         assert len({r.queue_id for r in keyless}) == 1, "a call's keyless messages share a queue"
@@ -260,14 +259,6 @@ def test_a_client_bootstrapped_from_one_node_routes_every_queue_to_its_shard(spa
         assert asked == [["orders"]], "no route request for the pulls: the refusals named the owners"
 
 
-def _sends(c: BrokerClient, topic: str, messages: list[Message]) -> bool:
-    try:
-        c.send(topic, messages, ack="replica")
-    except Unavailable:  # a shard's log does not hold the topic yet
-        return False
-    return True
-
-
 def test_one_shard_failing_over_leaves_the_other_serving(spawn: Spawn, etcd: EtcdProcess) -> None:
     """kill -9 of one shard's master: the other shard's queues take sends throughout, from the
     same client whose send to the failed shard waits out its failover (a lock per shard, not one
@@ -279,7 +270,7 @@ def test_one_shard_failing_over_leaves_the_other_serving(spawn: Spawn, etcd: Etc
     with BrokerClient([d.address for d in s2]) as c:
         c.create_topic("t", queues=4)
         owners = [q["shard"] for q in c.describe_topic("t")["queues"]]
-        wait_until(lambda: _sends(c, "t", [Message(b"probe", key=str(q)) for q in range(16)]), 15, "every queue created")
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe", key=str(q)) for q in range(16)]), 15, "every queue created")
         other_q = owners.index("s2")
         failed_q = owners.index("s1")
         gaps: list[float] = []

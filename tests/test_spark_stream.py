@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import BrokerClient, BrokerError, Message
+from broker.client import BrokerClient, Message
 from tests.failoverutil import TOPIC as FAILOVER_TOPIC
-from tests.failoverutil import Pair, coordinated, create_topic, in_sync, wait_master
+from tests.failoverutil import Pair, coordinated, create_topic, in_sync, sent_once_placed, wait_master
 from tests.procs import DaemonProcess
 from tests.sparkutil import ROOT, build_session, spark_env, start_stream
 from tests.waits import holds_for, wait_until
@@ -377,7 +377,7 @@ def test_a_batch_read_spans_the_shards_of_a_cluster(spark: Any, spawn: Callable[
         c.create_topic("spread", queues=4)
         assert sorted({q["shard"] for q in c.describe_topic("spread")["queues"]}) == ["s1", "s2"]
         probe = [Message(body=b"probe", key=f"p{i}") for i in range(32)]
-        wait_until(lambda: _sent(c, "spread", probe), 15, "every queue created on its shard")
+        wait_until(lambda: sent_once_placed(c, "spread", probe), 15, "every queue created on its shard")
         c.send("spread", [Message(body=f"m{i}".encode(), key=f"k{i % 13}") for i in range(400)], ack="replica")
         expected = pulled(c, "spread")  # each queue up to its end as its own shard lists it
         assert sum(c.list_topics()["spread"]["max_offsets"]) == len(expected) >= 432
@@ -386,16 +386,6 @@ def test_a_batch_read_spans_the_shards_of_a_cluster(spark: Any, spawn: Callable[
             .select("topic", "partition", "offset", "value").collect())
     got = {(r.topic, r.partition, r.offset): bytes(r.value) for r in rows}
     assert len(rows) == len(got) and got == expected
-
-
-def _sent(c: BrokerClient, topic: str, messages: list[Message]) -> bool:
-    try:
-        c.send(topic, messages, ack="replica")
-    except BrokerError as exc:
-        if exc.code.name != "UNAVAILABLE":
-            raise
-        return False
-    return True
 
 
 def test_a_stream_over_two_shards_reads_each_record_once_across_a_shards_failover(
@@ -413,7 +403,7 @@ def test_a_stream_over_two_shards_reads_each_record_once_across_a_shards_failove
     with BrokerClient(s2.address, timeout_s=30) as c:
         c.create_topic("flow", queues=4)
         assert sorted({q["shard"] for q in c.describe_topic("flow")["queues"]}) == ["s1", "s2"]
-        wait_until(lambda: _sent(c, "flow", [Message(b"probe", key=f"p{i}") for i in range(32)]), 15,
+        wait_until(lambda: sent_once_placed(c, "flow", [Message(b"probe", key=f"p{i}") for i in range(32)]), 15,
                    "every queue created on its shard")
         c.send("flow", [Message(f"one-{i}".encode(), key=f"k{i % 11}") for i in range(200)], ack="replica")
 

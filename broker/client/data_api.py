@@ -109,10 +109,10 @@ class DataAPI(TopicsAPI):
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
             return Receipts(topic, 0, [])
-        queues = self._queue_count(topic)
-        by_queue, delayed = _grouped(messages, queues, next(self._round_robin) % queues)
         if self.sharded:  # a transaction's (refused at its begin in a cluster of shards: not built yet)
             raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "transactions in a cluster of shards are not built yet")
+        queues = self._queue_count(topic)
+        by_queue, delayed = _grouped(messages, queues, next(self._round_robin) % queues)
         return _receipts(topic, len(messages), self._send_batches(
             producer, topic, messages, self, by_queue, delayed, ack=ack, timeout_ms=timeout_ms, transaction=transaction,
             begin=begin, begun=begun, commit=commit, ended=ended))
