@@ -100,6 +100,19 @@ class Placement(Protocol):
         the owner, or UNAVAILABLE while its log does not hold the topic yet)."""
         ...
 
+    def check_group(self, group: str) -> None:
+        """Raise unless this node's shard coordinates ``group`` (FAILED_PRECONDITION naming the shard
+        that does; its slot is given a shard first if it has none: blocks on etcd)."""
+        ...
+
+    def is_local(self, topic: str, queue: int) -> bool:
+        """Whether this node's shard writes ``queue`` of ``topic`` (True for a topic etcd does not place)."""
+        ...
+
+    def queue_count(self, topic: str) -> int | None:
+        """The topic's queues over every shard; None when it is not placed."""
+        ...
+
     def owners(self, topic: str) -> list[tuple[str, str]] | None:
         """Per queue: (shard, its master's client address); None when the topic is not placed."""
         ...

@@ -850,10 +850,14 @@ class ListGroupsResponse(_message.Message):
     def __init__(self, groups: _Optional[_Iterable[_Union[GroupSummary, _Mapping]]] = ...) -> None: ...
 
 class DescribeGroupRequest(_message.Message):
-    __slots__ = ("group",)
+    __slots__ = ("group", "here_only", "queues")
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    HERE_ONLY_FIELD_NUMBER: _ClassVar[int]
+    QUEUES_FIELD_NUMBER: _ClassVar[int]
     group: str
-    def __init__(self, group: _Optional[str] = ...) -> None: ...
+    here_only: bool
+    queues: _containers.RepeatedCompositeFieldContainer[QueueRef]
+    def __init__(self, group: _Optional[str] = ..., here_only: _Optional[bool] = ..., queues: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ...) -> None: ...
 
 class GroupMember(_message.Message):
     __slots__ = ("member_id", "client_id", "topics", "assigned", "session_timeout_ms", "last_heartbeat_ms_ago")
@@ -872,7 +876,7 @@ class GroupMember(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., client_id: _Optional[str] = ..., topics: _Optional[_Iterable[str]] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., session_timeout_ms: _Optional[int] = ..., last_heartbeat_ms_ago: _Optional[int] = ...) -> None: ...
 
 class GroupQueue(_message.Message):
-    __slots__ = ("topic", "queue_id", "has_committed", "committed_offset", "end_offset", "lag", "owner", "in_flight", "pop_offset")
+    __slots__ = ("topic", "queue_id", "has_committed", "committed_offset", "end_offset", "lag", "owner", "in_flight", "pop_offset", "shard")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     HAS_COMMITTED_FIELD_NUMBER: _ClassVar[int]
@@ -882,6 +886,7 @@ class GroupQueue(_message.Message):
     OWNER_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_FIELD_NUMBER: _ClassVar[int]
     POP_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_id: int
     has_committed: bool
@@ -891,10 +896,11 @@ class GroupQueue(_message.Message):
     owner: str
     in_flight: int
     pop_offset: int
-    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., has_committed: _Optional[bool] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., in_flight: _Optional[int] = ..., pop_offset: _Optional[int] = ...) -> None: ...
+    shard: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., has_committed: _Optional[bool] = ..., committed_offset: _Optional[int] = ..., end_offset: _Optional[int] = ..., lag: _Optional[int] = ..., owner: _Optional[str] = ..., in_flight: _Optional[int] = ..., pop_offset: _Optional[int] = ..., shard: _Optional[str] = ...) -> None: ...
 
 class GroupDescription(_message.Message):
-    __slots__ = ("name", "generation", "rebalances", "members", "queues", "dlq_messages", "redeliveries")
+    __slots__ = ("name", "generation", "rebalances", "members", "queues", "dlq_messages", "redeliveries", "shard")
     NAME_FIELD_NUMBER: _ClassVar[int]
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REBALANCES_FIELD_NUMBER: _ClassVar[int]
@@ -902,6 +908,7 @@ class GroupDescription(_message.Message):
     QUEUES_FIELD_NUMBER: _ClassVar[int]
     DLQ_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     REDELIVERIES_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     name: str
     generation: int
     rebalances: int
@@ -909,7 +916,8 @@ class GroupDescription(_message.Message):
     queues: _containers.RepeatedCompositeFieldContainer[GroupQueue]
     dlq_messages: int
     redeliveries: int
-    def __init__(self, name: _Optional[str] = ..., generation: _Optional[int] = ..., rebalances: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., dlq_messages: _Optional[int] = ..., redeliveries: _Optional[int] = ...) -> None: ...
+    shard: str
+    def __init__(self, name: _Optional[str] = ..., generation: _Optional[int] = ..., rebalances: _Optional[int] = ..., members: _Optional[_Iterable[_Union[GroupMember, _Mapping]]] = ..., queues: _Optional[_Iterable[_Union[GroupQueue, _Mapping]]] = ..., dlq_messages: _Optional[int] = ..., redeliveries: _Optional[int] = ..., shard: _Optional[str] = ...) -> None: ...
 
 class DescribeGroupResponse(_message.Message):
     __slots__ = ("group",)
@@ -918,16 +926,25 @@ class DescribeGroupResponse(_message.Message):
     def __init__(self, group: _Optional[_Union[GroupDescription, _Mapping]] = ...) -> None: ...
 
 class ResetOffsetsRequest(_message.Message):
-    __slots__ = ("group", "topic", "to", "value")
+    __slots__ = ("group", "topic", "to", "value", "queue_offsets")
+    class QueueOffsetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: int
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[int] = ...) -> None: ...
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     TO_FIELD_NUMBER: _ClassVar[int]
     VALUE_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     to: ResetTo
     value: int
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., to: _Optional[_Union[ResetTo, str]] = ..., value: _Optional[int] = ...) -> None: ...
+    queue_offsets: _containers.ScalarMap[int, int]
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., to: _Optional[_Union[ResetTo, str]] = ..., value: _Optional[int] = ..., queue_offsets: _Optional[_Mapping[int, int]] = ...) -> None: ...
 
 class ResetOffsetsResponse(_message.Message):
     __slots__ = ("offsets",)

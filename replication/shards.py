@@ -13,6 +13,11 @@
   one-pair cluster upgraded into this shard: all their queues here). The log stays the truth for
   everything the shard serves.
 
+- **Coordinating groups.** A group's coordinator is the shard of its slot (``slots.py``); a
+  group call to another shard is refused ``FAILED_PRECONDITION`` naming it, as a queue's is. A
+  slot without a shard is given one (the live shard with the fewest slots) by whichever node is
+  asked first.
+
 - **Deleting topics.** ``delete`` turns the topic's record into a tombstone; each shard's master
   deletes the topic from its log; requests for it are ``NOT_FOUND`` from then on, and a deleted
   name is not created again (not yet: an incarnation id would have to tell the two apart in a
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -35,6 +41,7 @@ from broker.ports import Routes, ShardRoute
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
+from replication.coordination import slots as sl
 from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.etcd import Etcd
 
@@ -50,6 +57,10 @@ RunOnLoop = Callable[[Callable[[Etcd], Coroutine[Any, Any, Any]], float], Any]
 
 async def _create_placements(records: dict[str, bytes], etcd: Etcd) -> int:
     return await etcd.create_placements(records)
+
+
+async def _create_slot(slot: int, record: bytes, etcd: Etcd) -> int:
+    return await etcd.create_slot(slot, record)
 
 
 async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: Etcd) -> int:
@@ -125,16 +136,57 @@ class ShardPlacement:
             return
         owner = p.owner(queue)
         if owner != self.shard:
-            master = self.cluster.master(owner)
-            where = f"master {master.client}" if master is not None else "no master now"
-            raise BrokerError("FAILED_PRECONDITION", f"queue {queue} of topic {shown(topic)} is on shard "
-                              f"{owner!r} ({where}), not on this node's shard {self.shard!r}",
-                              metadata=((OWNER_SHARD_KEY, owner), (OWNER_MASTER_KEY, master.client if master else ""),
-                                        (ROUTES_REVISION_KEY, str(self.cluster.revision))))
+            raise self._refusal(f"queue {queue} of topic {shown(topic)}", owner)
         if self.store.views.metadata.topic(topic) is None:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
                               "retry in a moment")
+
+    def _refusal(self, what: str, owner: str) -> BrokerError:
+        master = self.cluster.master(owner)
+        where = f"master {master.client}" if master is not None else "no master now"
+        return BrokerError("FAILED_PRECONDITION", f"{what} is on shard {owner!r} ({where}), not on this node's shard "
+                           f"{self.shard!r}",
+                           metadata=((OWNER_SHARD_KEY, owner), (OWNER_MASTER_KEY, master.client if master else ""),
+                                     (ROUTES_REVISION_KEY, str(self.cluster.revision))))
+
+    def group_shard(self, group: str) -> str:
+        """The shard coordinating ``group``: its slot's, given one now if it has none (etcd)."""
+        slot = sl.slot_of(group)
+        shard = self.cluster.slot_shard(slot)
+        if shard is not None:
+            return shard
+        if not self.cluster.revision:
+            raise BrokerError("UNAVAILABLE", "this node has not loaded the cluster's placements from etcd yet; retry")
+        live = [s for s, master in self.cluster.shards().items() if master is not None]
+        if not live:
+            raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now to coordinate groups")
+        record = sl.encode(sl.pick(self.cluster.slots_held(), live))
+        revision = self._run(functools.partial(_create_slot, slot, record), PLACE_WAIT_S)
+        if revision:
+            self.cluster.wait_revision(revision, PLACE_WAIT_S)
+            log.info("group_slot_assigned", slot=slot, shard=sl.decode(record), revision=revision)
+        else:  # another node gave it one meanwhile: wait for the copy to show it
+            deadline = time.monotonic() + PLACE_WAIT_S
+            while self.cluster.slot_shard(slot) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+        shard = self.cluster.slot_shard(slot)
+        if shard is None:
+            raise BrokerError("UNAVAILABLE", f"group slot {slot} was given a shard, not yet seen here; retry")
+        return shard
+
+    def check_group(self, group: str) -> None:
+        owner = self.group_shard(group)
+        if owner != self.shard:
+            raise self._refusal(f"group {shown(group)} (slot {sl.slot_of(group)})", owner)
+
+    def is_local(self, topic: str, queue: int) -> bool:
+        p = self.cluster.placement(topic)
+        return p is None or not 0 <= queue < p.queues or p.owner(queue) == self.shard
+
+    def queue_count(self, topic: str) -> int | None:
+        p = self.cluster.placement(topic)
+        return p.queues if p is not None else None
 
     def owners(self, topic: str) -> list[tuple[str, str]] | None:
         """Per queue of ``topic``: (shard, its master's client address or ''); None: not placed."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from replication.coordination import placement as pl
+from replication.coordination import slots as sl
 from replication.coordination.records import RecordError
 
 
@@ -28,3 +29,19 @@ def test_a_placement_round_trips_and_a_bad_one_is_never_trusted() -> None:
                 b'{"queues": 1, "segments": [[]]}', b'{"queues": 1}'):
         with pytest.raises(RecordError):
             pl.decode(raw)
+
+
+def test_group_slots_are_stable_spread_and_strictly_parsed() -> None:
+    assert sl.slot_of("orders-consumers") == sl.slot_of("orders-consumers")
+    assert len({sl.slot_of(f"g{i}") for i in range(2000)}) == sl.SLOTS, "groups spread over every slot"
+    assert sl.pick({"s1": 3, "s2": 1}, ["s1", "s2", "s3"]) == "s3", "a shard with none takes the next slot"
+    assert sl.pick({"s1": 2, "s2": 2}, ["s2", "s1"]) == "s1", "ties to the lowest name"
+    assert sl.pick({"s1": 0}, ["s2"]) == "s2", "only shards with a master"
+    with pytest.raises(ValueError):
+        sl.pick({}, [])
+    assert sl.decode(sl.encode("s7")) == "s7"
+    for bad in (b"{}", b"[]", b'{"shard": ""}', b'{"shard": 3}', b"\xff"):
+        with pytest.raises(RecordError):
+            sl.decode(bad)
+    assert [sl.parse_key(k) for k in ("slots/0", "slots/255", "slots/256", "slots/07", "slots/x", "topics/slots/1")] == [
+        0, 255, None, None, None, None]

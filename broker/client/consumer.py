@@ -1,6 +1,7 @@
 """Subscribe mode, client side (DESIGN §12): ``BrokerClient.consumer(group, topics)``.
 
-A background thread heartbeats to the master with the queues this member holds; the master
+A background thread heartbeats to the master with the queues this member holds (in a cluster of
+shards, to the master of the shard coordinating the group; pulls go to each queue's shard); the master
 answers with the queues it may hold. New queues are taken at once (from the committed offset, or
 ``auto_offset_reset`` when none is committed); a queue to release is released inside the next
 ``poll()`` (or ``commit()``/``close()``), after committing the position of what earlier polls
@@ -13,6 +14,7 @@ heartbeats failed for a whole session drops what it holds (the master gave it aw
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import threading
@@ -39,9 +41,16 @@ class BrokerClient(Protocol):
     def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int, max_wait_ms: int,
                     isolation: str = ...) -> Any: ...
     def _call(self, method: str, request: Any, *, retry: bool = ..., timeout_s: float | None = ...) -> Any: ...
+    def _coordinated(self, group: str, call: Callable[[Any], Any]) -> Any: ...
     def close(self) -> None: ...
 
 QueueKey = tuple[str, int]
+
+
+def _heartbeat(request: pb.HeartbeatRequest, timeout_s: float, core: Any) -> pb.HeartbeatResponse:
+    return core._call("Heartbeat", request, timeout_s=timeout_s)
+
+
 RESETS = ("latest", "earliest")
 IDLE_WAIT_MS = 1000  # a poll that found nothing long-polls one queue up to this long, then looks again
 WAKE_CHECK_S = 0.02  # while it waits, how often it looks for a change of assignment
@@ -134,8 +143,9 @@ class Consumer:
             self._heartbeat_now.set()
             if self.member_id:  # the master also ends the heartbeat parked for us
                 with contextlib.suppress(Exception):  # leaving is a courtesy: the session expires anyway
-                    self._hb._call("Heartbeat", pb.HeartbeatRequest(group=self.group, member_id=self.member_id,
-                                                                    leave=True), retry=False, timeout_s=5.0)
+                    leave = pb.HeartbeatRequest(group=self.group, member_id=self.member_id, leave=True)
+                    self._hb._coordinated(self.group, lambda core: core._call("Heartbeat", leave, retry=False,
+                                                                              timeout_s=5.0))
             self._thread.join(self._hb.timeout_s)
             self._hb.close()
 
@@ -262,7 +272,8 @@ class Consumer:
                                           session_timeout_ms=self.session_timeout_ms, max_wait_ms=wait_ms,
                                           client_id=self.client_id)
             try:
-                resp = self._hb._call("Heartbeat", request, timeout_s=self.session_timeout_ms / 1000.0 + wait_ms / 1000.0)
+                resp = self._hb._coordinated(self.group, functools.partial(
+                    _heartbeat, request, self.session_timeout_ms / 1000.0 + wait_ms / 1000.0))
             except BrokerError as exc:
                 self.error = exc
                 if self._closed.is_set():

@@ -149,6 +149,7 @@ class ClientCore:
         self._queues: dict[str, int] = {}
         self._round_robin = itertools.count()
         self._routes = RouteTable()  # a cluster of shards: which shard writes each queue (routes.py)
+        self._pop_turn = itertools.count()  # a cluster of shards: the shard a pop asks first rotates
         self._shard_cores: dict[str, ClientCore] = {}  # a connection per shard, made when first needed
         self._shards_lock = threading.Lock()
         self._send_locks: dict[str, threading.Lock] = {}  # sends to one shard, one at a time (their sequences)
@@ -334,6 +335,22 @@ class ClientCore:
                     raise
                 hops += 1
                 self._routes.moved(topic, queue, exc.owner.shard, exc.owner.master)
+
+    def _coordinated(self, group: str, call: Callable[[ClientCore], T]) -> T:
+        """``call`` on the connection to the shard coordinating ``group`` (this one outside a cluster
+        of shards); the first goes to any node, whose refusal names the coordinator."""
+        if not self.sharded:
+            return call(self)
+        hops = 0
+        while True:
+            shard = self._routes.group_shard(group)
+            try:
+                return call(self._shard_core(shard))
+            except BrokerError as exc:
+                if exc.owner is None or hops >= ROUTE_HOPS_MAX:
+                    raise
+                hops += 1
+                self._routes.group_moved(group, exc.owner.shard, exc.owner.master)
 
     @property
     def current_address(self) -> str:

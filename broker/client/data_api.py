@@ -362,9 +362,10 @@ class DataAPI(TopicsAPI):
         """Store several positions of ``group`` at once: ``{(topic, queue_id): offset}``."""
         req = _request(pb.CommitOffsetRequest, offsets=[_request(pb.CommittedOffset, group=group, topic=t, queue_id=q, offset=o)
                                                         for (t, q), o in offsets.items()])
-        self._call("CommitOffset", req)
+        self._coordinated(group, lambda core: core._call("CommitOffset", req))
 
     def committed_offset(self, group: str, topic: str, queue_id: int) -> int | None:
         """``group``'s stored position on one queue, or None if it never committed one."""
-        resp = self._call("GetOffset", _request(pb.GetOffsetRequest, group=group, topic=topic, queue_id=queue_id))
+        req = _request(pb.GetOffsetRequest, group=group, topic=topic, queue_id=queue_id)
+        resp = self._coordinated(group, lambda core: core._call("GetOffset", req))
         return int(resp.offset) if resp.found else None

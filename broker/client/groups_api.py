@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Self, cast
 
+import grpc
+
+from broker.client import group_merge
 from broker.client.consumer import BrokerClient as ConsumerClient
 from broker.client.consumer import Consumer
 from broker.client.core import ClientCore, _request
 from broker.client.data_api import isolation_of
+from broker.client.errors import BrokerError, NotFound, error_for
 from broker.client.messages import PoppedMessage, PopResult
 from proto import tidemark_pb2 as pb
+
+POP_WAIT_SLICE_MS = 500  # a cluster of shards: a waiting pop waits this long on one shard, then the next
 
 
 class GroupsAPI(ClientCore):
@@ -36,12 +43,19 @@ class GroupsAPI(ClientCore):
 
     def list_groups(self) -> list[dict[str, Any]]:
         """Every group with live members, committed offsets or pop state: name, members, topics, lag."""
-        resp = self._call("ListGroups", pb.ListGroupsRequest())
-        return [{"name": g.name, "members": g.members, "topics": list(g.topics), "lag": g.lag} for g in resp.groups]
+        if not self.sharded:
+            resp = self._call("ListGroups", pb.ListGroupsRequest())
+            return [{"name": g.name, "members": g.members, "topics": list(g.topics), "lag": g.lag} for g in resp.groups]
+        # a cluster of shards: each shard lists the groups it coordinates, and those with pop leases on
+        # its queues (a group's lag here counts the queues of the shards that told it: docs/shards.md)
+        self._learn_routes([])
+        return group_merge.merge_listed(self._shard_core(shard)._call("ListGroups", pb.ListGroupsRequest())
+                                        for shard in self._routes.shards())
 
     def describe_group(self, group: str) -> dict[str, Any]:
         """Members and their queues, and per queue: committed offset, end, lag, owner, pop leases."""
-        g = self._call("DescribeGroup", _request(pb.DescribeGroupRequest, group=group)).group
+        req = _request(pb.DescribeGroupRequest, group=group)
+        g = self._describe_sharded(group) if self.sharded else self._call("DescribeGroup", req).group
         return {
             "name": g.name, "generation": g.generation, "rebalances": g.rebalances,
             "dlq_messages": g.dlq_messages, "redeliveries": g.redeliveries,
@@ -52,9 +66,33 @@ class GroupsAPI(ClientCore):
             "queues": [{"topic": q.topic, "queue_id": q.queue_id,
                         "committed_offset": q.committed_offset if q.has_committed else None,
                         "end_offset": q.end_offset, "lag": q.lag, "owner": q.owner, "in_flight": q.in_flight,
-                        "pop_offset": q.pop_offset} for q in g.queues],
+                        "pop_offset": q.pop_offset, "shard": q.shard} for q in g.queues],
         }
 
+    def _describe_sharded(self, group: str) -> pb.GroupDescription:
+        """The coordinator's description, each other shard's part folded in (``group_merge``). A
+        queue whose shard did not answer keeps ``shard`` set: its end and lag are not known."""
+        req = _request(pb.DescribeGroupRequest, group=group)
+        try:
+            desc = self._coordinated(group, lambda core: core._call("DescribeGroup", req)).group
+        except NotFound:
+            desc = pb.GroupDescription(name=group, shard=self._routes.group_shard(group) or "")
+        asked = group_merge.asked_of(desc)
+        self._learn_routes([])
+        heres = []
+        for shard in self._routes.shards():
+            if shard == desc.shard:
+                continue
+            here = _request(pb.DescribeGroupRequest, group=group, here_only=True, queues=asked.get(shard, []))
+            try:
+                heres.append(self._shard_core(shard)._call("DescribeGroup", here).group)
+            except BrokerError:  # that shard is between masters: its queues stay unknown (shard set)
+                continue
+        out = group_merge.merge_described(desc, heres)
+        if not out.members and not out.queues:
+            raise error_for(grpc.StatusCode.NOT_FOUND, f"group {group!r} has no members, no committed offsets and no "
+                            "pop state on any shard")
+        return out
     def reset_offsets(self, group: str, topic: str, to: str) -> dict[int, int]:
         """Commit new offsets for every queue of ``topic``: ``to`` is ``earliest``, ``latest``,
         ``time:MS`` or ``offset:N``. Refused (FAILED_PRECONDITION) while the group has live members.
@@ -63,9 +101,28 @@ class GroupsAPI(ClientCore):
         kinds = {"earliest": pb.RESET_TO_EARLIEST, "latest": pb.RESET_TO_LATEST, "time": pb.RESET_TO_TIME, "offset": pb.RESET_TO_OFFSET}
         if kind not in kinds or (kind in ("time", "offset")) != bool(value) or (value and not value.lstrip("-").isdigit()):
             raise ValueError(f"reset target must be earliest, latest, time:MS or offset:N, got {to!r}")
-        resp = self._call("ResetOffsets", _request(pb.ResetOffsetsRequest, group=group, topic=topic, to=kinds[kind],
-                                                   value=int(value or 0)), retry=False)
+        elsewhere = self._reset_targets(topic, kind, int(value or 0)) if self.sharded else {}
+        req = _request(pb.ResetOffsetsRequest, group=group, topic=topic, to=kinds[kind], value=int(value or 0),
+                       queue_offsets=elsewhere)
+        resp = self._coordinated(group, lambda core: core._call("ResetOffsets", req, retry=False))
         return {o.queue_id: o.offset for o in resp.offsets}
+
+    def _reset_targets(self, topic: str, kind: str, value: int) -> dict[int, int]:
+        """A cluster of shards: each queue's reset offset, resolved on the queue's own shard (the
+        coordinator resolves its own queues itself and takes these for the others')."""
+        queues = cast(ConsumerClient, self).describe_topic(topic)["queues"]
+        out: dict[int, int] = {}
+        for q in queues:
+            low, high = int(q["min_offset"]), int(q["max_offset"])
+            if kind == "earliest":
+                out[q["queue_id"]] = low
+            elif kind == "latest":
+                out[q["queue_id"]] = high
+            elif kind == "time":
+                out[q["queue_id"]] = cast(Any, self).offset_for_time(topic, q["queue_id"], value)
+            else:
+                out[q["queue_id"]] = min(max(value, low), high)
+        return out
 
     def pop(self, group: str, topic: str, max_messages: int = 32, invisible_ms: int = 30_000, max_wait_ms: int = 0,
             *, start: str = "latest", isolation: str = "read_committed") -> PopResult:
@@ -79,8 +136,46 @@ class GroupsAPI(ClientCore):
         req = _request(pb.PopRequest, group=group, topic=topic, max_messages=max_messages, invisible_ms=invisible_ms,
                        max_wait_ms=max_wait_ms, start_earliest=start == "earliest", as_runs=True,
                        isolation=isolation_of(isolation))
-        resp = self._call("Pop", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0)
-        return PopResult(topic, resp)
+        if not self.sharded:
+            return PopResult(topic, self._call("Pop", req, timeout_s=self.timeout_s + max_wait_ms / 1000.0))
+        return PopResult(topic, self._pop_sharded(topic, req))
+
+    def _pop_sharded(self, topic: str, req: pb.PopRequest) -> pb.PopResponse:
+        """Pop leases stay with each queue's shard: ask the topic's shards in turn (from a rotating
+        start) until ``max_messages`` are leased; with nothing anywhere, wait on one shard at a time
+        (``POP_WAIT_SLICE_MS`` each) until ``max_wait_ms`` passes."""
+        owners = self._routes.queues(topic)
+        if owners is None:
+            self._learn_routes([topic])
+            owners = self._routes.queues(topic)
+        if owners is None:
+            return self._call("Pop", req)  # not placed: the node answers NOT_FOUND (or a system topic)
+        shards = sorted(set(owners))
+        start = next(self._pop_turn) % len(shards)
+        shards = shards[start:] + shards[:start]
+        out = pb.PopResponse()
+        deadline = time.monotonic() + req.max_wait_ms / 1000.0
+        want = req.max_messages or 32
+        while True:
+            for shard in shards:
+                ask = pb.PopRequest()
+                ask.CopyFrom(req)
+                ask.max_messages, ask.max_wait_ms = want - sum(r.count for r in out.runs), 0
+                resp = self._shard_core(shard)._call("Pop", ask)
+                out.runs.extend(resp.runs)
+                out.messages.extend(resp.messages)
+                if sum(r.count for r in out.runs) + len(out.messages) >= want:
+                    return out
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            if out.runs or out.messages or left_ms <= 0:
+                return out
+            ask = pb.PopRequest()
+            ask.CopyFrom(req)
+            ask.max_wait_ms = min(left_ms, POP_WAIT_SLICE_MS)
+            resp = self._shard_core(shards[0])._call("Pop", ask, timeout_s=self.timeout_s + ask.max_wait_ms / 1000.0)
+            if resp.runs or resp.messages:
+                return resp
+            shards = shards[1:] + shards[:1]
 
     def ack(self, group: str, messages: PopResult | Sequence[PoppedMessage | str] | PoppedMessage | str) -> dict[str, str]:
         """End these leases for good (one call, one record). Returns the handles that could not be
@@ -101,15 +196,28 @@ class GroupsAPI(ClientCore):
         else:
             items = [messages] if isinstance(messages, (str, PoppedMessage)) else list(messages)
             handles = [m if isinstance(m, str) else m.receipt_handle for m in items]
-        resp = self._call(method, _request(request_type, group=group, receipt_handles=handles, **fields))
-        return {r.receipt_handle: r.message for r in resp.results if r.code != 0}
+        if not self.sharded:
+            resp = self._call(method, _request(request_type, group=group, receipt_handles=handles, **fields))
+            return {r.receipt_handle: r.message for r in resp.results if r.code != 0}
+        by_shard: dict[str | None, list[str]] = {}  # each lease ends on the shard of its queue
+        for h in handles:
+            where = group_merge.queue_of_handle(h)
+            by_shard.setdefault(self._shard_of(*where) if where is not None else None, []).append(h)
+        out: dict[str, str] = {}
+        for shard, mine in by_shard.items():
+            resp = self._shard_core(shard)._call(method, _request(request_type, group=group, receipt_handles=mine,
+                                                                   **fields))
+            out.update({r.receipt_handle: r.message for r in resp.results if r.code != 0})
+        return out
 
     def change_invisible(self, group: str, message: PoppedMessage | str, invisible_ms: int) -> str:
         """Extend (or shorten) one lease to ``invisible_ms`` from now; returns its new receipt handle
         (also set on ``message``); the old one stops working."""
         handle = message if isinstance(message, str) else message.receipt_handle
-        resp = self._call("ChangeInvisible", _request(pb.ChangeInvisibleRequest, group=group, receipt_handle=handle,
-                                                       invisible_ms=invisible_ms), retry=False)
+        where = group_merge.queue_of_handle(handle) if self.sharded else None
+        core = self._shard_core(self._shard_of(*where)) if where is not None else self
+        resp = core._call("ChangeInvisible", _request(pb.ChangeInvisibleRequest, group=group, receipt_handle=handle,
+                                                      invisible_ms=invisible_ms), retry=False)
         if isinstance(message, PoppedMessage):
             message.receipt_handle = resp.receipt_handle
         return str(resp.receipt_handle)

@@ -3,7 +3,8 @@ each shard's nodes.
 
 Filled from ``GetRoutes`` (any node of any shard answers from its watched copy of etcd) the first
 time a topic is used, and corrected one queue at a time by a refusal that names the owner
-(``errors.Owner``): a stale route costs one refused call, never a round trip to etcd. A cluster
+(``errors.Owner``): a stale route costs one refused call, never a round trip to etcd. A group's
+coordinator shard is learnt the same way: the first call goes to any node, which names it. A cluster
 that is not sharded (the node answers ``shard = ""``, or an older node does not know the call) is
 remembered as such, and the client talks to its pair as it always did.
 """
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from proto import tidemark_pb2 as pb
 
 SHARD_DOUBT_S = 3.0  # a shard that failed a call this lately is avoided by keyless sends
+GROUPS_KNOWN_MAX = 10_000  # groups whose coordinator is remembered (beyond: forgotten, asked again)
 
 
 @dataclass
@@ -38,6 +40,7 @@ class RouteTable:
         self._topics: dict[str, list[str]] = {}  # topic -> the shard of each queue
         self._shards: dict[str, ShardNodes] = {}
         self._doubt: dict[str, float] = {}  # shard -> when a call to it last failed (monotonic)
+        self._groups: dict[str, str] = {}  # group -> the shard coordinating it (as a refusal named it)
 
     def learn(self, resp: pb.GetRoutesResponse) -> None:
         """Take a node's answer (its shard '' means: not a cluster of shards)."""
@@ -86,11 +89,27 @@ class RouteTable:
             shards = self._topics.get(topic)
             if shards is not None and 0 <= queue < len(shards):
                 shards[queue] = shard
-            nodes = self._shards.setdefault(shard, ShardNodes("", []))
-            if master:
-                nodes.master = master
-                if master not in nodes.nodes:
-                    nodes.nodes.append(master)
+            self._master_named(shard, master)
+
+    def group_shard(self, group: str) -> str | None:
+        """The shard coordinating ``group`` (None: not heard yet; any node names it)."""
+        with self._lock:
+            return self._groups.get(group)
+
+    def group_moved(self, group: str, shard: str, master: str) -> None:
+        """A node named ``shard`` (master at ``master``) as ``group``'s coordinator."""
+        with self._lock:
+            if len(self._groups) >= GROUPS_KNOWN_MAX:
+                self._groups.clear()
+            self._groups[group] = shard
+            self._master_named(shard, master)
+
+    def _master_named(self, shard: str, master: str) -> None:
+        nodes = self._shards.setdefault(shard, ShardNodes("", []))
+        if master:
+            nodes.master = master
+            if master not in nodes.nodes:
+                nodes.nodes.append(master)
 
     def doubt(self, shard: str) -> None:
         """A call to ``shard`` failed: keyless sends avoid it for a moment."""

@@ -49,9 +49,37 @@ class GroupAdmin:
         self.pops: PopState | None = None
         self._commit_lock = threading.Lock()
 
+    # -- a cluster of shards (docs/shards.md): a group's coordinator shard, queues over every shard --
+    def check_coordinator(self, group: str) -> None:
+        """Raise unless this node's shard coordinates ``group`` (a one-pair cluster always does)."""
+        check_group(group)
+        if self.store.placement is not None:
+            self.store.placement.check_group(group)
+
+    def queue_count(self, topic: str) -> int | None:
+        """The topic's queues over every shard (None: no such topic)."""
+        placement = self.store.placement
+        if placement is not None and (n := placement.queue_count(topic)) is not None:
+            return n
+        info = self.store.views.metadata.topic(topic)
+        return int(info["queues"]) if info is not None else None
+
+    def _remote(self, topic: str, queue: int) -> bool:
+        """Another shard writes this queue: its offsets are not known here."""
+        return self.store.placement is not None and not self.store.placement.is_local(topic, queue)
+
+    def check_queue(self, topic: str, queue: int) -> None:
+        """NOT_FOUND / INVALID_ARGUMENT unless the queue exists (on any shard)."""
+        if not self._remote(topic, queue):
+            self.store.reads.queue_bounds(topic, queue)
+
+    def _shard_of(self, topic: str, queue: int) -> str:
+        owners = self.store.placement.owners(topic) if self.store.placement is not None else None
+        return owners[queue][0] if owners is not None and queue < len(owners) else ""
+
     # -- request checks ----------------------------------------------------------------------------
     def check_heartbeat(self, request: pb.HeartbeatRequest) -> tuple[str, list[str], list[QueueKey], int]:
-        check_group(request.group)
+        self.check_coordinator(request.group)
         if len(request.topics) > TOPICS_PER_MEMBER_MAX or len(request.owned) > system_records.QUEUES_MAX * 64:
             raise invalid(f"a member subscribes to at most {TOPICS_PER_MEMBER_MAX} topics")
         topics = list(dict.fromkeys(request.topics))
@@ -65,7 +93,7 @@ class GroupAdmin:
                 raise invalid(err)
         # a subscription keeps the topics that exist now (every heartbeat carries it whole: a topic
         # created later joins it at the member's next heartbeat); made-up names cost no memory
-        topics = [t for t in topics if self.store.views.metadata.topic(t) is not None] or topics[:1]
+        topics = [t for t in topics if self.queue_count(t) is not None] or topics[:1]
         session_ms = request.session_timeout_ms or self.store.config["groups.session_timeout_ms"]
         if not SESSION_TIMEOUT_MS_MIN <= session_ms <= SESSION_TIMEOUT_MS_MAX:
             raise invalid(f"session_timeout_ms must be {SESSION_TIMEOUT_MS_MIN}..{SESSION_TIMEOUT_MS_MAX}, "
@@ -82,8 +110,7 @@ class GroupAdmin:
             if r.topic not in queues:
                 if len(queues) >= TOPICS_PER_MEMBER_MAX * 4:  # names beyond any member's: not looked up
                     continue
-                info = self.store.views.metadata.topic(r.topic)
-                queues[r.topic] = int(info["queues"]) if info is not None else None
+                queues[r.topic] = self.queue_count(r.topic)
             count = queues[r.topic]
             if count is not None and 0 <= r.queue_id < count:
                 owned[(r.topic, r.queue_id)] = None
@@ -112,7 +139,7 @@ class GroupAdmin:
         lag: dict[str, int] = dict.fromkeys(members, 0)
         for g, t, q, o in self._all_committed():
             topics.setdefault(g, set()).add(t)
-            bounds = self._bounds(t, q)
+            bounds = None if self._remote(t, q) else self._bounds(t, q)  # a cluster of shards: this shard's lag
             lag[g] = lag.get(g, 0) + (max(0, bounds[1] - o) if bounds else 0)
         if self.pops is not None:
             for g in self.pops.groups():
@@ -126,13 +153,13 @@ class GroupAdmin:
     def describe(self, group: str, *, member_ids: bool = True) -> pb.GroupDescription:
         """``member_ids``: the caller may see them (admin). A member id is what a heartbeat or a
         leave names a member by; others see a stable stand-in (``h:`` and 8 hex digits of its hash)."""
-        check_group(group)
+        self.check_coordinator(group)
         live = self.membership.describe(group, time.monotonic())
         committed = self._committed(group)
         pop = self.pops.describe(group) if self.pops is not None and group in self.pops.groups() else None
         if live is None and not committed and pop is None:
             raise not_found(f"group {shown(group)} has no members, no committed offsets and no pop state")
-        desc = pb.GroupDescription(name=group)
+        desc = pb.GroupDescription(name=group, shard=self.store.placement.shard if self.store.placement else "")
         owners: dict[QueueKey, str] = {}
         queues: set[QueueKey] = set(committed)
         if live is not None:
@@ -147,11 +174,15 @@ class GroupAdmin:
         pop_queues: dict[QueueKey, dict[str, int]] = pop["queues"] if pop is not None else {}
         queues |= set(pop_queues)
         for t, q in sorted(queues):
+            c = committed.get((t, q))
+            if self._remote(t, q):  # another shard's queue: its end and lag are told there (the client asks)
+                desc.queues.add(topic=t, queue_id=q, has_committed=c is not None, committed_offset=c or 0,
+                                owner=_member(owners.get((t, q), ""), member_ids), shard=self._shard_of(t, q))
+                continue
             bounds = self._bounds(t, q)
             if bounds is None:
                 continue
             low, high = bounds
-            c = committed.get((t, q))
             info = pop_queues.get((t, q), {})
             lag = int(info["lag"]) if info and c is None else max(0, high - (c if c is not None else low))
             desc.queues.add(topic=t, queue_id=q, has_committed=c is not None, committed_offset=c or 0,
@@ -163,12 +194,35 @@ class GroupAdmin:
             desc.redeliveries = int(pop.get("redeliveries", 0))
         return desc
 
+    def describe_here(self, group: str, refs: Iterable[pb.QueueRef]) -> pb.GroupDescription:
+        """A cluster of shards: what this shard holds of a group coordinated elsewhere -- the end and
+        lag (from the queue's low) of the queues named that this shard writes, and the group's pop
+        leases here. No members, no committed offsets: the coordinator tells those."""
+        check_group(group)
+        desc = pb.GroupDescription(name=group, shard=self.store.placement.shard if self.store.placement else "")
+        pop = self.pops.describe(group) if self.pops is not None and group in self.pops.groups() else None
+        pop_queues: dict[QueueKey, dict[str, int]] = pop["queues"] if pop is not None else {}
+        named = {(r.topic, r.queue_id) for r in list(refs)[:system_records.QUEUES_MAX * 64]}
+        for t, q in sorted(named | set(pop_queues)):
+            bounds = None if self._remote(t, q) else self._bounds(t, q)
+            if bounds is None:
+                continue
+            low, high = bounds
+            info = pop_queues.get((t, q), {})
+            desc.queues.add(topic=t, queue_id=q, end_offset=high,
+                            lag=int(info["lag"]) if info else max(0, high - low),
+                            in_flight=int(info.get("in_flight", 0)), pop_offset=int(info.get("pop_offset", 0)))
+        if pop is not None:
+            desc.dlq_messages = int(pop.get("dlq_messages", 0))
+            desc.redeliveries = int(pop.get("redeliveries", 0))
+        return desc
+
     def _all_queues(self, topics: Iterable[str]) -> set[QueueKey]:
         out: set[QueueKey] = set()
         for t in topics:
-            info = self.store.views.metadata.topic(t)
-            if info is not None:
-                out |= {(t, q) for q in range(int(info["queues"]))}
+            n = self.queue_count(t)
+            if n is not None:
+                out |= {(t, q) for q in range(n)}
         return out
 
     # -- writes ------------------------------------------------------------------------------------
@@ -180,10 +234,14 @@ class GroupAdmin:
         if len(offsets) > top:
             raise invalid(f"{len(offsets)} offsets in one call; at most limits.commit_offsets_max ({top})")
         entries = []
+        for group in {o.group for o in offsets}:
+            self.check_coordinator(group)
         for o in offsets:
-            check_group(o.group)
             if o.topic.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
+            if self._remote(o.topic, o.queue_id):  # another shard's queue (placed, in range): its end is not known here
+                entries.append((o.group, o.topic, o.queue_id, o.offset))
+                continue
             self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
             high = self.store.appender.queue_end(o.topic, o.queue_id)  # acked sends count before views apply them
             if o.offset > high:
@@ -220,14 +278,17 @@ class GroupAdmin:
                               f"(groups.committed_groups_max = {top}); a commit of {len(new)} new group(s) is refused: "
                               "a group is forgotten when the topics of all its offsets are deleted")
 
-    def reset_offsets(self, group: str, topic: str, to: int, value: int) -> list[pb.CommittedOffset]:
+    def reset_offsets(self, group: str, topic: str, to: int, value: int,
+                      elsewhere: dict[int, int] | None = None) -> list[pb.CommittedOffset]:
         """Commit new offsets for every queue of ``topic``; refused while the group has live members
-        (they would overwrite them, or consume from where they were)."""
-        check_group(group)
+        (they would overwrite them, or consume from where they were). ``elsewhere``: in a cluster of
+        shards, the offsets of the queues other shards write (the client resolves them there)."""
+        self.check_coordinator(group)
         self.store.check_writable()
-        info = self.store.views.metadata.topic(topic)
-        if info is None:
+        count = self.queue_count(topic)
+        if count is None:
             raise not_found(f"topic {shown(topic)} does not exist")
+        elsewhere = elsewhere or {}
         if self.membership.has_members(group):
             raise BrokerError("FAILED_PRECONDITION", f"group {shown(group)} has live members: stop them (or wait for "
                               "their session to expire) before resetting its offsets")
@@ -236,7 +297,13 @@ class GroupAdmin:
         if to in (pb.RESET_TO_TIME, pb.RESET_TO_OFFSET) and value < 0:
             raise invalid(f"a reset {'time' if to == pb.RESET_TO_TIME else 'offset'} cannot be negative, got {value}")
         entries: list[tuple[str, str, int, int]] = []
-        for q in range(int(info["queues"])):
+        for q in range(count):
+            if self._remote(topic, q):
+                if q not in elsewhere:
+                    raise invalid(f"queue {q} of {shown(topic)} is on shard {self._shard_of(topic, q)!r}: a reset in a "
+                                  "cluster of shards names its offset (the client resolves it on that shard)")
+                entries.append((group, topic, q, elsewhere[q]))
+                continue
             low, high = self.store.reads.queue_bounds(topic, q)
             if to == pb.RESET_TO_EARLIEST:
                 offset = low

@@ -165,6 +165,9 @@ class Daemon:
                                interceptors=[auth.AsyncAuthInterceptor(self.authorizer)])
 
     def _queue_count(self, topic: str) -> int | None:
+        """A topic's queues (over every shard in a cluster of shards: a group spans them)."""
+        if self.store.placement is not None and (n := self.store.placement.queue_count(topic)) is not None:
+            return n
         info = self.store.views.metadata.topic(topic)
         return int(info["queues"]) if info is not None else None
 

@@ -120,6 +120,8 @@ class PopService(LeaseEnds, PopReports):
             if len(self._rotation) > KEYS_MAX:
                 self._rotation.clear()
         order = [(group, topic, (first + i) % queues) for i in range(queues)]
+        if self.store.placement is not None:  # a cluster of shards: pop leases stay with the queue's shard
+            order = [key for key in order if self.store.placement.is_local(topic, key[2])]
         wake: int | None = None
         busy: list[QueueKey] = []
         held: list[threading.Lock] = []

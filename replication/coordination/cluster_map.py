@@ -1,8 +1,9 @@
-"""A watched copy of a cluster of shards (docs/shards.md): every topic's placement and where each
-shard serves (its master and nodes), as etcd holds them under ``/tidemark/<cluster>/topics/`` and
-``/tidemark/<cluster>/topology/``.
+"""A watched copy of a cluster of shards (docs/shards.md): every topic's placement, where each
+shard serves (its master and nodes) and which shard coordinates each group slot, as etcd holds
+them under ``/tidemark/<cluster>/topics/``, ``topology/`` and ``slots/``.
 
-One range read, then one watch of those two prefixes (one key range: nothing sorts between them)
+One range read, then one watch of those prefixes (one key range, ``slots/`` to the end of
+``topology/``: of a cluster of shards' keys only these sort between them)
 from the revision after it: a node learns of a new topic or a new master from etcd's push, never
 by polling, and never sees the shards' own keys (their node records change every second).
 A compacted watch (it fell too far behind) reads everything again. A value this version does not
@@ -19,6 +20,7 @@ import structlog
 
 from replication.coordination import placement as pl
 from replication.coordination import records as rec
+from replication.coordination import slots as sl
 from replication.coordination.etcd import Etcd, Unreachable
 
 log = structlog.get_logger("replication.cluster_map")
@@ -41,7 +43,9 @@ class ClusterMap:
         self.raw: dict[str, bytes] = {}  # topic -> its record as etcd holds it (a delete compares it)
         self.masters: dict[str, rec.Topology] = {}  # shard -> where it serves (while its master holds a lease)
         self.bad: dict[str, str] = {}  # key -> why its value is not understood
-        self._end = prefix_range_end_text(root + "topology/")  # the watched range: [topics/, past topology/)
+        self.slots: dict[int, str] = {}  # group slot -> the shard coordinating its groups
+        self._start = root + "slots/"
+        self._end = prefix_range_end_text(root + "topology/")  # the watched range: [slots/, past topology/)
         self._counts: dict[str, int] = {}  # shard -> the queues it writes (queue_counts)
 
     # -- reads (any thread) ---------------------------------------------------------------------
@@ -83,6 +87,18 @@ class ClusterMap:
         with self._cond:
             return {shard: counts.get(shard, 0) for shard in self.masters}
 
+    def slot_shard(self, slot: int) -> str | None:
+        with self._cond:
+            return self.slots.get(slot)
+
+    def slots_held(self) -> dict[str, int]:
+        """Per shard: the group slots it coordinates."""
+        with self._cond:
+            out: dict[str, int] = {}
+            for shard in self.slots.values():
+                out[shard] = out.get(shard, 0) + 1
+            return out
+
     def wait_revision(self, revision: int, timeout_s: float) -> bool:
         """Until this copy reflects ``revision`` (a write of ours); False after ``timeout_s``."""
         with self._cond:
@@ -90,10 +106,10 @@ class ClusterMap:
 
     # -- the copy (the coordinator's loop) ----------------------------------------------------------
     async def load(self, etcd: Etcd) -> None:
-        revision, kvs = await etcd.range_prefix(self.root + "topics/", self._end)
+        revision, kvs = await etcd.range_prefix(self._start, self._end)
         with self._cond:
             self.placements, self.masters, self.bad, self._counts = {}, {}, {}, {}
-            self.deleted, self.raw = set(), {}
+            self.deleted, self.raw, self.slots = set(), {}, {}
             for key, value in kvs:
                 self._apply(key, value)
             self.revision = revision
@@ -106,7 +122,7 @@ class ClusterMap:
         while True:
             try:
                 await self.load(etcd)
-                async for revision, events, compacted in etcd.watch_prefix(self.root + "topics/", self.revision + 1,
+                async for revision, events, compacted in etcd.watch_prefix(self._start, self.revision + 1,
                                                                            self._end):
                     if compacted:
                         log.warning("cluster_watch_compacted", revision=revision)
@@ -149,6 +165,11 @@ class ClusterMap:
                     else:
                         self.placements[topic] = new
                         self._count(new, 1)
+            elif (slot := sl.parse_key(name)) is not None:
+                if value is None:
+                    self.slots.pop(slot, None)
+                else:
+                    self.slots[slot] = sl.decode(value)
             elif name.startswith("topology/") and name.count("/") == 1:
                 shard = name[len("topology/"):]
                 if value is None:

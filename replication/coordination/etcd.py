@@ -245,6 +245,14 @@ class Etcd:
         resp = await self._call(kv.txn(compare, success))
         return int(resp.header.revision) if resp.succeeded else 0
 
+    async def create_slot(self, slot: int, record: bytes) -> int:
+        """A group slot's shard, only if the slot has none yet; the revision written at, 0 when one
+        was given meanwhile."""
+        kv = self._kv
+        key = self.root_key(f"slots/{slot}")
+        resp = await self._call(kv.txn([kv.txn_compare_create_revision(key, 0)], [kv.txn_op_put(key, record)]))
+        return int(resp.header.revision) if resp.succeeded else 0
+
     async def replace_placement(self, topic: str, expected: bytes, record: bytes) -> int:
         """Replace a topic's record (a tombstone on delete) if it still holds ``expected``; the
         revision written at, 0 when it changed meanwhile."""

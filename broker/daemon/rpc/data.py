@@ -13,7 +13,6 @@ import grpc
 
 from broker import metrics
 from broker.daemon import plain
-from broker.daemon.group_admin import check_group
 from broker.daemon.rpc.common import (
     ACK_NAMES,
     MESSAGES_ON_LOOP_MAX,
@@ -323,17 +322,13 @@ class DataRpcs(Rpcs):
 
     def GetOffset(self, request: pb.GetOffsetRequest, context: grpc.ServicerContext) -> pb.GetOffsetResponse:
         def run() -> pb.GetOffsetResponse:
-            self._check_group(request.group)
-            self.store.reads.queue_bounds(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
+            self.groups.check_coordinator(request.group)
+            self.groups.check_queue(request.topic, request.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
             value = self.store.offsets.get(request.group, request.topic, request.queue_id)
             if value is None:
                 value = self.store.views.metadata.committed_offset(request.group, request.topic, request.queue_id)
             return pb.GetOffsetResponse(found=value is not None, offset=value or 0)
         return handle(context, run)
-
-    @staticmethod
-    def _check_group(group: str) -> None:
-        check_group(group)
 
 
 def _send_response(request: SendRequest, receipts: list[BatchReceipt], plain_batches: plain.Encoded | None) -> pb.SendResponse:

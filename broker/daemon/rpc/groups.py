@@ -29,6 +29,8 @@ class GroupRpcs(Rpcs):
 
     async def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         self.store.check_still_master()
+        if self.store.placement is not None:  # a cluster of shards: the group's coordinator (may ask etcd)
+            await asyncio.to_thread(self.groups.check_coordinator, request.group)
         group, topics, owned, session_ms = self.groups.check_heartbeat(request)
         membership = self.heartbeats.membership
         interval_ms = min(self.config["groups.heartbeat_interval_ms"], session_ms // 3)
@@ -65,12 +67,16 @@ class GroupRpcs(Rpcs):
         return handle(context, lambda: pb.ListGroupsResponse(groups=self.groups.list_groups()))
 
     def DescribeGroup(self, request: pb.DescribeGroupRequest, context: grpc.ServicerContext) -> pb.DescribeGroupResponse:
+        if request.here_only:
+            return handle(context, lambda: pb.DescribeGroupResponse(
+                group=self.groups.describe_here(request.group, request.queues)))
         return handle(context, lambda: pb.DescribeGroupResponse(
             group=self.groups.describe(request.group, member_ids=current_caller().may("admin"))))
 
     def ResetOffsets(self, request: pb.ResetOffsetsRequest, context: grpc.ServicerContext) -> pb.ResetOffsetsResponse:
         def run() -> pb.ResetOffsetsResponse:
-            offsets = self.groups.reset_offsets(request.group, request.topic, request.to, request.value)
+            offsets = self.groups.reset_offsets(request.group, request.topic, request.to, request.value,
+                                                dict(request.queue_offsets))
             log.info("offsets_reset", group=request.group, topic=request.topic, to=pb.ResetTo.Name(request.to),
                      value=request.value)
             return pb.ResetOffsetsResponse(offsets=offsets)

@@ -1,0 +1,157 @@
+"""Consumer groups across shards (DESIGN §15, docs/shards.md "Groups across shards"), on real
+daemons and a real etcd: a group's coordinator is its slot's shard; members bootstrapped from
+nodes of different shards share the topic's queues of every shard, never one queue twice; commits,
+describe, lag and resets work from any node; pop leases stay with each queue's shard; the group
+survives a kill -9 of its coordinator's master."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import grpc
+import pytest
+
+from broker.cli.etcd_process import EtcdProcess
+from broker.client import BrokerClient, Consumer, Message
+from broker.errors import OWNER_SHARD_KEY
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+from replication.coordination import slots
+from tests.failoverutil import Spawn, sent_once_placed, status, wait_master
+from tests.test_shards import CLUSTER, _etcd_get, _pair, _settled, _single
+from tests.waits import wait_until
+
+KEYS = [f"k{i}" for i in range(64)]
+
+
+def _placed(c: BrokerClient, topic: str, queues: int) -> list[str]:
+    c.create_topic(topic, queues=queues)
+    wait_until(lambda: sent_once_placed(c, topic, [Message(b"probe", key=k) for k in KEYS]), 15, "every queue created")
+    return [q["shard"] for q in c.describe_topic(topic)["queues"]]
+
+
+def _drain(consumers: list[Consumer], want: int, timeout_s: float = 30) -> list[bytes]:
+    got: list[bytes] = []
+    deadline = time.monotonic() + timeout_s
+    while len(got) < want and time.monotonic() < deadline:
+        for m in consumers:
+            got += [msg.body for msg in m.poll(100)]
+    return got
+
+
+def _assignments_settled(consumers: list[Consumer], queues: int) -> bool:
+    held = [m.assignment for m in consumers]
+    return all(held) and sum(len(h) for h in held) == queues and len(set().union(*held)) == queues
+
+
+def test_a_group_spans_the_shards_and_is_seen_from_any_node(spawn: Spawn, etcd: EtcdProcess) -> None:
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s2"].address) as c2, BrokerClient(nodes["s1"].address) as c1:
+        owners = _placed(c2, "orders", 8)
+        assert sorted(set(owners)) == ["s1", "s2"]
+        c2.send("orders", [Message(f"{k}:{n}".encode(), key=k) for n in range(3) for k in KEYS], ack="replica")
+        total = len(KEYS) * 4  # the probes and three per key
+        members = [client.consumer("g", "orders", auto_offset_reset="earliest", session_timeout_ms=6000)
+                   for client in (c2, c2, c1, c1)]  # bootstrapped from both shards' nodes
+        try:
+            wait_until(lambda: _assignments_settled(members, 8), 20, "the 8 queues of both shards shared by 4 members",
+                       observe=lambda: [m.assignment for m in members])
+            got = _drain(members, total)
+            assert sorted(got) == sorted([b"probe"] * len(KEYS) + [f"{k}:{n}".encode() for n in range(3) for k in KEYS])
+            for m in members:
+                m.commit()
+            coordinator = json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/slots/{slots.slot_of('g')}") or b"{}")
+            assert coordinator.get("shard") in ("s1", "s2"), "the group's slot was given a shard in etcd"
+            ends = [q["max_offset"] for q in c1.describe_topic("orders")["queues"]]
+            for client in (c1, c2):  # from a node of either shard, every queue with its own shard's end
+                d = client.describe_group("g")
+                assert len(d["members"]) == 4
+                assert [(q["queue_id"], q["committed_offset"], q["end_offset"], q["lag"], q["shard"])
+                        for q in d["queues"]] == [(q, ends[q], ends[q], 0, "") for q in range(8)]
+                assert [client.committed_offset("g", "orders", q) for q in range(8)] == ends
+                listed = {g["name"]: g for g in client.list_groups()}
+                assert listed["g"]["members"] == 4 and listed["g"]["topics"] == ["orders"]
+            wrong = nodes["s1" if coordinator["shard"] == "s2" else "s2"]
+            with grpc.insecure_channel(wrong.address) as ch, pytest.raises(grpc.RpcError) as refused:
+                pb_grpc.BrokerStub(ch).GetOffset(pb.GetOffsetRequest(group="g", topic="orders", queue_id=0), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert (OWNER_SHARD_KEY, coordinator["shard"]) in (refused.value.trailing_metadata() or ())
+        finally:
+            for m in members:
+                m.close()
+        c2.send("orders", [Message(b"later", key=k) for k in KEYS[:16]], ack="replica")
+        assert c1.reset_offsets("g", "orders", "earliest") == dict.fromkeys(range(8), 0)
+        d = c2.describe_group("g")
+        ends = [q["max_offset"] for q in c2.describe_topic("orders")["queues"]]
+        assert [(q["committed_offset"], q["lag"]) for q in d["queues"]] == [(0, e) for e in ends]
+        assert c2.reset_offsets("g", "orders", "latest") == dict(enumerate(ends))
+        assert [q["lag"] for q in c1.describe_group("g")["queues"]] == [0] * 8
+        with c1.consumer("g", "orders", auto_offset_reset="earliest") as again:  # resumes where the reset put it
+            assert again.wait_assignment(10)
+            assert _drain([again], 1, timeout_s=2) == [], "nothing before the reset's offsets delivered again"
+
+
+def test_pop_leases_stay_with_each_queues_shard(spawn: Spawn, etcd: EtcdProcess) -> None:
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        owners = _placed(c, "jobs", 4)
+        assert sorted(set(owners)) == ["s1", "s2"]
+        c.send("jobs", [Message(f"job-{k}".encode(), key=k) for k in KEYS], ack="replica")
+        seen: list[bytes] = []
+        shards_leased: set[str] = set()
+        deadline = time.monotonic() + 20
+        while len(seen) < len(KEYS) and time.monotonic() < deadline:
+            got = c.pop("pg", "jobs", max_messages=10, invisible_ms=60_000, max_wait_ms=200, start="earliest")
+            seen += [m.body for m in got if m.body != b"probe"]
+            shards_leased |= {owners[r.queue_id] for r in got.runs}
+            assert c.ack("pg", got) == {}, "each lease ends on its own queue's shard"
+        assert sorted(seen) == sorted(f"job-{k}".encode() for k in KEYS), "each message leased once"
+        assert shards_leased == {"s1", "s2"}
+        assert len(c.pop("pg", "jobs", max_messages=10, invisible_ms=1000, max_wait_ms=300)) == 0
+        d = c.describe_group("pg")
+        assert sorted(q["queue_id"] for q in d["queues"]) == [0, 1, 2, 3]
+        assert all(q["in_flight"] == 0 and q["lag"] == 0 and q["shard"] == "" for q in d["queues"])
+        late = c.send("jobs", [Message(b"late", key=KEYS[0])], ack="replica")[0]
+        got = c.pop("pg", "jobs", max_messages=5, invisible_ms=60_000, max_wait_ms=3000)
+        assert [m.body for m in got] == [b"late"] and got.runs[0].queue_id == late.queue_id
+        extended = c.change_invisible("pg", got[0], 30_000)  # on the queue's shard
+        assert extended and c.ack("pg", [extended]) == {}
+
+
+def _coordinator_of(etcd: EtcdProcess, group: str) -> str:
+    return str(json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/slots/{slots.slot_of(group)}") or b"{}").get("shard"))
+
+
+def test_a_group_outlives_a_kill_of_its_coordinators_master(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """Members heartbeat to the coordinator shard's master; after a kill -9 of it they rejoin its
+    new master, the committed offsets (ack=replica) are there, and no queue is held twice."""
+    pairs = {"s1": _pair(spawn, etcd, "s1", ("a", "b")), "s2": _pair(spawn, etcd, "s2", ("c", "d"))}
+    settled = {shard: _settled(nodes) for shard, nodes in pairs.items()}
+    with BrokerClient([settled["s2"][0].address, settled["s1"][0].address]) as c:
+        _placed(c, "orders", 8)
+        c.send("orders", [Message(f"{k}:a".encode(), key=k) for k in KEYS], ack="replica")
+        members = [c.consumer("g", "orders", auto_offset_reset="earliest", session_timeout_ms=6000) for _ in range(3)]
+        try:
+            wait_until(lambda: _assignments_settled(members, 8), 20, "the queues shared")
+            first = _drain(members, len(KEYS) * 2)
+            assert len(first) == len(KEYS) * 2
+            for m in members:
+                m.commit()
+            shard = _coordinator_of(etcd, "g")
+            master, slave = settled[shard]
+            committed = [c.committed_offset("g", "orders", q) for q in range(8)]
+            master.kill9()
+            wait_master(pairs[shard], 30, among=[slave])
+            c.send("orders", [Message(f"{k}:b".encode(), key=k) for k in KEYS], ack="replica")
+            after = _drain(members, len(KEYS), timeout_s=40)
+            assert sorted(after) == sorted(f"{k}:b".encode() for k in KEYS), "nothing lost, nothing twice"
+            wait_until(lambda: _assignments_settled(members, 8), 20, "the queues shared again, none twice")
+            assert status(slave)["role"] == "master"
+            described = c.describe_group("g")
+            assert len(described["members"]) == 3
+            assert all(q["committed_offset"] is not None and q["committed_offset"] >= committed[q["queue_id"]]
+                       for q in described["queues"]), "the commits survived on the new coordinator"
+        finally:
+            for m in members:
+                m.close()
