@@ -100,9 +100,22 @@ class Placement(Protocol):
         the owner, or UNAVAILABLE while its log does not hold the topic yet)."""
         ...
 
+    def knows_group(self, group: str) -> bool:
+        """Whether this node knows the shard coordinating ``group`` (``check_group`` will not block)."""
+        ...
+
     def check_group(self, group: str) -> None:
         """Raise unless this node's shard coordinates ``group`` (FAILED_PRECONDITION naming the shard
         that does; its slot is given a shard first if it has none: blocks on etcd)."""
+        ...
+
+    def dead_letter_queue(self, topic: str) -> int | None:
+        """This shard's queue of a group's dead-letter topic, placed with one queue per shard when
+        absent (blocks: etcd); None while the log does not hold it, or it has no queue here."""
+        ...
+
+    def check_in_log(self, topic: str) -> None:
+        """UNAVAILABLE while this shard's log does not hold a placed topic yet (its master creates it)."""
         ...
 
     def is_local(self, topic: str, queue: int) -> bool:

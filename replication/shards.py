@@ -8,7 +8,8 @@
   without asking etcd; a queue of this shard whose topic its log does not hold yet is
   ``UNAVAILABLE`` for the moment the reconciler takes (clients retry it).
 - **Following etcd into the log.** The reconciler thread, on the shard's master, creates in the
-  log (``topic.create`` in ``__metadata``) every topic with a queue placed on this shard, as soon
+  log (``topic.create`` in ``__metadata``) every placed topic (a group coordinated here keeps
+  offsets of other shards' queues, and the log keeps offsets only of topics it holds), as soon
   as the watched copy shows it; and places the topics the log holds that etcd does not know (a
   one-pair cluster upgraded into this shard: all their queues here). The log stays the truth for
   everything the shard serves.
@@ -78,6 +79,7 @@ class ShardPlacement:
         self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
         cluster.on_change.append(self._wake.set)
         self._exported: set[str] = set()  # shards with series in the cluster gauges
+        self._groups_seen = -1  # the log's group count when its groups' slots were last claimed
 
     def start(self) -> None:
         self._thread.start()
@@ -158,6 +160,10 @@ class ShardPlacement:
             return shard
         if not self.cluster.revision:
             raise BrokerError("UNAVAILABLE", "this node has not loaded the cluster's placements from etcd yet; retry")
+        bad = self.cluster.bad_value(f"slots/{slot}")
+        if bad is not None:  # a value this node cannot read: never guessed over
+            raise BrokerError("UNAVAILABLE", f"group slot {slot}'s record in etcd is not understood ({bad}); "
+                              "an operator must fix or delete it")
         live = [s for s, master in self.cluster.shards().items() if master is not None]
         if not live:
             raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now to coordinate groups")
@@ -175,10 +181,38 @@ class ShardPlacement:
             raise BrokerError("UNAVAILABLE", f"group slot {slot} was given a shard, not yet seen here; retry")
         return shard
 
+    def knows_group(self, group: str) -> bool:
+        return self.cluster.slot_shard(sl.slot_of(group)) is not None
+
     def check_group(self, group: str) -> None:
         owner = self.group_shard(group)
         if owner != self.shard:
             raise self._refusal(f"group {shown(group)} (slot {sl.slot_of(group)})", owner)
+
+    def dead_letter_queue(self, topic: str) -> int | None:
+        """The queue of the dead-letter topic ``topic`` this shard writes; the topic is placed first
+        if it is not (one queue per shard with a master, in name order: each shard's dead letters
+        go into its own queue, in the append that ends their leases). None while this shard's log
+        does not hold it yet, or when it has no queue here (a shard that joined since)."""
+        p = self.cluster.placement(topic)
+        if p is None:
+            live = sorted({s for s, m in self.cluster.shards().items() if m is not None} | {self.shard})
+            record = pl.encode(pl.Placement(tuple((pl.Segment(s),) for s in live)))
+            revision = self._run(functools.partial(_create_placements, {topic: record}), PLACE_WAIT_S)
+            if revision:
+                self.cluster.wait_revision(revision, PLACE_WAIT_S)
+                log.info("dead_letter_topic_placed", topic=topic, shards=live, revision=revision)
+            p = self.cluster.placement(topic)
+        self._wake.set()
+        mine = p.queues_of(self.shard) if p is not None else []
+        return mine[0] if mine and self.store.views.metadata.topic(topic) is not None else None
+
+    def check_in_log(self, topic: str) -> None:
+        """UNAVAILABLE (and the reconciler woken) while this shard's log does not hold a placed topic."""
+        if self.cluster.placement(topic) is not None and self.store.views.metadata.topic(topic) is None:
+            self._wake.set()
+            raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
+                              "retry in a moment")
 
     def is_local(self, topic: str, queue: int) -> bool:
         p = self.cluster.placement(topic)
@@ -210,6 +244,22 @@ class ShardPlacement:
                        for shard, master in self.cluster.shards().items())
         return Routes(self.cluster.revision, {t: tuple(p.owner(q) for q in range(p.queues)) for t, p in placed.items()},
                       shards)
+
+    def _claim_slots(self) -> None:
+        """The slots of groups whose offsets this log holds and which have no shard yet become this
+        shard's: a one-pair cluster upgraded into this shard keeps coordinating its groups where
+        their offsets are (a shard that joined since would otherwise take some of their slots)."""
+        count = self.store.views.metadata.groups_count()
+        assigned = self.cluster.slot_map()
+        if count == self._groups_seen or len(assigned) >= sl.SLOTS:
+            return
+        todo = sorted({sl.slot_of(g) for g in self.store.views.metadata.group_names()} - set(assigned))
+        for slot in todo:
+            revision = self._run(functools.partial(_create_slot, slot, sl.encode(self.shard)), PLACE_WAIT_S)
+            if revision:
+                log.info("group_slot_claimed", slot=slot, shard=self.shard, revision=revision,
+                         note="groups of this shard's log (an upgraded one-pair cluster) keep their coordinator")
+        self._groups_seen = count
 
     # -- following etcd into the log (the shard's master) -----------------------------------------
     def _reconcile_loop(self) -> None:
@@ -245,12 +295,14 @@ class ShardPlacement:
                                            applied=self.store.views.metadata)
             log.info("shard_topics_deleted", topics=gone, shard=self.shard)
             local = self.store.views.metadata.list_topics()
-        missing = [(name, p.queues) for name, p in self.cluster.placements_snapshot().items()
-                   if name not in local and p.queues_of(self.shard)]
+        # every placed topic, not only those with a queue here: a group coordinated here commits
+        # offsets for queues of other shards, and the log keeps offsets only of topics it holds
+        missing = [(name, p.queues) for name, p in self.cluster.placements_snapshot().items() if name not in local]
         if missing:
             self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": n, "queues": q})
                                             for n, q in missing], applied=self.store.views.metadata)
             log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)
+        self._claim_slots()
         unplaced = {name: info["queues"] for name, info in local.items()
                     if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None
                     and not self.cluster.is_deleted(name)}

@@ -1,8 +1,9 @@
 """Consumer groups across shards (DESIGN §15, docs/shards.md "Groups across shards"), on real
 daemons and a real etcd: a group's coordinator is its slot's shard; members bootstrapped from
 nodes of different shards share the topic's queues of every shard, never one queue twice; commits,
-describe, lag and resets work from any node; pop leases stay with each queue's shard; the group
-survives a kill -9 of its coordinator's master."""
+describe, lag and resets work from any node; a coordinator holding none of a topic's queues keeps
+its commits; pop leases and dead letters stay with each queue's shard; the group survives a kill
+-9 of its coordinator's master."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from broker.errors import OWNER_SHARD_KEY
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.coordination import slots
-from tests.failoverutil import Spawn, sent_once_placed, status, wait_master
+from tests.failoverutil import Spawn, coordinated, sent_once_placed, status, wait_master
 from tests.test_shards import CLUSTER, _etcd_get, _pair, _settled, _single
 from tests.waits import wait_until
 
@@ -117,6 +118,57 @@ def test_pop_leases_stay_with_each_queues_shard(spawn: Spawn, etcd: EtcdProcess)
         assert [m.body for m in got] == [b"late"] and got.runs[0].queue_id == late.queue_id
         extended = c.change_invisible("pg", got[0], 30_000)  # on the queue's shard
         assert extended and c.ack("pg", [extended]) == {}
+
+
+def test_a_coordinator_without_the_topics_queues_keeps_its_commits(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The group's coordinator holds no queue of the topic: its commits survive a restart (its log
+    holds every placed topic, and offsets are kept only of topics the log holds)."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s2"].address) as c:
+        c.create_topic("pad", queues=1)  # s1 (the lowest of two empty shards)
+        c.commit_offset("gx", "pad", 0, 0)  # gx's slot: the first given, so s1's
+        assert _coordinator_of(etcd, "gx") == "s1"
+        owners = _placed(c, "solo", 1)
+        assert owners == ["s2"], "solo's one queue on the shard that does not coordinate gx"
+        c.send("solo", [Message(f"m{i}".encode()) for i in range(10)], ack="replica")
+        c.commit_offset("gx", "solo", 0, 7)
+        assert c.committed_offset("gx", "solo", 0) == 7
+    nodes["s1"].kill9()
+    nodes["s1"].start()
+    wait_master([nodes["s1"]], 30)
+    with BrokerClient(nodes["s2"].address) as c:
+        assert wait_until(lambda: c.committed_offset("gx", "solo", 0), 15, "the commit read back") == 7
+        assert [(q["committed_offset"], q["end_offset"], q["lag"]) for q in c.describe_group("gx")["queues"]
+                if q["topic"] == "solo"] == [(7, 74, 67)]  # 64 probes and 10
+
+
+def test_dead_letters_of_each_shard_go_to_its_own_dlq_queue(spawn: Spawn, etcd: EtcdProcess) -> None:
+    nodes = [spawn(n, config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": s,
+                                                             "groups.max_deliveries": 2}))
+             for n, s in (("a", "s1"), ("b", "s2"))]
+    for node in nodes:
+        wait_master([node])
+    with BrokerClient(nodes[0].address) as c:
+        owners = _placed(c, "jobs", 4)
+        c.send("jobs", [Message(f"job-{k}".encode(), key=k) for k in KEYS], ack="replica")
+        want = sorted([b"probe"] * len(KEYS) + [f"job-{k}".encode() for k in KEYS])
+
+        def dead_letters() -> list[bytes] | None:
+            c.pop("dq", "jobs", max_messages=200, invisible_ms=1000, start="earliest")  # never acked
+            if c.sharded and c._routes.queues("dq.dlq") is None:
+                c._learn_routes(["dq.dlq"])
+            dlq = c._routes.queues("dq.dlq")
+            if dlq is None:
+                return None
+            got = sorted(m.body for q in range(len(dlq)) for r in c.iter_pull("dq.dlq", q, 0) for m in r)
+            return got if got == want else None
+
+        wait_until(dead_letters, 40, "every message, never acked, moved to dq.dlq after 2 deliveries")
+        dlq = c.describe_topic("dq.dlq")["queues"]
+        assert sorted(q["shard"] for q in dlq) == ["s1", "s2"], "one dead-letter queue per shard"
+        ends = [q["max_offset"] for q in c.describe_topic("jobs")["queues"]]
+        per_shard = {shard: sum(e for e, o in zip(ends, owners, strict=True) if o == shard) for shard in ("s1", "s2")}
+        assert {q["shard"]: q["max_offset"] for q in dlq} == per_shard, "each shard's dead letters in its own queue"
 
 
 def _coordinator_of(etcd: EtcdProcess, group: str) -> str:

@@ -27,6 +27,7 @@ from broker.client import (
 )
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from replication.coordination.slots import slot_of
 from tests.failoverutil import Spawn, coordinated, in_sync, sent_once_placed, status, wait_master
 from tests.procs import DaemonProcess
 from tests.waits import wait_until
@@ -74,9 +75,12 @@ def test_two_shards_elect_their_own_masters_and_fail_over_alone(spawn: Spawn, et
 def test_a_one_pair_cluster_upgrades_in_place_into_a_shard(spawn: Spawn, etcd: EtcdProcess) -> None:
     pair = _pair(spawn, etcd, "", ("a", "b"))
     master, _ = _settled(pair)
+    groups = [f"group-{i}" for i in range(8)]
     with BrokerClient(master.address) as c:
         c.create_topic("t", queues=1)
         c.send("t", [Message(f"m{i}".encode()) for i in range(20)], ack="replica")
+        for i, g in enumerate(groups):
+            c.commit_offset(g, "t", 0, i + 1)
     epoch = status(master)["epoch"]
     assert _etcd_get(etcd, f"/tidemark/{CLUSTER}/epoch") == str(epoch).encode()
 
@@ -100,6 +104,13 @@ def test_a_one_pair_cluster_upgrades_in_place_into_a_shard(spawn: Spawn, etcd: E
                          "the upgraded pair's topic placed in etcd (adopted by its shard)")
     assert [q[0]["shard"] for q in json.loads(adopted)["segments"]] == ["s1"]
     wait_master([newcomer], 30)  # the new shard elects once the pair's keys are upgraded
+    # the pair's groups keep their coordinator where their offsets are: their slots are claimed for
+    # s1 (without that, half of them would be given to s2, the shard with fewer slots)
+    for g in groups:
+        wait_until(lambda g=g: _etcd_get(etcd, f"/tidemark/{CLUSTER}/slots/{slot_of(g)}"), 15, f"{g}'s slot claimed")
+        assert json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/slots/{slot_of(g)}") or b"{}")["shard"] == "s1"
+    with BrokerClient(newcomer.address) as c:
+        assert [c.committed_offset(g, "t", 0) for g in groups] == list(range(1, 9))
 
     old = pair[0]  # its data directory belongs to shard s1 now: with shard "" it is refused, in one line
     old.stop()

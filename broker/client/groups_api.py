@@ -18,6 +18,11 @@ from broker.client.messages import PoppedMessage, PopResult
 from proto import tidemark_pb2 as pb
 
 POP_WAIT_SLICE_MS = 500  # a cluster of shards: a waiting pop waits this long on one shard, then the next
+POP_SHARD_TIMEOUT_S = 3.0  # ... and gives a shard this long to answer before trying the others
+
+
+def _popped(resp: pb.PopResponse) -> int:
+    return sum(r.count for r in resp.runs) + len(resp.messages)
 
 
 class GroupsAPI(ClientCore):
@@ -49,8 +54,15 @@ class GroupsAPI(ClientCore):
         # a cluster of shards: each shard lists the groups it coordinates, and those with pop leases on
         # its queues (a group's lag here counts the queues of the shards that told it: docs/shards.md)
         self._learn_routes([])
-        return group_merge.merge_listed(self._shard_core(shard)._call("ListGroups", pb.ListGroupsRequest())
-                                        for shard in self._routes.shards())
+        answers, failure = [], None
+        for shard in self._routes.shards():
+            try:
+                answers.append(self._shard_core(shard)._call("ListGroups", pb.ListGroupsRequest()))
+            except BrokerError as exc:  # a shard between masters: the others' groups are listed
+                failure = exc
+        if not answers and failure is not None:
+            raise failure
+        return group_merge.merge_listed(answers)
 
     def describe_group(self, group: str) -> dict[str, Any]:
         """Members and their queues, and per queue: committed offset, end, lag, owner, pop leases."""
@@ -109,19 +121,29 @@ class GroupsAPI(ClientCore):
 
     def _reset_targets(self, topic: str, kind: str, value: int) -> dict[int, int]:
         """A cluster of shards: each queue's reset offset, resolved on the queue's own shard (the
-        coordinator resolves its own queues itself and takes these for the others')."""
-        queues = cast(ConsumerClient, self).describe_topic(topic)["queues"]
+        coordinator resolves its own queues itself and takes these for the others'). A shard that
+        does not answer fails the reset: never another node's zeros."""
+        owners = self._routes.queues(topic)
+        if owners is None:
+            self._learn_routes([topic])
+            owners = self._routes.queues(topic)
+        if owners is None:
+            raise error_for(grpc.StatusCode.NOT_FOUND, f"topic {topic!r} does not exist")
+        request = _request(pb.DescribeTopicRequest, name=topic)
         out: dict[int, int] = {}
-        for q in queues:
-            low, high = int(q["min_offset"]), int(q["max_offset"])
-            if kind == "earliest":
-                out[q["queue_id"]] = low
-            elif kind == "latest":
-                out[q["queue_id"]] = high
-            elif kind == "time":
-                out[q["queue_id"]] = cast(Any, self).offset_for_time(topic, q["queue_id"], value)
-            else:
-                out[q["queue_id"]] = min(max(value, low), high)
+        for shard in sorted(set(owners)):
+            for q in self._shard_core(shard)._call("DescribeTopic", request).queues:
+                if q.queue_id >= len(owners) or owners[q.queue_id] != shard:
+                    continue
+                low, high = int(q.min_offset), int(q.max_offset)
+                if kind == "earliest":
+                    out[q.queue_id] = low
+                elif kind == "latest":
+                    out[q.queue_id] = high
+                elif kind == "time":
+                    out[q.queue_id] = cast(Any, self).offset_for_time(topic, q.queue_id, value)
+                else:
+                    out[q.queue_id] = min(max(value, low), high)
         return out
 
     def pop(self, group: str, topic: str, max_messages: int = 32, invisible_ms: int = 30_000, max_wait_ms: int = 0,
@@ -143,36 +165,54 @@ class GroupsAPI(ClientCore):
     def _pop_sharded(self, topic: str, req: pb.PopRequest) -> pb.PopResponse:
         """Pop leases stay with each queue's shard: ask the topic's shards in turn (from a rotating
         start) until ``max_messages`` are leased; with nothing anywhere, wait on one shard at a time
-        (``POP_WAIT_SLICE_MS`` each) until ``max_wait_ms`` passes."""
+        (``POP_WAIT_SLICE_MS`` each) until ``max_wait_ms`` passes. A shard that fails (between
+        masters) is skipped and doubted for a moment: the others' leases are returned; only when
+        every shard failed and nothing was leased is the failure raised."""
         owners = self._routes.queues(topic)
         if owners is None:
             self._learn_routes([topic])
             owners = self._routes.queues(topic)
-        if owners is None:
-            return self._call("Pop", req)  # not placed: the node answers NOT_FOUND (or a system topic)
+        if owners is None:  # not placed: the node answers NOT_FOUND (or pops a system topic)
+            return self._call("Pop", req, timeout_s=self.timeout_s + req.max_wait_ms / 1000.0)
         shards = sorted(set(owners))
         start = next(self._pop_turn) % len(shards)
         shards = shards[start:] + shards[:start]
         out = pb.PopResponse()
         deadline = time.monotonic() + req.max_wait_ms / 1000.0
         want = req.max_messages or 32
+        failure: BrokerError | None = None
         while True:
-            for shard in shards:
+            asked = [s for s in shards if self._routes.trusted(s)] or shards
+            for shard in asked:
                 ask = pb.PopRequest()
                 ask.CopyFrom(req)
-                ask.max_messages, ask.max_wait_ms = want - sum(r.count for r in out.runs), 0
-                resp = self._shard_core(shard)._call("Pop", ask)
+                ask.max_messages, ask.max_wait_ms = want - _popped(out), 0
+                try:
+                    resp = self._shard_core(shard)._call("Pop", ask, timeout_s=POP_SHARD_TIMEOUT_S)
+                except BrokerError as exc:
+                    self._routes.doubt(shard)
+                    failure = exc
+                    continue
                 out.runs.extend(resp.runs)
                 out.messages.extend(resp.messages)
-                if sum(r.count for r in out.runs) + len(out.messages) >= want:
+                if _popped(out) >= want:
                     return out
             left_ms = int((deadline - time.monotonic()) * 1000)
-            if out.runs or out.messages or left_ms <= 0:
+            if _popped(out) or left_ms <= 0:
+                if not _popped(out) and failure is not None and len(asked) == len(shards) and \
+                        all(not self._routes.trusted(s) for s in shards):
+                    raise failure
                 return out
             ask = pb.PopRequest()
             ask.CopyFrom(req)
             ask.max_wait_ms = min(left_ms, POP_WAIT_SLICE_MS)
-            resp = self._shard_core(shards[0])._call("Pop", ask, timeout_s=self.timeout_s + ask.max_wait_ms / 1000.0)
+            waiter = asked[0]
+            try:
+                resp = self._shard_core(waiter)._call("Pop", ask, timeout_s=POP_SHARD_TIMEOUT_S + ask.max_wait_ms / 1000.0)
+            except BrokerError as exc:
+                self._routes.doubt(waiter)
+                failure = exc
+                resp = pb.PopResponse()
             if resp.runs or resp.messages:
                 return resp
             shards = shards[1:] + shards[:1]
@@ -205,8 +245,13 @@ class GroupsAPI(ClientCore):
             by_shard.setdefault(self._shard_of(*where) if where is not None else None, []).append(h)
         out: dict[str, str] = {}
         for shard, mine in by_shard.items():
-            resp = self._shard_core(shard)._call(method, _request(request_type, group=group, receipt_handles=mine,
-                                                                   **fields))
+            try:
+                resp = self._shard_core(shard)._call(method, _request(request_type, group=group, receipt_handles=mine,
+                                                                       **fields))
+            except BrokerError as exc:  # this shard's handles are not known to have ended; the others' are
+                out.update(dict.fromkeys(mine, f"not {method.lower()}ed: shard {shard!r} did not answer ({exc}); "
+                                               "retry them"))
+                continue
             out.update({r.receipt_handle: r.message for r in resp.results if r.code != 0})
         return out
 

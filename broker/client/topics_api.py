@@ -100,6 +100,18 @@ class TopicsAPI(ClientCore):
                             "tiered_end_offset": q.tiered_end_offset, "shard": q.shard, "master": q.master}
                            for _, q in sorted(queues.items())]}
 
+    def queue_bounds(self, topic: str, queue_id: int) -> dict[str, Any]:
+        """One queue as ``describe_topic`` gives it, told by the node of the shard that writes it (an
+        error when that shard does not answer: never another node's zeros)."""
+        request = _request(pb.DescribeTopicRequest, name=topic)
+        resp = self._routed(topic, queue_id, lambda core: core._call("DescribeTopic", request))
+        q = next((q for q in resp.queues if q.queue_id == queue_id), None)
+        if q is None:
+            raise error_for(grpc.StatusCode.INVALID_ARGUMENT, f"{shown(topic)} has no queue {queue_id}")
+        return {"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset, "bytes": q.bytes,
+                "local_min_offset": q.local_min_offset, "tiered_end_offset": q.tiered_end_offset, "shard": q.shard,
+                "master": q.master}
+
     def cluster_status(self) -> dict[str, Any]:
         """The cluster as the asked node's copy of etcd has it (docs/shards.md): ``{"sharded",
         "shard" (the asked node's), "revision", "shards": [{"shard", "master", "nodes", "epoch",
@@ -144,7 +156,7 @@ class TopicsAPI(ClientCore):
 
     def _queue_count(self, topic: str) -> int:
         if topic not in self._queues:
-            if self.sharded:  # the topic's record in etcd (a node's log holds only its shard's topics)
+            if self.sharded:  # the topic's record in etcd (a shard may not hold it in its log yet)
                 shards = self._routes.queues(topic)
                 if shards is None:
                     self._learn_routes([topic])

@@ -240,6 +240,8 @@ class GroupAdmin:
             if o.topic.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
             if self._remote(o.topic, o.queue_id):  # another shard's queue (placed, in range): its end is not known here
+                assert self.store.placement is not None
+                self.store.placement.check_in_log(o.topic)  # offsets are kept only of topics the log holds
                 entries.append((o.group, o.topic, o.queue_id, o.offset))
                 continue
             self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
@@ -302,6 +304,8 @@ class GroupAdmin:
                 if q not in elsewhere:
                     raise invalid(f"queue {q} of {shown(topic)} is on shard {self._shard_of(topic, q)!r}: a reset in a "
                                   "cluster of shards names its offset (the client resolves it on that shard)")
+                assert self.store.placement is not None
+                self.store.placement.check_in_log(topic)
                 entries.append((group, topic, q, elsewhere[q]))
                 continue
             low, high = self.store.reads.queue_bounds(topic, q)

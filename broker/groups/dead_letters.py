@@ -5,6 +5,9 @@ in the same append as the lease record that ends it, with its origin in ``dlq.*`
 DLQ is a topic like any other to read, takes nothing but its group's dead letters, and is created
 by the first dead letter only when the popping caller may create topics (admin); otherwise dead
 letters wait, neither leased nor delivered, and status says so (``errors.dlq``).
+
+In a cluster of shards each shard pops its own queues, so the DLQ is placed with one queue per
+shard (``Placement.dead_letter_queue``) and each shard appends its dead letters to its own queue.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ class DeadLetters:
         self.store = store
         self._lock = threading.Lock()  # pops of two queues may both find the DLQ missing
         self._held: set[str] = set()  # groups whose dead letters wait for their DLQ
+        self._queues: dict[str, int] = {}  # a cluster of shards: DLQ topic -> this shard's queue of it
 
     def ready(self, group: str, may_create: bool) -> bool:
         """``<group>.dlq`` exists, or this caller may create it and did: dead letters can move.
@@ -55,7 +59,18 @@ class DeadLetters:
                 self._report()
                 metrics.POP_DLQ_HELD.inc()
                 return False
-            if metadata.topic(name) is None:
+            placement = self.store.placement
+            if placement is not None:
+                queue = placement.dead_letter_queue(name)
+                if queue is None:  # not in this shard's log yet (next pop), or no queue of it here
+                    if metadata.topic(name) is not None and len(self._held) < HELD_GROUPS_MAX:
+                        self._held.add(group)
+                        self._report()
+                    return False
+                if len(self._queues) >= HELD_GROUPS_MAX:
+                    self._queues.clear()
+                self._queues[name] = queue
+            elif metadata.topic(name) is None:
                 self.create(name)
             if group in self._held:
                 self._held.discard(group)
@@ -71,7 +86,8 @@ class DeadLetters:
         listed = ", ".join(shown(g) for g in groups[:5]) + (f" and {len(groups) - 5} more" if len(groups) > 5 else "")
         self.store.incidents.record("dlq", f"dead letters of pop group(s) {listed} are held back: their dead-letter "
                                     "topic (<group>.dlq) does not exist and the popping caller may not create topics "
-                                    "(admin): tidemark topic create it, or pop with an admin token")
+                                    "(admin): tidemark topic create it, or pop with an admin token; in a cluster of "
+                                    "shards, or it has no queue on this shard (a shard that joined after it was placed)")
 
     def create(self, name: str) -> None:
         self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": name, "queues": 1})],
@@ -84,7 +100,7 @@ class DeadLetters:
         origin = dict(zip(ORIGIN_PROPS, (topic, str(queue_id), str(queue_offset), str(deliveries)), strict=True))
         return bytes(body), bytes(key), dead_letter_props(props, origin)
 
-    @staticmethod
-    def batch(group: str, items: list[tuple[bytes, bytes, bytes]]) -> IncomingBatch:
+    def batch(self, group: str, items: list[tuple[bytes, bytes, bytes]]) -> IncomingBatch:
         records, _ = bf.encode_records(items)
-        return IncomingBatch(group + system_records.DLQ_SUFFIX, 0, records, len(items), crc32c.crc32c(records))
+        name = group + system_records.DLQ_SUFFIX
+        return IncomingBatch(name, self._queues.get(name, 0), records, len(items), crc32c.crc32c(records))

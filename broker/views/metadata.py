@@ -261,6 +261,11 @@ class MetadataView(View):
         with self.env.begin() as txn:
             return txn.get(group.encode(), db=self._groups_db) is not None
 
+    def group_names(self) -> list[str]:
+        """Every group with committed offsets."""
+        with self.env.begin() as txn:
+            return [bytes(k).decode() for k, _ in txn.cursor(db=self._groups_db)]
+
     def groups_count(self) -> int:
         with self.env.begin() as txn:
             return int(txn.stat(self._groups_db)["entries"])

@@ -91,6 +91,15 @@ class ClusterMap:
         with self._cond:
             return self.slots.get(slot)
 
+    def bad_value(self, name: str) -> str | None:
+        """Why the value at ``name`` (relative to the cluster's root) is not understood, if it is not."""
+        with self._cond:
+            return self.bad.get(self.root + name)
+
+    def slot_map(self) -> dict[int, str]:
+        with self._cond:
+            return dict(self.slots)
+
     def slots_held(self) -> dict[str, int]:
         """Per shard: the group slots it coordinates."""
         with self._cond:

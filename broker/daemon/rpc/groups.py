@@ -29,7 +29,8 @@ class GroupRpcs(Rpcs):
 
     async def _heartbeat(self, request: pb.HeartbeatRequest) -> pb.HeartbeatResponse:
         self.store.check_still_master()
-        if self.store.placement is not None:  # a cluster of shards: the group's coordinator (may ask etcd)
+        placement = self.store.placement
+        if placement is not None and not placement.knows_group(request.group):  # its slot is given a shard (etcd)
             await asyncio.to_thread(self.groups.check_coordinator, request.group)
         group, topics, owned, session_ms = self.groups.check_heartbeat(request)
         membership = self.heartbeats.membership
