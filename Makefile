@@ -56,11 +56,12 @@ bench: venv sysdeps
 	@command -v perf >/dev/null || $(call APT_INSTALL,linux-perf) || echo "warning: no perf: send_profile prints no stacks"
 	$(BIN)/python bench/run_all.py
 
-# A long chaos run (tests/chaos): DURATION=30m by default, SEED=<n> to replay one; the slow tests first.
+# A long chaos run (tests/chaos): DURATION=30m by default, SEED=<n> to replay one, SHARDS=2 for two
+# pairs as two shards of one cluster; the slow tests first.
 DURATION ?= 30m
 chaos: venv sysdeps
 	$(BIN)/python -m pytest -q tests -m slow
-	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED),)
+	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards $(SHARDS),)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache broker/logformat/_framing*.so

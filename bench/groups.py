@@ -165,7 +165,8 @@ def main() -> int:
     a = p.parse_args()
     if a.quick:
         a.members, a.queues, a.changes, a.kills = 10, 40, 4, 2
-    res = Results("groups", a.results, {"members": a.members, "queues": a.queues, "shards": a.shards})
+    res = Results("groups" if a.shards <= 1 else "groups_shards", a.results,
+                  {"members": a.members, "queues": a.queues, "shards": a.shards})
     common.preflight(res, a.max_wait_quiet)
     ctx = mp.get_context("spawn")
     config: dict[str, object] = {"groups.rejoin_grace_ms": 0}

@@ -23,7 +23,14 @@ import round_table
 BENCHES = ("send_throughput", "send_profile", "grpc_floor", "pull_throughput",
            "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
            "longpoll", "many_queues", "failover", "groups", "pop", "plain_api", "verify_damage", "hostile",
-           "transactions", "shards", "shard_sim")
+           "transactions", "shards", "shard_sim", "groups_shards")
+# a benchmark run again with other arguments, under a name of its own
+VARIANTS = {"groups_shards": ("groups", ["--shards", "2"])}
+
+
+def command(name: str, results: str) -> list[str]:
+    script, extra = VARIANTS.get(name, (name, []))
+    return [sys.executable, os.path.join(common.BENCH_DIR, f"{script}.py"), *extra, "--results", results]
 
 
 def main() -> int:
@@ -46,7 +53,7 @@ def main() -> int:
     failed: list[str] = []
     durations: dict[str, float] = {}
     for name in names:
-        cmd = [sys.executable, os.path.join(common.BENCH_DIR, f"{name}.py"), "--results", results]
+        cmd = command(name, results)
         if a.quick:
             cmd.append("--quick")
         if a.workdir:

@@ -231,30 +231,30 @@ def pop_acked_not_redelivered(ops: list[Op], final: Final) -> Verdict:
 def split_brain(ops: list[Op], final: Final) -> Verdict:
     v = Verdict("split_brain", True, {"samples": 0, "epochs": 0, "epochs_with_two_masters": 0,
                                       "two_masters_at_once": 0})
-    masters: dict[int, set[str]] = defaultdict(set)
-    recent: dict[str, tuple[float, int]] = {}  # node -> (midpoint, epoch) of its last precise master sample
+    masters: dict[tuple[str, int], set[str]] = defaultdict(set)  # (shard, epoch): epochs count per shard
+    recent: dict[str, tuple[float, int, str]] = {}  # node -> (midpoint, epoch, shard) of its last precise master sample
     for o in _ops(ops, "status", "ok"):
         r = o.get("result") or {}
         v.counts["samples"] += 1
         if r.get("role") != "master" or r.get("fenced") or r.get("permit_ms") == 0:  # it acknowledges nothing
             recent.pop(str(r.get("node_id")), None)
             continue
-        node, epoch = str(r.get("node_id")), int(r.get("epoch") or 0)
-        masters[epoch].add(node)
+        node, epoch, shard = str(r.get("node_id")), int(r.get("epoch") or 0), str(r.get("shard") or "")
+        masters[(shard, epoch)].add(node)
         if o["complete_ms"] - o["invoke_ms"] > SAMPLE_SHORT_MS:
             continue
         mid = (o["invoke_ms"] + o["complete_ms"]) / 2
-        recent[node] = (mid, epoch)
-        for other, (other_mid, other_epoch) in recent.items():
-            if other != node and abs(mid - other_mid) <= SAME_MOMENT_MS:
+        recent[node] = (mid, epoch, shard)
+        for other, (other_mid, other_epoch, other_shard) in recent.items():
+            if other != node and other_shard == shard and abs(mid - other_mid) <= SAME_MOMENT_MS:
                 v.counts["two_masters_at_once"] += 1
                 v.example(f"{node} (epoch {epoch}) and {other} (epoch {other_epoch}) both unfenced masters "
                           f"within {abs(mid - other_mid):.0f} ms at {mid:.0f}")
     v.counts["epochs"] = len(masters)
-    for epoch, nodes in masters.items():
+    for (shard, epoch), nodes in masters.items():
         if len(nodes) > 1:
             v.counts["epochs_with_two_masters"] += 1
-            v.example(f"epoch {epoch}: unfenced masters {sorted(nodes)}")
+            v.example(f"{'shard ' + shard + ' ' if shard else ''}epoch {epoch}: unfenced masters {sorted(nodes)}")
     v.ok = v.counts["epochs_with_two_masters"] == 0 and v.counts["two_masters_at_once"] == 0
     return v
 
@@ -273,12 +273,15 @@ def tiered_bound(ops: list[Op], final: Final) -> Verdict:
 
 
 def convergence(ops: list[Op], final: Final) -> Verdict:
-    nodes = final.get("nodes") or {}
-    v = Verdict("convergence", False, {"compare_below": int(final.get("compare_below", 0)), "digests_equal": 0,
-                                       "metadata_equal": 0})
-    if len(nodes) != 2:
-        v.example(f"final state has {len(nodes)} node(s), not 2")
-        return v
+    """Per pair (each shard's, with several): after every heal and at the end."""
+    pairs = final.get("shards") or {"": final}
+    v = Verdict("convergence", False, {"compare_below": sum(int(p.get("compare_below", 0)) for p in pairs.values()),
+                                       "digests_equal": 0, "metadata_equal": 0})
+    for shard, pair in pairs.items():
+        nodes = pair.get("nodes") or {}
+        if len(nodes) != 2:
+            v.example(f"final state of {shard or 'the pair'} has {len(nodes)} node(s), not 2")
+            return v
     checks = list(_ops(ops, "converge"))
     v.counts["heals_checked"] = sum(1 for o in checks if o["outcome"] == "ok")
     v.counts["heals_diverged"] = sum(1 for o in checks if o["outcome"] == "ok" and not o["result"]["equal"])
@@ -286,15 +289,17 @@ def convergence(ops: list[Op], final: Final) -> Verdict:
     for o in checks:
         if o["outcome"] != "ok" or not o["result"]["equal"]:
             v.example(f"after the heal at {o['invoke_ms']:.0f}: {o.get('error') or o.get('result')}")
-    a, b = nodes.values()
-    v.counts["digests_equal"] = int(a.get("digest") == b.get("digest"))
-    v.counts["metadata_equal"] = int(a.get("metadata") == b.get("metadata"))
-    if not v.counts["digests_equal"]:
-        v.example(f"log digests differ below {v.counts['compare_below']}")
-    if not v.counts["metadata_equal"]:
-        v.example(f"metadata differs: {a.get('metadata')} vs {b.get('metadata')}"[:300])
-    v.ok = bool(v.counts["digests_equal"] and v.counts["metadata_equal"]) and v.counts["heals_diverged"] == 0 \
-        and v.counts["heals_not_in_sync"] == 0
+    for shard, pair in pairs.items():
+        a, b = pair["nodes"].values()
+        v.counts["digests_equal"] += int(a.get("digest") == b.get("digest"))
+        v.counts["metadata_equal"] += int(a.get("metadata") == b.get("metadata"))
+        where = f"shard {shard}: " if shard else ""
+        if a.get("digest") != b.get("digest"):
+            v.example(f"{where}log digests differ below {pair.get('compare_below')}")
+        if a.get("metadata") != b.get("metadata"):
+            v.example(f"{where}metadata differs: {a.get('metadata')} vs {b.get('metadata')}"[:300])
+    v.ok = v.counts["digests_equal"] == len(pairs) and v.counts["metadata_equal"] == len(pairs) \
+        and v.counts["heals_diverged"] == 0 and v.counts["heals_not_in_sync"] == 0
     return v
 
 

@@ -1,5 +1,6 @@
 """The system under test of a chaos run: a real etcd, an S3 server (moto), and two coordinated
-daemons, every link through a loopback TcpProxy the nemesis can silence or slow.
+daemons (a pair) -- or two pairs as two shards of one cluster (``shards=("s1", "s2")``: nodes a, b
+and c, d) -- every link through a loopback TcpProxy the nemesis can silence or slow.
 
 Each node's data directory lives on a tmpfs of its own (a disk the nemesis can fill), its fsyncs
 are journaled (``TIDEMARK_FSYNC_JOURNAL``: a power loss drops what was never synced) and its wall
@@ -26,14 +27,17 @@ from tests.s3server import MotoS3, s3_config
 from tests.tcpproxy import TcpProxy
 
 NODES = ("a", "b")
+SHARD_NODES = (("a", "b"), ("c", "d"), ("e", "f"))  # the nodes of the first, second, third shard
+CLUSTER = "chaos"
 FS_BYTES = 768 << 20
 
 
 class Node:
     """One daemon with its own disk, journal, clock file and proxies (to etcd, for replication)."""
 
-    def __init__(self, name: str, run: Path, etcd: EtcdProcess, s3_endpoint: str, mount: bool) -> None:
+    def __init__(self, name: str, run: Path, etcd: EtcdProcess, s3_endpoint: str, mount: bool, shard: str = "") -> None:
         self.name = name
+        self.shard = shard
         self.mount = run / f"fs-{name}"
         self.mount.mkdir(parents=True, exist_ok=True)
         self.mounted = False
@@ -57,8 +61,10 @@ class Node:
             "storage.min_free_bytes": 32 << 20,
             "tieredstore.upload_interval_ms": 500,
             "tieredstore.object_bytes": 4 << 20,
-            **s3_config(s3_endpoint, "chaos"),
+            **s3_config(s3_endpoint, f"chaos-{shard}" if shard else "chaos"),  # a bucket per shard
         }
+        if shard:
+            config.update({"coordinator.cluster": CLUSTER, "coordinator.shard": shard})
         self.config = config
         self.run = run
         self._daemon: DaemonProcess | None = None
@@ -135,15 +141,18 @@ class Node:
 
 
 class Cluster:
-    """etcd + S3 (behind a proxy) + nodes a and b."""
+    """etcd + S3 (behind a proxy) + nodes a and b (or a pair per shard)."""
 
-    def __init__(self, run: Path, *, mount: bool) -> None:
+    def __init__(self, run: Path, *, mount: bool, shards: tuple[str, ...] = ("",)) -> None:
         self.run = run
+        self.shards = shards
+        names = {shard: SHARD_NODES[i] if shard else NODES for i, shard in enumerate(shards)}
         self.etcd = EtcdProcess(str(run / "etcd")).start()
         logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs every request
         self.s3 = MotoS3().start()
         self.to_s3 = TcpProxy(self.s3.port)
-        self.nodes = {n: Node(n, run, self.etcd, f"http://127.0.0.1:{self.to_s3.port}", mount) for n in NODES}
+        self.nodes = {n: Node(n, run, self.etcd, f"http://127.0.0.1:{self.to_s3.port}", mount, shard)
+                      for shard in shards for n in names[shard]}
         for node in self.nodes.values():
             node.make_daemon()
         for node in self.nodes.values():
@@ -153,24 +162,34 @@ class Cluster:
     def addresses(self) -> list[str]:
         return [n.address for n in self.nodes.values()]
 
-    def master(self) -> Node | None:
-        """The node that says it is the unfenced master (None during an election)."""
-        for node in self.nodes.values():
+    @property
+    def sharded(self) -> bool:
+        return len(self.shards) > 1 or bool(self.shards[0])
+
+    def of(self, shard: str) -> list[Node]:
+        """The nodes of ``shard`` (a pair)."""
+        return [n for n in self.nodes.values() if n.shard == shard]
+
+    def master(self, shard: str | None = None) -> Node | None:
+        """The node of ``shard`` (default: the first) that says it is the unfenced master (None
+        during an election)."""
+        for node in self.of(self.shards[0] if shard is None else shard):
             st = node.status(1.0) if node.alive() else None
             if st and st["role"] == "master" and not st["fenced"]:
                 return node
         return None
 
     def other(self, node: Node) -> Node:
-        return next(n for n in self.nodes.values() if n is not node)
+        """The other node of ``node``'s pair."""
+        return next(n for n in self.of(node.shard) if n is not node)
 
-    def compare_logs(self, timeout_s: float = 60.0) -> dict[str, Any] | None:
+    def compare_logs(self, shard: str | None = None, timeout_s: float = 60.0) -> dict[str, Any] | None:
         """Once the master counts its slave in sync: both logs' bytes from the later of their
         starts to the lower of their confirm offsets, read from the segment files while the pair
         runs (bytes below a confirm offset never change). None if not in sync within the time."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            master = self.master()
+            master = self.master(shard)
             st = master.status() if master is not None else None
             if master is not None and st and st["replicas"] and all(r["in_sync"] for r in st["replicas"]):
                 slave = self.other(master)

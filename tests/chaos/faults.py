@@ -3,7 +3,9 @@ the history as client ``nemesis``.
 
 Every fault is applied to the node that holds a role when it starts (``master`` or ``slave``), or
 to a shared part (etcd, object storage, the replication link), held for a few seconds, then healed;
-the next one waits until the pair has a master again (or a settle timeout, recorded).
+the next one waits until the pair has a master again (or a settle timeout, recorded). With two
+shards a node fault (and ``power_loss_both``) strikes a pair drawn from the seed, and the run
+settles when every shard has a master.
 """
 
 from __future__ import annotations
@@ -57,14 +59,20 @@ class Nemesis:
             if self.settle():
                 self.check_convergence()
 
+    def _shard(self) -> str:
+        """The pair a fault strikes (drawn only with several, so a pair's seeds replay as before)."""
+        shards = self.cluster.shards
+        return shards[0] if len(shards) == 1 else self.rng.choice(shards)
+
     def _target(self, role: str) -> tuple[Node, str]:
+        shard = self._shard()
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
-            master = self.cluster.master()
+            master = self.cluster.master(shard)
             if master is not None:
                 return (master, "master") if role == "master" else (self.cluster.other(master), "slave")
             time.sleep(0.2)
-        node = self.cluster.nodes["a"]
+        node = self.cluster.of(shard)[0]
         return node, "unknown"
 
     def inject(self, kind: str, role: str) -> Fault:
@@ -99,11 +107,13 @@ class Nemesis:
                 heal = self._clock_back(node)
         else:
             role = ""
-            if kind == "power_loss_both":  # the whole room loses power: both nodes at once
-                target = "both"
-                for node in c.nodes.values():
+            if kind == "power_loss_both":  # the whole room loses power: both nodes (of a pair) at once
+                shard = self._shard()
+                target = f"both:{shard}" if shard else "both"
+                pair = c.of(shard)
+                for node in pair:
                     detail[f"dropped_bytes_{node.name}"] = node.power_loss()
-                heal = self._restart_all
+                heal = self._restart_all(pair)
             elif kind == "link_delay":
                 target = "link"
                 delay_s = self.rng.uniform(0.05, 0.3)
@@ -144,7 +154,8 @@ class Nemesis:
         deadline = time.monotonic() + SETTLE_S
         while time.monotonic() < deadline:
             self._restart_exited()
-            if all(n.alive() for n in self.cluster.nodes.values()) and self.cluster.master() is not None:
+            if all(n.alive() for n in self.cluster.nodes.values()) and \
+                    all(self.cluster.master(shard) is not None for shard in self.cluster.shards):
                 return True
             time.sleep(0.2)
         self.unsettled += 1
@@ -162,18 +173,20 @@ class Nemesis:
             node.daemon.start(60)
 
     def check_convergence(self) -> None:
-        """After a heal: both logs byte-identical below the common confirm offset (history op
-        ``converge``; outcome fail when the slave was not back in sync within a minute)."""
-        t0 = now_ms()
-        try:
-            result = self.cluster.compare_logs()
-        except Exception as exc:  # recorded: the checker counts it
-            self.rec.record("converge", {}, "unknown", t0, error=repr(exc))
-            return
-        if result is None:
-            self.rec.record("converge", {}, "fail", t0, error="the slave was not in sync within 60 s")
-        else:
-            self.rec.record("converge", {}, "ok", t0, result=result)
+        """After a heal: both logs of each pair byte-identical below their common confirm offset
+        (history op ``converge``; outcome fail when the slave was not back in sync within a minute)."""
+        for shard in self.cluster.shards:
+            value = {"shard": shard} if shard else {}
+            t0 = now_ms()
+            try:
+                result = self.cluster.compare_logs(shard)
+            except Exception as exc:  # recorded: the checker counts it
+                self.rec.record("converge", value, "unknown", t0, error=repr(exc))
+                continue
+            if result is None:
+                self.rec.record("converge", value, "fail", t0, error="the slave was not in sync within 60 s")
+            else:
+                self.rec.record("converge", value, "ok", t0, result=result)
 
     @staticmethod
     def _restart(node: Node) -> Callable[[], None]:
@@ -192,11 +205,14 @@ class Nemesis:
     def _clock_back(node: Node) -> Callable[[], None]:
         return lambda: node.set_clock_offset(0)
 
-    def _restart_all(self) -> None:
-        for node in self.cluster.nodes.values():
-            node.daemon.start(60, wait=False)
-        for node in self.cluster.nodes.values():
-            node.daemon.wait_ready(60)
+    @staticmethod
+    def _restart_all(nodes: list[Node]) -> Callable[[], None]:
+        def heal() -> None:
+            for node in nodes:
+                node.daemon.start(60, wait=False)
+            for node in nodes:
+                node.daemon.wait_ready(60)
+        return heal
 
     def _etcd_start(self) -> None:
         self.cluster.etcd.start()

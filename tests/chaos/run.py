@@ -7,6 +7,11 @@ from the master, each node's metadata and log digest) and runs the offline check
 (tests/chaos/checkers.py) on the history. Prints the seed first and the summary table last, and
 writes both, the history, ``final.json`` and every process's log into the run's directory.
 Exit status 0 when every checker passed, 1 otherwise.
+
+``--shards 2``: two pairs as two shards of one cluster (nodes a, b and c, d), the workload's topics
+placed over both and its groups coordinated by one of them; node faults strike a pair drawn from
+the seed; each pair's logs and metadata are compared on their own. Transactions are not run
+there (a cluster of shards refuses them: DESIGN §15, not built yet).
 """
 
 from __future__ import annotations
@@ -25,13 +30,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
+
 from broker.client import BrokerClient, BrokerError
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from tests.chaos import checkers, workload
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.faults import KINDS, Nemesis
 from tests.chaos.history import Recorder, client_ops, load, now_ms, write_json
 from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, TXN_QUEUES, TXN_TOPIC, body_id
 
+TXN_CLIENTS = ("t1", "r1")  # not run over shards: the client refuses transactions there (not built yet)
 CLIENTS = (("producer", "p1"), ("producer", "p2"), ("subscriber", "s1"), ("subscriber", "s2"), ("popper", "q1"),
            ("popper", "q2"), ("creator", "c1"), ("sampler", "sampler"), ("transactor", "t1"), ("txreader", "r1"))
 CONVERGE_S = 120.0
@@ -63,17 +73,20 @@ def log(msg: str) -> None:
 
 
 def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = KINDS, mount: bool = True,
-        rto_p99_max_ms: float = 3000.0) -> Outcome:
+        rto_p99_max_ms: float = 3000.0, shards: int = 1) -> Outcome:
     run_dir.mkdir(parents=True, exist_ok=True)
-    log(f"seed {seed}; run directory {run_dir}; {duration:.0f} s of faults: {', '.join(kinds)}")
-    cluster = Cluster(run_dir, mount=mount)
+    log(f"seed {seed}; run directory {run_dir}; {duration:.0f} s of faults: {', '.join(kinds)}"
+        + (f"; {shards} shards" if shards > 1 else ""))
+    cluster = Cluster(run_dir, mount=mount, shards=tuple(f"s{i + 1}" for i in range(shards)) if shards > 1 else ("",))
     clients: dict[str, subprocess.Popen[bytes]] = {}
+    roles = [(role, name) for role, name in CLIENTS if shards == 1 or name not in TXN_CLIENTS]
+    final: dict[str, Any] = {}
     try:
-        _wait(lambda: cluster.master() is not None, 60, "a master elected")
+        _wait(lambda: all(cluster.master(s) is not None for s in cluster.shards), 60, "a master elected (each shard)")
         with BrokerClient(cluster.addresses, timeout_s=30) as c:
             c.create_topic(TOPIC, queues=QUEUES)
             c.create_topic(TXN_TOPIC, queues=TXN_QUEUES)
-        for role, name in CLIENTS:
+        for role, name in roles:
             clients[name] = _start_client(role, name, cluster, run_dir, seed)
         nemesis = Nemesis(cluster, Recorder(run_dir, "nemesis"), seed, kinds)
         stop = threading.Event()
@@ -86,7 +99,7 @@ def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = K
         # recovery is measured, not cut off (a fault that never recovers still shows as inf)
         _wait(lambda: _sent_ok_since(run_dir, healed_ms), rto_p99_max_ms / 1000.0 + 2.0,
               "a send succeeded after the last heal", fatal=False)
-        _stop_clients(clients, ("p1", "p2", "c1", "t1"))
+        _stop_clients(clients, tuple(n for n in ("p1", "p2", "c1", "t1") if n in clients))
         _wait(lambda: _no_open_transactions(cluster), 60, "every transaction ended (a lost abort times out)",
               fatal=False)
         _wait_timers_fired(run_dir)
@@ -164,11 +177,12 @@ def _stop_clients(clients: dict[str, subprocess.Popen[bytes]], names: tuple[str,
 
 
 def _converged(cluster: Cluster) -> bool:
-    master = cluster.master()
-    if master is None:
-        return False
-    st = master.status()
-    return bool(st and st["replicas"] and all(r["in_sync"] for r in st["replicas"]))
+    for shard in cluster.shards:
+        master = cluster.master(shard)
+        st = master.status() if master is not None else None
+        if not (st and st["replicas"] and all(r["in_sync"] for r in st["replicas"])):
+            return False
+    return True
 
 
 def _sent_ok_since(run_dir: Path, t_ms: float) -> bool:
@@ -188,8 +202,10 @@ def _wait_timers_fired(run_dir: Path) -> None:
 
 
 def _drained(cluster: Cluster) -> bool:
+    """Each group's lag is 0 on every queue (described queue by queue: over shards, a group's listed
+    lag counts only the queues of the shard that reports it)."""
     with BrokerClient(cluster.addresses, timeout_s=5) as c:
-        return all(g["lag"] == 0 for g in c.list_groups() if g["name"] in (SUB_GROUP, "chaos-pop"))
+        return all(q["lag"] == 0 and not q["shard"] for g in (SUB_GROUP, "chaos-pop") for q in c.describe_group(g)["queues"])
 
 
 def _no_open_transactions(cluster: Cluster) -> bool:
@@ -226,34 +242,48 @@ def _log_groups(cluster: Cluster, run_dir: Path) -> None:
 
 
 def _final_state(cluster: Cluster) -> dict[str, Any]:
-    """Every message of the workload's topic (from the master), then each node's metadata and log
-    digest once both have applied the same confirm offset."""
+    """Every message of the workload's topics (from the master; over shards, through a client
+    routed to each queue's shard), then each pair's metadata and log digest once both its nodes
+    have applied the same confirm offset."""
+    for shard in cluster.shards:
+        assert cluster.master(shard) is not None, f"no master of {shard or 'the pair'} at the end of the run"
     master = cluster.master()
-    assert master is not None, "no master at the end of the run"
+    assert master is not None
     unreadable: list[list[Any]] = []
-    with BrokerClient(master.address, timeout_s=30) as c:
+    with BrokerClient(cluster.addresses if cluster.sharded else master.address, timeout_s=30) as c:
         messages = [[TOPIC, q, m.queue_offset, body_id(m.body), m.store_time_ms, m.deliver_at_ms or 0,
                      m.timer_offset or 0] for q, m in _read_all(c, TOPIC, QUEUES, unreadable)]
         txn_messages = [[q, m.queue_offset, body_id(m.body)] for q, m in _read_all(c, TXN_TOPIC, TXN_QUEUES, unreadable)]
         open_transactions = len(c.list_transactions())
-    _wait(lambda: _same_applied(cluster), 60, "both nodes applied the same confirm offset")
-    statuses = {n.name: n.status() for n in cluster.nodes.values()}
+    pairs = {shard: _pair_state(cluster, shard) for shard in cluster.shards}
+    out: dict[str, Any] = {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
+                           "unreadable": unreadable, "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
+    if cluster.sharded:
+        out["shards"] = pairs
+    else:
+        out.update(pairs[""])
+    return out
+
+
+def _pair_state(cluster: Cluster, shard: str) -> dict[str, Any]:
+    """One pair's metadata and log digest below its common confirm offset (its nodes stopped)."""
+    pair = cluster.of(shard)
+    _wait(lambda: _same_applied(pair), 60, f"both nodes of {shard or 'the pair'} applied the same confirm offset")
+    statuses = {n.name: n.status() for n in pair}
     compare_below = min(int(st["confirm_offset"]) for st in statuses.values() if st)
-    nodes: dict[str, Any] = {n.name: {"metadata": _metadata(n)} for n in cluster.nodes.values()}
-    for node in cluster.nodes.values():
+    nodes: dict[str, Any] = {n.name: {"metadata": _metadata(n)} for n in pair}
+    for node in pair:
         node.daemon.stop()
-    logs = {n.name: _log_bytes(n) for n in cluster.nodes.values()}
+    logs = {n.name: _log_bytes(n) for n in pair}
     low = max(first for first, _ in logs.values())
     for name, (first, data) in logs.items():
         nodes[name]["digest"] = hashlib.sha256(data[low - first : compare_below - first]).hexdigest()
         nodes[name]["log_range"] = [first, first + len(data)]
-    return {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
-            "unreadable": unreadable, "nodes": nodes, "compare_below": compare_below, "compare_from": low,
-            "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
+    return {"nodes": nodes, "compare_below": compare_below, "compare_from": low}
 
 
-def _same_applied(cluster: Cluster) -> bool:
-    sts = [n.status() for n in cluster.nodes.values()]
+def _same_applied(pair: list[Node]) -> bool:
+    sts = [n.status() for n in pair]
     if not all(sts):
         return False
     confirm = {int(st["confirm_offset"]) for st in sts if st}
@@ -261,9 +291,20 @@ def _same_applied(cluster: Cluster) -> bool:
 
 
 def _metadata(node: Node) -> dict[str, Any]:
-    with BrokerClient(node.address, timeout_s=10, follow_master=False) as c:
-        topics = {name: info["queues"] for name, info in c.list_topics().items()}
-        committed = {str(q): c.committed_offset(SUB_GROUP, TOPIC, q) for q in range(QUEUES)}
+    """What this one node holds (never routed elsewhere): its topics, and the subscribe group's
+    committed offsets where its shard coordinates the group (``None`` where another does)."""
+    with grpc.insecure_channel(node.address) as channel:
+        stub = pb_grpc.BrokerStub(channel)
+        topics = {t.name: t.queues for t in stub.ListTopics(pb.ListTopicsRequest(), timeout=10).topics}
+        committed: dict[str, int | None] = {}
+        for q in range(QUEUES):
+            try:
+                got = stub.GetOffset(pb.GetOffsetRequest(group=SUB_GROUP, topic=TOPIC, queue_id=q), timeout=10)
+            except grpc.RpcError as exc:
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                    raise
+                return {"topics": topics, "committed": None}  # another shard coordinates the group
+            committed[str(q)] = int(got.offset) if got.found else None
     return {"topics": topics, "committed": committed}
 
 
@@ -279,6 +320,7 @@ def main() -> None:
     p.add_argument("--dir", type=Path, default=None, help="the run's directory (default /tmp/tidemark-chaos-<seed>)")
     p.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds, comma-separated (of {', '.join(KINDS)})")
     p.add_argument("--no-mount", action="store_true", help="no tmpfs per node (no root): disk_full is left out")
+    p.add_argument("--shards", type=int, default=1, choices=(1, 2, 3), help="pairs, as shards of one cluster")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
     kinds = tuple(k for k in args.kinds.split(",") if k)
@@ -288,9 +330,11 @@ def main() -> None:
     mount = not args.no_mount and os.geteuid() == 0
     if not mount:
         kinds = tuple(k for k in kinds if k != "disk_full")
-    outcome = run(args.duration, seed, args.dir or Path(f"/tmp/tidemark-chaos-{seed}"), kinds=kinds, mount=mount)
+    outcome = run(args.duration, seed, args.dir or Path(f"/tmp/tidemark-chaos-{seed}"), kinds=kinds, mount=mount,
+                  shards=args.shards)
     print(outcome.table, flush=True)
-    print(f"replay: python -m tests.chaos.run --seed {seed} --duration {args.duration:.0f}", flush=True)
+    shards = f" --shards {args.shards}" if args.shards > 1 else ""
+    print(f"replay: python -m tests.chaos.run --seed {seed} --duration {args.duration:.0f}{shards}", flush=True)
     sys.exit(0 if outcome.ok else 1)
 
 

@@ -135,6 +135,29 @@ def test_two_writable_masters() -> None:
     assert verdict("split_brain", apart, final).ok
 
 
+def test_over_two_shards_each_pair_has_its_own_epochs_and_logs() -> None:
+    ops, final = history()
+    c_master = {"role": "master", "epoch": 1, "node_id": "C", "fenced": "", "confirm_offset": 7,
+                "tiered_uploaded_offset": 0, "permit_ms": 900, "shard": "s2"}
+    sharded = [*ops, op("status", {"node": "c"}, 1001, result=c_master)]
+    for o in sharded:
+        if o["op"] == "status" and "shard" not in o["result"]:
+            o["result"]["shard"] = "s1"
+    assert verdict("split_brain", sharded, final).ok, "the masters of two shards at one epoch number"
+    d_master = {**c_master, "node_id": "D"}
+    v = verdict("split_brain", [*sharded, op("status", {"node": "d"}, 1002, result=d_master)], final)
+    assert not v.ok and v.counts["epochs_with_two_masters"] == 1 and v.counts["two_masters_at_once"] == 1
+    pairs = {"s1": {"nodes": copy.deepcopy(final["nodes"]), "compare_below": 100},
+             "s2": {"nodes": {"c": {"digest": "z", "metadata": {"m": 2}}, "d": {"digest": "z", "metadata": {"m": 2}}},
+                    "compare_below": 7}}
+    shard_final = {k: v for k, v in final.items() if k not in ("nodes", "compare_below")} | {"shards": pairs}
+    v = verdict("convergence", ops, shard_final)
+    assert v.ok and v.counts["digests_equal"] == 2 and v.counts["compare_below"] == 107
+    pairs["s2"]["nodes"]["d"]["metadata"] = {"m": 3}
+    v = verdict("convergence", ops, shard_final)
+    assert not v.ok and v.counts["metadata_equal"] == 1 and "shard s2" in v.examples[0]
+
+
 def test_tiered_above_confirm_and_diverged_logs() -> None:
     ops, final = history()
     bad = {"role": "slave", "epoch": 1, "node_id": "B", "fenced": "", "confirm_offset": 100, "tiered_uploaded_offset": 101}

@@ -304,8 +304,9 @@ def sampler(rec: Recorder, client: BrokerClient, rng: random.Random, args: argpa
 def _status(c: BrokerClient) -> dict[str, Any]:
     st = c.status()
     # a master's write permit (None: unbounded); 0 once it lapsed: the node acknowledges nothing
-    return {**{k: st.get(k) for k in STATUS_FIELDS},
-            "permit_ms": (st.get("coordinator") or {}).get("lease_remaining_ms")}
+    coordinator = st.get("coordinator") or {}
+    return {**{k: st.get(k) for k in STATUS_FIELDS}, "permit_ms": coordinator.get("lease_remaining_ms"),
+            "shard": coordinator.get("shard", "")}
 
 
 ROLES: dict[str, Callable[[Recorder, BrokerClient, random.Random, argparse.Namespace], None]] = {
