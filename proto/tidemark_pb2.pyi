@@ -417,10 +417,14 @@ class DemoteResponse(_message.Message):
     def __init__(self) -> None: ...
 
 class CancelTimerRequest(_message.Message):
-    __slots__ = ("timer_offset",)
+    __slots__ = ("timer_offset", "topic", "queue_id")
     TIMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
     timer_offset: int
-    def __init__(self, timer_offset: _Optional[int] = ...) -> None: ...
+    topic: str
+    queue_id: int
+    def __init__(self, timer_offset: _Optional[int] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ...) -> None: ...
 
 class CancelTimerResponse(_message.Message):
     __slots__ = ("deliver_at_ms", "topic", "queue_id")
@@ -832,16 +836,18 @@ class ListGroupsRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GroupSummary(_message.Message):
-    __slots__ = ("name", "members", "topics", "lag")
+    __slots__ = ("name", "members", "topics", "lag", "remote_offsets")
     NAME_FIELD_NUMBER: _ClassVar[int]
     MEMBERS_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     LAG_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_OFFSETS_FIELD_NUMBER: _ClassVar[int]
     name: str
     members: int
     topics: _containers.RepeatedScalarFieldContainer[str]
     lag: int
-    def __init__(self, name: _Optional[str] = ..., members: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., lag: _Optional[int] = ...) -> None: ...
+    remote_offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, name: _Optional[str] = ..., members: _Optional[int] = ..., topics: _Optional[_Iterable[str]] = ..., lag: _Optional[int] = ..., remote_offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
 
 class ListGroupsResponse(_message.Message):
     __slots__ = ("groups",)

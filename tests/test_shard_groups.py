@@ -86,6 +86,8 @@ def test_a_group_spans_the_shards_and_is_seen_from_any_node(spawn: Spawn, etcd: 
         d = c2.describe_group("g")
         ends = [q["max_offset"] for q in c2.describe_topic("orders")["queues"]]
         assert [(q["committed_offset"], q["lag"]) for q in d["queues"]] == [(0, e) for e in ends]
+        for client in (c1, c2):  # the lag of every queue, whichever shard coordinates the group
+            assert {g["name"]: g["lag"] for g in client.list_groups()}["g"] == sum(ends)
         assert c2.reset_offsets("g", "orders", "latest") == dict(enumerate(ends))
         assert [q["lag"] for q in c1.describe_group("g")["queues"]] == [0] * 8
         with c1.consumer("g", "orders", auto_offset_reset="earliest") as again:  # resumes where the reset put it

@@ -25,6 +25,7 @@ from broker.client import (
     Message,
     NotFound,
 )
+from broker.errors import OWNER_SHARD_KEY
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from replication.coordination.slots import slot_of
@@ -318,3 +319,42 @@ def _key_for(c: BrokerClient, topic: str, queue: int) -> str:
     """A key that maps to ``queue`` (crc32c(key) % queues)."""
     queues = c._queue_count(topic)
     return next(k for k in (f"key{i}" for i in range(10_000)) if crc32c.crc32c(k.encode()) % queues == queue)
+
+
+def test_a_timer_is_cancelled_on_its_own_shard(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A timer offset is an offset of one shard's log: a cancel goes with its message's queue to
+    that queue's shard, never by the bare offset to whichever node the client was given."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s2"].address) as c:
+        c.create_topic("later", queues=4)
+        owners = [q["shard"] for q in c.describe_topic("later")["queues"]]
+        keys = [_key_for(c, "later", q) for q in range(4)]
+        wait_until(lambda: sent_once_placed(c, "later", [Message(b"probe", key=k) for k in keys]), 15, "queues created")
+        due = int(time.time() * 1000) + 60_000
+        receipts = c.send("later", [Message(f"late-{q}".encode(), key=keys[q], deliver_at_ms=due) for q in range(4)])
+        assert sorted(r.queue_id for r in receipts) == [0, 1, 2, 3] and all(r.timer_offset for r in receipts)
+        with pytest.raises(ValueError, match="by its receipt"):
+            c.cancel_timer(receipts[0].timer_offset or 0)
+        r = receipts[0]
+        wrong = nodes["s1" if owners[r.queue_id] == "s2" else "s2"]
+        with grpc.insecure_channel(wrong.address) as ch:
+            stub = pb_grpc.BrokerStub(ch)
+            with pytest.raises(grpc.RpcError) as bare:
+                stub.CancelTimer(pb.CancelTimerRequest(timer_offset=r.timer_offset or 0), timeout=10)
+            assert bare.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.CancelTimer(pb.CancelTimerRequest(timer_offset=r.timer_offset or 0, topic="later",
+                                                       queue_id=r.queue_id), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert (OWNER_SHARD_KEY, owners[r.queue_id]) in (refused.value.trailing_metadata() or ())
+        mine = owners[r.queue_id]
+        with grpc.insecure_channel(nodes[mine].address) as ch:  # the right shard, another of its queues named
+            with pytest.raises(grpc.RpcError) as other:
+                pb_grpc.BrokerStub(ch).CancelTimer(pb.CancelTimerRequest(
+                    timer_offset=r.timer_offset or 0, topic="later",
+                    queue_id=next(q for q in range(4) if q != r.queue_id and owners[q] == mine)), timeout=10)
+            assert other.value.code() == grpc.StatusCode.NOT_FOUND
+        for r in receipts:  # each on its own shard, from a client given s2's node
+            assert c.cancel_timer(r)["queue_id"] == r.queue_id
+        with pytest.raises(FailedPrecondition, match="already"):
+            c.cancel_timer(receipts[1])

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from broker.cli.demo import run_demo
 from broker.cli.quarantine import show_quarantine
 from broker.cli.verify import verify_data_dir
-from broker.client import BrokerClient, BrokerError, Message
+from broker.client import BrokerClient, BrokerError, Message, Receipt
 from broker.config import Config, ConfigError
 from broker.daemon import logsetup, plugins
 from broker.daemon.server import serve
@@ -102,6 +102,13 @@ def _add_status_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     clst.add_argument("--json", action="store_true")
 
 
+def _cancel_parser(sub: Any, conn: argparse.ArgumentParser) -> None:
+    ca = sub.add_parser("cancel", parents=[conn], help="cancel a scheduled (timer) message before it fires")
+    ca.add_argument("--timer-offset", type=_non_negative, required=True)
+    ca.add_argument("--topic", default="", help="the message's topic (its receipt's); required in a cluster of shards")
+    ca.add_argument("--queue", type=_non_negative, default=0, help="the message's queue (with --topic)")
+
+
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="tidemark", description="Tidemark broker daemon and tools")
     conn = _connection_flags()
@@ -138,8 +145,7 @@ def _parser() -> argparse.ArgumentParser:
     se.add_argument("--ack", choices=("leader", "flush", "replica"), default="replica")
     se.add_argument("--batch", type=_positive, default=1000, help="lines per request")
 
-    ca = sub.add_parser("cancel", parents=[conn], help="cancel a scheduled (timer) message before it fires")
-    ca.add_argument("--timer-offset", type=_non_negative, required=True)
+    _cancel_parser(sub, conn)
 
     co = sub.add_parser("consume", parents=[conn], help="print one JSON object per message")
     co.add_argument("topic")
@@ -234,7 +240,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _txn(args)
         if cmd == "cancel":
             with _client(args) as c:
-                print(json.dumps({"cancelled": c.cancel_timer(args.timer_offset)}))
+                target = Receipt(args.topic, args.queue, 0, 0, timer_offset=args.timer_offset) if args.topic else None
+                try:
+                    print(json.dumps({"cancelled": c.cancel_timer(target or args.timer_offset)}))
+                except ValueError as exc:
+                    return _fail(f"{exc} (give --topic and --queue)", EXIT_USAGE)
             return 0
         if cmd == "status":
             return _status(args)

@@ -7,7 +7,7 @@ the coordinator, then every other shard for what it holds (``here_only``), and m
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from broker.groups import receipts
 from proto import tidemark_pb2 as pb
@@ -51,12 +51,20 @@ def merge_described(desc: pb.GroupDescription, heres: Iterable[pb.GroupDescripti
     return out
 
 
-def merge_listed(answers: Iterable[pb.ListGroupsResponse]) -> list[dict[str, object]]:
-    """Every shard's groups as one list: members and lag summed, topics joined."""
+def merge_listed(answers: Iterable[pb.ListGroupsResponse], ends: Callable[[], dict[str, list[int]]]
+                 ) -> list[dict[str, object]]:
+    """Every shard's groups as one list: members and lag summed, topics joined; the lag of queues
+    whose shard is not the coordinator's added from ``ends()`` (each queue's stable end, asked of
+    its own shard: read only when some group has such queues)."""
     merged: dict[str, tuple[int, set[str], int]] = {}
+    known: dict[str, list[int]] | None = None
     for resp in answers:
         for g in resp.groups:
             members, topics, lag = merged.get(g.name, (0, set(), 0))
+            for o in g.remote_offsets:
+                known = ends() if known is None else known
+                queue_ends = known.get(o.topic, [])
+                lag += max(0, queue_ends[o.queue_id] - o.offset) if o.queue_id < len(queue_ends) else 0
             merged[g.name] = (members + g.members, topics | set(g.topics), lag + g.lag)
     return [{"name": name, "members": m, "topics": sorted(t), "lag": lag} for name, (m, t, lag) in sorted(merged.items())]
 

@@ -51,8 +51,9 @@ class GroupsAPI(ClientCore):
         if not self.sharded:
             resp = self._call("ListGroups", pb.ListGroupsRequest())
             return [{"name": g.name, "members": g.members, "topics": list(g.topics), "lag": g.lag} for g in resp.groups]
-        # a cluster of shards: each shard lists the groups it coordinates, and those with pop leases on
-        # its queues (a group's lag here counts the queues of the shards that told it: docs/shards.md)
+        # a cluster of shards: each shard lists the groups it coordinates (with the committed offsets
+        # of other shards' queues, whose lag is added from those shards' ends) and those with pop
+        # leases on its queues
         self._learn_routes([])
         answers, failure = [], None
         for shard in self._routes.shards():
@@ -62,7 +63,12 @@ class GroupsAPI(ClientCore):
                 failure = exc
         if not answers and failure is not None:
             raise failure
-        return group_merge.merge_listed(answers)
+        def ends() -> dict[str, list[int]]:  # each queue's stable end, from its own shard
+            try:
+                return {t: list(info["stable_offsets"]) for t, info in cast(Any, self).list_topics().items()}
+            except BrokerError:  # a shard between masters: those queues' lag is left out
+                return {}
+        return group_merge.merge_listed(answers, ends)
 
     def describe_group(self, group: str) -> dict[str, Any]:
         """Members and their queues, and per queue: committed offset, end, lag, owner, pop leases."""

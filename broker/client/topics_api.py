@@ -133,7 +133,15 @@ class TopicsAPI(ClientCore):
         offset = receipt if isinstance(receipt, int) else receipt.timer_offset
         if offset is None:
             raise ValueError("this receipt is not a timer message's (it has no timer_offset)")
-        resp = self._call("CancelTimer", _request(pb.CancelTimerRequest, timer_offset=offset), retry=False)
+        if isinstance(receipt, int):
+            if self.sharded:
+                raise ValueError("in a cluster of shards cancel a timer by its receipt: a timer offset alone is one "
+                                 "shard's log offset, and another shard may hold a timer at the same offset")
+            resp = self._call("CancelTimer", _request(pb.CancelTimerRequest, timer_offset=offset), retry=False)
+        else:  # to the shard of the message's queue, which names its queue (a check on the server too)
+            request = _request(pb.CancelTimerRequest, timer_offset=offset, topic=receipt.topic, queue_id=receipt.queue_id)
+            resp = self._routed(receipt.topic, receipt.queue_id,
+                                lambda core: core._call("CancelTimer", request, retry=False))
         return {"timer_offset": offset, "deliver_at_ms": resp.deliver_at_ms, "topic": resp.topic,
                 "queue_id": resp.queue_id}
 

@@ -137,9 +137,13 @@ class GroupAdmin:
         members = self.membership.summary()
         topics: dict[str, set[str]] = {g: set() for g in members}
         lag: dict[str, int] = dict.fromkeys(members, 0)
+        remote: dict[str, list[pb.CommittedOffset]] = {}
         for g, t, q, o in self._all_committed():
             topics.setdefault(g, set()).add(t)
-            bounds = None if self._remote(t, q) else self._bounds(t, q)  # a cluster of shards: this shard's lag
+            if self._remote(t, q):  # a cluster of shards: its end is another shard's (the client adds the lag)
+                remote.setdefault(g, []).append(pb.CommittedOffset(group=g, topic=t, queue_id=q, offset=o))
+                continue
+            bounds = self._bounds(t, q)
             lag[g] = lag.get(g, 0) + (max(0, bounds[1] - o) if bounds else 0)
         if self.pops is not None:
             for g in self.pops.groups():
@@ -147,8 +151,8 @@ class GroupAdmin:
                 for (t, _), info in self.pops.describe(g)["queues"].items():
                     topics[g].add(t)
                     lag[g] = lag.get(g, 0) + int(info.get("lag", 0))
-        return [pb.GroupSummary(name=g, members=members.get(g, 0), topics=sorted(topics[g]), lag=lag.get(g, 0))
-                for g in sorted(topics)]
+        return [pb.GroupSummary(name=g, members=members.get(g, 0), topics=sorted(topics[g]), lag=lag.get(g, 0),
+                                remote_offsets=remote.get(g, ())) for g in sorted(topics)]
 
     def describe(self, group: str, *, member_ids: bool = True) -> pb.GroupDescription:
         """``member_ids``: the caller may see them (admin). A member id is what a heartbeat or a

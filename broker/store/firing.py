@@ -367,9 +367,10 @@ class TimerService:
         return out
 
     # -- cancel -----------------------------------------------------------------------------------
-    def cancel(self, timer_offset: int) -> tuple[int, str, int]:
+    def cancel(self, timer_offset: int, target: tuple[str, int] | None = None) -> tuple[int, str, int]:
         """Cancel a pending timer; return (deliver_at_ms, topic, queue). Refuses a fired,
-        cancelled, firing or unknown timer with a clear status."""
+        cancelled, firing or unknown timer with a clear status; with ``target``, also one whose
+        message is for another queue (a timer offset is an offset of one shard's log)."""
         self.check_writable()
         self.writes.watermarks.check_replica_ack_possible()
         timeout_ms = self.send_timeout_ms
@@ -378,6 +379,13 @@ class TimerService:
                 raise BrokerError("UNAVAILABLE", "the timer service is starting on this master; retry shortly")
             self._settle_inflight()
             state = self._state_of(timer_offset, timeout_ms)
+            if state is not None and target is not None:  # named first: nothing told of another queue's timer
+                try:  # (a fired timer's record may be gone with retention: then its state answers)
+                    found = self._read_scheduled(np.array([timer_offset], dtype=np.uint64)).get(timer_offset)
+                except BrokerError:
+                    found = None
+                if found is not None and (found[3], found[4]) != target:
+                    raise not_found(f"no timer for {target[0]!r} queue {target[1]} at offset {timer_offset}")
             if state is None:
                 if self.reads.is_scheduled_record(timer_offset):
                     raise BrokerError("FAILED_PRECONDITION", f"timer {timer_offset} has already fired or was cancelled")

@@ -317,16 +317,22 @@ def percentile(values: list[float], p: float) -> float:
 HEAL_BOUND = frozenset({"disk_full", "power_loss_both"})
 
 
-def rto_by_fault(ops: list[Op]) -> dict[str, list[float]]:
+def rto_by_fault(ops: list[Op], queue_shards: list[str] | tuple[str, ...] = ()) -> dict[str, list[float]]:
     """Each fault's recovery time: from the moment it hit (its start; its heal for HEAL_BOUND kinds)
     to the completion of the first send invoked then or later that succeeded. Counted from the
     fault, not from a failed send: the client retries within its deadline, so most outages show
     as slow sends, not failed ones."""
     faults = _fault_windows(ops)
-    sends = sorted((o["invoke_ms"], o["complete_ms"]) for o in _ops(ops, "send", "ok"))
-    invokes = [s[0] for s in sends]
+    all_sends = [o for o in _ops(ops, "send", "ok")]
+    by_shard: dict[str, list[tuple[float, float]]] = {"": sorted((o["invoke_ms"], o["complete_ms"]) for o in all_sends)}
+    for shard in set(queue_shards):  # over shards: a fault of one pair is recovered when a send to it succeeds
+        mine = {q for q, s in enumerate(queue_shards) if s == shard}
+        by_shard[shard] = sorted((o["invoke_ms"], o["complete_ms"]) for o in all_sends
+                                 if any(r["queue_id"] in mine for r in (o.get("result") or {}).get("receipts", [])))
     out: dict[str, list[float]] = defaultdict(list)
-    for kind, start, end in faults:
+    for kind, start, end, shard in faults:
+        sends = by_shard.get(shard, by_shard[""])
+        invokes = [s[0] for s in sends]
         t0 = end if kind in HEAL_BOUND and end is not None else start
         i = bisect.bisect_left(invokes, t0)
         done = min((c for _, c in sends[i : i + 1000]), default=math.inf)
@@ -334,25 +340,25 @@ def rto_by_fault(ops: list[Op]) -> dict[str, list[float]]:
     return out
 
 
-def _fault_windows(ops: list[Op]) -> list[tuple[str, float, float | None]]:
-    """(kind, start, end) of every fault, in order."""
+def _fault_windows(ops: list[Op]) -> list[tuple[str, float, float | None, str]]:
+    """(kind, start, end, shard: "" for a pair's or a shared part's) of every fault, in order."""
     open_: dict[tuple[str, str], int] = {}
-    windows: list[tuple[str, float, float | None]] = []
+    windows: list[tuple[str, float, float | None, str]] = []
     for o in _ops(ops, "fault"):
         v = o["value"]
         key = (v["kind"], v["node"])
         if v["phase"] == "start":
             open_[key] = len(windows)
-            windows.append((v["kind"], o["invoke_ms"], None))
+            windows.append((v["kind"], o["invoke_ms"], None, str(v.get("shard") or "")))
         elif key in open_:
             i = open_.pop(key)
-            windows[i] = (windows[i][0], windows[i][1], o["invoke_ms"])
+            windows[i] = (windows[i][0], windows[i][1], o["invoke_ms"], windows[i][3])
     return windows
 
 
 def rto(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> Verdict:
     v = Verdict("rto", True)
-    for kind, values in sorted(rto_by_fault(ops).items()):
+    for kind, values in sorted(rto_by_fault(ops, final.get("queue_shards") or ()).items()):
         p99 = percentile(values, 99)
         v.counts.update({f"{kind}.n": len(values), f"{kind}.p50_ms": _ms(percentile(values, 50)),
                          f"{kind}.p99_ms": _ms(p99), f"{kind}.max_ms": _ms(max(values))})
@@ -391,8 +397,8 @@ def transactions(ops: list[Op], final: Final) -> Verdict:
     v = Verdict("transactions", True, {"committed": 0, "aborted": 0, "unknown_all": 0, "unknown_none": 0,
                                        "partial": 0, "aborted_seen": 0, "lost": 0, "duplicated": 0, "left_open": 0,
                                        "committed_by_their_send": 0})
-    if "txn_messages" not in final:
-        return v  # a run without the transactional workload
+    if "txn_messages" not in final or not (final["txn_messages"] or any(_ops(ops, "txn"))):
+        return Verdict("transactions", True, {"skipped": 1})  # a run without the transactional workload
     stored = Counter(row[2] for row in final["txn_messages"])
     seen = {row[1] for o in _ops(ops, "txn_recv", "ok") for row in o["value"]["msgs"]}
     for mid, n in stored.items():
@@ -442,7 +448,8 @@ def node_exits(ops: list[Op], final: Final) -> Verdict:
     for o in sorted((o for o in ops if o["op"] in ("fault", "node_exit")), key=lambda o: o["invoke_ms"]):
         if o["op"] == "fault":
             if o["value"]["phase"] == "start":
-                last_fault[o["value"]["node"]] = o["value"]["kind"]
+                for name in o["value"].get("nodes") or [o["value"]["node"]]:  # power_loss_both: each node
+                    last_fault[name] = o["value"]["kind"]
             continue
         node = o["value"]["node"]
         v.counts["exits"] += 1

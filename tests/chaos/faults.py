@@ -30,7 +30,7 @@ RESTART_SEC_S = 2.0  # deploy/systemd/tidemark-*.service RestartSec
 @dataclass
 class Fault:
     kind: str
-    target: str  # "a"/"b", or "etcd", "s3", "link"
+    target: str  # a node ("a"/"b", "c"/"d" of a second shard), "both" ("both:<shard>"), or "etcd", "s3", "link"
     role: str  # the target's role when the fault started ("" for shared parts)
     heal: Callable[[], None]
     detail: dict[str, object]
@@ -82,6 +82,8 @@ class Nemesis:
         if kind in NODE_KINDS:
             node, role = self._target(role)
             target = node.name
+            if node.shard:
+                detail["shard"] = node.shard
             if kind == "kill9":
                 node.daemon.kill9()
                 heal = self._restart(node)
@@ -111,6 +113,9 @@ class Nemesis:
                 shard = self._shard()
                 target = f"both:{shard}" if shard else "both"
                 pair = c.of(shard)
+                detail["nodes"] = [n.name for n in pair]
+                if shard:
+                    detail["shard"] = shard
                 for node in pair:
                     detail[f"dropped_bytes_{node.name}"] = node.power_loss()
                 heal = self._restart_all(pair)

@@ -33,6 +33,7 @@ from typing import Any
 import grpc
 
 from broker.client import BrokerClient, BrokerError
+from broker.errors import OWNER_SHARD_KEY
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.chaos import checkers, workload
@@ -84,8 +85,13 @@ def run(duration: float, seed: int, run_dir: Path, *, kinds: tuple[str, ...] = K
     try:
         _wait(lambda: all(cluster.master(s) is not None for s in cluster.shards), 60, "a master elected (each shard)")
         with BrokerClient(cluster.addresses, timeout_s=30) as c:
+            if cluster.sharded:  # the creating node's copy of etcd must see every shard's master
+                _wait(lambda: sum(bool(s["master"]) for s in c.cluster_status()["shards"]) == len(cluster.shards), 60,
+                      "every shard's master in the cluster's routes")
             c.create_topic(TOPIC, queues=QUEUES)
             c.create_topic(TXN_TOPIC, queues=TXN_QUEUES)
+            placed = {q["shard"] for q in c.describe_topic(TOPIC)["queues"]} if cluster.sharded else {""}
+            assert placed == set(cluster.shards), f"the workload's topic placed on {sorted(placed)}, not on every shard"
         for role, name in roles:
             clients[name] = _start_client(role, name, cluster, run_dir, seed)
         nemesis = Nemesis(cluster, Recorder(run_dir, "nemesis"), seed, kinds)
@@ -205,7 +211,11 @@ def _drained(cluster: Cluster) -> bool:
     """Each group's lag is 0 on every queue (described queue by queue: over shards, a group's listed
     lag counts only the queues of the shard that reports it)."""
     with BrokerClient(cluster.addresses, timeout_s=5) as c:
-        return all(q["lag"] == 0 and not q["shard"] for g in (SUB_GROUP, "chaos-pop") for q in c.describe_group(g)["queues"])
+        for g in (SUB_GROUP, "chaos-pop"):
+            queues = {q["queue_id"]: q for q in c.describe_group(g)["queues"] if q["topic"] == TOPIC}
+            if sorted(queues) != list(range(QUEUES)) or any(q["lag"] or q["shard"] for q in queues.values()):
+                return False  # a queue not told (its shard did not answer) is not drained
+        return True
 
 
 def _no_open_transactions(cluster: Cluster) -> bool:
@@ -255,11 +265,14 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
                      m.timer_offset or 0] for q, m in _read_all(c, TOPIC, QUEUES, unreadable)]
         txn_messages = [[q, m.queue_offset, body_id(m.body)] for q, m in _read_all(c, TXN_TOPIC, TXN_QUEUES, unreadable)]
         open_transactions = len(c.list_transactions())
+        queue_shards = [q["shard"] for q in c.describe_topic(TOPIC)["queues"]]
     pairs = {shard: _pair_state(cluster, shard) for shard in cluster.shards}
     out: dict[str, Any] = {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
                            "unreadable": unreadable, "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
     if cluster.sharded:
         out["shards"] = pairs
+        out["node_shards"] = {n.name: n.shard for n in cluster.nodes.values()}  # RTO per shard (checkers.rto)
+        out["queue_shards"] = queue_shards
     else:
         out.update(pairs[""])
     return out
@@ -295,17 +308,31 @@ def _metadata(node: Node) -> dict[str, Any]:
     committed offsets where its shard coordinates the group (``None`` where another does)."""
     with grpc.insecure_channel(node.address) as channel:
         stub = pb_grpc.BrokerStub(channel)
-        topics = {t.name: t.queues for t in stub.ListTopics(pb.ListTopicsRequest(), timeout=10).topics}
+        topics = {t.name: t.queues for t in _retried(lambda: stub.ListTopics(pb.ListTopicsRequest(), timeout=10)).topics}
         committed: dict[str, int | None] = {}
         for q in range(QUEUES):
+            request = pb.GetOffsetRequest(group=SUB_GROUP, topic=TOPIC, queue_id=q)
             try:
-                got = stub.GetOffset(pb.GetOffsetRequest(group=SUB_GROUP, topic=TOPIC, queue_id=q), timeout=10)
+                got = _retried(lambda request=request: stub.GetOffset(request, timeout=10))
             except grpc.RpcError as exc:
-                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION:  # type: ignore[attr-defined]
+                owner = dict(exc.trailing_metadata() or ()).get(OWNER_SHARD_KEY)  # type: ignore[attr-defined]
+                if exc.code() != grpc.StatusCode.FAILED_PRECONDITION or not node.shard or not owner:  # type: ignore[attr-defined]
                     raise
-                return {"topics": topics, "committed": None}  # another shard coordinates the group
+                return {"topics": topics, "committed": f"coordinated by {owner}"}
             committed[str(q)] = int(got.offset) if got.found else None
     return {"topics": topics, "committed": committed}
+
+
+def _retried(call: Any, attempts: int = 5) -> Any:
+    """A read of one node, retried while it answers UNAVAILABLE (as the client would)."""
+    for attempt in range(attempts):
+        try:
+            return call()
+        except grpc.RpcError as exc:
+            if exc.code() != grpc.StatusCode.UNAVAILABLE or attempt == attempts - 1:  # type: ignore[attr-defined]
+                raise
+            time.sleep(0.5 * (attempt + 1))
+    raise AssertionError("unreachable")
 
 
 def _log_bytes(node: Node) -> tuple[int, bytes]:

@@ -186,6 +186,20 @@ def test_rto_runs_from_the_fault_to_the_first_later_send_that_succeeds() -> None
     assert verdict("rto", healed, final).counts["disk_full.p99_ms"] == 105  # from its heal at 1400 to 1505
 
 
+def test_over_shards_a_faults_recovery_is_a_send_to_its_own_shard() -> None:
+    ops, final = history()
+    for o in ops:
+        if o["op"] == "send" and o["outcome"] == "ok":  # 1000 wrote queue 1 (s2's), 1500 queue 0 (s1's)
+            o["result"] = {"receipts": [{"queue_id": 1 if o["invoke_ms"] == 1000 else 0}]}
+        if o["op"] == "fault":
+            o["value"]["shard"] = "s1"
+    assert verdict("rto", ops, final).counts["kill9.p99_ms"] == 105, "a pair: the first later send"
+    final["queue_shards"] = ["s1", "s2"]
+    assert verdict("rto", ops, final).counts["kill9.p99_ms"] == 605, "s1's fault: the first later send to s1"
+    shared = [dict(o, value={**o["value"], "shard": ""}) if o["op"] == "fault" else o for o in ops]
+    assert verdict("rto", shared, final).counts["kill9.p99_ms"] == 105, "a shared part's fault: any send"
+
+
 def test_latency_buckets() -> None:
     ops, final = history()
     v = verdict("latency", ops, final)

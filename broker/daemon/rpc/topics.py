@@ -160,7 +160,14 @@ class TopicRpcs(Rpcs):
 
     def CancelTimer(self, request: pb.CancelTimerRequest, context: grpc.ServicerContext) -> pb.CancelTimerResponse:
         def run() -> pb.CancelTimerResponse:
-            at, topic, queue = self.store.timers.cancel(request.timer_offset)
+            target = (request.topic, request.queue_id) if request.topic else None
+            placement = self.store.placement
+            if placement is not None:  # a timer offset is an offset of one shard's log: which queue, then
+                if target is None:
+                    raise BrokerError("INVALID_ARGUMENT", "in a cluster of shards a timer is cancelled with the topic "
+                                      "and queue of its message (its receipt): a timer offset is one shard's")
+                placement.check_queue(*target)
+            at, topic, queue = self.store.timers.cancel(request.timer_offset, target)
             log.info("timer_cancelled", timer_offset=request.timer_offset, topic=topic, queue=queue, deliver_at_ms=at)
             return pb.CancelTimerResponse(deliver_at_ms=at, topic=topic, queue_id=queue)
         return handle(context, run)
