@@ -73,9 +73,14 @@ class GroupAdmin:
         if not self._remote(topic, queue):
             self.store.reads.queue_bounds(topic, queue)
 
-    def _shard_of(self, topic: str, queue: int) -> str:
+    def _shards_of(self, topic: str) -> list[str]:
+        """Each queue's shard ([] when the topic is not placed)."""
         owners = self.store.placement.owners(topic) if self.store.placement is not None else None
-        return owners[queue][0] if owners is not None and queue < len(owners) else ""
+        return [shard for shard, _ in owners or ()]
+
+    def _shard_of(self, topic: str, queue: int) -> str:
+        shards = self._shards_of(topic)
+        return shards[queue] if queue < len(shards) else ""
 
     # -- request checks ----------------------------------------------------------------------------
     def check_heartbeat(self, request: pb.HeartbeatRequest) -> tuple[str, list[str], list[QueueKey], int]:
@@ -177,11 +182,15 @@ class GroupAdmin:
             queues |= self._all_queues(live["topics"])
         pop_queues: dict[QueueKey, dict[str, int]] = pop["queues"] if pop is not None else {}
         queues |= set(pop_queues)
+        shards: dict[str, list[str]] = {}  # topic -> each queue's shard (looked up once per topic)
         for t, q in sorted(queues):
             c = committed.get((t, q))
             if self._remote(t, q):  # another shard's queue: its end and lag are told there (the client asks)
+                if t not in shards:
+                    shards[t] = self._shards_of(t)
                 desc.queues.add(topic=t, queue_id=q, has_committed=c is not None, committed_offset=c or 0,
-                                owner=_member(owners.get((t, q), ""), member_ids), shard=self._shard_of(t, q))
+                                owner=_member(owners.get((t, q), ""), member_ids),
+                                shard=shards[t][q] if q < len(shards[t]) else "")
                 continue
             bounds = self._bounds(t, q)
             if bounds is None:
