@@ -37,6 +37,7 @@ from measure import quantile
 
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError
+from proto import tidemark_pb2 as pb
 from tests.failoverutil import coordinated, wait_master
 
 TOPIC = "bench-groups"
@@ -68,12 +69,15 @@ def worker(address: str, names: list[str], session_ms: int, ready: Any, stop: An
 
 
 def owners(c: BrokerClient) -> dict[str, int]:
-    """client id -> queues it reports holding ("" for queues nobody holds)."""
-    desc = c.describe_group(GROUP)
-    by_member = {m["member_id"]: m["client_id"] for m in desc["members"]}
+    """client id -> queues it reports holding ("" for queues nobody holds). Over shards only the
+    coordinator's description (``describe_group`` would also ask the other shard for its queues'
+    ends, which say nothing of owners: polled every 5 ms, that load was part of what it timed)."""
+    req = pb.DescribeGroupRequest(group=GROUP)
+    desc = c._coordinated(GROUP, lambda core: core._call("DescribeGroup", req)).group
+    by_member = {m.member_id: m.client_id for m in desc.members}
     out: dict[str, int] = {}
-    for q in desc["queues"]:
-        who = by_member.get(q["owner"], "")
+    for q in desc.queues:
+        who = by_member.get(q.owner, "")
         out[who] = out.get(who, 0) + 1
     return out
 
