@@ -18,3 +18,5 @@ def test_demo_runs_and_loses_nothing() -> None:
     assert "etcd elected node-b" in r.stdout and "(each once)" in r.stdout and "is a switchover" in r.stdout, r.stdout
     assert "placed in etcd: queues 0->" in r.stdout and "split per shard" in r.stdout, r.stdout
     assert "s1's master: its queues served again" in r.stdout, r.stdout
+    assert "group 'billing': a member bootstrapped from each shard's node" in r.stdout, r.stdout
+    assert ", 0 twice; committed to the group's coordinator shard, lag 0 as any node describes it" in r.stdout, r.stdout

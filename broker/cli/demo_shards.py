@@ -92,4 +92,41 @@ def run(work: str, etcd_endpoint: str, say: Callable[[str], None], wait: Callabl
         say(f"13. kill -9 of s1's master: its queues served again {served:.2f}s later (etcd elected its slave; the "
             f"client's routes still named the dead node); s2's queue took {len(around)} sends meanwhile, longest gap "
             f"{gap * 1000:.0f} ms")
+        m1 = _master(s1)
+        assert m1 is not None
+        with BrokerClient(m1.address) as c1:
+            _group_over_shards(c, c1, owners, say, wait)
     return nodes
+
+
+def _group_over_shards(c2: BrokerClient, c1: BrokerClient, owners: list[str], say: Callable[[str], None],
+                       wait: Callable[..., None]) -> None:
+    """Step 14: one consumer group, a member bootstrapped from each shard's node, over both shards."""
+    total = sum(c2.list_topics()["carts"]["stable_offsets"])
+    members = [c.consumer("billing", "carts", auto_offset_reset="earliest") for c in (c2, c1)]
+    try:
+        wait(lambda: sum(len(m.assignment) for m in members) == QUEUES and all(m.assignment for m in members))
+        seen: set[tuple[int, int]] = set()
+        read = 0
+
+        def everything() -> bool:
+            nonlocal read
+            for m in members:
+                got = m.poll(100)
+                read += len(got)
+                seen.update((msg.queue_id, msg.queue_offset) for msg in got)
+            return read >= total
+
+        wait(everything)
+        for m in members:
+            m.commit()
+        held = [sorted(q for _, q in m.assignment) for m in members]
+        described = c2.describe_group("billing")
+        lag = sum(q["lag"] for q in described["queues"])
+    finally:
+        for m in members:
+            m.close()
+    twice = read - len(seen)
+    say(f"14. group 'billing': a member bootstrapped from each shard's node; they share the {QUEUES} queues of both "
+        f"shards ({' and '.join(str(h) for h in held)}; queue shards {owners}); {read} messages read, {twice} twice; "
+        f"committed to the group's coordinator shard, lag {lag} as any node describes it")
