@@ -63,6 +63,7 @@ class GroupsAPI(ClientCore):
                 failure = exc
         if not answers and failure is not None:
             raise failure
+
         def ends() -> dict[str, list[int]]:  # each queue's stable end, from its own shard
             try:
                 return {t: list(info["stable_offsets"]) for t, info in cast(Any, self).list_topics().items()}
@@ -111,6 +112,7 @@ class GroupsAPI(ClientCore):
             raise error_for(grpc.StatusCode.NOT_FOUND, f"group {group!r} has no members, no committed offsets and no "
                             "pop state on any shard")
         return out
+
     def reset_offsets(self, group: str, topic: str, to: str) -> dict[int, int]:
         """Commit new offsets for every queue of ``topic``: ``to`` is ``earliest``, ``latest``,
         ``time:MS`` or ``offset:N``. Refused (FAILED_PRECONDITION) while the group has live members.
