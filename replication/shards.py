@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -106,11 +105,10 @@ class ShardPlacement:
         if not held:
             raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now")
         records = {name: pl.encode(p) for name, p in pl.spread(held, topics).items()}
-        revision = self._run(lambda etcd: etcd.create_placements(records), PLACE_WAIT_S)
+        revision = self._written(functools.partial(_create_placements, records))
         if not revision:
             raise BrokerError("ALREADY_EXISTS", f"one of topics {', '.join(shown(n) for n, _ in topics)} was "
                               "created meanwhile")
-        self.cluster.wait_revision(revision, PLACE_WAIT_S)
         log.info("topics_placed", topics=[n for n, _ in topics], revision=revision)
         self._wake.set()
 
@@ -121,10 +119,9 @@ class ShardPlacement:
         if p is None or raw is None:
             raise BrokerError("NOT_FOUND", f"topic {shown(topic)} does not exist")
         record = pl.encode(pl.Placement(p.segments, deleted=True))
-        revision = self._run(functools.partial(_replace_placement, topic, raw, record), PLACE_WAIT_S)
+        revision = self._written(functools.partial(_replace_placement, topic, raw, record))
         if not revision:
             raise BrokerError("ABORTED", f"topic {shown(topic)} changed in etcd meanwhile; retry the delete")
-        self.cluster.wait_revision(revision, PLACE_WAIT_S)
         log.info("topic_deleted", topic=topic, revision=revision)
         self._wake.set()
 
@@ -143,6 +140,14 @@ class ShardPlacement:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
                               "retry in a moment")
+
+    def _written(self, write: Callable[[Etcd], Coroutine[Any, Any, int]]) -> int:
+        """One etcd write of ours (a revision, 0 when its compares failed), waited for in this node's
+        copy so that what it wrote is read back at once."""
+        revision = int(self._run(write, PLACE_WAIT_S))
+        if revision:
+            self.cluster.wait_revision(revision, PLACE_WAIT_S)
+        return revision
 
     def _refusal(self, what: str, owner: str) -> BrokerError:
         master = self.cluster.master(owner)
@@ -164,18 +169,15 @@ class ShardPlacement:
         if bad is not None:  # a value this node cannot read: never guessed over
             raise BrokerError("UNAVAILABLE", f"group slot {slot}'s record in etcd is not understood ({bad}); "
                               "an operator must fix or delete it")
-        live = [s for s, master in self.cluster.shards().items() if master is not None]
+        live = self.cluster.live_shards()
         if not live:
             raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now to coordinate groups")
         record = sl.encode(sl.pick(self.cluster.slots_held(), live))
-        revision = self._run(functools.partial(_create_slot, slot, record), PLACE_WAIT_S)
+        revision = self._written(functools.partial(_create_slot, slot, record))
         if revision:
-            self.cluster.wait_revision(revision, PLACE_WAIT_S)
             log.info("group_slot_assigned", slot=slot, shard=sl.decode(record), revision=revision)
         else:  # another node gave it one meanwhile: wait for the copy to show it
-            deadline = time.monotonic() + PLACE_WAIT_S
-            while self.cluster.slot_shard(slot) is None and time.monotonic() < deadline:
-                time.sleep(0.01)
+            self.cluster.wait_for(lambda: slot in self.cluster.slots, PLACE_WAIT_S)
         shard = self.cluster.slot_shard(slot)
         if shard is None:
             raise BrokerError("UNAVAILABLE", f"group slot {slot} was given a shard, not yet seen here; retry")
@@ -196,11 +198,10 @@ class ShardPlacement:
         does not hold it yet, or when it has no queue here (a shard that joined since)."""
         p = self.cluster.placement(topic)
         if p is None:
-            live = sorted({s for s, m in self.cluster.shards().items() if m is not None} | {self.shard})
+            live = sorted({*self.cluster.live_shards(), self.shard})
             record = pl.encode(pl.Placement(tuple((pl.Segment(s),) for s in live)))
-            revision = self._run(functools.partial(_create_placements, {topic: record}), PLACE_WAIT_S)
+            revision = self._written(functools.partial(_create_placements, {topic: record}))
             if revision:
-                self.cluster.wait_revision(revision, PLACE_WAIT_S)
                 log.info("dead_letter_topic_placed", topic=topic, shards=live, revision=revision)
             p = self.cluster.placement(topic)
         self._wake.set()
@@ -311,8 +312,6 @@ class ShardPlacement:
             chunk = names[start:start + PLACE_TOPICS_MAX]
             records = {name: pl.encode(pl.Placement(tuple((pl.Segment(self.shard),) for _ in range(unplaced[name]))))
                        for name in chunk}
-            revision = self._run(functools.partial(_create_placements, records), PLACE_WAIT_S)
-            if revision:
-                self.cluster.wait_revision(revision, PLACE_WAIT_S)
+            if self._written(functools.partial(_create_placements, records)):
                 log.warning("shard_topics_adopted", topics=chunk, shard=self.shard,
                             note="topics of this shard's log that etcd did not place (an upgraded one-pair cluster)")

@@ -42,12 +42,7 @@ def merge_described(desc: pb.GroupDescription, heres: Iterable[pb.GroupDescripti
             q.end_offset, q.in_flight, q.pop_offset = h.end_offset, h.in_flight, h.pop_offset
             q.lag = max(0, h.end_offset - q.committed_offset) if q.has_committed else h.lag
             q.shard = ""  # told by its shard
-    ordered = sorted(queues.values(), key=lambda q: (q.topic, q.queue_id))
-    kept = [pb.GroupQueue() for _ in ordered]
-    for k, q in zip(kept, ordered, strict=True):
-        k.CopyFrom(q)
-    del out.queues[:]
-    out.queues.extend(kept)
+    out.queues.sort(key=lambda q: (q.topic, q.queue_id))
     return out
 
 

@@ -68,6 +68,15 @@ class GroupAdmin:
         """Another shard writes this queue: its offsets are not known here."""
         return self.store.placement is not None and not self.store.placement.is_local(topic, queue)
 
+    def _remote_kept(self, topic: str, queue: int) -> bool:
+        """``_remote``, and then its offsets can be kept here: UNAVAILABLE while this shard's log does
+        not hold the topic yet (the log keeps offsets only of topics it holds)."""
+        if not self._remote(topic, queue):
+            return False
+        assert self.store.placement is not None
+        self.store.placement.check_in_log(topic)
+        return True
+
     def check_queue(self, topic: str, queue: int) -> None:
         """NOT_FOUND / INVALID_ARGUMENT unless the queue exists (on any shard)."""
         if not self._remote(topic, queue):
@@ -252,9 +261,7 @@ class GroupAdmin:
         for o in offsets:
             if o.topic.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
-            if self._remote(o.topic, o.queue_id):  # another shard's queue (placed, in range): its end is not known here
-                assert self.store.placement is not None
-                self.store.placement.check_in_log(o.topic)  # offsets are kept only of topics the log holds
+            if self._remote_kept(o.topic, o.queue_id):  # another shard's queue: its end is not known here
                 entries.append((o.group, o.topic, o.queue_id, o.offset))
                 continue
             self.store.reads.queue_bounds(o.topic, o.queue_id)  # NOT_FOUND / INVALID_ARGUMENT
@@ -317,8 +324,7 @@ class GroupAdmin:
                 if q not in elsewhere:
                     raise invalid(f"queue {q} of {shown(topic)} is on shard {self._shard_of(topic, q)!r}: a reset in a "
                                   "cluster of shards names its offset (the client resolves it on that shard)")
-                assert self.store.placement is not None
-                self.store.placement.check_in_log(topic)
+                self._remote_kept(topic, q)
                 entries.append((group, topic, q, elsewhere[q]))
                 continue
             low, high = self.store.reads.queue_bounds(topic, q)

@@ -81,6 +81,11 @@ class ClusterMap:
         with self._cond:
             return {shard: n for shard, n in self._counts.items() if n}
 
+    def live_shards(self) -> list[str]:
+        """The shards with a master now, by name."""
+        with self._cond:
+            return sorted(self.masters)
+
     def queues_held(self) -> dict[str, int]:
         """Per shard with a master: the queues it writes now."""
         counts = self.queue_counts()
@@ -110,8 +115,12 @@ class ClusterMap:
 
     def wait_revision(self, revision: int, timeout_s: float) -> bool:
         """Until this copy reflects ``revision`` (a write of ours); False after ``timeout_s``."""
+        return self.wait_for(lambda: self.revision >= revision, timeout_s)
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> bool:
+        """Until ``ready()`` (called under the copy's lock, after each change); False after ``timeout_s``."""
         with self._cond:
-            return self._cond.wait_for(lambda: self.revision >= revision, timeout_s)
+            return self._cond.wait_for(ready, timeout_s)
 
     # -- the copy (the coordinator's loop) ----------------------------------------------------------
     async def load(self, etcd: Etcd) -> None:
