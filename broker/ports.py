@@ -14,6 +14,7 @@ object: it registers, and the core calls it.
 | ``RetentionFloor``: local retention keeps everything at or above it | tiered storage (uploaded offset) | ``register_retention_floor`` |
 | ``QueueListener``: told which queues grew in a dispatch round | the daemon's long-polls | ``register_queue_listener`` |
 | ``Placement``: topics placed over a cluster of shards, each queue served by its own | ``replication/shards.py`` | ``register_placement`` |
+| ``TxnPeers``: other shards' masters, for transactions over shards | ``replication/txn_peers.py`` | ``register_txn_peers`` |
 
 Fencing is one call, ``store.fence(reason)``; a new epoch (``set_role("master")``) lifts it.
 The data that crosses the append port is defined here too (``IncomingBatch``, ``BatchReceipt``).
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from broker.logformat.batch import NO_SEQUENCE
+from broker.logformat.txn_records import Party
 
 RoleListener = Callable[[str], None]
 StatusProvider = Callable[[dict[str, object]], None]
@@ -132,6 +134,20 @@ class Placement(Protocol):
 
     def routes(self, topics: list[str]) -> Routes:
         """The shard of each queue of ``topics`` (unplaced ones left out) and every shard's nodes."""
+        ...
+
+
+class TxnPeers(Protocol):
+    """Calls from a transaction's coordinator shard to its participants' masters (docs/shards.md
+    "Transactions across shards"), with this node's own credential. Each raises ``BrokerError``
+    when the shard cannot answer now (no master, unreachable, refused): the caller retries."""
+
+    def prepare(self, tid: str, party: Party, timeout_s: float) -> str:
+        """Ask ``party`` to prepare: '' once it is prepared, else the reason it aborted."""
+        ...
+
+    def decide(self, tid: str, party: Party, commit: bool, timeout_s: float) -> bool:
+        """Deliver the decision; returns how the participant ended (True: committed)."""
         ...
 
 

@@ -1035,44 +1035,116 @@ class GetRoutesResponse(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., revision: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardRoute, _Mapping]]] = ...) -> None: ...
 
 class BeginTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id")
+    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id", "coordinator")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
     COUNT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     BEGIN_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     timeout_ms: int
     check_back: bool
     count_messages: bool
     begin_id: int
-    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ...) -> None: ...
+    coordinator: str
+    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ..., coordinator: _Optional[str] = ...) -> None: ...
 
 class BeginTransactionResponse(_message.Message):
-    __slots__ = ("producer_id", "epoch", "timeout_ms", "counted")
+    __slots__ = ("producer_id", "epoch", "timeout_ms", "counted", "shard")
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     COUNTED_FIELD_NUMBER: _ClassVar[int]
+    SHARD_FIELD_NUMBER: _ClassVar[int]
     producer_id: int
     epoch: int
     timeout_ms: int
     counted: bool
-    def __init__(self, producer_id: _Optional[int] = ..., epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., counted: _Optional[bool] = ...) -> None: ...
+    shard: str
+    def __init__(self, producer_id: _Optional[int] = ..., epoch: _Optional[int] = ..., timeout_ms: _Optional[int] = ..., counted: _Optional[bool] = ..., shard: _Optional[str] = ...) -> None: ...
 
 class EndTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "producer_id", "commit", "offsets", "messages_sent")
+    __slots__ = ("transactional_id", "producer_id", "commit", "offsets", "messages_sent", "participants")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
     COMMIT_FIELD_NUMBER: _ClassVar[int]
     OFFSETS_FIELD_NUMBER: _ClassVar[int]
     MESSAGES_SENT_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     producer_id: int
     commit: bool
     offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
     messages_sent: int
-    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., commit: _Optional[bool] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ..., messages_sent: _Optional[int] = ...) -> None: ...
+    participants: _containers.RepeatedCompositeFieldContainer[TransactionParticipant]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., commit: _Optional[bool] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ..., messages_sent: _Optional[int] = ..., participants: _Optional[_Iterable[_Union[TransactionParticipant, _Mapping]]] = ...) -> None: ...
+
+class TransactionParticipant(_message.Message):
+    __slots__ = ("shard", "producer_id", "messages_sent", "offsets")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_SENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    producer_id: int
+    messages_sent: int
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, shard: _Optional[str] = ..., producer_id: _Optional[int] = ..., messages_sent: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class AddTransactionParticipantRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "participant")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANT_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    participant: TransactionParticipant
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., participant: _Optional[_Union[TransactionParticipant, _Mapping]] = ...) -> None: ...
+
+class AddTransactionParticipantResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PrepareTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "messages_sent", "offsets")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    MESSAGES_SENT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    messages_sent: int
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., messages_sent: _Optional[int] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class PrepareTransactionResponse(_message.Message):
+    __slots__ = ("prepared", "reason")
+    PREPARED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    prepared: bool
+    reason: str
+    def __init__(self, prepared: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DecideTransactionRequest(_message.Message):
+    __slots__ = ("transactional_id", "producer_id", "commit", "offsets")
+    TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
+    PRODUCER_ID_FIELD_NUMBER: _ClassVar[int]
+    COMMIT_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    transactional_id: str
+    producer_id: int
+    commit: bool
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, transactional_id: _Optional[str] = ..., producer_id: _Optional[int] = ..., commit: _Optional[bool] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class DecideTransactionResponse(_message.Message):
+    __slots__ = ("outcome", "reason")
+    OUTCOME_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    outcome: TransactionOutcome
+    reason: str
+    def __init__(self, outcome: _Optional[_Union[TransactionOutcome, str]] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class EndTransactionResponse(_message.Message):
     __slots__ = ("outcome", "reason")

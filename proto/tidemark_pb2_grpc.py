@@ -180,6 +180,21 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.TransactionCheckAnswer.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.TransactionCheck.FromString,
                 _registered_method=True)
+        self.AddTransactionParticipant = channel.unary_unary(
+                '/tidemark.v1.Broker/AddTransactionParticipant',
+                request_serializer=proto_dot_tidemark__pb2.AddTransactionParticipantRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.AddTransactionParticipantResponse.FromString,
+                _registered_method=True)
+        self.PrepareTransaction = channel.unary_unary(
+                '/tidemark.v1.Broker/PrepareTransaction',
+                request_serializer=proto_dot_tidemark__pb2.PrepareTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.PrepareTransactionResponse.FromString,
+                _registered_method=True)
+        self.DecideTransaction = channel.unary_unary(
+                '/tidemark.v1.Broker/DecideTransaction',
+                request_serializer=proto_dot_tidemark__pb2.DecideTransactionRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.DecideTransactionResponse.FromString,
+                _registered_method=True)
         self.GetRoutes = channel.unary_unary(
                 '/tidemark.v1.Broker/GetRoutes',
                 request_serializer=proto_dot_tidemark__pb2.GetRoutesRequest.SerializeToString,
@@ -395,6 +410,27 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AddTransactionParticipant(self, request, context):
+        """Over shards, on the coordinator shard: record a participant before sending to it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PrepareTransaction(self, request, context):
+        """Node to node (replication role): the coordinator asks a participant to prepare.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DecideTransaction(self, request, context):
+        """Node to node (replication role): the coordinator's decision, delivered to a participant.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def GetRoutes(self, request, context):
         """Where each queue of some topics is written, and each shard's nodes (docs/shards.md).
         """
@@ -549,6 +585,21 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.TransactionChecks,
                     request_deserializer=proto_dot_tidemark__pb2.TransactionCheckAnswer.FromString,
                     response_serializer=proto_dot_tidemark__pb2.TransactionCheck.SerializeToString,
+            ),
+            'AddTransactionParticipant': grpc.unary_unary_rpc_method_handler(
+                    servicer.AddTransactionParticipant,
+                    request_deserializer=proto_dot_tidemark__pb2.AddTransactionParticipantRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.AddTransactionParticipantResponse.SerializeToString,
+            ),
+            'PrepareTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.PrepareTransaction,
+                    request_deserializer=proto_dot_tidemark__pb2.PrepareTransactionRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.PrepareTransactionResponse.SerializeToString,
+            ),
+            'DecideTransaction': grpc.unary_unary_rpc_method_handler(
+                    servicer.DecideTransaction,
+                    request_deserializer=proto_dot_tidemark__pb2.DecideTransactionRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.DecideTransactionResponse.SerializeToString,
             ),
             'GetRoutes': grpc.unary_unary_rpc_method_handler(
                     servicer.GetRoutes,
@@ -1340,6 +1391,87 @@ class Broker:
             '/tidemark.v1.Broker/TransactionChecks',
             proto_dot_tidemark__pb2.TransactionCheckAnswer.SerializeToString,
             proto_dot_tidemark__pb2.TransactionCheck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AddTransactionParticipant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/AddTransactionParticipant',
+            proto_dot_tidemark__pb2.AddTransactionParticipantRequest.SerializeToString,
+            proto_dot_tidemark__pb2.AddTransactionParticipantResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PrepareTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/PrepareTransaction',
+            proto_dot_tidemark__pb2.PrepareTransactionRequest.SerializeToString,
+            proto_dot_tidemark__pb2.PrepareTransactionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DecideTransaction(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/DecideTransaction',
+            proto_dot_tidemark__pb2.DecideTransactionRequest.SerializeToString,
+            proto_dot_tidemark__pb2.DecideTransactionResponse.FromString,
             options,
             channel_credentials,
             insecure,

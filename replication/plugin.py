@@ -24,6 +24,7 @@ from replication.master import MasterSide
 from replication.master_loop import LoopReplication
 from replication.roles import RoleController
 from replication.shards import ShardPlacement
+from replication.txn_peers import ShardPeers
 
 log = structlog.get_logger("replication")
 
@@ -63,6 +64,9 @@ def attach(daemon: PluginHost) -> None:
             coordinator.cluster = ClusterMap(rec.prefix(config["coordinator.cluster"]))
             placement = ShardPlacement(store, config["coordinator.shard"], coordinator.cluster, coordinator.run_on_loop)
             store.register_placement(placement)
+            peers = ShardPeers(config, coordinator.cluster)
+            store.register_txn_peers(peers)
+            daemon.on_stop.append(peers.close)
             daemon.on_start.append(placement.start)
             daemon.on_stop.insert(0, placement.stop)
         daemon.on_start.append(coordinator.start)

@@ -109,8 +109,8 @@ class DataAPI(TopicsAPI):
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
             return Receipts(topic, 0, [])
-        if self.sharded:  # a transaction's (refused at its begin in a cluster of shards: not built yet)
-            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "transactions in a cluster of shards are not built yet")
+        if self.sharded:  # a one-pair transaction's: over shards a ShardedTransaction routes its own sends
+            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "a one-pair transaction's send in a cluster of shards")
         queues = self._queue_count(topic)
         by_queue, delayed = _grouped(messages, queues, next(self._round_robin) % queues)
         return _receipts(topic, len(messages), self._send_batches(

@@ -53,6 +53,15 @@ class FailedPrecondition(BrokerError):
     """Not possible in the current state (a write to a slave, a fenced master, a stale lease)."""
 
 
+
+class TransactionAborted(FailedPrecondition):
+    """A commit found the transaction aborted (its timeout, an operator, a check-back answer, a
+    participant shard that could not prepare)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
+        self.reason = reason
+
 class OutOfRange(BrokerError):
     """An offset beyond the end of a queue, or removed by retention."""
 

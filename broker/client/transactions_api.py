@@ -21,20 +21,14 @@ import grpc
 from broker.client.checkback import CheckBack, CheckQuestion
 from broker.client.core import SEND_RETRYABLE, _Producer, _request
 from broker.client.data_api import DataAPI
-from broker.client.errors import BrokerError, FailedPrecondition, error_for
+from broker.client.errors import BrokerError, FailedPrecondition, TransactionAborted
 from broker.client.messages import Message, Receipt
+from broker.client.sharded_txn import ShardedTransaction
+from broker.client.txn_base import TransactionBase
 from broker.logformat.txn_records import TXN_PID_BIT
 from proto import tidemark_pb2 as pb
 
 __all__ = ["CheckQuestion", "Transaction", "TransactionAborted", "TransactionsAPI"]
-
-
-class TransactionAborted(FailedPrecondition):
-    """A commit found the transaction aborted (its timeout, an operator, a check-back answer)."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(grpc.StatusCode.FAILED_PRECONDITION, message)
-        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -61,7 +55,7 @@ class TransactionInfo:
                 "reason": self.reason}
 
 
-class Transaction:
+class Transaction(TransactionBase):
     """One transaction: ``send`` to any topics and queues, ``commit_offsets``, then ``commit`` or
     ``abort``. Not for several threads at once.
 
@@ -207,32 +201,6 @@ class Transaction:
         self._ended(response)
         return response
 
-    def _check_unbroken(self, committing: bool = False) -> None:
-        if self._broken is None:
-            return
-        if committing and self.counted and self._broken.code in SEND_RETRYABLE:
-            return  # the count decides: committed only if every message it counts is in the log
-        raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION,
-                                 f"a send of this transaction failed ({self._broken}); abort it") from self._broken
-
-    def _check_open(self) -> None:
-        if self.state != "open":
-            raise ValueError(f"transaction {self.transactional_id!r} is {self.state}")
-
-    def __enter__(self) -> Transaction:
-        return self
-
-    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
-        if self.state != "open":
-            return
-        if kind is None:
-            self.commit()
-        else:
-            # the exception that ended the block is what the caller sees (``state``: "committed" if a
-            # committing call whose answer was lost had committed it)
-            with contextlib.suppress(BrokerError):
-                self.abort()
-
 
 class TransactionsAPI(DataAPI):
     """Transactions (DESIGN §14)."""
@@ -241,7 +209,8 @@ class TransactionsAPI(DataAPI):
     _checkback_lock = threading.Lock()
 
     def begin_transaction(self, transactional_id: str, timeout_ms: int = 0,
-                          check: Callable[[CheckQuestion], str] | None = None, fence: bool = False) -> Transaction:
+                          check: Callable[[CheckQuestion], str] | None = None,
+                          fence: bool = False) -> Transaction | ShardedTransaction:
         """Open a transaction (an older instance's open one with this id is aborted, fenced, when
         this one reaches the master: with its first send, or its commit if it sent nothing).
         ``timeout_ms``: aborted this long after its first write (0: the server's default). ``check``:
@@ -249,13 +218,17 @@ class TransactionsAPI(DataAPI):
         ``fence``: begin on the master now (one call), so the older instance's open transaction is
         aborted before this returns: a consume-transform-produce loop's first transaction, before
         it reads its committed input offsets (as Kafka's ``initTransactions``)."""
-        if self.sharded:  # its sends would go to their shards, its begin and end to the asked node's
-            raise error_for(grpc.StatusCode.FAILED_PRECONDITION, "transactions in a cluster of shards are not built "
-                            "yet (docs/shards.md): use a one-pair cluster for transactions")
         # begin_id: a retry of the call that begins it joins what its first attempt began
         req = _request(pb.BeginTransactionRequest, transactional_id=transactional_id, timeout_ms=timeout_ms,
                        check_back=check is not None, count_messages=check is None,
                        begin_id=secrets.randbits(63) + 1)
+        if self.sharded:  # over shards (docs/shards.md): a coordinator shard and participants, counted
+            if check is not None:
+                raise ValueError("a transaction in a cluster of shards has no check-back (check): it is counted")
+            sharded = ShardedTransaction(self, req)
+            if fence:
+                sharded._begin_now()
+            return sharded
         if check is not None:
             self._checkback_start().register(transactional_id, check)
         tx = Transaction(self, req)
@@ -264,7 +237,7 @@ class TransactionsAPI(DataAPI):
         return tx
 
     @contextlib.contextmanager
-    def transaction(self, transactional_id: str, timeout_ms: int = 0) -> Iterator[Transaction]:
+    def transaction(self, transactional_id: str, timeout_ms: int = 0) -> Iterator[Transaction | ShardedTransaction]:
         """``with c.transaction(tid) as tx:`` commits on leaving the block, aborts on an exception."""
         with self.begin_transaction(transactional_id, timeout_ms) as tx:
             yield tx

@@ -40,9 +40,11 @@ class BrokerService:
     def start(self) -> None:
         """The service's own threads (transaction timeouts); they stop with the store."""
         self.ctx.txn_sweeper.start()
+        self.ctx.txn_delivery.start()
 
     def stop(self) -> None:
         self.ctx.txn_sweeper.stop()
+        self.ctx.txn_delivery.stop()
 
     @property
     def pops(self) -> Any:

@@ -70,6 +70,9 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/BeginTransaction": "write",
     "/tidemark.v1.Broker/EndTransaction": "write",
     "/tidemark.v1.Broker/TransactionChecks": "write",
+    "/tidemark.v1.Broker/AddTransactionParticipant": "write",
+    "/tidemark.v1.Broker/PrepareTransaction": "replication",  # node to node: a coordinator shard's master
+    "/tidemark.v1.Broker/DecideTransaction": "replication",
     "/tidemark.v1.Broker/AbortTransaction": "admin",
     "/tidemark.v1.Broker/CreateTopic": "admin",
     "/tidemark.v1.Broker/CreateTopics": "admin",

@@ -65,6 +65,11 @@ class TailState:
     txn_latest: OrderedDict[str, tuple[int, int, int]] = field(default_factory=OrderedDict)
     txn_messages: dict[int, int] = field(default_factory=dict)  # open transaction -> messages of its batches
     txn_counted: set[int] = field(default_factory=set)  # open transactions whose commit carries a count
+    # over shards (docs/shards.md): open participant transactions -> the shard that decides them;
+    # the prepared ones among them; open transactions with participants -> them (on the coordinator)
+    txn_coordinated: dict[int, str] = field(default_factory=dict)
+    txn_prepared: set[int] = field(default_factory=set)
+    txn_parties: dict[int, list[txn_records.Party]] = field(default_factory=dict)
     txn_end: int = 0  # where the last ``__txn`` batch above what the transactions view applied ends
 
     @classmethod
@@ -81,6 +86,9 @@ class TailState:
         tail.txn_by_tid = {tid: pid for pid, tid in tail.txn_open.items()}
         tail.txn_messages = {t.pid: t.messages for t in open_now}
         tail.txn_counted = {t.pid for t in open_now if t.counted}
+        tail.txn_coordinated = {t.pid: t.coordinator for t in open_now if t.coordinator}
+        tail.txn_prepared = {t.pid for t in open_now if t.prepared}
+        tail.txn_parties = {t.pid: list(t.parties) for t in open_now if t.parties}
         tail.txn_latest = OrderedDict(txns.latest)
         start = min(queues.applied_offset, producers.applied_offset, txns.applied_offset)
         for header, batch in scan(log_.read, start, log_.max_offset if end is None else end, mode=Mode.STRICT,
@@ -114,22 +122,32 @@ class TailState:
         if pid in self.txn_messages:  # a batch of a transaction not open is never visible: not counted
             self.txn_messages[pid] += count
 
-    def apply_txn(self, rec: txn_records.Begin | txn_records.End) -> None:
+    def apply_txn(self, rec: txn_records.Record) -> None:
         if isinstance(rec, txn_records.Begin):
             self.txn_open[rec.pid] = rec.tid
             self.txn_by_tid[rec.tid] = rec.pid
             self.txn_messages[rec.pid] = 0
             if rec.counted:
                 self.txn_counted.add(rec.pid)
+            if rec.coordinator:
+                self.txn_coordinated[rec.pid] = rec.coordinator
             self.txn_latest[rec.tid] = (rec.pid, rec.epoch, rec.begin_id)
             self.txn_latest.move_to_end(rec.tid)
             while len(self.txn_latest) > txn_records.TIDS_MAX:
                 self.txn_latest.popitem(last=False)
-        else:
+        elif isinstance(rec, txn_records.End):
             self.txn_messages.pop(rec.pid, None)
             self.txn_counted.discard(rec.pid)
+            self.txn_coordinated.pop(rec.pid, None)
+            self.txn_prepared.discard(rec.pid)
+            self.txn_parties.pop(rec.pid, None)
             if self.txn_open.pop(rec.pid, None) is not None and self.txn_by_tid.get(rec.tid) == rec.pid:
                 del self.txn_by_tid[rec.tid]
+        elif isinstance(rec, txn_records.Participant):
+            if rec.pid in self.txn_open:
+                self.txn_parties.setdefault(rec.pid, []).append(rec.party)
+        elif isinstance(rec, txn_records.Prepare) and rec.pid in self.txn_open:
+            self.txn_prepared.add(rec.pid)
 
     def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
         """Created or deleted topics restart their queue offsets at 0; return the deleted ones."""
@@ -150,7 +168,7 @@ class TailState:
 
 # __txn records (key, body) decided under the append lock from the tail and where their batch lands
 TxnBuild = Callable[[TailState, int], list[tuple[bytes, bytes]]]
-TxnRecords = list[txn_records.Begin | txn_records.End]
+TxnRecords = list[txn_records.Record]
 
 
 @dataclass
@@ -411,7 +429,7 @@ class Appender:
         _, end = self.append([batch], internal=True, topic_changes=changes)
         return end
 
-    def append_txn(self, build: TxnBuild) -> tuple[list[txn_records.Begin | txn_records.End], int]:
+    def append_txn(self, build: TxnBuild) -> tuple[TxnRecords, int]:
         """Append ``__txn`` records (one batch) decided under the append lock: ``build(tail, offset)``
         returns them (key, body) from the transactions open now, the batch to land at ``offset``.
         Returns the records as the log now holds them (a begin's producer id known) and the batch end."""

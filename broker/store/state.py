@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from broker.config import Config
-from broker.ports import Placement, RoleController, RoleListener, StatusProvider
+from broker.ports import Placement, RoleController, RoleListener, StatusProvider, TxnPeers
 from broker.storage.epochs import EpochHistory
 from broker.storage.identity import Identity
 from broker.store.appender import Appender
@@ -45,5 +45,6 @@ class StoreState:
     decisions: Decisions
     role_controller: RoleController | None
     placement: Placement | None
+    txn_peers: TxnPeers | None
     _role_listeners: list[RoleListener]
     _status_providers: list[StatusProvider]

@@ -30,6 +30,7 @@ from broker.ports import (
     RoleController,
     RoleListener,
     StatusProvider,
+    TxnPeers,
 )
 from broker.storage.commitlog import CommitLog
 from broker.storage.epochs import EpochHistory
@@ -99,6 +100,7 @@ class Store(StorePorts, Mastership, MetadataFence):
         self._status_providers: list[StatusProvider] = []
         self.role_controller: RoleController | None = None
         self.placement: Placement | None = None  # a cluster of shards (registered by replication)
+        self.txn_peers: TxnPeers | None = None  # other shards' masters, for transactions over shards
         self.metadata_fence = 0  # set by a node taking office: see ``wait_metadata_fence``
         self.disk = DiskSpace(data_dir)
         self.incidents = Incidents()

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import structlog
 
-from broker.ports import ColdReader, ConfirmRule, Placement, QueueListener, RetentionFloor, RoleController, RoleListener, StatusProvider
+from broker.ports import (
+    ColdReader,
+    ConfirmRule,
+    Placement,
+    QueueListener,
+    RetentionFloor,
+    RoleController,
+    RoleListener,
+    StatusProvider,
+    TxnPeers,
+)
 from broker.storage import identity as identity_mod
 from broker.store.state import StoreState
 
@@ -20,6 +30,9 @@ class StorePorts(StoreState):
 
     def register_placement(self, placement: Placement) -> None:
         self.placement = placement
+
+    def register_txn_peers(self, peers: TxnPeers) -> None:
+        self.txn_peers = peers
 
     def register_role_listener(self, listener: RoleListener) -> None:
         self._role_listeners.append(listener)

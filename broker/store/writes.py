@@ -33,7 +33,7 @@ from broker.store.watermarks import Watermarks
 from broker.views import View
 
 Changes = list[tuple[str, dict[str, Any]]]
-TxnRecord = txn_records.Begin | txn_records.End
+TxnRecord = txn_records.Record
 
 
 class WriteStep:

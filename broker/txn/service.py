@@ -51,6 +51,36 @@ OffsetEntry = tuple[str, str, int, int]  # group, topic, queue, offset
 END_LOOKUP_WAIT_S = 5.0  # a retried end waits this long for the view to apply the first end
 
 
+PARTIES_MAX = 64  # shards one transaction spans
+
+
+def _check_over_shards(tail: TailState, tid: str, pid: int, commit: bool, reason: str,
+                       parties: tuple[tr.Party, ...] | None) -> None:
+    """Under the append lock: who may end a transaction over shards, and how (docs/shards.md). A
+    participant's is ended by its coordinator only (or, before it prepared, by its own timeout, an
+    operator, a newer instance); a coordinator's is committed only with exactly its registered
+    participants, each prepared (``coordinator.py``)."""
+    coordinator = tail.txn_coordinated.get(pid)
+    if coordinator is not None:
+        if reason == "client":
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} is a participant: its "
+                              f"coordinator shard {shown(coordinator)} decides it (end it there)")
+        if pid in tail.txn_prepared and reason != "coordinator":
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} is prepared: only its "
+                              f"coordinator shard {shown(coordinator)} ends it now")
+        if commit and pid not in tail.txn_prepared:
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} was not prepared: a "
+                              "commit reaches a participant only after it prepared")
+        return
+    registered = tail.txn_parties.get(pid)
+    if commit and registered:
+        given = {(p.shard, p.pid) for p in parties or ()}
+        if given != {(p.shard, p.pid) for p in registered}:
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} has participants on "
+                              f"{len(registered)} shards: committed only by its coordinator after each prepared, "
+                              "with exactly those (EndTransactionRequest.participants)")
+
+
 @dataclass(frozen=True)
 class Begun:
     pid: int
@@ -78,6 +108,7 @@ class BeginPlan:
     counted: bool
     open_max: int
     begin_id: int = 0
+    coordinator: str = ""  # a participant transaction: the shard deciding it (docs/shards.md)
     rejoined: Begun | None = None  # set under the append lock when a retry joins its first attempt's
 
     def rejoin(self, tail: TailState) -> int | None:
@@ -97,21 +128,26 @@ class BeginPlan:
         if self.rejoin(tail) is not None:
             return []
         older = tail.txn_by_tid.get(self.tid)
+        if older is not None and older in tail.txn_prepared:
+            raise BrokerError("UNAVAILABLE", f"transaction {older:#x} of {shown(self.tid)} is prepared and waits for "
+                              f"its coordinator shard {shown(tail.txn_coordinated.get(older, ''))}'s decision; "
+                              "retry shortly")
         if older is None and len(tail.txn_open) >= self.open_max:
             raise BrokerError("RESOURCE_EXHAUSTED", f"{self.open_max} transactions are open on this node "
                               "(transactions.open_max); commit or abort some, or wait for their timeouts")
-        items = [tr.encode_end(self.tid, older, False, "fenced")] if older is not None else []
+        items = ([tr.encode_end(self.tid, older, False, "fenced", participants=tuple(tail.txn_parties.get(older, ())))]
+                 if older is not None else [])
         epoch = tail.txn_latest[self.tid][1] + 1 if self.tid in tail.txn_latest else 1
         items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted,
-                                     tr.new_pid(offset), self.begin_id))
+                                     tr.new_pid(offset), self.begin_id, self.coordinator))
         return items
 
-    def ack(self, records: list[tr.Begin | tr.End]) -> str:
+    def ack(self, records: list[tr.Record]) -> str:
         """A counted begin is acknowledged as ack=leader (its commit, replicated, covers it), unless
         it fenced an older instance (two records): that abort must survive a failover."""
         return "leader" if self.counted and len(records) == 1 else "replica"
 
-    def begun(self, records: list[tr.Begin | tr.End]) -> Begun:
+    def begun(self, records: list[tr.Record]) -> Begun:
         if not records:  # a retry joined the transaction its first attempt began
             assert self.rejoined is not None
             return self.rejoined
@@ -137,33 +173,39 @@ class TxnService:
         return run(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages, begin_id)))
 
     async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False,
-                          begin_id: int = 0) -> Begun:
+                          begin_id: int = 0, coordinator: str = "") -> Begun:
         return await run_async(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages,
-                                                                 begin_id)))
+                                                                 begin_id, coordinator)))
 
     def _begin_steps(self, plan: BeginPlan) -> Steps[Begun]:
         records, _ = yield from self.store.writes.txn_steps(plan.build, None, plan.ack)
         return plan.begun(records)
 
     def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool,
-                   begin_id: int = 0) -> BeginPlan:
+                   begin_id: int = 0, coordinator: str = "") -> BeginPlan:
         check_tid(tid)
+        if coordinator and (check_back or not count_messages):
+            raise invalid("a participant transaction (coordinator set) is counted and has no check-back")
         top = self.config["transactions.max_timeout_ms"]
         if timeout_ms > top:
             raise invalid(f"timeout_ms {timeout_ms} is above transactions.max_timeout_ms ({top})")
         timeout_ms = timeout_ms or min(self.config["transactions.timeout_ms"], top)
         counted = count_messages and not check_back  # a check-back's commit has no count to check
-        return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"], begin_id)
+        return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"], begin_id,
+                         coordinator)
 
     # -- end ----------------------------------------------------------------------------------------
     def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,
-            reason: str = "client", messages_sent: int | None = None) -> Outcome:
+            reason: str = "client", messages_sent: int | None = None,
+            parties: tuple[tr.Party, ...] | None = None) -> Outcome:
         """Commit or abort; a transaction that is no longer open answers how it ended first.
-        ``messages_sent``: a counted transaction's count, checked against its messages in the log."""
+        ``messages_sent``: a counted transaction's count, checked against its messages in the log.
+        ``parties``: a transaction over shards committed by its coordinator after every participant
+        prepared (``coordinator.py``): exactly the participants registered, with their counts."""
         offsets = self._end_checks(tid, pid, commit, offsets)
         if offsets:
             self.store.offsets.commit([], wait_s=self.config["limits.send_timeout_ms"] / 1000.0)  # older commits first
-        return run(self._end_steps(tid, pid, commit, reason, offsets, messages_sent, self.view))
+        return run(self._end_steps(tid, pid, commit, reason, offsets, messages_sent, self.view, parties))
 
     async def end_async(self, tid: str, pid: int, commit: bool, messages_sent: int | None = None) -> Outcome:
         """``end`` by the client, without offsets, on the event loop."""
@@ -171,8 +213,9 @@ class TxnService:
         return await run_async(self._end_steps(tid, pid, commit, "client", [], messages_sent, None))
 
     def _end_steps(self, tid: str, pid: int, commit: bool, reason: str, offsets: list[OffsetEntry],
-                   messages_sent: int | None, applied: TxnView | None) -> Steps[Outcome]:
-        build = self._end_build(tid, pid, commit, reason, offsets, messages_sent)
+                   messages_sent: int | None, applied: TxnView | None,
+                   parties: tuple[tr.Party, ...] | None = None) -> Steps[Outcome]:
+        build = self._end_build(tid, pid, commit, reason, offsets, messages_sent, parties)
         records, _ = yield from self.store.writes.txn_steps(build, applied, None)
         failpoint("txn_after_decision")
         decided = self.decided(records)
@@ -190,7 +233,7 @@ class TxnService:
         return lambda pid: self._end_build(tid, pid, True, "client", [], messages_sent)
 
     @staticmethod
-    def decided(records: list[tr.Begin | tr.End]) -> Outcome | None:
+    def decided(records: list[tr.Record]) -> Outcome | None:
         """The outcome an end just appended, or None: the transaction was not open (ended before)."""
         if not records:
             return None
@@ -206,15 +249,19 @@ class TxnService:
 
     @staticmethod
     def _end_build(tid: str, pid: int, commit: bool, reason: str, offsets: list[OffsetEntry],
-                   messages_sent: int | None) -> TxnBuild:
+                   messages_sent: int | None, parties: tuple[tr.Party, ...] | None = None) -> TxnBuild:
         def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
             if tail.txn_open.get(pid) != tid:
                 return []
-            if commit and pid in tail.txn_counted and tail.txn_messages.get(pid, 0) != messages_sent:
+            _check_over_shards(tail, tid, pid, commit, reason, parties)
+            registered = tuple(tail.txn_parties.get(pid, ()))
+            # a prepared participant's count was checked when it prepared
+            if commit and pid in tail.txn_counted and pid not in tail.txn_prepared \
+                    and tail.txn_messages.get(pid, 0) != messages_sent:
                 log.warning("txn_incomplete", transactional_id=tid, pid=f"{pid:#x}", sent=messages_sent,
                             in_log=tail.txn_messages.get(pid, 0))
-                return [tr.encode_end(tid, pid, False, "incomplete")]
-            return [tr.encode_end(tid, pid, commit, reason, offsets)]
+                return [tr.encode_end(tid, pid, False, "incomplete", participants=registered)]
+            return [tr.encode_end(tid, pid, commit, reason, offsets, parties if commit and parties else registered)]
         return build
 
     def _first_outcome(self, tid: str, pid: int, commit: bool) -> Outcome:
@@ -255,6 +302,63 @@ class TxnService:
             return any(isinstance(rec, tr.Begin) and rec.pid == pid for rec in tr.records(header, batch))
         except (CorruptionError, ValueError):  # no batch starts there
             return False
+
+    # -- over shards: the participant's side (the coordinator's is coordinator.py) ------------------
+    def add_participant(self, tid: str, pid: int, party: tr.Party) -> None:
+        """On the coordinator shard: transaction ``pid`` has participant ``party`` (its transaction
+        on another shard), recorded (ack=replica) before the producer sends there."""
+        check_tid(tid)
+
+        def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+            if tail.txn_open.get(pid) != tid:
+                raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} is not open here")
+            if pid in tail.txn_coordinated:
+                raise invalid(f"transaction {pid:#x} is a participant: it has no participants of its own")
+            known = tail.txn_parties.get(pid, [])
+            if any(p.shard == party.shard and p.pid == party.pid for p in known):
+                return []  # a retry
+            if any(p.shard == party.shard for p in known):
+                raise invalid(f"transaction {pid:#x} has a participant on shard {shown(party.shard)} already")
+            if len(known) >= PARTIES_MAX:
+                raise BrokerError("RESOURCE_EXHAUSTED", f"a transaction spans at most {PARTIES_MAX} shards")
+            return [tr.encode_participant(tid, pid, party)]
+        run(self.store.writes.txn_steps(build, None, None))
+
+    def prepare(self, tid: str, pid: int, messages_sent: int) -> Outcome | None:
+        """On a participant: prepare participant transaction ``pid`` (its ``messages_sent`` in the
+        log, a ``txn.prepare`` replicated: it can no longer end by itself). None once prepared;
+        else how it ended (aborted: a timeout, a short count, lost with a failed master)."""
+        check_tid(tid)
+
+        def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+            if tail.txn_open.get(pid) != tid:
+                return []
+            if pid not in tail.txn_coordinated:
+                raise invalid(f"transaction {pid:#x} is not a participant transaction (BeginTransaction.coordinator)")
+            if pid in tail.txn_prepared:
+                return []
+            if tail.txn_messages.get(pid, 0) != messages_sent:
+                log.warning("txn_incomplete", transactional_id=tid, pid=f"{pid:#x}", sent=messages_sent,
+                            in_log=tail.txn_messages.get(pid, 0))
+                return [tr.encode_end(tid, pid, False, "incomplete")]
+            return [tr.encode_prepare(tid, pid)]
+        records, _ = run(self.store.writes.txn_steps(build, None, None))
+        failpoint("txn_after_prepare")
+        if records:
+            ended = self.decided(records) if isinstance(records[0], tr.End) else None
+            return ended
+        tail = self.store.appender.tail
+        if tail.txn_open.get(pid) == tid:  # prepared by a first attempt: answered once that is replicated
+            self.store.writes.acknowledged(tail.txn_end, "replica", what="the transaction record")
+            return None
+        run(self.store.watermarks.view_steps(self.view.name, lambda: self.view.applied_offset,
+                                             self.store.appender.log.max_offset, END_LOOKUP_WAIT_S))
+        return self._first_outcome(tid, pid, False)
+
+    def decide(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry]) -> Outcome:
+        """On a participant: its coordinator's decision (a retried one answers the first outcome)."""
+        failpoint("txn_before_decide")
+        return self.end(tid, pid, commit, offsets, reason="coordinator")
 
     # -- operators ----------------------------------------------------------------------------------
     def abort_by_operator(self, tid: str) -> Ended:
@@ -306,7 +410,7 @@ class TxnService:
         check_max = self.config["transactions.check_max"]
         for t in self.view.open_transactions():
             since = t.first_write_ms or t.begun_ms
-            if now_ms - since < t.timeout_ms:
+            if now_ms - since < t.timeout_ms or t.prepared:  # a prepared one waits for its coordinator
                 continue
             if t.check and check_max:
                 sent, last = attempts.get(t.pid, (0, 0.0))

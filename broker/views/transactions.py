@@ -55,21 +55,26 @@ class OpenTxn:
     runs: dict[QueueKey, list[list[int]]] = field(default_factory=dict)  # per queue: [start, end) of its batches
     counted: bool = False  # its commit carries the producer's count of messages sent
     messages: int = 0  # messages of its batches in the log
+    coordinator: str = ""  # a participant transaction: the shard deciding it (docs/shards.md)
+    prepared: bool = False  # a participant that prepared: only its coordinator ends it now
+    parties: list[tr.Party] = field(default_factory=list)  # on a coordinator: its participants
 
     def first_offset(self, key: QueueKey) -> int:
         return self.runs[key][0][0]
 
     def to_json(self) -> list[object]:
         return [self.pid, self.tid, self.epoch, self.timeout_ms, self.check, self.begun_ms, self.first_write_ms,
-                [[t, q, runs] for (t, q), runs in self.runs.items()], self.counted, self.messages]
+                [[t, q, runs] for (t, q), runs in self.runs.items()], self.counted, self.messages,
+                self.coordinator, self.prepared, [p.to_json() for p in self.parties]]
 
     @classmethod
     def from_json(cls, row: list[Any]) -> OpenTxn:
         pid, tid, epoch, timeout, check, begun, first_write, runs = row[:8]
         counted, messages = row[8:10] if len(row) >= 10 else (False, 0)  # a checkpoint from before counts
+        coordinator, prepared, parties = row[10:13] if len(row) >= 13 else ("", False, [])  # before shards
         return cls(int(pid), str(tid), int(epoch), int(timeout), bool(check), int(begun), int(first_write),
                    {(str(t), int(q)): [[int(a), int(b)] for a, b in r] for t, q, r in runs}, bool(counted),
-                   int(messages))
+                   int(messages), str(coordinator), bool(prepared), [tr.Party.from_json(p) for p in parties])
 
 
 @dataclass(frozen=True)
@@ -90,6 +95,24 @@ class Ended:
         return cls(int(pid), str(tid), bool(committed), str(reason), int(ended), int(begun))
 
 
+@dataclass(frozen=True)
+class Undelivered:
+    """A coordinator's decision not yet delivered to every participant (docs/shards.md)."""
+
+    pid: int
+    tid: str
+    commit: bool
+    parties: tuple[tr.Party, ...]
+
+    def to_json(self) -> list[object]:
+        return [self.pid, self.tid, self.commit, [p.to_json() for p in self.parties]]
+
+    @classmethod
+    def from_json(cls, row: list[Any]) -> Undelivered:
+        pid, tid, commit, parties = row
+        return cls(int(pid), str(tid), bool(commit), tuple(tr.Party.from_json(p) for p in parties))
+
+
 class TxnView(View):
     name = "transactions"
 
@@ -107,6 +130,7 @@ class TxnView(View):
         self.queue_open: dict[QueueKey, dict[int, int]] = {}  # queue -> open pid -> its first queue offset
         self.latest: OrderedDict[str, tuple[int, int, int]] = OrderedDict()  # tid -> (its latest pid, epoch, begin_id)
         self.ended: OrderedDict[int, Ended] = OrderedDict()
+        self.undelivered: dict[int, Undelivered] = {}
         self.aborted = AbortedRanges()
         self.counts = {"committed": 0, "aborted": 0, "timed_out": 0}
         self._pending: list[bytes] = []  # index entries not in the file yet
@@ -163,6 +187,10 @@ class TxnView(View):
         with self.lock:
             return sorted(self.open.values(), key=lambda t: t.begun_ms)
 
+    def undelivered_decisions(self) -> list[Undelivered]:
+        with self.lock:
+            return list(self.undelivered.values())
+
     def lso_report(self, end_of: Callable[[QueueKey], int | None], now_ms: int) -> tuple[dict[str, int], float]:
         """Per topic, the queue ends minus their LSOs (``end_of``: a queue's end, None when gone);
         and the longest time an LSO has stood still while others' messages wait after it (the
@@ -207,6 +235,7 @@ class TxnView(View):
                                   for row in state["latest"])
         self.ended = OrderedDict((e.pid, e) for e in map(Ended.from_json, state["ended"]))
         self.counts = {k: int(v) for k, v in state["counts"].items()}
+        self.undelivered = {u.pid: u for u in map(Undelivered.from_json, state.get("undelivered", ()))}
         for t in self.open.values():
             for key in t.runs:
                 self.queue_open.setdefault(key, {})[t.pid] = t.first_offset(key)
@@ -226,8 +255,10 @@ class TxnView(View):
                 with self.lock:
                     if isinstance(rec, tr.Begin):
                         self._begin(rec)
-                    else:
+                    elif isinstance(rec, tr.End):
                         self._end(rec)
+                    else:
+                        self._coordination(rec)
         elif header.flags & bf.FLAG_TRANSACTIONAL:
             with self.lock:
                 self._write(header)
@@ -240,7 +271,7 @@ class TxnView(View):
 
     def _begin(self, rec: tr.Begin) -> None:
         self.open[rec.pid] = OpenTxn(rec.pid, rec.tid, rec.epoch, rec.timeout_ms, rec.check, rec.at_ms,
-                                     counted=rec.counted)
+                                     counted=rec.counted, coordinator=rec.coordinator)
         self.latest[rec.tid] = (rec.pid, rec.epoch, rec.begin_id)
         self.latest.move_to_end(rec.tid)
         if len(self.latest) > tr.TIDS_MAX:
@@ -266,6 +297,8 @@ class TxnView(View):
                 for start, end in runs:
                     self.aborted.add(key, start, end)
                     self._pending.append(encode_entry(rec.pid, key[0], key[1], start, end))
+        if t.parties:  # a coordinator's decision: delivered to the participants it names
+            self.undelivered[rec.pid] = Undelivered(rec.pid, rec.tid, rec.commit, rec.participants or tuple(t.parties))
         self.ended[rec.pid] = Ended(rec.pid, rec.tid, rec.commit, rec.reason, rec.at_ms, t.begun_ms)
         while len(self.ended) > ENDED_MAX:
             self.ended.popitem(last=False)
@@ -275,6 +308,18 @@ class TxnView(View):
             self.counts["aborted"] += 1
             if rec.reason == "timeout":
                 self.counts["timed_out"] += 1
+
+    def _coordination(self, rec: tr.Participant | tr.Prepare | tr.Delivered) -> None:
+        if isinstance(rec, tr.Delivered):
+            self.undelivered.pop(rec.pid, None)
+            return
+        t = self.open.get(rec.pid)
+        if t is None:
+            return
+        if isinstance(rec, tr.Participant):
+            t.parties.append(rec.party)
+        else:
+            t.prepared = True
 
     def _write(self, header: bf.BatchHeader) -> None:
         key = (header.topic, header.queue_id)
@@ -320,6 +365,7 @@ class TxnView(View):
                 "latest": [[tid, pid, epoch, begin_id] for tid, (pid, epoch, begin_id) in self.latest.items()],
                 "ended": [e.to_json() for e in self.ended.values()],
                 "counts": dict(self.counts),
+                "undelivered": [u.to_json() for u in self.undelivered.values()],
             }
         try:
             self.index.append(pending)

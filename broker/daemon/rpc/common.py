@@ -26,6 +26,7 @@ from broker.security.auth import current_caller
 from broker.storage import instance
 from broker.store import Store
 from broker.txn.checks import CheckStreams
+from broker.txn.coordinator import OverShards, TxnDelivery
 from broker.txn.service import TxnService
 from broker.txn.sweeper import TxnSweeper
 from proto import tidemark_pb2 as pb
@@ -103,6 +104,8 @@ class Context:
         self.txns = TxnService(store)
         self.checks = CheckStreams()
         self.txn_sweeper = TxnSweeper(store, self.txns, self.checks)
+        self.over_shards = OverShards(store, self.txns)
+        self.txn_delivery = TxnDelivery(store, self.over_shards)
         self.instance = instance.InstanceFile(self.config["node.data_dir"])  # for PullLocal
         self.heavy_slots: asyncio.Semaphore | None = None  # made on the loop at first use
 

@@ -16,7 +16,8 @@ import grpc
 
 from broker import clock
 from broker.daemon.rpc.common import Rpcs, handle, handle_async
-from broker.errors import BrokerError, invalid
+from broker.errors import BrokerError, invalid, shown
+from broker.logformat import txn_records as tr
 from broker.txn.checks import CheckStream
 from broker.txn.service import Begun, Outcome, check_tid
 from broker.views.transactions import Ended, OpenTxn
@@ -58,15 +59,22 @@ class TransactionRpcs(Rpcs):
     async def BeginTransaction(self, request: pb.BeginTransactionRequest,
                                context: grpc.aio.ServicerContext) -> pb.BeginTransactionResponse:
         async def run() -> pb.BeginTransactionResponse:
+            await self._check_coordinator(request.transactional_id, request.coordinator)
             begun = await self.ctx.txns.begin_async(request.transactional_id, request.timeout_ms, request.check_back,
-                                                    request.count_messages, request.begin_id)
-            return begun_response(begun)
+                                                    request.count_messages, request.begin_id, request.coordinator)
+            response = begun_response(begun)
+            if self.store.placement is not None:
+                response.shard = self.store.placement.shard
+            return response
         return await handle_async(context, run)
 
     async def EndTransaction(self, request: pb.EndTransactionRequest,
                              context: grpc.aio.ServicerContext) -> pb.EndTransactionResponse:
         async def run() -> pb.EndTransactionResponse:
             self.store.check_writable()
+            if request.participants:  # over shards: prepare each participant, decide, deliver (a pool thread)
+                return await asyncio.get_running_loop().run_in_executor(self.read_pool, self._end_over_shards,
+                                                                        request)
             if request.commit and request.offsets:  # offsets wait for older offset commits: a pool thread
                 return await asyncio.get_running_loop().run_in_executor(self.read_pool, self._end_with_offsets,
                                                                         request)
@@ -80,6 +88,71 @@ class TransactionRpcs(Rpcs):
         self.groups.check_room(offsets)
         return ended_response(self.ctx.txns.end(request.transactional_id, request.producer_id, True, offsets,
                                         messages_sent=request.messages_sent))
+
+    async def _check_coordinator(self, tid: str, coordinator: str) -> None:
+        """In a cluster of shards a transaction begins on its coordinator shard (its transactional
+        id's slot, as a group's), refused elsewhere naming it; a participant's begin anywhere."""
+        placement = self.store.placement
+        if placement is None:
+            if coordinator:
+                raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: no transaction "
+                                  "here is a participant of another shard's")
+            return
+        if coordinator == placement.shard:
+            raise invalid(f"a participant transaction on its own coordinator shard {shown(coordinator)}: send "
+                          "there within the coordinator's transaction")
+        if not coordinator:
+            check_tid(tid)
+            if placement.knows_group(tid):
+                placement.check_group(tid)
+            else:  # its slot is given a shard first: an etcd write, off the loop
+                await asyncio.get_running_loop().run_in_executor(self.read_pool, placement.check_group, tid)
+
+    def _end_over_shards(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
+        tid, pid = request.transactional_id, request.producer_id
+        # each participant's offsets are checked there, when it prepares
+        parties = tuple(tr.Party(p.shard, p.producer_id, p.messages_sent,
+                                 tuple((o.group, o.topic, o.queue_id, o.offset) for o in p.offsets))
+                        for p in request.participants)
+        if not request.commit:
+            return ended_response(self.ctx.txns.end(tid, pid, False))
+        offsets = self.groups.checked_offsets(request.offsets)
+        self.groups.check_room(offsets)
+        return ended_response(self.ctx.over_shards.commit(tid, pid, request.messages_sent, offsets, parties))
+
+    def AddTransactionParticipant(self, request: pb.AddTransactionParticipantRequest,
+                                  context: grpc.ServicerContext) -> pb.AddTransactionParticipantResponse:
+        def run() -> pb.AddTransactionParticipantResponse:
+            self.store.check_writable()
+            p = request.participant
+            if not p.shard or not tr.is_txn_pid(p.producer_id):
+                raise invalid("participant: a shard and its transaction's producer id")
+            self.ctx.txns.add_participant(request.transactional_id, request.producer_id, tr.Party(p.shard, p.producer_id))
+            return pb.AddTransactionParticipantResponse()
+        return handle(context, run)
+
+    def PrepareTransaction(self, request: pb.PrepareTransactionRequest,
+                           context: grpc.ServicerContext) -> pb.PrepareTransactionResponse:
+        def run() -> pb.PrepareTransactionResponse:
+            self.store.check_writable()
+            offsets = self.groups.checked_offsets(request.offsets)
+            self.groups.check_room(offsets)
+            ended = self.ctx.txns.prepare(request.transactional_id, request.producer_id, request.messages_sent)
+            if ended is None or ended.committed:  # committed: the decision reached it before a retried prepare
+                return pb.PrepareTransactionResponse(prepared=True)
+            return pb.PrepareTransactionResponse(prepared=False, reason=ended.reason or "aborted")
+        return handle(context, run)
+
+    def DecideTransaction(self, request: pb.DecideTransactionRequest,
+                          context: grpc.ServicerContext) -> pb.DecideTransactionResponse:
+        def run() -> pb.DecideTransactionResponse:
+            self.store.check_writable()
+            offsets = self.groups.checked_offsets(request.offsets) if request.commit else []
+            outcome = self.ctx.txns.decide(request.transactional_id, request.producer_id, request.commit, offsets)
+            return pb.DecideTransactionResponse(
+                outcome=pb.TRANSACTION_OUTCOME_COMMITTED if outcome.committed else pb.TRANSACTION_OUTCOME_ABORTED,
+                reason=outcome.reason)
+        return handle(context, run)
 
     def ListTransactions(self, request: pb.ListTransactionsRequest,
                          context: grpc.ServicerContext) -> pb.ListTransactionsResponse:

@@ -1,0 +1,201 @@
+"""A transaction in a cluster of shards (docs/shards.md "Transactions across shards"): sends to
+queues of any shards and consumer offsets, visible together on every shard or not at all.
+
+The transaction begins on its **coordinator shard** (its transactional id's slot, as a group's;
+a node of another shard refuses naming it): that begin fences an older instance of the id. Before
+its first send to another shard, the producer begins a **participant** transaction there
+(``BeginTransactionRequest.coordinator``) and has the coordinator record it
+(``AddTransactionParticipant``, replicated); the shard's messages go into that one. The commit is
+one call to the coordinator naming every participant with the messages sent to it: the
+coordinator asks each to prepare, decides, answers once its decision is replicated, and delivers
+it to each participant (retried across failovers of either side until each has it).
+
+Every transaction here is counted (no check-back over shards): a send is answered at the ack mode
+it asks for; a participant whose log lacks messages its producer counted aborts the whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+
+from broker.client.core import ROUTE_HOPS_MAX, SEND_RETRYABLE, ClientCore, _Producer, _request
+from broker.client.data_api import DataAPI, _grouped, _receipts
+from broker.client.errors import BrokerError, FailedPrecondition, TransactionAborted
+from broker.client.messages import Message, Receipt
+from broker.client.txn_base import TransactionBase
+from broker.logformat.txn_records import TXN_PID_BIT
+from proto import tidemark_pb2 as pb
+
+
+@dataclass
+class _Part:
+    """The transaction on one shard: its producer id there, sequences, messages answered."""
+
+    pid: int
+    producer: _Producer
+    messages_sent: int = 0
+    offsets: list[pb.CommittedOffset] = field(default_factory=list)
+
+
+class ShardedTransaction(TransactionBase):
+    """``send`` to any topics, ``commit_offsets``, then ``commit`` or ``abort``; the same API as a
+    one-pair ``Transaction``. Not for several threads at once."""
+
+    def __init__(self, client: DataAPI, begin: pb.BeginTransactionRequest) -> None:
+        self.client = client
+        self.transactional_id = begin.transactional_id
+        self.timeout_ms = begin.timeout_ms
+        self.producer_id = 0
+        self.epoch = 0
+        self.state = "open"
+        self.counted = True  # over shards every transaction is
+        self.coordinator = ""  # the coordinator's shard, once begun
+        self._begin = begin
+        self._parts: dict[str, _Part] = {}  # shard -> its part (the coordinator's own among them)
+        self._offsets: dict[tuple[str, str, int], int] = {}
+        self._broken: BrokerError | None = None
+
+    # -- begin ----------------------------------------------------------------------------------
+    def _begin_now(self) -> None:
+        """Begin on the coordinator shard (the first call goes to any node; a refusal names it)."""
+        answered: list[pb.BeginTransactionResponse] = []
+
+        def begin(core: ClientCore) -> None:
+            answered.append(core._call("BeginTransaction", self._begin))
+        try:
+            self.client._coordinated(self.transactional_id, begin)
+        except BrokerError as exc:
+            if exc.code in SEND_RETRYABLE:
+                self._broken = exc  # it may have begun (and fenced): abort begins again to end it
+            raise
+        answer = answered[-1]
+        if not answer.producer_id & TXN_PID_BIT or not answer.shard:
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION, "the coordinator answered no transaction "
+                                     "over shards (a version without them?); nothing of it is visible")
+        self.producer_id = answer.producer_id
+        self.epoch = answer.epoch
+        self.timeout_ms = answer.timeout_ms
+        self.coordinator = answer.shard
+        self._parts[answer.shard] = _Part(answer.producer_id, _Producer(producer_id=answer.producer_id))
+
+    def _part(self, shard: str) -> _Part:
+        """The transaction on ``shard``: begun there (a participant) and recorded by the coordinator
+        before anything is sent there."""
+        part = self._parts.get(shard)
+        if part is not None:
+            return part
+        req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
+                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator)
+        answer = self.client._shard_core(shard)._call("BeginTransaction", req)
+        party = pb.TransactionParticipant(shard=shard, producer_id=answer.producer_id)
+        add = pb.AddTransactionParticipantRequest(transactional_id=self.transactional_id,
+                                                  producer_id=self.producer_id, participant=party)
+        self._on_coordinator("AddTransactionParticipant", add)
+        part = self._parts[shard] = _Part(answer.producer_id, _Producer(producer_id=answer.producer_id))
+        return part
+
+    def _on_coordinator(self, method: str, request: object) -> object:
+        return self.client._shard_core(self.coordinator)._call(method, request)
+
+    # -- sends ----------------------------------------------------------------------------------
+    def send(self, topic: str, messages: Sequence[Message], ack: str | None = None,
+             timeout_ms: int | None = None, *, commit: bool = False) -> Sequence[Receipt]:
+        """Messages of the transaction, each queue's to its shard; ``commit=True`` commits after."""
+        self._check_open()
+        self._check_unbroken()
+        if not self.coordinator:
+            self._begin_now()
+        receipts = self._send_routed(topic, messages, ack or "leader", timeout_ms)
+        if commit:
+            self.commit()
+        return receipts
+
+    def _send_routed(self, topic: str, messages: Sequence[Message], ack: str,
+                     timeout_ms: int | None) -> Sequence[Receipt]:
+        client = self.client
+        queues = client._queue_count(topic)
+        by_queue, delayed = _grouped(messages, queues, client._sticky_queue(topic, queues))
+        done = []
+        for hop in range(ROUTE_HOPS_MAX + 1):
+            parts: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
+            for which, grouped in ((0, by_queue), (1, delayed)):
+                for q, idxs in grouped.items():
+                    shard = client._shard_of(topic, q) or self.coordinator
+                    parts.setdefault(shard, ({}, {}))[which][q] = idxs
+            refused: BrokerError | None = None
+            for shard, (mine, mine_delayed) in parts.items():
+                part = self._part(shard)
+                count = sum(len(i) for i in mine.values()) + sum(len(i) for i in mine_delayed.values())
+                try:
+                    done.extend(client._send_batches(part.producer, topic, messages, client._shard_core(shard), mine,
+                                                     mine_delayed, ack=ack, timeout_ms=timeout_ms,
+                                                     transaction=part.pid, begin=None, begun=None, commit=None,
+                                                     ended=None))
+                except BrokerError as exc:
+                    if exc.owner is not None and hop < ROUTE_HOPS_MAX:  # not stored: routes changed
+                        refused = exc
+                        continue
+                    self._broken = exc  # the sequences cannot go on: no other send
+                    if exc.code in SEND_RETRYABLE:  # maybe stored: counted, so a commit needs them in the log
+                        part.messages_sent += count
+                    raise
+                part.messages_sent += count
+                for q in mine:
+                    by_queue.pop(q)
+                for q in mine_delayed:
+                    delayed.pop(q)
+            if refused is None:
+                return _receipts(topic, len(messages), done)
+            client._learn_routes([topic])
+        raise AssertionError("unreachable")
+
+    def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
+        """Consumer offsets (``{queue_id: next offset}``) stored only if the transaction commits."""
+        self._check_open()
+        for queue_id, offset in offsets.items():
+            self._offsets[(group, topic, queue_id)] = offset
+
+    # -- end ------------------------------------------------------------------------------------
+    def commit(self) -> None:
+        """Commit on every shard: answered once the coordinator's decision is replicated (each
+        participant has it then, or gets it shortly: delivery is retried). ``TransactionAborted``
+        if a participant could not prepare, or the transaction was aborted meanwhile."""
+        self._check_open()
+        self._check_unbroken(committing=True)
+        if not self.coordinator:
+            self._begin_now()
+        offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
+                   for (g, t, q), o in self._offsets.items()]
+        participants = [pb.TransactionParticipant(shard=shard, producer_id=part.pid, messages_sent=part.messages_sent)
+                        for shard, part in self._parts.items() if shard != self.coordinator]
+        own = self._parts[self.coordinator]
+        req = pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                       commit=True, offsets=offsets, messages_sent=own.messages_sent,
+                                       participants=participants)
+        answer = self._on_coordinator("EndTransaction", req)
+        assert isinstance(answer, pb.EndTransactionResponse)
+        self.state = "committed" if answer.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
+        if self.state != "committed":
+            raise TransactionAborted(answer.reason, f"transaction {self.transactional_id!r} was aborted "
+                                     f"({answer.reason}): none of it is visible on any shard")
+
+    def abort(self) -> None:
+        """Abort on every shard (the coordinator delivers it to each participant)."""
+        if self.state != "open":
+            return
+        if not self.coordinator:
+            if self._broken is None:
+                self.state = "aborted"  # never begun: nothing to end
+                return
+            self._begin_now()  # a beginning call's outcome is unknown: the same begin id joins it
+        req = pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
+                                       commit=False)
+        answer = self._on_coordinator("EndTransaction", req)
+        assert isinstance(answer, pb.EndTransactionResponse)
+        self.state = "committed" if answer.outcome == pb.TRANSACTION_OUTCOME_COMMITTED else "aborted"
+        if self.state == "committed":
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION, f"transaction {self.transactional_id!r} "
+                                     "had committed (a call whose answer was lost committed it): it is visible")

@@ -1,0 +1,187 @@
+"""A transaction over shards, on its coordinator shard's master (docs/shards.md "Transactions
+across shards"): the two-phase commit and the delivery of decisions.
+
+The coordinator's own transaction (begun here, the shard of the transactional id's slot) holds
+the messages of its own queues and lists its participants: a transaction of the same id on each
+other shard the producer sent to (``txn.participant`` records, replicated before the producer
+sends there). Committing:
+
+1. each participant is asked to **prepare** (``TxnPeers.prepare``): its master checks that its
+   log holds every message the producer counted there and replicates ``txn.prepare``; from then
+   on only this coordinator ends it. A participant that cannot be reached is asked again until
+   ``limits.send_timeout_ms`` has passed (its failover takes seconds): a promoted slave knows
+   what its old master prepared;
+2. the **decision** is appended here (``txn.end`` naming the participants): commit if every
+   participant prepared and this log holds the coordinator's own count, else abort. It is
+   replicated before the producer is answered. This record is the transaction's outcome;
+3. it is **delivered** to each participant (``TxnPeers.decide``) and a ``txn.delivered`` record
+   ends the coordinator's part. Any decision without its ``txn.delivered`` (an abort by the
+   producer, a timeout, fencing, an operator; a master that died mid-delivery) is delivered by
+   the ``TxnDelivery`` thread of whichever node is master, retried until each participant
+   answers, across failovers of either side (a retried decision answers the first outcome).
+
+A participant that has not prepared may still abort by itself (its timeout, an operator, a newer
+instance): the coordinator's prepare then finds it aborted and the decision is abort. A prepared
+participant holds its queues' last stable offset until the decision arrives.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import structlog
+
+from broker.errors import BrokerError
+from broker.logformat import txn_records as tr
+from broker.ports import TxnPeers
+from broker.storage.failpoints import failpoint
+from broker.store import Store
+from broker.store.appender import TailState
+from broker.store.waiters import run
+from broker.threads import NamedThread
+from broker.txn.service import OffsetEntry, Outcome, TxnService, check_tid
+from broker.views.transactions import Undelivered
+
+log = structlog.get_logger("txn")
+CALL_TIMEOUT_S = 5.0  # one call to a participant's master
+RETRY_PAUSE_S = 0.2
+DELIVERY_INTERVAL_S = 0.2
+DELIVERY_BACKOFF_MAX_S = 5.0
+
+
+class OverShards:
+    """The coordinator's side of transactions over shards."""
+
+    def __init__(self, store: Store, service: TxnService) -> None:
+        self.store = store
+        self.service = service
+        self.kick = threading.Event()  # a decision to deliver now
+        self._delivering = threading.Lock()  # the producer's commit and the thread: one delivery at a time
+
+    def peers(self) -> TxnPeers:
+        if self.store.txn_peers is None:
+            raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: a transaction has no "
+                              "participants here")
+        return self.store.txn_peers
+
+    def commit(self, tid: str, pid: int, messages_sent: int, offsets: list[OffsetEntry],
+               parties: tuple[tr.Party, ...]) -> Outcome:
+        """Commit transaction ``pid`` and its participants ``parties`` (each with its count and
+        offsets, as the producer gives them): prepare each, decide, deliver."""
+        check_tid(tid)
+        self.store.check_writable()
+        peers = self.peers()
+        deadline = time.monotonic() + self.store.config["limits.send_timeout_ms"] / 1000.0
+        refusal = ""
+        for party in parties:
+            refusal = self._prepare(peers, tid, party, deadline)
+            if refusal:
+                log.warning("txn_participant_refused", transactional_id=tid, pid=f"{pid:#x}", shard=party.shard,
+                            reason=refusal)
+                break
+        if refusal:
+            outcome = self.service.end(tid, pid, False, reason="participant")
+        else:
+            outcome = self.service.end(tid, pid, True, offsets, messages_sent=messages_sent, parties=parties)
+        failpoint("txn_after_global_decision")
+        self.deliver_now(tid, pid)
+        return outcome
+
+    def _prepare(self, peers: TxnPeers, tid: str, party: tr.Party, deadline: float) -> str:
+        """'' once ``party`` prepared, else why not (the reason it aborted, or its last error)."""
+        while True:
+            try:
+                return peers.prepare(tid, party, CALL_TIMEOUT_S)
+            except BrokerError as exc:
+                if exc.code in ("INVALID_ARGUMENT", "NOT_FOUND", "PERMISSION_DENIED", "UNAUTHENTICATED") \
+                        or time.monotonic() >= deadline:
+                    return f"{exc.code}: {exc.message}"[:300]
+                log.info("txn_prepare_retried", transactional_id=tid, shard=party.shard, error=exc.message[:200])
+                time.sleep(RETRY_PAUSE_S)
+
+    def deliver_now(self, tid: str, pid: int) -> None:
+        """One attempt at delivering ``pid``'s decision (the producer's answer waits for it, so
+        that its next read on a participant's shard finds it); what fails is left to the thread."""
+        decision = next((u for u in self.service.view.undelivered_decisions() if u.pid == pid), None)
+        if decision is None:  # not applied yet, or delivered
+            self.kick.set()
+            return
+        if not self.deliver(decision):
+            self.kick.set()
+
+    def deliver(self, decision: Undelivered) -> bool:
+        """Deliver ``decision`` to each participant; True once all have it (``txn.delivered`` appended)."""
+        with self._delivering:
+            if decision.pid not in {u.pid for u in self.service.view.undelivered_decisions()}:
+                return True  # delivered meanwhile
+            return self._deliver(decision)
+
+    def _deliver(self, decision: Undelivered) -> bool:
+        peers = self.peers()
+        for party in decision.parties:
+            try:
+                committed = peers.decide(decision.tid, party, decision.commit, CALL_TIMEOUT_S)
+            except BrokerError as exc:
+                if exc.code != "NOT_FOUND":  # forgotten there: it ended long ago
+                    log.info("txn_delivery_retried", transactional_id=decision.tid, shard=party.shard,
+                             error=exc.message[:200])
+                    return False
+                committed = decision.commit
+            if committed != decision.commit:
+                log.error("txn_participant_disagrees", transactional_id=decision.tid, shard=party.shard,
+                          pid=f"{party.pid:#x}", decision=decision.commit)
+        self._delivered(decision)
+        return True
+
+    def _delivered(self, decision: Undelivered) -> None:
+        def build(_tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
+            return [tr.encode_delivered(decision.tid, decision.pid)]
+        run(self.store.writes.txn_steps(build, None, lambda _: "leader"))  # lost with a failover: delivered again
+
+
+class TxnDelivery:
+    """The master's thread delivering decisions without their ``txn.delivered``: each retried with
+    a growing pause (up to ``DELIVERY_BACKOFF_MAX_S``) until every participant has it."""
+
+    def __init__(self, store: Store, over_shards: OverShards) -> None:
+        self.store = store
+        self.over_shards = over_shards
+        self._next_try: dict[int, tuple[float, float]] = {}  # pid -> (monotonic time, pause)
+        self._stop = threading.Event()
+        self._thread = NamedThread(target=self._run, name="txn-delivery", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.over_shards.kick.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.over_shards.kick.wait(DELIVERY_INTERVAL_S)
+            self.over_shards.kick.clear()
+            if self._stop.is_set() or self.store.closing:
+                return
+            if self.store.role != "master" or self.store.txn_peers is None:
+                self._next_try.clear()
+                continue
+            try:
+                self._round()
+            except BrokerError as exc:  # not writable now (fenced, a full disk): next round
+                log.debug("txn_delivery_refused", error=exc.message[:200])
+            except Exception as exc:  # never end the thread: decisions would stay undelivered
+                log.error("txn_delivery_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _round(self) -> None:
+        now = time.monotonic()
+        pending = self.over_shards.service.view.undelivered_decisions()
+        for pid in [p for p in self._next_try if all(u.pid != p for u in pending)]:
+            del self._next_try[pid]
+        for decision in pending:
+            at, pause = self._next_try.get(decision.pid, (0.0, DELIVERY_INTERVAL_S))
+            if now < at:
+                continue
+            if not self.over_shards.deliver(decision):
+                self._next_try[decision.pid] = (now + pause, min(pause * 2, DELIVERY_BACKOFF_MAX_S))

@@ -1,0 +1,174 @@
+"""Transactions across shards (DESIGN §14-15, docs/shards.md "Transactions across shards"), on
+real daemons and a real etcd: a transaction over queues of three shards is all or nothing on
+every shard, read_committed readers of every shard agree; an abort reaches every participant; a
+newer instance fences the older; kill -9 of the coordinator's master after its decision (every
+participant ends committed) and of a participant's master when the decision reaches it (it ends
+committed after its failover)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from broker.cli.etcd_process import EtcdProcess
+from broker.client import BrokerClient, Message, TransactionAborted
+from broker.client.sharded_txn import ShardedTransaction
+from replication.coordination import slots
+from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
+from tests.procs import DaemonProcess
+from tests.test_shards import CLUSTER, _etcd_get, _single
+from tests.waits import wait_until
+
+SHARDS = ("s1", "s2", "s3")
+QUEUES = 6  # two per shard
+
+
+def _committed(c: BrokerClient, topic: str, queues: int = QUEUES) -> list[bytes]:
+    """Every message a read_committed reader sees, over every queue (each pulled from its shard)."""
+    out: list[bytes] = []
+    for q in range(queues):
+        out.extend(m.body for m in c.pull(topic, q, 0, max_messages=10_000))
+    return sorted(out)
+
+
+def _owners(c: BrokerClient, topic: str) -> list[str]:
+    return [q["shard"] for q in c.describe_topic(topic)["queues"]]
+
+
+def _keyed_to_every_queue(c: BrokerClient, topic: str, tag: str) -> list[Message]:
+    """One message for each queue (a key that maps there), so every shard is a participant."""
+    found: dict[int, str] = {}
+    i = 0
+    while len(found) < QUEUES:
+        key = f"k{i}"
+        found.setdefault(c.pick_queue(topic, key), key)
+        i += 1
+    return [Message(f"{tag}:{q}".encode(), key=k) for q, k in sorted(found.items())]
+
+
+def _coordinator(etcd: EtcdProcess, tid: str) -> str:
+    return str(json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/slots/{slots.slot_of(tid)}") or b"{}").get("shard"))
+
+
+@pytest.fixture
+def singles(spawn: Spawn, etcd: EtcdProcess) -> dict[str, DaemonProcess]:
+    return {s: _single(spawn, etcd, s, f"n{s}") for s in SHARDS}
+
+
+def test_a_transaction_over_three_shards_is_all_or_nothing(singles: dict[str, DaemonProcess],
+                                                           etcd: EtcdProcess) -> None:
+    with BrokerClient(singles["s1"].address) as c, BrokerClient(singles["s3"].address) as other:
+        c.create_topic("orders", queues=QUEUES)
+        assert sorted(_owners(c, "orders")) == sorted(SHARDS * 2)
+        with c.transaction("tx-1") as tx:
+            assert isinstance(tx, ShardedTransaction)
+            tx.send("orders", _keyed_to_every_queue(c, "orders", "a"))
+            assert _committed(other, "orders") == [], "nothing visible before the commit"
+        assert tx.state == "committed"
+        want = sorted(m.body for m in _keyed_to_every_queue(c, "orders", "a"))
+        assert _committed(other, "orders") == want, "every shard's reader sees every message once committed"
+        assert tx.coordinator == _coordinator(etcd, "tx-1")
+        described = c.describe_transaction("tx-1")  # routed to the coordinator
+        assert described["state"] == "committed"
+
+        tx2 = c.begin_transaction("tx-1")
+        tx2.send("orders", _keyed_to_every_queue(c, "orders", "b"))
+        tx2.abort()
+        assert tx2.state == "aborted"
+        wait_until(lambda: all(not BrokerClient(n.address).list_transactions() for n in singles.values()), 10,
+                   "the abort reached every participant: nothing open anywhere")
+        assert _committed(other, "orders") == want, "nothing of the aborted one is visible on any shard"
+        c.send("orders", [Message(b"after", key="k0")])
+        assert len(_committed(other, "orders")) == len(want) + 1, "readers move past the aborted range"
+
+
+def test_a_newer_instance_fences_the_older_on_every_shard(singles: dict[str, DaemonProcess]) -> None:
+    with BrokerClient(singles["s2"].address) as c:
+        c.create_topic("orders", queues=QUEUES)
+        old = c.begin_transaction("tx-f")
+        old.send("orders", _keyed_to_every_queue(c, "orders", "old"))
+        new = c.begin_transaction("tx-f", fence=True)
+        with pytest.raises(Exception):  # noqa: B017 - fenced: refused (not open) or aborted
+            old.commit()
+        new.send("orders", _keyed_to_every_queue(c, "orders", "new"))
+        new.commit()
+        got = _committed(c, "orders")
+        assert got == sorted(m.body for m in _keyed_to_every_queue(c, "orders", "new")), "only the newer one"
+
+
+def test_a_participant_missing_messages_aborts_the_whole(singles: dict[str, DaemonProcess]) -> None:
+    """A participant whose log lacks a counted message cannot prepare: the coordinator aborts."""
+    with BrokerClient(singles["s1"].address) as c:
+        c.create_topic("orders", queues=QUEUES)
+        tx = c.begin_transaction("tx-short")
+        assert isinstance(tx, ShardedTransaction)
+        tx.send("orders", _keyed_to_every_queue(c, "orders", "x"))
+        other = next(s for s in tx._parts if s != tx.coordinator)
+        tx._parts[other].messages_sent += 1  # as if an answered send had been lost with a failed master
+        with pytest.raises(TransactionAborted):
+            tx.commit()
+        wait_until(lambda: not BrokerClient(singles[other].address).list_transactions(), 10, "the participant ended")
+        assert _committed(c, "orders") == []
+
+
+def _pairs_armed(spawn: Spawn, etcd: EtcdProcess, failpoint: str) -> dict[str, tuple[DaemonProcess, DaemonProcess]]:
+    """Three pairs whose first masters carry ``failpoint`` (their slaves, promoted, do not)."""
+    settled: dict[str, tuple[DaemonProcess, DaemonProcess]] = {}
+    for i, shard in enumerate(SHARDS):
+        config = coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": shard})
+        master = spawn(f"a{i}", config=config, env={"TIDEMARK_FAILPOINTS": f"{failpoint}=exit"})
+        wait_master([master])
+        slave = spawn(f"b{i}", config=config)
+        wait_until(lambda m=master, s=slave: in_sync(m, s), 30, "the slave in sync")  # type: ignore[misc]
+        settled[shard] = (master, slave)
+    return settled
+
+
+def _all_committed(c: BrokerClient, want: list[bytes]) -> bool:
+    try:
+        return _committed(c, "orders") == want
+    except Exception:  # a shard failing over
+        return False
+
+
+def test_the_coordinators_master_killed_after_its_decision(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """kill -9 (a failpoint) of the coordinator shard's master right after its commit decision is
+    replicated, before any participant has it: its promoted slave delivers the decision, every
+    participant ends committed, and the producer's retried commit answers committed."""
+    settled = _pairs_armed(spawn, etcd, "txn_after_global_decision")
+    with BrokerClient([settled["s1"][0].address, settled["s2"][1].address]) as c:
+        c.create_topic("orders", queues=QUEUES)
+        messages = _keyed_to_every_queue(c, "orders", "c")
+        tx = c.begin_transaction("tx-crash-c", fence=True)
+        assert isinstance(tx, ShardedTransaction)
+        master, slave = settled[tx.coordinator]
+        tx.send("orders", messages, ack="replica")
+        tx.commit()  # the master dies at its decision; the call is retried on the promoted slave
+        assert tx.state == "committed"
+        master.wait_exit(10)  # the coordinator's master died at the failpoint
+        assert status(slave)["role"] == "master"
+        wait_until(lambda: _all_committed(c, sorted(m.body for m in messages)), 30,
+                   "every participant ends committed")
+        wait_until(lambda: not any(BrokerClient(n.address).list_transactions()
+                                   for s, pair in settled.items() for n in pair if n is not master), 20,
+                   "nothing left open on any shard")
+
+
+def test_a_participants_master_killed_when_the_decision_reaches_it(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """kill -9 (a failpoint) of each participant's master as the commit decision reaches it: the
+    coordinator retries the delivery on the promoted slaves, which end committed."""
+    settled = _pairs_armed(spawn, etcd, "txn_before_decide")
+    with BrokerClient([settled["s3"][0].address]) as c:
+        c.create_topic("orders", queues=QUEUES)
+        messages = _keyed_to_every_queue(c, "orders", "p")
+        with c.transaction("tx-crash-p") as tx:
+            tx.send("orders", messages)
+        assert tx.state == "committed"
+        assert isinstance(tx, ShardedTransaction)
+        for shard, (master, slave) in settled.items():
+            if shard != tx.coordinator:
+                master.wait_exit(20)  # it died as the decision reached it
+                wait_master([slave], 30)
+        wait_until(lambda: _all_committed(c, sorted(m.body for m in messages)), 40,
+                   "every participant ends committed after its failover")
