@@ -1035,20 +1035,22 @@ class GetRoutesResponse(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., revision: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardRoute, _Mapping]]] = ...) -> None: ...
 
 class BeginTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id", "coordinator")
+    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id", "coordinator", "group")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
     COUNT_MESSAGES_FIELD_NUMBER: _ClassVar[int]
     BEGIN_ID_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     timeout_ms: int
     check_back: bool
     count_messages: bool
     begin_id: int
     coordinator: str
-    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ..., coordinator: _Optional[str] = ...) -> None: ...
+    group: str
+    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ..., coordinator: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
 
 class BeginTransactionResponse(_message.Message):
     __slots__ = ("producer_id", "epoch", "timeout_ms", "counted", "shard")

@@ -8,6 +8,7 @@ committed after its failover)."""
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -110,6 +111,52 @@ def test_a_participant_missing_messages_aborts_the_whole(singles: dict[str, Daem
             tx.commit()
         wait_until(lambda: not BrokerClient(singles[other].address).list_transactions(), 10, "the participant ended")
         assert _committed(c, "orders") == []
+
+
+def test_consumer_offsets_commit_with_the_transaction_on_the_groups_shard(singles: dict[str, DaemonProcess],
+                                                                         etcd: EtcdProcess) -> None:
+    """Consume-transform-produce over shards: the offsets of a group coordinated by another shard
+    than the transaction's commit with it (that shard becomes a participant) or not at all."""
+    with BrokerClient(singles["s1"].address) as c:
+        c.create_topics({"in": QUEUES, "out": QUEUES})
+        tx = c.begin_transaction("tx-o", fence=True)
+        assert isinstance(tx, ShardedTransaction)
+        group = next(g for g in (f"g{i}" for i in range(64))
+                     if c.committed_offset(g, "in", 0) is None and _coordinator(etcd, g) != tx.coordinator)
+        c.send("in", [Message(f"in-{q}".encode(), key=m.key) for q, m in enumerate(_keyed_to_every_queue(c, "in", "x"))])
+        tx.send("out", [Message(b"out-1", key="k1")])
+        tx.commit_offsets(group, "in", {0: 1, 1: 1})
+        tx.abort()
+        assert [c.committed_offset(group, "in", q) for q in (0, 1)] == [None, None], "aborted: no offset moved"
+
+        tx = c.begin_transaction("tx-o")
+        tx.send("out", [Message(b"out-2", key="k1")])
+        tx.commit_offsets(group, "in", {0: 1, 1: 1})
+        tx.commit()
+        assert [c.committed_offset(group, "in", q) for q in (0, 1)] == [1, 1], "committed with the transaction"
+        assert _committed(c, "out") == [b"out-2"]
+        assert isinstance(tx, ShardedTransaction) and len(tx._parts) >= 2, "the group's shard was a participant"
+
+
+def test_delayed_messages_fire_on_their_shards_once_the_transaction_commits(singles: dict[str, DaemonProcess]) -> None:
+    """Timer messages of a transaction over shards are scheduled by each shard when the decision
+    reaches it: an aborted one's never fire, a committed one's fire once, not before their time."""
+    with BrokerClient(singles["s3"].address) as c:
+        c.create_topic("later", queues=QUEUES)
+        at_ms = int(time.time() * 1000) + 1500
+        aborted = c.begin_transaction("tx-t")
+        aborted.send("later", [Message(b"never" + m.body, key=m.key, deliver_at_ms=at_ms)
+                               for m in _keyed_to_every_queue(c, "later", "")])
+        aborted.abort()
+        with c.transaction("tx-t") as tx:
+            tx.send("later", [Message(m.body, key=m.key, deliver_at_ms=at_ms)
+                              for m in _keyed_to_every_queue(c, "later", "t")])
+        assert _committed(c, "later", QUEUES) == [], "not before their time"
+        want = sorted(m.body for m in _keyed_to_every_queue(c, "later", "t"))
+        wait_until(lambda: _committed(c, "later") == want, 20, "each fired on its own shard")
+        assert time.time() * 1000 >= at_ms
+        time.sleep(1.0)
+        assert _committed(c, "later") == want, "once each, and none of the aborted transaction's"
 
 
 def _pairs_armed(spawn: Spawn, etcd: EtcdProcess, failpoint: str) -> dict[str, tuple[DaemonProcess, DaemonProcess]]:

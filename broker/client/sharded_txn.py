@@ -90,11 +90,34 @@ class ShardedTransaction(TransactionBase):
         req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
                        count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator)
         answer = self.client._shard_core(shard)._call("BeginTransaction", req)
-        party = pb.TransactionParticipant(shard=shard, producer_id=answer.producer_id)
+        return self._joined(shard, answer.producer_id)
+
+    def _group_part(self, group: str) -> _Part:
+        """The part on the shard coordinating ``group`` (where its offsets are kept): the
+        coordinator's own, or a participant begun there (the same begin id joins one begun for
+        sends). The first call goes to any node; a refusal names the group's shard."""
+        req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
+                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator, group=group)
+        answered: list[pb.BeginTransactionResponse] = []
+
+        def begin(core: ClientCore) -> None:
+            answered.append(core._call("BeginTransaction", req))
+        self.client._coordinated(group, begin)
+        answer = answered[-1]
+        if not answer.producer_id:  # the coordinator shard itself
+            return self._parts[self.coordinator]
+        return self._joined(answer.shard, answer.producer_id)
+
+    def _joined(self, shard: str, pid: int) -> _Part:
+        """Participant ``pid`` on ``shard``, recorded by the coordinator before anything is sent there."""
+        part = self._parts.get(shard)
+        if part is not None and part.pid == pid:
+            return part
+        party = pb.TransactionParticipant(shard=shard, producer_id=pid)
         add = pb.AddTransactionParticipantRequest(transactional_id=self.transactional_id,
                                                   producer_id=self.producer_id, participant=party)
         self._on_coordinator("AddTransactionParticipant", add)
-        part = self._parts[shard] = _Part(answer.producer_id, _Producer(producer_id=answer.producer_id))
+        part = self._parts[shard] = _Part(pid, _Producer(producer_id=pid))
         return part
 
     def _on_coordinator(self, method: str, request: object) -> object:
@@ -167,13 +190,16 @@ class ShardedTransaction(TransactionBase):
         self._check_unbroken(committing=True)
         if not self.coordinator:
             self._begin_now()
-        offsets = [_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o)
-                   for (g, t, q), o in self._offsets.items()]
-        participants = [pb.TransactionParticipant(shard=shard, producer_id=part.pid, messages_sent=part.messages_sent)
+        for part in self._parts.values():
+            part.offsets.clear()
+        for (g, t, q), o in self._offsets.items():  # each group's offsets with its coordinator shard's part
+            self._group_part(g).offsets.append(_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o))
+        participants = [pb.TransactionParticipant(shard=shard, producer_id=part.pid, messages_sent=part.messages_sent,
+                                                  offsets=part.offsets)
                         for shard, part in self._parts.items() if shard != self.coordinator]
         own = self._parts[self.coordinator]
         req = pb.EndTransactionRequest(transactional_id=self.transactional_id, producer_id=self.producer_id,
-                                       commit=True, offsets=offsets, messages_sent=own.messages_sent,
+                                       commit=True, offsets=own.offsets, messages_sent=own.messages_sent,
                                        participants=participants)
         answer = self._on_coordinator("EndTransaction", req)
         assert isinstance(answer, pb.EndTransactionResponse)

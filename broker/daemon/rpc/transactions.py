@@ -59,7 +59,8 @@ class TransactionRpcs(Rpcs):
     async def BeginTransaction(self, request: pb.BeginTransactionRequest,
                                context: grpc.aio.ServicerContext) -> pb.BeginTransactionResponse:
         async def run() -> pb.BeginTransactionResponse:
-            await self._check_coordinator(request.transactional_id, request.coordinator)
+            if await self._check_coordinator(request.transactional_id, request.coordinator, request.group):
+                return pb.BeginTransactionResponse(shard=request.coordinator)  # the group's offsets go there
             begun = await self.ctx.txns.begin_async(request.transactional_id, request.timeout_ms, request.check_back,
                                                     request.count_messages, request.begin_id, request.coordinator)
             response = begun_response(begun)
@@ -89,24 +90,32 @@ class TransactionRpcs(Rpcs):
         return ended_response(self.ctx.txns.end(request.transactional_id, request.producer_id, True, offsets,
                                         messages_sent=request.messages_sent))
 
-    async def _check_coordinator(self, tid: str, coordinator: str) -> None:
+    async def _check_coordinator(self, tid: str, coordinator: str, group: str) -> bool:
         """In a cluster of shards a transaction begins on its coordinator shard (its transactional
-        id's slot, as a group's), refused elsewhere naming it; a participant's begin anywhere."""
+        id's slot, as a group's), refused elsewhere naming it; a participant's begin anywhere, or
+        with ``group`` on the group's coordinator shard. True: that is the coordinator shard itself
+        (nothing to begin)."""
         placement = self.store.placement
         if placement is None:
-            if coordinator:
+            if coordinator or group:
                 raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: no transaction "
                                   "here is a participant of another shard's")
-            return
+            return False
+        check_tid(tid)
+        if group and not coordinator:
+            raise invalid("group: only with coordinator (a participant transaction for a group's offsets)")
+        if group or not coordinator:
+            name = group or tid
+            if placement.knows_group(name):
+                placement.check_group(name)
+            else:  # its slot is given a shard first: an etcd write, off the loop
+                await asyncio.get_running_loop().run_in_executor(self.read_pool, placement.check_group, name)
         if coordinator == placement.shard:
+            if group:
+                return True
             raise invalid(f"a participant transaction on its own coordinator shard {shown(coordinator)}: send "
                           "there within the coordinator's transaction")
-        if not coordinator:
-            check_tid(tid)
-            if placement.knows_group(tid):
-                placement.check_group(tid)
-            else:  # its slot is given a shard first: an etcd write, off the loop
-                await asyncio.get_running_loop().run_in_executor(self.read_pool, placement.check_group, tid)
+        return False
 
     def _end_over_shards(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
         tid, pid = request.transactional_id, request.producer_id
