@@ -365,6 +365,9 @@ def _check_security(values: Mapping[str, Any]) -> None:
         raise ConfigError("auth.tokens_file: required when auth.require_for_reads is true")
     if values["node.metrics_tls"] and not values["tls.cert_file"]:
         raise ConfigError("tls.cert_file: required when node.metrics_tls is true (the metrics port uses its certificate)")
+    if values["coordinator.shard"] and values["auth.token_file"] and not values["auth.tokens_file"]:
+        raise ConfigError("auth.tokens_file: required in a cluster of shards with tokens (its nodes call each other "
+                          "with a token of the replication role; auth.token_file's has none)")
     if values["node.metrics_auth"] and not values["auth.tokens_file"]:
         raise ConfigError("auth.tokens_file: required when node.metrics_auth is true (a token with the metrics role)")
     _check_exposure(values)

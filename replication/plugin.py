@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import structlog
 
+from broker.config import ConfigError
 from broker.daemon.plugins import PluginHost
 from broker.security import auth, tls
 from broker.threads import name_pool_thread
@@ -64,6 +65,9 @@ def attach(daemon: PluginHost) -> None:
             coordinator.cluster = ClusterMap(rec.prefix(config["coordinator.cluster"]))
             placement = ShardPlacement(store, config["coordinator.shard"], coordinator.cluster, coordinator.run_on_loop)
             store.register_placement(placement)
+            if config["auth.tokens_file"] and not auth.call_metadata(config):
+                raise ConfigError("auth.tokens_file: a cluster of shards needs a token with the replication role "
+                                  "there (its nodes call each other for transactions over shards)")
             peers = ShardPeers(config, coordinator.cluster)
             store.register_txn_peers(peers)
             daemon.on_stop.append(peers.close)

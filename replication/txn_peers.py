@@ -17,7 +17,7 @@ from typing import Any
 
 import grpc
 
-from broker.config import Config
+from broker.config import Config, ConfigError
 from broker.errors import BrokerError, shown
 from broker.logformat.txn_records import Party
 from broker.security import auth, tls
@@ -59,7 +59,11 @@ class ShardPeers:
             raise BrokerError("UNAVAILABLE", f"shard {shown(shard)} has no master now")
         stub = self._stub(master.client)
         try:
-            return getattr(stub, method)(request, timeout=timeout_s, metadata=auth.call_metadata(self.config))
+            metadata = auth.call_metadata(self.config)
+        except (OSError, ValueError, ConfigError) as exc:  # the tokens file, rotated under us: the next call reads it again
+            raise BrokerError("UNAVAILABLE", f"this node's replication token does not read: {exc}") from exc
+        try:
+            return getattr(stub, method)(request, timeout=timeout_s, metadata=metadata)
         except grpc.RpcError as exc:
             code = exc.code().name if exc.code() is not None else "UNAVAILABLE"
             raise BrokerError(code, f"shard {shown(shard)}'s master {master.client}: {exc.details() or code}") from exc

@@ -10,11 +10,14 @@ from __future__ import annotations
 import json
 import time
 
+import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, Message, TransactionAborted
 from broker.client.sharded_txn import ShardedTransaction
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from replication.coordination import slots
 from tests.failoverutil import Spawn, coordinated, in_sync, status, wait_master
 from tests.procs import DaemonProcess
@@ -75,10 +78,11 @@ def test_a_transaction_over_three_shards_is_all_or_nothing(singles: dict[str, Da
 
         tx2 = c.begin_transaction("tx-1")
         tx2.send("orders", _keyed_to_every_queue(c, "orders", "b"))
+        listed = other.list_transactions()
+        assert sorted(t["shard"] for t in listed) == list(SHARDS), "open on every shard it spans, listed from any node"
         tx2.abort()
         assert tx2.state == "aborted"
-        wait_until(lambda: all(not BrokerClient(n.address).list_transactions() for n in singles.values()), 10,
-                   "the abort reached every participant: nothing open anywhere")
+        wait_until(lambda: not other.list_transactions(), 10, "the abort reached every participant: nothing open")
         assert _committed(other, "orders") == want, "nothing of the aborted one is visible on any shard"
         c.send("orders", [Message(b"after", key="k0")])
         assert len(_committed(other, "orders")) == len(want) + 1, "readers move past the aborted range"
@@ -98,6 +102,19 @@ def test_a_newer_instance_fences_the_older_on_every_shard(singles: dict[str, Dae
         assert got == sorted(m.body for m in _keyed_to_every_queue(c, "orders", "new")), "only the newer one"
 
 
+def test_an_operators_abort_from_any_node_reaches_every_participant(singles: dict[str, DaemonProcess]) -> None:
+    with BrokerClient(singles["s1"].address) as c, BrokerClient(singles["s2"].address) as operator:
+        c.create_topic("orders", queues=QUEUES)
+        tx = c.begin_transaction("tx-op")
+        tx.send("orders", _keyed_to_every_queue(c, "orders", "o"))
+        assert operator.describe_transaction("tx-op")["state"] == "open"
+        assert operator.abort_transaction("tx-op")["state"] == "aborted"
+        wait_until(lambda: not operator.list_transactions(), 10, "the abort reached every participant")
+        with pytest.raises(TransactionAborted):
+            tx.commit()
+        assert _committed(c, "orders") == []
+
+
 def test_a_participant_missing_messages_aborts_the_whole(singles: dict[str, DaemonProcess]) -> None:
     """A participant whose log lacks a counted message cannot prepare: the coordinator aborts."""
     with BrokerClient(singles["s1"].address) as c:
@@ -109,7 +126,7 @@ def test_a_participant_missing_messages_aborts_the_whole(singles: dict[str, Daem
         tx._parts[other].messages_sent += 1  # as if an answered send had been lost with a failed master
         with pytest.raises(TransactionAborted):
             tx.commit()
-        wait_until(lambda: not BrokerClient(singles[other].address).list_transactions(), 10, "the participant ended")
+        wait_until(lambda: not c.list_transactions(), 10, "every participant ended")
         assert _committed(c, "orders") == []
 
 
@@ -159,6 +176,77 @@ def test_delayed_messages_fire_on_their_shards_once_the_transaction_commits(sing
         assert _committed(c, "later") == want, "once each, and none of the aborted transaction's"
 
 
+def test_a_participant_down_holds_up_only_itself_and_gets_the_decision_on_restart(
+        singles: dict[str, DaemonProcess]) -> None:
+    """One participant (a single node) dies as the commit decision reaches it: the other
+    participant gets the decision all the same (its part visible), and the dead one, restarted,
+    recovers its prepared transaction from its log and ends committed when the decision is
+    delivered again."""
+    with BrokerClient(singles["s1"].address) as c:
+        c.create_topic("orders", queues=QUEUES)
+        tx = c.begin_transaction("tx-down", fence=True)
+        assert isinstance(tx, ShardedTransaction)
+        dying = next(s for s in SHARDS if s != tx.coordinator)
+        node = singles[dying]
+        node.kill9()
+        node.env = {"TIDEMARK_FAILPOINTS": "txn_before_decide=exit"}
+        node.start()
+        wait_master([node])
+        messages = _keyed_to_every_queue(c, "orders", "d")
+        tx.send("orders", messages)
+        tx.commit()
+        node.wait_exit(10)  # died at the failpoint, its part prepared
+        owners = _owners(c, "orders")
+        theirs = sorted(m.body for m in messages if owners[c.pick_queue("orders", m.key)] != dying)
+        wait_until(lambda: sorted(b for q in range(QUEUES) if owners[q] != dying
+                                  for b in (m.body for m in c.pull("orders", q, 0))) == theirs, 10,
+                   "the living participant and the coordinator have it while the other is down")
+        node.env = {}
+        node.start()
+        wait_master([node])
+        wait_until(lambda: _all_committed(c, sorted(m.body for m in messages)), 30,
+                   "the restarted participant recovered its prepared transaction and got the decision")
+        assert c.list_transactions() == []
+
+
+def test_one_pair_transaction_calls_are_refused_over_shards(singles: dict[str, DaemonProcess]) -> None:
+    """A raw client following the one-pair protocol cannot begin or commit a transaction by its
+    send in a cluster of shards, nor end a participant transaction, nor register a bogus participant."""
+    with BrokerClient(singles["s1"].address) as c:
+        c.create_topic("orders", queues=QUEUES)
+        tx = c.begin_transaction("tx-raw")
+        tx.send("orders", _keyed_to_every_queue(c, "orders", "r"))
+        assert isinstance(tx, ShardedTransaction)
+        participant = next(s for s in tx._parts if s != tx.coordinator)
+        with grpc.insecure_channel(singles[participant].address) as ch:
+            stub = pb_grpc.BrokerStub(ch)
+            begin = pb.BeginTransactionRequest(transactional_id="tx-raw", count_messages=True)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.Send(pb.SendRequest(begin=begin, transaction=1 << 63, messages=[
+                    pb.PlainMessage(topic="orders", queue_id=0, body=b"x")]), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.EndTransaction(pb.EndTransactionRequest(transactional_id="tx-raw",
+                                                             producer_id=tx._parts[participant].pid, commit=True,
+                                                             messages_sent=2), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, "only its coordinator ends it"
+        with grpc.insecure_channel(singles[tx.coordinator].address) as ch:
+            stub = pb_grpc.BrokerStub(ch)
+            bogus = pb.TransactionParticipant(shard=tx.coordinator, producer_id=(1 << 63) | 5)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.AddTransactionParticipant(pb.AddTransactionParticipantRequest(
+                    transactional_id="tx-raw", producer_id=tx.producer_id, participant=bogus), timeout=10)
+            assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            unregistered = pb.TransactionParticipant(shard=participant, producer_id=(1 << 63) | 7, messages_sent=0)
+            with pytest.raises(grpc.RpcError) as refused:
+                stub.EndTransaction(pb.EndTransactionRequest(
+                    transactional_id="tx-raw", producer_id=tx.producer_id, commit=True, participants=[unregistered]),
+                    timeout=10)
+            assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, "not its registered participants"
+        tx.commit()
+        assert len(_committed(c, "orders")) == QUEUES, "the refusals changed nothing"
+
+
 def _pairs_armed(spawn: Spawn, etcd: EtcdProcess, failpoint: str) -> dict[str, tuple[DaemonProcess, DaemonProcess]]:
     """Three pairs whose first masters carry ``failpoint`` (their slaves, promoted, do not)."""
     settled: dict[str, tuple[DaemonProcess, DaemonProcess]] = {}
@@ -197,9 +285,7 @@ def test_the_coordinators_master_killed_after_its_decision(spawn: Spawn, etcd: E
         assert status(slave)["role"] == "master"
         wait_until(lambda: _all_committed(c, sorted(m.body for m in messages)), 30,
                    "every participant ends committed")
-        wait_until(lambda: not any(BrokerClient(n.address).list_transactions()
-                                   for s, pair in settled.items() for n in pair if n is not master), 20,
-                   "nothing left open on any shard")
+        wait_until(lambda: not c.list_transactions(), 20, "nothing left open on any shard")
 
 
 def test_a_participants_master_killed_when_the_decision_reaches_it(spawn: Spawn, etcd: EtcdProcess) -> None:

@@ -243,20 +243,30 @@ class TransactionsAPI(DataAPI):
             yield tx
 
     def list_transactions(self) -> list[dict[str, Any]]:
-        """The open transactions, oldest first."""
-        response = self._call("ListTransactions", pb.ListTransactionsRequest())
-        return [TransactionInfo.of(t).as_dict() for t in response.transactions]
+        """The open transactions, oldest first; in a cluster of shards those of every shard (a
+        transaction over shards once per shard it spans), each with its ``shard``."""
+        if not self.sharded:
+            response = self._call("ListTransactions", pb.ListTransactionsRequest())
+            return [TransactionInfo.of(t).as_dict() for t in response.transactions]
+        self._learn_routes([])
+        listed: list[dict[str, Any]] = []
+        for shard in self._routes.shards():
+            response = self._shard_core(shard)._call("ListTransactions", pb.ListTransactionsRequest())
+            listed.extend({**TransactionInfo.of(t).as_dict(), "shard": shard} for t in response.transactions)
+        return sorted(listed, key=lambda t: -t["age_ms"])
 
     def describe_transaction(self, transactional_id: str) -> dict[str, Any]:
-        """A transactional id's latest transaction: open, or how it ended."""
-        response = self._call("DescribeTransaction", _request(pb.DescribeTransactionRequest,
-                                                                transactional_id=transactional_id))
+        """A transactional id's latest transaction: open, or how it ended (over shards: as its
+        coordinator shard knows it)."""
+        request = _request(pb.DescribeTransactionRequest, transactional_id=transactional_id)
+        response = self._coordinated(transactional_id, lambda core: core._call("DescribeTransaction", request))
         return TransactionInfo.of(response.transaction).as_dict()
 
     def abort_transaction(self, transactional_id: str) -> dict[str, Any]:
-        """An operator's abort of the id's open transaction (admin role)."""
-        response = self._call("AbortTransaction", _request(pb.AbortTransactionRequest,
-                                                             transactional_id=transactional_id))
+        """An operator's abort of the id's open transaction (admin role); over shards on its
+        coordinator shard, which delivers the abort to every participant."""
+        request = _request(pb.AbortTransactionRequest, transactional_id=transactional_id)
+        response = self._coordinated(transactional_id, lambda core: core._call("AbortTransaction", request))
         return TransactionInfo.of(response.transaction).as_dict()
 
     def _checkback_start(self) -> CheckBack:

@@ -343,6 +343,10 @@ class Appender:
             raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} is not open: it ended (committed, "
                               "aborted, timed out, or fenced by a newer instance of its transactional id), or its "
                               "begin was lost with a failed master; nothing of this send was stored")
+        if pid in self.tail.txn_prepared:
+            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} is prepared (a participant of a "
+                              "transaction over shards whose commit began): it takes no more messages; nothing of "
+                              "this send was stored")
 
     def _append_locked(self, batches: list[IncomingBatch], topic_changes: TopicChanges | None,
                        not_before_ms: int, *, checked: bool = False,

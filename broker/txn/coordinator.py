@@ -40,7 +40,7 @@ from broker.store import Store
 from broker.store.appender import TailState
 from broker.store.waiters import run
 from broker.threads import NamedThread
-from broker.txn.service import OffsetEntry, Outcome, TxnService, check_tid
+from broker.txn.service import OffsetEntry, Outcome, TxnService, check_parties, check_tid
 from broker.views.transactions import Undelivered
 
 log = structlog.get_logger("txn")
@@ -57,7 +57,13 @@ class OverShards:
         self.store = store
         self.service = service
         self.kick = threading.Event()  # a decision to deliver now
-        self._delivering = threading.Lock()  # the producer's commit and the thread: one delivery at a time
+        # per decision being delivered: a lock (the producer's commit and the thread, one at a time),
+        # the participants that answered, and those whose txn.delivered is appended (the view applies
+        # it later: not delivered twice meanwhile)
+        self._state_lock = threading.Lock()
+        self._locks: dict[int, threading.Lock] = {}
+        self._answered: dict[int, set[tuple[str, int]]] = {}
+        self._done: set[int] = set()
 
     def peers(self) -> TxnPeers:
         if self.store.txn_peers is None:
@@ -72,6 +78,15 @@ class OverShards:
         check_tid(tid)
         self.store.check_writable()
         peers = self.peers()
+        appender = self.store.appender
+        with appender.lock:  # nothing is prepared but exactly the registered participants of an open one
+            if appender.tail.txn_open.get(pid) == tid:
+                check_parties(appender.tail, tid, pid, parties)
+                ended = False
+            else:
+                ended = True
+        if ended:  # a retried commit: its first outcome
+            return self.service.end(tid, pid, True, offsets, messages_sent=messages_sent, parties=parties)
         deadline = time.monotonic() + self.store.config["limits.send_timeout_ms"] / 1000.0
         refusal = ""
         for party in parties:
@@ -85,7 +100,11 @@ class OverShards:
         else:
             outcome = self.service.end(tid, pid, True, offsets, messages_sent=messages_sent, parties=parties)
         failpoint("txn_after_global_decision")
-        self.deliver_now(tid, pid)
+        try:
+            self.deliver_now(pid)
+        except Exception as exc:  # decided and durable: the producer's answer stands, the thread delivers
+            log.warning("txn_delivery_deferred", transactional_id=tid, error=f"{type(exc).__name__}: {exc}"[:300])
+            self.kick.set()
         return outcome
 
     def _prepare(self, peers: TxnPeers, tid: str, party: tr.Party, deadline: float) -> str:
@@ -100,39 +119,64 @@ class OverShards:
                 log.info("txn_prepare_retried", transactional_id=tid, shard=party.shard, error=exc.message[:200])
                 time.sleep(RETRY_PAUSE_S)
 
-    def deliver_now(self, tid: str, pid: int) -> None:
+    def deliver_now(self, pid: int) -> None:
         """One attempt at delivering ``pid``'s decision (the producer's answer waits for it, so
         that its next read on a participant's shard finds it); what fails is left to the thread."""
         decision = next((u for u in self.service.view.undelivered_decisions() if u.pid == pid), None)
-        if decision is None:  # not applied yet, or delivered
-            self.kick.set()
-            return
-        if not self.deliver(decision):
+        if decision is None or not self.deliver(decision, wait=False):  # not applied yet, or delivering
             self.kick.set()
 
-    def deliver(self, decision: Undelivered) -> bool:
-        """Deliver ``decision`` to each participant; True once all have it (``txn.delivered`` appended)."""
-        with self._delivering:
-            if decision.pid not in {u.pid for u in self.service.view.undelivered_decisions()}:
-                return True  # delivered meanwhile
+    def deliver(self, decision: Undelivered, *, wait: bool = True) -> bool:
+        """Deliver ``decision`` to each participant that has not answered yet; True once all have
+        (``txn.delivered`` appended). One delivery of a decision at a time (``wait``: for another
+        one of the same decision to end; else False at once)."""
+        if decision.at >= self.store.watermarks.confirm_offset:
+            return False  # not confirmed yet: a master deposed now would take it with its log's tail
+        with self._state_lock:
+            lock = self._locks.setdefault(decision.pid, threading.Lock())
+        if not lock.acquire(blocking=wait):
+            return False
+        try:
+            if decision.pid in self._done:
+                return True
             return self._deliver(decision)
+        finally:
+            lock.release()
 
     def _deliver(self, decision: Undelivered) -> bool:
         peers = self.peers()
+        answered = self._answered.setdefault(decision.pid, set())
         for party in decision.parties:
+            if (party.shard, party.pid) in answered:
+                continue
             try:
                 committed = peers.decide(decision.tid, party, decision.commit, CALL_TIMEOUT_S)
             except BrokerError as exc:
-                if exc.code != "NOT_FOUND":  # forgotten there: it ended long ago
+                if exc.code != "NOT_FOUND":  # NOT_FOUND: forgotten there, it ended long ago (as decided)
                     log.info("txn_delivery_retried", transactional_id=decision.tid, shard=party.shard,
                              error=exc.message[:200])
-                    return False
+                    continue  # the others are told all the same: a shard down holds up only itself
                 committed = decision.commit
+            except Exception as exc:  # a credential file that does not read, say: retried
+                log.warning("txn_delivery_failed", transactional_id=decision.tid, shard=party.shard,
+                            error=f"{type(exc).__name__}: {exc}"[:300])
+                continue
             if committed != decision.commit:
                 log.error("txn_participant_disagrees", transactional_id=decision.tid, shard=party.shard,
                           pid=f"{party.pid:#x}", decision=decision.commit)
+            answered.add((party.shard, party.pid))
+        if len(answered) < len({(p.shard, p.pid) for p in decision.parties}):
+            return False
         self._delivered(decision)
+        self._done.add(decision.pid)
         return True
+
+    def forget(self, pending: set[int]) -> None:
+        """Drop what is kept of decisions no longer pending (delivered and applied)."""
+        with self._state_lock:
+            self._locks = {p: lock for p, lock in self._locks.items() if p in pending}
+            self._answered = {p: shards for p, shards in self._answered.items() if p in pending}
+            self._done &= pending
 
     def _delivered(self, decision: Undelivered) -> None:
         def build(_tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
@@ -177,8 +221,10 @@ class TxnDelivery:
     def _round(self) -> None:
         now = time.monotonic()
         pending = self.over_shards.service.view.undelivered_decisions()
-        for pid in [p for p in self._next_try if all(u.pid != p for u in pending)]:
+        pids = {u.pid for u in pending}
+        for pid in [p for p in self._next_try if p not in pids]:
             del self._next_try[pid]
+        self.over_shards.forget(pids)
         for decision in pending:
             at, pause = self._next_try.get(decision.pid, (0.0, DELIVERY_INTERVAL_S))
             if now < at:

@@ -72,13 +72,20 @@ def _check_over_shards(tail: TailState, tid: str, pid: int, commit: bool, reason
             raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} was not prepared: a "
                               "commit reaches a participant only after it prepared")
         return
-    registered = tail.txn_parties.get(pid)
-    if commit and registered:
-        given = {(p.shard, p.pid) for p in parties or ()}
-        if given != {(p.shard, p.pid) for p in registered}:
-            raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} has participants on "
-                              f"{len(registered)} shards: committed only by its coordinator after each prepared, "
-                              "with exactly those (EndTransactionRequest.participants)")
+    if commit:
+        check_parties(tail, tid, pid, parties or ())
+
+
+def check_parties(tail: TailState, tid: str, pid: int, parties: tuple[tr.Party, ...]) -> None:
+    """Under the append lock: ``parties`` are exactly the participants registered for ``pid``, each
+    once (a commit over shards prepares them first, and its decision is delivered to them)."""
+    registered = {(p.shard, p.pid) for p in tail.txn_parties.get(pid, ())}
+    given = [(p.shard, p.pid) for p in parties]
+    if len(set(given)) != len(given) or set(given) != registered:
+        raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} has {len(registered)} "
+                          f"participants registered, the commit names {len(given)}: a transaction over shards "
+                          "commits with exactly its registered participants, each once "
+                          "(EndTransactionRequest.participants)")
 
 
 @dataclass(frozen=True)
@@ -322,7 +329,9 @@ class TxnService:
             if len(known) >= PARTIES_MAX:
                 raise BrokerError("RESOURCE_EXHAUSTED", f"a transaction spans at most {PARTIES_MAX} shards")
             return [tr.encode_participant(tid, pid, party)]
-        run(self.store.writes.txn_steps(build, None, None))
+        records, _ = run(self.store.writes.txn_steps(build, None, None))
+        if not records:  # a retry: answered once the first attempt's record is replicated
+            self.store.writes.acknowledged(self.store.appender.tail.txn_end, "replica", what="the transaction record")
 
     def prepare(self, tid: str, pid: int, messages_sent: int) -> Outcome | None:
         """On a participant: prepare participant transaction ``pid`` (its ``messages_sent`` in the
@@ -356,9 +365,17 @@ class TxnService:
         return self._first_outcome(tid, pid, False)
 
     def decide(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry]) -> Outcome:
-        """On a participant: its coordinator's decision (a retried one answers the first outcome)."""
+        """On a participant: its coordinator's decision (a retried one answers the first outcome).
+        Its offsets were checked when it prepared: applied as they are. ``NOT_FOUND`` only when
+        the transaction ended so long ago that it is forgotten (it ended as decided: prepared, it
+        ended by this decision alone; not prepared, only an abort could reach it)."""
         failpoint("txn_before_decide")
-        return self.end(tid, pid, commit, offsets, reason="coordinator")
+        try:
+            return self.end(tid, pid, commit, offsets, reason="coordinator")
+        except BrokerError as exc:
+            if exc.code == "NOT_FOUND" and self.view.applied_offset < self.store.appender.log.max_offset:
+                raise BrokerError("UNAVAILABLE", f"transaction {pid:#x}'s end is not applied here yet; retry") from exc
+            raise
 
     # -- operators ----------------------------------------------------------------------------------
     def abort_by_operator(self, tid: str) -> Ended:
@@ -427,6 +444,8 @@ class TxnService:
                             checks=checks)
             except BrokerError as exc:
                 log.warning("txn_timeout_not_written", transactional_id=t.tid, error=exc.message[:200])
+                if exc.code == "FAILED_PRECONDITION":  # prepared meanwhile (the view lags the append side)
+                    continue
                 break
         for pid in [p for p in attempts if p not in self.view.open]:
             del attempts[pid]

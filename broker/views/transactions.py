@@ -103,14 +103,15 @@ class Undelivered:
     tid: str
     commit: bool
     parties: tuple[tr.Party, ...]
+    at: int  # the decision's commit offset: delivered only once confirmed (a promoted slave has it)
 
     def to_json(self) -> list[object]:
-        return [self.pid, self.tid, self.commit, [p.to_json() for p in self.parties]]
+        return [self.pid, self.tid, self.commit, [p.to_json() for p in self.parties], self.at]
 
     @classmethod
     def from_json(cls, row: list[Any]) -> Undelivered:
-        pid, tid, commit, parties = row
-        return cls(int(pid), str(tid), bool(commit), tuple(tr.Party.from_json(p) for p in parties))
+        pid, tid, commit, parties, at = row
+        return cls(int(pid), str(tid), bool(commit), tuple(tr.Party.from_json(p) for p in parties), int(at))
 
 
 class TxnView(View):
@@ -214,7 +215,8 @@ class TxnView(View):
         with self.lock:
             oldest = min((t.begun_ms for t in self.open.values()), default=0)
             return {"open": len(self.open), "oldest_begun_ms": oldest, **self.counts,
-                    "aborted_ranges": self.aborted.total}
+                    "aborted_ranges": self.aborted.total, "prepared": sum(t.prepared for t in self.open.values()),
+                    "undelivered": len(self.undelivered)}
 
     # -- recovery ---------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -297,8 +299,9 @@ class TxnView(View):
                 for start, end in runs:
                     self.aborted.add(key, start, end)
                     self._pending.append(encode_entry(rec.pid, key[0], key[1], start, end))
-        if t.parties:  # a coordinator's decision: delivered to the participants it names
-            self.undelivered[rec.pid] = Undelivered(rec.pid, rec.tid, rec.commit, rec.participants or tuple(t.parties))
+        if t.parties or rec.participants:  # a coordinator's decision: delivered to the participants it names
+            self.undelivered[rec.pid] = Undelivered(rec.pid, rec.tid, rec.commit, rec.participants or tuple(t.parties),
+                                                    rec.offset)
         self.ended[rec.pid] = Ended(rec.pid, rec.tid, rec.commit, rec.reason, rec.at_ms, t.begun_ms)
         while len(self.ended) > ENDED_MAX:
             self.ended.popitem(last=False)

@@ -104,6 +104,10 @@ class DataRpcs(Rpcs):
         # sent. A counted one's commit checks its count instead (broker/txn/service.py).
         ack = ACK_NAMES[request.ack]
         asked = begin_of(request)
+        if (asked is not None or commit_of(request) is not None) and self.store.placement is not None:
+            raise BrokerError("FAILED_PRECONDITION", "in a cluster of shards a transaction begins with "
+                              "BeginTransaction on its coordinator shard and ends with EndTransaction there "
+                              "(docs/shards.md): SendRequest.begin and SendRequest.commit are refused")
         begin = (self.ctx.txns.begin_plan(asked.transactional_id, asked.timeout_ms, asked.check_back,
                                           asked.count_messages, asked.begin_id) if asked is not None else None)
         txn = request.transaction if begin is None else 0

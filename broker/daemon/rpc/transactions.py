@@ -117,6 +117,13 @@ class TransactionRpcs(Rpcs):
                           "there within the coordinator's transaction")
         return False
 
+    def _check_coordinates(self, tid: str) -> None:
+        """Over shards a transactional id is described and aborted on its coordinator shard (the
+        others hold only its participants): refused elsewhere naming it (blocks: a slot not given yet)."""
+        check_tid(tid)
+        if self.store.placement is not None:
+            self.store.placement.check_group(tid)
+
     def _end_over_shards(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
         tid, pid = request.transactional_id, request.producer_id
         # each participant's offsets are checked there, when it prepares
@@ -136,6 +143,9 @@ class TransactionRpcs(Rpcs):
             p = request.participant
             if not p.shard or not tr.is_txn_pid(p.producer_id):
                 raise invalid("participant: a shard and its transaction's producer id")
+            placement = self.store.placement
+            if placement is None or p.shard == placement.shard:
+                raise invalid(f"participant shard {shown(p.shard)}: another shard of this node's cluster")
             self.ctx.txns.add_participant(request.transactional_id, request.producer_id, tr.Party(p.shard, p.producer_id))
             return pb.AddTransactionParticipantResponse()
         return handle(context, run)
@@ -156,7 +166,8 @@ class TransactionRpcs(Rpcs):
                           context: grpc.ServicerContext) -> pb.DecideTransactionResponse:
         def run() -> pb.DecideTransactionResponse:
             self.store.check_writable()
-            offsets = self.groups.checked_offsets(request.offsets) if request.commit else []
+            # checked when it prepared: a decision is applied as it comes
+            offsets = [(o.group, o.topic, o.queue_id, o.offset) for o in request.offsets] if request.commit else []
             outcome = self.ctx.txns.decide(request.transactional_id, request.producer_id, request.commit, offsets)
             return pb.DecideTransactionResponse(
                 outcome=pb.TRANSACTION_OUTCOME_COMMITTED if outcome.committed else pb.TRANSACTION_OUTCOME_ABORTED,
@@ -173,12 +184,14 @@ class TransactionRpcs(Rpcs):
     def DescribeTransaction(self, request: pb.DescribeTransactionRequest,
                             context: grpc.ServicerContext) -> pb.DescribeTransactionResponse:
         def run() -> pb.DescribeTransactionResponse:
+            self._check_coordinates(request.transactional_id)
             return pb.DescribeTransactionResponse(transaction=transaction_info(self.ctx.txns.describe(request.transactional_id)))
         return handle(context, run)
 
     def AbortTransaction(self, request: pb.AbortTransactionRequest,
                          context: grpc.ServicerContext) -> pb.AbortTransactionResponse:
         def run() -> pb.AbortTransactionResponse:
+            self._check_coordinates(request.transactional_id)
             return pb.AbortTransactionResponse(transaction=transaction_info(self.ctx.txns.abort_by_operator(request.transactional_id)))
         return handle(context, run)
 
