@@ -96,6 +96,10 @@ TXN_OLDEST_OPEN_SECONDS = Gauge("tidemark_transaction_oldest_open_seconds", "Age
 TXN_ENDED = Gauge("tidemark_transactions_ended", "Transactions ended since the log began, by outcome (committed, "
                   "aborted; timed_out: the aborted ones whose timeout ended them): the transactions view's counts, "
                   "the same on every replica", ["outcome"], registry=REGISTRY)
+TXN_PREPARED = Gauge("tidemark_transactions_prepared", "Over shards: participant transactions here that prepared "
+                     "and wait for their coordinator shard's decision", registry=REGISTRY)
+TXN_UNDELIVERED = Gauge("tidemark_transaction_decisions_undelivered", "Over shards, on a coordinator: decisions not "
+                        "yet delivered to every participant (retried until each answers)", registry=REGISTRY)
 TXN_CHECKS = Counter("tidemark_transaction_checks", "Check-back questions this master sent to producers about "
                      "transactions past their timeout", registry=REGISTRY)
 LSO_LAG = Gauge("tidemark_lso_lag_messages", "Queue ends minus their last stable offsets, summed over a topic's "
@@ -136,6 +140,8 @@ def export_status(st: Mapping[str, Any]) -> None:
     txns = st.get("transactions") or {}
     TXN_OPEN.set(int(txns.get("open") or 0))
     TXN_OLDEST_OPEN_SECONDS.set(float(txns.get("oldest_open_ms") or 0) / 1000.0)
+    TXN_PREPARED.set(int(txns.get("prepared") or 0))
+    TXN_UNDELIVERED.set(int(txns.get("undelivered") or 0))
     for outcome in ("committed", "aborted", "timed_out"):
         TXN_ENDED.labels(outcome).set(int(txns.get(outcome) or 0))
 

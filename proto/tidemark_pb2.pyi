@@ -629,20 +629,24 @@ class NodeStatus(_message.Message):
     def __init__(self, role: _Optional[_Union[Role, str]] = ..., epoch: _Optional[int] = ..., node_id: _Optional[str] = ..., cluster_id: _Optional[str] = ..., master: _Optional[str] = ..., min_offset: _Optional[int] = ..., max_offset: _Optional[int] = ..., flushed_offset: _Optional[int] = ..., confirm_offset: _Optional[int] = ..., applied_offset: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[ReplicaStatus, _Mapping]]] = ..., replication: _Optional[_Union[FollowerStatus, _Mapping]] = ..., tiered_uploaded_offset: _Optional[int] = ..., tiered: _Optional[_Union[TieredStatus, _Mapping]] = ..., timer_pending: _Optional[int] = ..., timer_pending_by_topic: _Optional[_Mapping[str, int]] = ..., segments: _Optional[int] = ..., log_bytes: _Optional[int] = ..., free_disk_bytes: _Optional[int] = ..., fenced: _Optional[str] = ..., views: _Optional[_Mapping[str, int]] = ..., retention_floor: _Optional[int] = ..., recovery: _Optional[_Union[RecoveryStatus, _Mapping]] = ..., errors: _Optional[_Iterable[_Union[ComponentError, _Mapping]]] = ..., coordinator: _Optional[_Union[CoordinatorStatus, _Mapping]] = ..., long_polls: _Optional[int] = ..., open_files: _Optional[int] = ..., open_files_max: _Optional[int] = ..., transactions: _Optional[_Union[TransactionsStatus, _Mapping]] = ...) -> None: ...
 
 class TransactionsStatus(_message.Message):
-    __slots__ = ("open", "oldest_open_ms", "committed", "aborted", "timed_out", "aborted_ranges")
+    __slots__ = ("open", "oldest_open_ms", "committed", "aborted", "timed_out", "aborted_ranges", "prepared", "undelivered")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     OLDEST_OPEN_MS_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
     ABORTED_FIELD_NUMBER: _ClassVar[int]
     TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     ABORTED_RANGES_FIELD_NUMBER: _ClassVar[int]
+    PREPARED_FIELD_NUMBER: _ClassVar[int]
+    UNDELIVERED_FIELD_NUMBER: _ClassVar[int]
     open: int
     oldest_open_ms: int
     committed: int
     aborted: int
     timed_out: int
     aborted_ranges: int
-    def __init__(self, open: _Optional[int] = ..., oldest_open_ms: _Optional[int] = ..., committed: _Optional[int] = ..., aborted: _Optional[int] = ..., timed_out: _Optional[int] = ..., aborted_ranges: _Optional[int] = ...) -> None: ...
+    prepared: int
+    undelivered: int
+    def __init__(self, open: _Optional[int] = ..., oldest_open_ms: _Optional[int] = ..., committed: _Optional[int] = ..., aborted: _Optional[int] = ..., timed_out: _Optional[int] = ..., aborted_ranges: _Optional[int] = ..., prepared: _Optional[int] = ..., undelivered: _Optional[int] = ...) -> None: ...
 
 class StatusResponse(_message.Message):
     __slots__ = ("json", "status")
@@ -1035,7 +1039,7 @@ class GetRoutesResponse(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., revision: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardRoute, _Mapping]]] = ...) -> None: ...
 
 class BeginTransactionRequest(_message.Message):
-    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id", "coordinator", "group")
+    __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id", "coordinator", "group", "coordinator_epoch")
     TRANSACTIONAL_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
     CHECK_BACK_FIELD_NUMBER: _ClassVar[int]
@@ -1043,6 +1047,7 @@ class BeginTransactionRequest(_message.Message):
     BEGIN_ID_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_EPOCH_FIELD_NUMBER: _ClassVar[int]
     transactional_id: str
     timeout_ms: int
     check_back: bool
@@ -1050,7 +1055,8 @@ class BeginTransactionRequest(_message.Message):
     begin_id: int
     coordinator: str
     group: str
-    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ..., coordinator: _Optional[str] = ..., group: _Optional[str] = ...) -> None: ...
+    coordinator_epoch: int
+    def __init__(self, transactional_id: _Optional[str] = ..., timeout_ms: _Optional[int] = ..., check_back: _Optional[bool] = ..., count_messages: _Optional[bool] = ..., begin_id: _Optional[int] = ..., coordinator: _Optional[str] = ..., group: _Optional[str] = ..., coordinator_epoch: _Optional[int] = ...) -> None: ...
 
 class BeginTransactionResponse(_message.Message):
     __slots__ = ("producer_id", "epoch", "timeout_ms", "counted", "shard")

@@ -20,3 +20,4 @@ def test_demo_runs_and_loses_nothing() -> None:
     assert "s1's master: its queues served again" in r.stdout, r.stdout
     assert "group 'billing': a member bootstrapped from each shard's node" in r.stdout, r.stdout
     assert ", 0 twice; committed to the group's coordinator shard, lag 0 as any node describes it" in r.stdout, r.stdout
+    assert ("until the commit ({'s1': 0, 's2': 0}), then visible on both ({'s1': 1, 's2': 1})" in r.stdout), r.stdout

@@ -14,7 +14,7 @@ import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import BrokerClient, Message, TransactionAborted
+from broker.client import BrokerClient, FailedPrecondition, Message, TransactionAborted
 from broker.client.sharded_txn import ShardedTransaction
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -113,6 +113,25 @@ def test_an_operators_abort_from_any_node_reaches_every_participant(singles: dic
         with pytest.raises(TransactionAborted):
             tx.commit()
         assert _committed(c, "orders") == []
+
+
+def test_a_late_participant_of_a_fenced_instance_never_fences_the_newer_one(singles: dict[str, DaemonProcess]) -> None:
+    """A zombie (an older instance of the id, fenced on the coordinator) whose first send to a
+    shard arrives after the newer instance's: refused there, the newer one's participant stays."""
+    with BrokerClient(singles["s1"].address) as c:
+        c.create_topic("orders", queues=QUEUES)
+        old = c.begin_transaction("tx-z", fence=True)
+        assert isinstance(old, ShardedTransaction)
+        owners = _owners(c, "orders")
+        messages = _keyed_to_every_queue(c, "orders", "new")
+        late_shard = next(s for s in SHARDS if s != old.coordinator)
+        late = [Message(b"zombie", key=m.key) for m in messages if owners[c.pick_queue("orders", m.key)] == late_shard]
+        new = c.begin_transaction("tx-z", fence=True)
+        new.send("orders", messages)
+        with pytest.raises(FailedPrecondition, match="fenced"):
+            old.send("orders", late)  # its participant's begin there: epoch 1 after epoch 2
+        new.commit()
+        assert _committed(c, "orders") == sorted(m.body for m in messages), "the newer instance whole, no zombie"
 
 
 def test_a_participant_missing_messages_aborts_the_whole(singles: dict[str, DaemonProcess]) -> None:

@@ -96,7 +96,26 @@ def run(work: str, etcd_endpoint: str, say: Callable[[str], None], wait: Callabl
         assert m1 is not None
         with BrokerClient(m1.address) as c1:
             _group_over_shards(c, c1, owners, say, wait)
+        _transaction_over_shards(c, owners, say)
     return nodes
+
+
+def _transaction_over_shards(c: BrokerClient, owners: list[str], say: Callable[[str], None]) -> None:
+    """Step 15: one transaction over queues of both shards, invisible on each until it commits."""
+    keys = {shard: _key_on(owners, shard) for shard in ("s1", "s2")}
+    queues = {shard: c.pick_queue("carts", key) for shard, key in keys.items()}
+    ends = {shard: c.pull("carts", q, 0, max_messages=1).max_offset for shard, q in queues.items()}
+
+    def visible() -> dict[str, int]:
+        return {shard: sum(1 for _ in c.iter_pull("carts", q, ends[shard])) for shard, q in queues.items()}
+
+    with c.transaction("checkout-1") as tx:
+        tx.send("carts", [Message(body=f"paid on {shard}".encode(), key=key) for shard, key in keys.items()])
+        before = visible()
+    after = visible()
+    say(f"15. transaction 'checkout-1' over both shards (coordinator {getattr(tx, 'coordinator', '?')}, the id's "
+        f"slot): its message on each shard invisible to read_committed readers until the commit ({before}), then "
+        f"visible on both ({after}): two-phase commit, prepared on the participant, decided on the coordinator")
 
 
 def _group_over_shards(c2: BrokerClient, c1: BrokerClient, owners: list[str], say: Callable[[str], None],

@@ -88,7 +88,8 @@ class ShardedTransaction(TransactionBase):
         if part is not None:
             return part
         req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
-                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator)
+                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator,
+                       coordinator_epoch=self.epoch)
         answer = self.client._shard_core(shard)._call("BeginTransaction", req)
         return self._joined(shard, answer.producer_id)
 
@@ -97,7 +98,8 @@ class ShardedTransaction(TransactionBase):
         coordinator's own, or a participant begun there (the same begin id joins one begun for
         sends). The first call goes to any node; a refusal names the group's shard."""
         req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
-                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator, group=group)
+                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator,
+                       coordinator_epoch=self.epoch, group=group)
         answered: list[pb.BeginTransactionResponse] = []
 
         def begin(core: ClientCore) -> None:

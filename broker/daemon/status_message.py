@@ -77,7 +77,8 @@ def to_message(st: Mapping[str, Any]) -> pb.NodeStatus:
     txns = st.get("transactions")
     if txns:
         msg.transactions.CopyFrom(pb.TransactionsStatus(**{k: _u(txns.get(k)) for k in (
-            "open", "oldest_open_ms", "committed", "aborted", "timed_out", "aborted_ranges")}))
+            "open", "oldest_open_ms", "committed", "aborted", "timed_out", "aborted_ranges", "prepared",
+            "undelivered")}))
     for name, e in sorted((st.get("errors") or {}).items()):
         msg.errors.add(component=str(name), count=_u(e.get("count")), error=str(e.get("error") or ""),
                        last_ms=int(e.get("last_ms") or 0), active=bool(e.get("active")))

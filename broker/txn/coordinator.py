@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import structlog
 
@@ -39,12 +40,13 @@ from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.store.appender import TailState
 from broker.store.waiters import run
-from broker.threads import NamedThread
+from broker.threads import NamedThread, name_pool_thread
 from broker.txn.service import OffsetEntry, Outcome, TxnService, check_parties, check_tid
 from broker.views.transactions import Undelivered
 
 log = structlog.get_logger("txn")
 CALL_TIMEOUT_S = 5.0  # one call to a participant's master
+PEER_CALLS_MAX = 8  # calls to participants' masters at once (prepares and decisions of every transaction)
 RETRY_PAUSE_S = 0.2
 DELIVERY_INTERVAL_S = 0.2
 DELIVERY_BACKOFF_MAX_S = 5.0
@@ -64,6 +66,7 @@ class OverShards:
         self._locks: dict[int, threading.Lock] = {}
         self._answered: dict[int, set[tuple[str, int]]] = {}
         self._done: set[int] = set()
+        self._pool = ThreadPoolExecutor(PEER_CALLS_MAX, thread_name_prefix="txn-peer", initializer=name_pool_thread)
 
     def peers(self) -> TxnPeers:
         if self.store.txn_peers is None:
@@ -88,13 +91,14 @@ class OverShards:
         if ended:  # a retried commit: its first outcome
             return self.service.end(tid, pid, True, offsets, messages_sent=messages_sent, parties=parties)
         deadline = time.monotonic() + self.store.config["limits.send_timeout_ms"] / 1000.0
+        # every participant at once: a commit waits for the slowest prepare, not for their sum
+        asked = [(party, self._pool.submit(self._prepare, peers, tid, party, deadline)) for party in parties]
         refusal = ""
-        for party in parties:
-            refusal = self._prepare(peers, tid, party, deadline)
-            if refusal:
+        for party, answer in asked:
+            if answer.result():
+                refusal = answer.result()
                 log.warning("txn_participant_refused", transactional_id=tid, pid=f"{pid:#x}", shard=party.shard,
                             reason=refusal)
-                break
         if refusal:
             outcome = self.service.end(tid, pid, False, reason="participant")
         else:
@@ -118,6 +122,10 @@ class OverShards:
                     return f"{exc.code}: {exc.message}"[:300]
                 log.info("txn_prepare_retried", transactional_id=tid, shard=party.shard, error=exc.message[:200])
                 time.sleep(RETRY_PAUSE_S)
+            except Exception as exc:  # not prepared, as far as this node knows: abort
+                log.warning("txn_prepare_failed", transactional_id=tid, shard=party.shard,
+                            error=f"{type(exc).__name__}: {exc}"[:300])
+                return f"{type(exc).__name__}: {exc}"[:300]
 
     def deliver_now(self, pid: int) -> None:
         """One attempt at delivering ``pid``'s decision (the producer's answer waits for it, so
@@ -146,29 +154,35 @@ class OverShards:
     def _deliver(self, decision: Undelivered) -> bool:
         peers = self.peers()
         answered = self._answered.setdefault(decision.pid, set())
-        for party in decision.parties:
-            if (party.shard, party.pid) in answered:
-                continue
-            try:
-                committed = peers.decide(decision.tid, party, decision.commit, CALL_TIMEOUT_S)
-            except BrokerError as exc:
-                if exc.code != "NOT_FOUND":  # NOT_FOUND: forgotten there, it ended long ago (as decided)
-                    log.info("txn_delivery_retried", transactional_id=decision.tid, shard=party.shard,
-                             error=exc.message[:200])
-                    continue  # the others are told all the same: a shard down holds up only itself
-                committed = decision.commit
-            except Exception as exc:  # a credential file that does not read, say: retried
-                log.warning("txn_delivery_failed", transactional_id=decision.tid, shard=party.shard,
-                            error=f"{type(exc).__name__}: {exc}"[:300])
-                continue
-            if committed != decision.commit:
-                log.error("txn_participant_disagrees", transactional_id=decision.tid, shard=party.shard,
-                          pid=f"{party.pid:#x}", decision=decision.commit)
-            answered.add((party.shard, party.pid))
+        told = [(party, self._pool.submit(self._decide, peers, decision, party)) for party in decision.parties
+                if (party.shard, party.pid) not in answered]  # every one at once: one down holds up only itself
+        for party, done in told:
+            if done.result():
+                answered.add((party.shard, party.pid))
         if len(answered) < len({(p.shard, p.pid) for p in decision.parties}):
             return False
         self._delivered(decision)
         self._done.add(decision.pid)
+        return True
+
+    @staticmethod
+    def _decide(peers: TxnPeers, decision: Undelivered, party: tr.Party) -> bool:
+        """Tell ``party`` the decision; whether it answered."""
+        try:
+            committed = peers.decide(decision.tid, party, decision.commit, CALL_TIMEOUT_S)
+        except BrokerError as exc:
+            if exc.code != "NOT_FOUND":  # NOT_FOUND: forgotten there, it ended long ago (as decided)
+                log.info("txn_delivery_retried", transactional_id=decision.tid, shard=party.shard,
+                         error=exc.message[:200])
+                return False
+            committed = decision.commit
+        except Exception as exc:  # a credential file that does not read, say: retried
+            log.warning("txn_delivery_failed", transactional_id=decision.tid, shard=party.shard,
+                        error=f"{type(exc).__name__}: {exc}"[:300])
+            return False
+        if committed != decision.commit:
+            log.error("txn_participant_disagrees", transactional_id=decision.tid, shard=party.shard,
+                      pid=f"{party.pid:#x}", decision=decision.commit)
         return True
 
     def forget(self, pending: set[int]) -> None:

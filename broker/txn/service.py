@@ -116,6 +116,7 @@ class BeginPlan:
     open_max: int
     begin_id: int = 0
     coordinator: str = ""  # a participant transaction: the shard deciding it (docs/shards.md)
+    coordinator_epoch: int = 0  # and that transaction's epoch there: the participant's own
     rejoined: Begun | None = None  # set under the append lock when a retry joins its first attempt's
 
     def rejoin(self, tail: TailState) -> int | None:
@@ -142,9 +143,15 @@ class BeginPlan:
         if older is None and len(tail.txn_open) >= self.open_max:
             raise BrokerError("RESOURCE_EXHAUSTED", f"{self.open_max} transactions are open on this node "
                               "(transactions.open_max); commit or abort some, or wait for their timeouts")
+        latest_epoch = tail.txn_latest[self.tid][1] if self.tid in tail.txn_latest else 0
+        # a late participant of an older instance never fences the newer one's (KIP-890's lesson)
+        if self.coordinator and older in tail.txn_coordinated and latest_epoch > self.coordinator_epoch:
+            raise BrokerError("FAILED_PRECONDITION", f"{shown(self.tid)} epoch {self.coordinator_epoch} was fenced: "
+                              f"a newer instance (epoch {latest_epoch}) began here; nothing of this one is visible")
         items = ([tr.encode_end(self.tid, older, False, "fenced", participants=tuple(tail.txn_parties.get(older, ())))]
                  if older is not None else [])
-        epoch = tail.txn_latest[self.tid][1] + 1 if self.tid in tail.txn_latest else 1
+        # a participant takes its coordinator transaction's epoch: an older instance's arrives late
+        epoch = self.coordinator_epoch if self.coordinator else latest_epoch + 1
         items.append(tr.encode_begin(self.tid, epoch, self.timeout_ms, self.check_back, self.counted,
                                      tr.new_pid(offset), self.begin_id, self.coordinator))
         return items
@@ -180,26 +187,27 @@ class TxnService:
         return run(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages, begin_id)))
 
     async def begin_async(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool = False,
-                          begin_id: int = 0, coordinator: str = "") -> Begun:
+                          begin_id: int = 0, coordinator: str = "", coordinator_epoch: int = 0) -> Begun:
         return await run_async(self._begin_steps(self.begin_plan(tid, timeout_ms, check_back, count_messages,
-                                                                 begin_id, coordinator)))
+                                                                 begin_id, coordinator, coordinator_epoch)))
 
     def _begin_steps(self, plan: BeginPlan) -> Steps[Begun]:
         records, _ = yield from self.store.writes.txn_steps(plan.build, None, plan.ack)
         return plan.begun(records)
 
     def begin_plan(self, tid: str, timeout_ms: int, check_back: bool, count_messages: bool,
-                   begin_id: int = 0, coordinator: str = "") -> BeginPlan:
+                   begin_id: int = 0, coordinator: str = "", coordinator_epoch: int = 0) -> BeginPlan:
         check_tid(tid)
-        if coordinator and (check_back or not count_messages):
-            raise invalid("a participant transaction (coordinator set) is counted and has no check-back")
+        if coordinator and (check_back or not count_messages or not coordinator_epoch):
+            raise invalid("a participant transaction (coordinator set) is counted, has no check-back and names its "
+                          "coordinator transaction's epoch (coordinator_epoch)")
         top = self.config["transactions.max_timeout_ms"]
         if timeout_ms > top:
             raise invalid(f"timeout_ms {timeout_ms} is above transactions.max_timeout_ms ({top})")
         timeout_ms = timeout_ms or min(self.config["transactions.timeout_ms"], top)
         counted = count_messages and not check_back  # a check-back's commit has no count to check
         return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"], begin_id,
-                         coordinator)
+                         coordinator, coordinator_epoch)
 
     # -- end ----------------------------------------------------------------------------------------
     def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,

@@ -62,7 +62,8 @@ class TransactionRpcs(Rpcs):
             if await self._check_coordinator(request.transactional_id, request.coordinator, request.group):
                 return pb.BeginTransactionResponse(shard=request.coordinator)  # the group's offsets go there
             begun = await self.ctx.txns.begin_async(request.transactional_id, request.timeout_ms, request.check_back,
-                                                    request.count_messages, request.begin_id, request.coordinator)
+                                                    request.count_messages, request.begin_id, request.coordinator,
+                                                    request.coordinator_epoch)
             response = begun_response(begun)
             if self.store.placement is not None:
                 response.shard = self.store.placement.shard
@@ -81,6 +82,8 @@ class TransactionRpcs(Rpcs):
                                                                         request)
             outcome = await self.ctx.txns.end_async(request.transactional_id, request.producer_id, request.commit,
                                                     messages_sent=request.messages_sent)
+            if self.store.placement is not None:  # an abort over shards: its participants told now, not next round
+                self.ctx.over_shards.kick.set()
             return ended_response(outcome)
         return await handle_async(context, run)
 
