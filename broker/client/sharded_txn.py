@@ -16,7 +16,8 @@ it asks for; a participant whose log lacks messages its producer counted aborts 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -24,7 +25,7 @@ import grpc
 from broker.client.core import ROUTE_HOPS_MAX, SEND_RETRYABLE, ClientCore, _Producer, _request
 from broker.client.data_api import DataAPI, _grouped, _receipts
 from broker.client.errors import BrokerError, FailedPrecondition, TransactionAborted
-from broker.client.messages import Message, Receipt
+from broker.client.messages import Message, Receipt, SendGroup
 from broker.client.txn_base import TransactionBase
 from broker.logformat.txn_records import TXN_PID_BIT
 from proto import tidemark_pb2 as pb
@@ -38,6 +39,16 @@ class _Part:
     producer: _Producer
     messages_sent: int = 0
     offsets: list[pb.CommittedOffset] = field(default_factory=list)
+
+
+PartOf = tuple[dict[int, list[int]], dict[int, list[int]]]  # a shard's queues: due messages, delayed ones
+
+
+def _outcome(send: Callable[[str, PartOf], list[SendGroup]], shard: str, part: PartOf) -> list[SendGroup] | BrokerError:
+    try:
+        return send(shard, part)
+    except BrokerError as exc:
+        return exc
 
 
 class ShardedTransaction(TransactionBase):
@@ -140,42 +151,62 @@ class ShardedTransaction(TransactionBase):
 
     def _send_routed(self, topic: str, messages: Sequence[Message], ack: str,
                      timeout_ms: int | None) -> Sequence[Receipt]:
+        """Each shard's part to its shard, side by side (the first on this thread): a participant
+        begun and recorded there first if new. A part refused for a queue another shard owns now
+        stored nothing: routes are asked for again and those queues sent there."""
         client = self.client
         queues = client._queue_count(topic)
         by_queue, delayed = _grouped(messages, queues, client._sticky_queue(topic, queues))
-        done = []
+        done: list[SendGroup] = []
         for hop in range(ROUTE_HOPS_MAX + 1):
             parts: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
             for which, grouped in ((0, by_queue), (1, delayed)):
                 for q, idxs in grouped.items():
                     shard = client._shard_of(topic, q) or self.coordinator
                     parts.setdefault(shard, ({}, {}))[which][q] = idxs
+            send = functools.partial(self._send_part, topic, messages, ack, timeout_ms)
+            first, *others = parts.items()
+            futures = [(shard, client._fan_out().submit(_outcome, send, shard, part)) for shard, part in others]
+            outcomes = [(first[0], _outcome(send, *first)), *((shard, f.result()) for shard, f in futures)]
             refused: BrokerError | None = None
-            for shard, (mine, mine_delayed) in parts.items():
-                part = self._part(shard)
-                count = sum(len(i) for i in mine.values()) + sum(len(i) for i in mine_delayed.values())
-                try:
-                    done.extend(client._send_batches(part.producer, topic, messages, client._shard_core(shard), mine,
-                                                     mine_delayed, ack=ack, timeout_ms=timeout_ms,
-                                                     transaction=part.pid, begin=None, begun=None, commit=None,
-                                                     ended=None))
-                except BrokerError as exc:
-                    if exc.owner is not None and hop < ROUTE_HOPS_MAX:  # not stored: routes changed
-                        refused = exc
-                        continue
-                    self._broken = exc  # the sequences cannot go on: no other send
-                    if exc.code in SEND_RETRYABLE:  # maybe stored: counted, so a commit needs them in the log
-                        part.messages_sent += count
-                    raise
-                part.messages_sent += count
-                for q in mine:
+            failed: BrokerError | None = None
+            for shard, outcome in outcomes:
+                if isinstance(outcome, BrokerError):
+                    if outcome.owner is not None and hop < ROUTE_HOPS_MAX:  # not stored: routes changed
+                        refused = outcome
+                    else:
+                        failed = failed or outcome
+                    continue
+                done.extend(outcome)
+                for q in parts[shard][0]:
                     by_queue.pop(q)
-                for q in mine_delayed:
+                for q in parts[shard][1]:
                     delayed.pop(q)
+            if failed is not None:
+                raise failed
             if refused is None:
                 return _receipts(topic, len(messages), done)
             client._learn_routes([topic])
         raise AssertionError("unreachable")
+
+    def _send_part(self, topic: str, messages: Sequence[Message], ack: str, timeout_ms: int | None, shard: str,
+                   grouped: tuple[dict[int, list[int]], dict[int, list[int]]]) -> list[SendGroup]:
+        """One shard's part of a send, in its transaction there."""
+        mine, mine_delayed = grouped
+        part = self._part(shard)
+        count = sum(len(i) for i in mine.values()) + sum(len(i) for i in mine_delayed.values())
+        try:
+            groups = self.client._send_batches(part.producer, topic, messages, self.client._shard_core(shard), mine,
+                                               mine_delayed, ack=ack, timeout_ms=timeout_ms, transaction=part.pid,
+                                               begin=None, begun=None, commit=None, ended=None)
+        except BrokerError as exc:
+            if exc.owner is None:
+                self._broken = exc  # the sequences cannot go on: no other send
+                if exc.code in SEND_RETRYABLE:  # maybe stored: counted, so a commit needs them in the log
+                    part.messages_sent += count
+            raise
+        part.messages_sent += count
+        return groups
 
     def commit_offsets(self, group: str, topic: str, offsets: Mapping[int, int]) -> None:
         """Consumer offsets (``{queue_id: next offset}``) stored only if the transaction commits."""

@@ -321,7 +321,7 @@ class TxnService:
     # -- over shards: the participant's side (the coordinator's is coordinator.py) ------------------
     def add_participant(self, tid: str, pid: int, party: tr.Party) -> None:
         """On the coordinator shard: transaction ``pid`` has participant ``party`` (its transaction
-        on another shard), recorded (ack=replica) before the producer sends there."""
+        on another shard), recorded before the producer sends there."""
         check_tid(tid)
 
         def build(tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
@@ -337,9 +337,10 @@ class TxnService:
             if len(known) >= PARTIES_MAX:
                 raise BrokerError("RESOURCE_EXHAUSTED", f"a transaction spans at most {PARTIES_MAX} shards")
             return [tr.encode_participant(tid, pid, party)]
-        records, _ = run(self.store.writes.txn_steps(build, None, None))
-        if not records:  # a retry: answered once the first attempt's record is replicated
-            self.store.writes.acknowledged(self.store.appender.tail.txn_end, "replica", what="the transaction record")
+        # acknowledged as appended: one lost with a failover leaves a participant the coordinator does
+        # not know, which never prepares (a commit must name exactly the registered ones) and ends
+        # by its own timeout; the decision, replicated, covers every record before it
+        run(self.store.writes.txn_steps(build, None, lambda _: "leader"))
 
     def prepare(self, tid: str, pid: int, messages_sent: int) -> Outcome | None:
         """On a participant: prepare participant transaction ``pid`` (its ``messages_sent`` in the
