@@ -68,6 +68,7 @@ def test_a_transaction_over_three_shards_is_all_or_nothing(singles: dict[str, Da
         with c.transaction("tx-1") as tx:
             assert isinstance(tx, ShardedTransaction)
             tx.send("orders", _keyed_to_every_queue(c, "orders", "a"))
+            assert len(tx.send("orders", [])) == 0, "an empty send sends nothing"
             assert _committed(other, "orders") == [], "nothing visible before the commit"
         assert tx.state == "committed"
         want = sorted(m.body for m in _keyed_to_every_queue(c, "orders", "a"))

@@ -155,6 +155,8 @@ class ShardedTransaction(TransactionBase):
         begun and recorded there first if new. A part refused for a queue another shard owns now
         stored nothing: routes are asked for again and those queues sent there."""
         client = self.client
+        if not messages:
+            return _receipts(topic, 0, [])
         queues = client._queue_count(topic)
         by_queue, delayed = _grouped(messages, queues, client._sticky_queue(topic, queues))
         done: list[SendGroup] = []
@@ -169,21 +171,22 @@ class ShardedTransaction(TransactionBase):
             futures = [(shard, client._fan_out().submit(_outcome, send, shard, part)) for shard, part in others]
             outcomes = [(first[0], _outcome(send, *first)), *((shard, f.result()) for shard, f in futures)]
             refused: BrokerError | None = None
-            failed: BrokerError | None = None
+            failed: list[BrokerError] = []
             for shard, outcome in outcomes:
                 if isinstance(outcome, BrokerError):
                     if outcome.owner is not None and hop < ROUTE_HOPS_MAX:  # not stored: routes changed
                         refused = outcome
                     else:
-                        failed = failed or outcome
+                        failed.append(outcome)
                     continue
                 done.extend(outcome)
                 for q in parts[shard][0]:
                     by_queue.pop(q)
                 for q in parts[shard][1]:
                     delayed.pop(q)
-            if failed is not None:
-                raise failed
+            if failed:  # the sequences cannot go on: no other send; a definite failure wins (commit refused)
+                self._broken = next((f for f in failed if f.code not in SEND_RETRYABLE), failed[0])
+                raise self._broken
             if refused is None:
                 return _receipts(topic, len(messages), done)
             client._learn_routes([topic])
@@ -193,17 +196,19 @@ class ShardedTransaction(TransactionBase):
                    grouped: tuple[dict[int, list[int]], dict[int, list[int]]]) -> list[SendGroup]:
         """One shard's part of a send, in its transaction there."""
         mine, mine_delayed = grouped
-        part = self._part(shard)
+        try:
+            part = self._part(shard)
+        except BrokerError as exc:  # not sent: the other parts' messages must not commit without these
+            raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION, f"the transaction could not join shard "
+                                     f"{shard!r} ({exc}); nothing was sent there: abort it") from exc
         count = sum(len(i) for i in mine.values()) + sum(len(i) for i in mine_delayed.values())
         try:
             groups = self.client._send_batches(part.producer, topic, messages, self.client._shard_core(shard), mine,
                                                mine_delayed, ack=ack, timeout_ms=timeout_ms, transaction=part.pid,
                                                begin=None, begun=None, commit=None, ended=None)
         except BrokerError as exc:
-            if exc.owner is None:
-                self._broken = exc  # the sequences cannot go on: no other send
-                if exc.code in SEND_RETRYABLE:  # maybe stored: counted, so a commit needs them in the log
-                    part.messages_sent += count
+            if exc.owner is None and exc.code in SEND_RETRYABLE:  # maybe stored: counted, so a commit needs them
+                part.messages_sent += count
             raise
         part.messages_sent += count
         return groups
@@ -225,8 +230,10 @@ class ShardedTransaction(TransactionBase):
             self._begin_now()
         for part in self._parts.values():
             part.offsets.clear()
+        group_parts: dict[str, _Part] = {}
         for (g, t, q), o in self._offsets.items():  # each group's offsets with its coordinator shard's part
-            self._group_part(g).offsets.append(_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o))
+            part = group_parts.get(g) or group_parts.setdefault(g, self._group_part(g))
+            part.offsets.append(_request(pb.CommittedOffset, group=g, topic=t, queue_id=q, offset=o))
         participants = [pb.TransactionParticipant(shard=shard, producer_id=part.pid, messages_sent=part.messages_sent,
                                                   offsets=part.offsets)
                         for shard, part in self._parts.items() if shard != self.coordinator]

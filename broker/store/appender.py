@@ -133,8 +133,11 @@ class TailState:
                 self.txn_coordinated[rec.pid] = rec.coordinator
             self.txn_latest[rec.tid] = (rec.pid, rec.epoch, rec.begin_id)
             self.txn_latest.move_to_end(rec.tid)
-            while len(self.txn_latest) > txn_records.TIDS_MAX:
-                self.txn_latest.popitem(last=False)
+            if len(self.txn_latest) > txn_records.TIDS_MAX:  # oldest first; an open one's is kept (as the view's)
+                for tid in [t for t in self.txn_latest if t not in self.txn_by_tid]:
+                    if len(self.txn_latest) <= txn_records.TIDS_MAX:
+                        break
+                    del self.txn_latest[tid]
         elif isinstance(rec, txn_records.End):
             self.txn_messages.pop(rec.pid, None)
             self.txn_counted.discard(rec.pid)

@@ -66,6 +66,7 @@ class OverShards:
         self._locks: dict[int, threading.Lock] = {}
         self._answered: dict[int, set[tuple[str, int]]] = {}
         self._done: set[int] = set()
+        self._pending_before: set[int] = set()
         self._pool = ThreadPoolExecutor(PEER_CALLS_MAX, thread_name_prefix="txn-peer", initializer=name_pool_thread)
 
     def peers(self) -> TxnPeers:
@@ -85,11 +86,14 @@ class OverShards:
         with appender.lock:  # nothing is prepared but exactly the registered participants of an open one
             if appender.tail.txn_open.get(pid) == tid:
                 check_parties(appender.tail, tid, pid, parties)
-                ended = False
+                ended, registered_end = False, appender.tail.txn_end
             else:
-                ended = True
+                ended, registered_end = True, 0
         if ended:  # a retried commit: its first outcome
             return self.service.end(tid, pid, True, offsets, messages_sent=messages_sent, parties=parties)
+        # registrations are answered once appended: replicated before any participant prepares, so
+        # that a prepared participant is always known to whichever node is this shard's master
+        self.store.writes.acknowledged(registered_end, "replica", what="the participants' registrations")
         deadline = time.monotonic() + self.store.config["limits.send_timeout_ms"] / 1000.0
         # every participant at once: a commit waits for the slowest prepare, not for their sum
         asked = [(party, self._pool.submit(self._prepare, peers, tid, party, deadline)) for party in parties]
@@ -186,11 +190,22 @@ class OverShards:
         return True
 
     def forget(self, pending: set[int]) -> None:
-        """Drop what is kept of decisions no longer pending (delivered and applied)."""
+        """Drop what is kept of decisions pending in neither this snapshot of the view nor the one
+        before (delivered and applied; one decided between two snapshots is kept)."""
         with self._state_lock:
-            self._locks = {p: lock for p, lock in self._locks.items() if p in pending}
-            self._answered = {p: shards for p, shards in self._answered.items() if p in pending}
-            self._done &= pending
+            keep = pending | self._pending_before
+            self._pending_before = pending
+            self._locks = {p: lock for p, lock in self._locks.items() if p in keep or lock.locked()}
+            self._answered = {p: shards for p, shards in self._answered.items() if p in self._locks}
+            self._done &= keep
+
+    def reset(self) -> None:
+        """A new term (this node's role or epoch changed): what the last one delivered is not
+        trusted (a ``txn.delivered`` it appended may have been cut with its log's tail)."""
+        with self._state_lock:
+            self._answered.clear()
+            self._done.clear()
+            self._pending_before = set()
 
     def _delivered(self, decision: Undelivered) -> None:
         def build(_tail: TailState, _offset: int) -> list[tuple[bytes, bytes]]:
@@ -206,6 +221,7 @@ class TxnDelivery:
         self.store = store
         self.over_shards = over_shards
         self._next_try: dict[int, tuple[float, float]] = {}  # pid -> (monotonic time, pause)
+        self._term: tuple[str, int] = ("", -1)  # the role and epoch the kept state belongs to
         self._stop = threading.Event()
         self._thread = NamedThread(target=self._run, name="txn-delivery", daemon=True)
 
@@ -222,8 +238,12 @@ class TxnDelivery:
             self.over_shards.kick.clear()
             if self._stop.is_set() or self.store.closing:
                 return
-            if self.store.role != "master" or self.store.txn_peers is None:
+            term = (self.store.role, self.store.epoch)
+            if term != self._term:
+                self._term = term
                 self._next_try.clear()
+                self.over_shards.reset()
+            if self.store.role != "master" or self.store.txn_peers is None or self.store.fenced_reason:
                 continue
             try:
                 self._round()
@@ -243,5 +263,10 @@ class TxnDelivery:
             at, pause = self._next_try.get(decision.pid, (0.0, DELIVERY_INTERVAL_S))
             if now < at:
                 continue
-            if not self.over_shards.deliver(decision):
+            try:
+                delivered = self.over_shards.deliver(decision)
+            except BrokerError as exc:  # txn.delivered not written (a full disk, fenced): this one later
+                log.debug("txn_delivered_not_written", transactional_id=decision.tid, error=exc.message[:200])
+                delivered = False
+            if not delivered:
                 self._next_try[decision.pid] = (now + pause, min(pause * 2, DELIVERY_BACKOFF_MAX_S))

@@ -61,6 +61,9 @@ def _check_over_shards(tail: TailState, tid: str, pid: int, commit: bool, reason
     operator, a newer instance); a coordinator's is committed only with exactly its registered
     participants, each prepared (``coordinator.py``)."""
     coordinator = tail.txn_coordinated.get(pid)
+    if coordinator is None and reason == "coordinator":
+        raise invalid(f"transaction {pid:#x} of {shown(tid)} is not a participant transaction: no coordinator "
+                      "decides it")
     if coordinator is not None:
         if reason == "client":
             raise BrokerError("FAILED_PRECONDITION", f"transaction {pid:#x} of {shown(tid)} is a participant: its "
@@ -117,6 +120,7 @@ class BeginPlan:
     begin_id: int = 0
     coordinator: str = ""  # a participant transaction: the shard deciding it (docs/shards.md)
     coordinator_epoch: int = 0  # and that transaction's epoch there: the participant's own
+    replicated: bool = False  # acknowledged as ack=replica (a coordinator's begin over shards)
     rejoined: Begun | None = None  # set under the append lock when a retry joins its first attempt's
 
     def rejoin(self, tail: TailState) -> int | None:
@@ -158,8 +162,10 @@ class BeginPlan:
 
     def ack(self, records: list[tr.Record]) -> str:
         """A counted begin is acknowledged as ack=leader (its commit, replicated, covers it), unless
-        it fenced an older instance (two records): that abort must survive a failover."""
-        return "leader" if self.counted and len(records) == 1 else "replica"
+        it fenced an older instance (two records): that abort must survive a failover; or it begins
+        a transaction over shards on its coordinator (``replicated``): its epoch, which its
+        participants carry, must never be given twice."""
+        return "leader" if self.counted and len(records) == 1 and not self.replicated else "replica"
 
     def begun(self, records: list[tr.Record]) -> Begun:
         if not records:  # a retry joined the transaction its first attempt began
@@ -207,7 +213,7 @@ class TxnService:
         timeout_ms = timeout_ms or min(self.config["transactions.timeout_ms"], top)
         counted = count_messages and not check_back  # a check-back's commit has no count to check
         return BeginPlan(tid, timeout_ms, check_back, counted, self.config["transactions.open_max"], begin_id,
-                         coordinator, coordinator_epoch)
+                         coordinator, coordinator_epoch, replicated=self.store.placement is not None and not coordinator)
 
     # -- end ----------------------------------------------------------------------------------------
     def end(self, tid: str, pid: int, commit: bool, offsets: list[OffsetEntry] | None = None,
@@ -379,10 +385,11 @@ class TxnService:
         the transaction ended so long ago that it is forgotten (it ended as decided: prepared, it
         ended by this decision alone; not prepared, only an abort could reach it)."""
         failpoint("txn_before_decide")
+        log_end = self.store.appender.log.max_offset  # a transaction that ended ended below it
         try:
             return self.end(tid, pid, commit, offsets, reason="coordinator")
         except BrokerError as exc:
-            if exc.code == "NOT_FOUND" and self.view.applied_offset < self.store.appender.log.max_offset:
+            if exc.code == "NOT_FOUND" and self.view.applied_offset < log_end:
                 raise BrokerError("UNAVAILABLE", f"transaction {pid:#x}'s end is not applied here yet; retry") from exc
             raise
 

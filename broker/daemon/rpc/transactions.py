@@ -147,7 +147,10 @@ class TransactionRpcs(Rpcs):
             if not p.shard or not tr.is_txn_pid(p.producer_id):
                 raise invalid("participant: a shard and its transaction's producer id")
             placement = self.store.placement
-            if placement is None or p.shard == placement.shard:
+            if placement is None:
+                raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: a transaction has "
+                                  "no participants here")
+            if p.shard == placement.shard:
                 raise invalid(f"participant shard {shown(p.shard)}: another shard of this node's cluster")
             self.ctx.txns.add_participant(request.transactional_id, request.producer_id, tr.Party(p.shard, p.producer_id))
             return pb.AddTransactionParticipantResponse()
