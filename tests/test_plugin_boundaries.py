@@ -19,7 +19,7 @@ SURFACE = frozenset({
     "fence", "fenced_reason", "identity", "incidents", "log", "master_address", "metadata_fence", "permit",
     "raise_metadata_fence", "reads", "register_cold_reader", "register_confirm_rule",
     "register_master_silence", "register_placement", "register_retention_floor", "register_role_controller",
-    "register_role_listener",
+    "register_role_listener", "register_txn_peers",
     "register_status_provider", "retention", "role", "set_redirect", "set_role", "views", "wait_metadata_applied",
     "watermarks", "writes",
 })
