@@ -57,6 +57,27 @@ def _grouped(messages: Sequence[Message], queues: int, sticky: int) -> tuple[dic
     return by_queue, delayed
 
 
+PartOf = tuple[dict[int, list[int]], dict[int, list[int]]]  # a shard's queues: due messages, delayed ones
+
+
+def _by_shard(by_queue: dict[int, list[int]], delayed: dict[int, list[int]],
+              shard_of: Callable[[int], str | None]) -> dict[str | None, PartOf]:
+    """The queues still to send, grouped by the shard that writes them."""
+    parts: dict[str | None, PartOf] = {}
+    for which, grouped in ((0, by_queue), (1, delayed)):
+        for q, idxs in grouped.items():
+            parts.setdefault(shard_of(q), ({}, {}))[which][q] = idxs
+    return parts
+
+
+def _sent(by_queue: dict[int, list[int]], delayed: dict[int, list[int]], part: PartOf) -> None:
+    """A shard's part stored: its queues are no longer to send."""
+    for q in part[0]:
+        by_queue.pop(q)
+    for q in part[1]:
+        delayed.pop(q)
+
+
 def _outcome(fn: Callable[[str | None], list[SendGroup]], shard: str | None) -> list[SendGroup] | BrokerError:
     """``fn(shard)``'s groups, or the ``BrokerError`` it raised."""
     try:
@@ -132,11 +153,7 @@ class DataAPI(TopicsAPI):
         by_queue, delayed = _grouped(messages, queues, self._sticky_queue(topic, queues))
         done: list[SendGroup] = []
         for hop in range(ROUTE_HOPS_MAX + 1):
-            parts: dict[str | None, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
-            for which, grouped in ((0, by_queue), (1, delayed)):
-                for q, idxs in grouped.items():
-                    parts.setdefault(self._shard_of(topic, q), ({}, {}))[which][q] = idxs
-
+            parts = _by_shard(by_queue, delayed, lambda q: self._shard_of(topic, q))
             to_shard = functools.partial(self._send_part, parts, topic, messages, ack, timeout_ms)
 
             if len(parts) == 1:
@@ -154,10 +171,7 @@ class DataAPI(TopicsAPI):
                     refused = outcome
                     continue
                 done.extend(outcome)
-                for q in parts[shard][0]:
-                    by_queue.pop(q)
-                for q in parts[shard][1]:
-                    delayed.pop(q)
+                _sent(by_queue, delayed, parts[shard])
             if refused is None:
                 return _receipts(topic, len(messages), done)
             if hop < ROUTE_HOPS_MAX:
@@ -165,7 +179,7 @@ class DataAPI(TopicsAPI):
         assert refused is not None
         raise refused
 
-    def _send_part(self, parts: dict[str | None, tuple[dict[int, list[int]], dict[int, list[int]]]], topic: str,
+    def _send_part(self, parts: dict[str | None, PartOf], topic: str,
                    messages: Sequence[Message], ack: str, timeout_ms: int | None, shard: str | None) -> list[SendGroup]:
         """One Send of ``parts[shard]`` to ``shard``'s master with its producer, under its lock."""
         by_queue, delayed = parts[shard]

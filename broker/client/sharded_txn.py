@@ -16,14 +16,13 @@ it asks for; a participant whose log lacks messages its producer counted aborts 
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from broker.client.core import ROUTE_HOPS_MAX, SEND_RETRYABLE, ClientCore, _Producer, _request
-from broker.client.data_api import DataAPI, _grouped, _receipts
+from broker.client.data_api import DataAPI, PartOf, _by_shard, _grouped, _outcome, _receipts, _sent
 from broker.client.errors import BrokerError, FailedPrecondition, TransactionAborted
 from broker.client.messages import Message, Receipt, SendGroup
 from broker.client.txn_base import TransactionBase
@@ -39,16 +38,6 @@ class _Part:
     producer: _Producer
     messages_sent: int = 0
     offsets: list[pb.CommittedOffset] = field(default_factory=list)
-
-
-PartOf = tuple[dict[int, list[int]], dict[int, list[int]]]  # a shard's queues: due messages, delayed ones
-
-
-def _outcome(send: Callable[[str, PartOf], list[SendGroup]], shard: str, part: PartOf) -> list[SendGroup] | BrokerError:
-    try:
-        return send(shard, part)
-    except BrokerError as exc:
-        return exc
 
 
 class ShardedTransaction(TransactionBase):
@@ -161,15 +150,14 @@ class ShardedTransaction(TransactionBase):
         by_queue, delayed = _grouped(messages, queues, client._sticky_queue(topic, queues))
         done: list[SendGroup] = []
         for hop in range(ROUTE_HOPS_MAX + 1):
-            parts: dict[str, tuple[dict[int, list[int]], dict[int, list[int]]]] = {}
-            for which, grouped in ((0, by_queue), (1, delayed)):
-                for q, idxs in grouped.items():
-                    shard = client._shard_of(topic, q) or self.coordinator
-                    parts.setdefault(shard, ({}, {}))[which][q] = idxs
-            send = functools.partial(self._send_part, topic, messages, ack, timeout_ms)
-            first, *others = parts.items()
-            futures = [(shard, client._fan_out().submit(_outcome, send, shard, part)) for shard, part in others]
-            outcomes = [(first[0], _outcome(send, *first)), *((shard, f.result()) for shard, f in futures)]
+            parts = _by_shard(by_queue, delayed, lambda q: client._shard_of(topic, q) or self.coordinator)
+
+            def send(shard: str | None, parts: dict[str | None, PartOf] = parts) -> list[SendGroup]:
+                assert shard is not None
+                return self._send_part(topic, messages, ack, timeout_ms, shard, parts[shard])
+            first, *others = parts
+            futures = [(shard, client._fan_out().submit(_outcome, send, shard)) for shard in others]
+            outcomes = [(first, _outcome(send, first)), *((shard, f.result()) for shard, f in futures)]
             refused: BrokerError | None = None
             failed: list[BrokerError] = []
             for shard, outcome in outcomes:
@@ -180,10 +168,7 @@ class ShardedTransaction(TransactionBase):
                         failed.append(outcome)
                     continue
                 done.extend(outcome)
-                for q in parts[shard][0]:
-                    by_queue.pop(q)
-                for q in parts[shard][1]:
-                    delayed.pop(q)
+                _sent(by_queue, delayed, parts[shard])
             if failed:  # the sequences cannot go on: no other send; a definite failure wins (commit refused)
                 self._broken = next((f for f in failed if f.code not in SEND_RETRYABLE), failed[0])
                 raise self._broken
@@ -193,7 +178,7 @@ class ShardedTransaction(TransactionBase):
         raise AssertionError("unreachable")
 
     def _send_part(self, topic: str, messages: Sequence[Message], ack: str, timeout_ms: int | None, shard: str,
-                   grouped: tuple[dict[int, list[int]], dict[int, list[int]]]) -> list[SendGroup]:
+                   grouped: PartOf) -> list[SendGroup]:
         """One shard's part of a send, in its transaction there."""
         mine, mine_delayed = grouped
         try:
