@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from broker.client.core import ROUTE_HOPS_MAX, SEND_RETRYABLE, ClientCore, _Producer, _request
+from broker.client.core import ROUTE_HOPS_MAX, SEND_RETRYABLE, _Producer, _request
 from broker.client.data_api import DataAPI, PartOf, _by_shard, _grouped, _outcome, _receipts, _sent
 from broker.client.errors import BrokerError, FailedPrecondition, TransactionAborted
 from broker.client.messages import Message, Receipt, SendGroup
@@ -61,17 +61,12 @@ class ShardedTransaction(TransactionBase):
     # -- begin ----------------------------------------------------------------------------------
     def _begin_now(self) -> None:
         """Begin on the coordinator shard (the first call goes to any node; a refusal names it)."""
-        answered: list[pb.BeginTransactionResponse] = []
-
-        def begin(core: ClientCore) -> None:
-            answered.append(core._call("BeginTransaction", self._begin))
         try:
-            self.client._coordinated(self.transactional_id, begin)
+            answer = self._begin_on(self.transactional_id, self._begin)
         except BrokerError as exc:
             if exc.code in SEND_RETRYABLE:
                 self._broken = exc  # it may have begun (and fenced): abort begins again to end it
             raise
-        answer = answered[-1]
         if not answer.producer_id & TXN_PID_BIT or not answer.shard:
             raise FailedPrecondition(grpc.StatusCode.FAILED_PRECONDITION, "the coordinator answered no transaction "
                                      "over shards (a version without them?); nothing of it is visible")
@@ -87,25 +82,26 @@ class ShardedTransaction(TransactionBase):
         part = self._parts.get(shard)
         if part is not None:
             return part
-        req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
-                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator,
-                       coordinator_epoch=self.epoch)
-        answer = self.client._shard_core(shard)._call("BeginTransaction", req)
+        answer = self.client._shard_core(shard)._call("BeginTransaction", self._participant_begin())
         return self._joined(shard, answer.producer_id)
+
+    def _participant_begin(self, group: str = "") -> pb.BeginTransactionRequest:
+        return _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
+                        count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator,
+                        coordinator_epoch=self.epoch, group=group)
+
+    def _begin_on(self, name: str, req: pb.BeginTransactionRequest) -> pb.BeginTransactionResponse:
+        """``req`` on the shard coordinating ``name`` (a transactional id or a group): the first
+        call goes to any node, whose refusal names that shard."""
+        answer: pb.BeginTransactionResponse = self.client._coordinated(
+            name, lambda core: core._call("BeginTransaction", req))
+        return answer
 
     def _group_part(self, group: str) -> _Part:
         """The part on the shard coordinating ``group`` (where its offsets are kept): the
         coordinator's own, or a participant begun there (the same begin id joins one begun for
         sends). The first call goes to any node; a refusal names the group's shard."""
-        req = _request(pb.BeginTransactionRequest, transactional_id=self.transactional_id, timeout_ms=self.timeout_ms,
-                       count_messages=True, begin_id=self._begin.begin_id, coordinator=self.coordinator,
-                       coordinator_epoch=self.epoch, group=group)
-        answered: list[pb.BeginTransactionResponse] = []
-
-        def begin(core: ClientCore) -> None:
-            answered.append(core._call("BeginTransaction", req))
-        self.client._coordinated(group, begin)
-        answer = answered[-1]
+        answer = self._begin_on(group, self._participant_begin(group))
         if not answer.producer_id:  # the coordinator shard itself
             return self._parts[self.coordinator]
         return self._joined(answer.shard, answer.producer_id)
