@@ -20,7 +20,7 @@ def expected(applied: int, topics: dict[str, TopicInfo], files: list[QueueFile],
             "topics": {n: {"id": t.topic_id, "queues": t.queues} for n, t in topics.items()},
             "files": {qf.rel: qf.entries * ENTRY_BYTES for qf in files},
             "next": {qf.rel: qf.next_queue_offset for qf in files},
-            "last_store_time_ms": last_ms}
+            "last_store_time_ms": last_ms, "sealed": []}
 
 
 def test_each_checkpoint_says_what_the_view_holds_now(tmp_path: Path) -> None:
@@ -29,7 +29,7 @@ def test_each_checkpoint_says_what_the_view_holds_now(tmp_path: Path) -> None:
     files = [queue(tmp_path, "a.10/0.cq", 3, 7), queue(tmp_path, "b-1.x_y.11/0.cq", 1, 1)]
 
     def check(applied: int, last_ms: int) -> None:
-        got = json.loads(enc.state(applied, list(topics.items()), files, last_ms))
+        got = json.loads(enc.state(applied, list(topics.items()), files, last_ms, []))
         assert got == expected(applied, topics, files, last_ms)
 
     check(100, 5)
@@ -44,4 +44,4 @@ def test_each_checkpoint_says_what_the_view_holds_now(tmp_path: Path) -> None:
     del topics["b-1.x_y"]
     files.pop(1)
     check(400, 8)
-    assert json.loads(enc.state(0, [], [], 0)) == expected(0, {}, [], 0)
+    assert json.loads(enc.state(0, [], [], 0, [])) == expected(0, {}, [], 0)

@@ -7,6 +7,10 @@ Each record's key is the change type; its body is a JSON object. Types:
 - ``offsets.commit`` ``{"offsets": [[group, topic, queue, offset], ...]}`` (one batched record)
 - ``tiered.uploaded`` ``{"start": int, "end": int, "epoch": int, "crc32c": str, "key": str}``
   (one per uploaded object; the tiered uploaded offset is the highest ``end``)
+- ``queue.seal``     ``{"topic": str, "queue": int, "end": int}``: a move (docs/shards.md) sealed the
+  queue in this log at logical offset ``end`` (exclusive); no write takes it until a ``queue.start``
+- ``queue.start``    ``{"topic": str, "queue": int, "start": int}``: the queue's writable segment is
+  in this log from logical offset ``start`` (its next queue offset jumps there; a seal is lifted)
 
 Spec: docs/formats/metadata-records.md.
 """
@@ -28,8 +32,11 @@ TOPIC_CREATE = "topic.create"
 TOPIC_DELETE = "topic.delete"
 OFFSETS_COMMIT = "offsets.commit"
 TIERED_UPLOADED = "tiered.uploaded"
+QUEUE_SEAL = "queue.seal"
+QUEUE_START = "queue.start"
 
-TOPIC_CHANGE_KEYS = (TOPIC_CREATE.encode(), TOPIC_DELETE.encode())
+TOPIC_CHANGES = (TOPIC_CREATE, TOPIC_DELETE, QUEUE_SEAL, QUEUE_START)  # what the queue views and the append side apply
+TOPIC_CHANGE_KEYS = tuple(c.encode() for c in TOPIC_CHANGES)
 _TOPIC_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,126}")  # matched whole (fullmatch)
 QUEUES_MAX = 1024
 CREATE_TOPICS_MAX = 1000  # topics per CreateTopics call: one metadata batch of at most ~100 KiB

@@ -56,6 +56,7 @@ class TailState:
 
     queue_next: dict[tuple[str, int], int] = field(default_factory=dict)
     topics: set[str] = field(default_factory=set)
+    sealed: dict[tuple[str, int], int] = field(default_factory=dict)  # queues a move sealed here -> their end
     producers: ProducerTable = field(default_factory=ProducerTable)
     last_store_time_ms: int = 0
     txn_open: dict[int, str] = field(default_factory=dict)  # open transactions: producer id -> transactional id
@@ -78,7 +79,7 @@ class TailState:
         """From the views, plus every batch above what they applied up to ``end`` (the log's end).
         The views must hold still meanwhile: at start, or under the dispatcher's lock."""
         tail = cls()
-        tail.queue_next, topics, tail.last_store_time_ms = queues.tail_state()  # store times never go back
+        tail.queue_next, topics, tail.last_store_time_ms, tail.sealed = queues.tail_state()  # store times never go back
         tail.producers = producers.producers.copy()
         tail.topics = {t for t in topics if not t.startswith(system_records.SYSTEM_PREFIX)}
         open_now = txns.open_transactions()
@@ -153,14 +154,24 @@ class TailState:
             self.txn_prepared.add(rec.pid)
 
     def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
-        """Created or deleted topics restart their queue offsets at 0; return the deleted ones."""
+        """Created or deleted topics restart their queue offsets at 0; a sealed queue takes no write
+        until a start lifts the seal and moves its next offset on. Return the deleted topics."""
         deleted: list[str] = []
         for change, fields in changes:
             name = str(fields["topic"])
+            if change in (system_records.QUEUE_SEAL, system_records.QUEUE_START):
+                key = (name, int(fields["queue"]))
+                if change == system_records.QUEUE_SEAL:
+                    self.sealed[key] = int(fields["end"])
+                else:
+                    self.sealed.pop(key, None)
+                    self.queue_next[key] = max(self.queue_next.get(key, 0), int(fields["start"]))
+                continue
             # a name that is not a topic now has no queue offsets: its delete forgot them
             if change == system_records.TOPIC_DELETE or name in self.topics:
                 for q in range(system_records.QUEUES_MAX):  # not a scan of every queue: 100,000 of them cost ms
                     self.queue_next.pop((name, q), None)
+                    self.sealed.pop((name, q), None)
             if change == system_records.TOPIC_CREATE:
                 self.topics.add(name)
             elif change == system_records.TOPIC_DELETE:
@@ -332,8 +343,38 @@ class Appender:
             name = b.timer_target[0] if b.timer_target else b.topic
             if not name.startswith(system_records.SYSTEM_PREFIX) and name not in tail.topics:
                 raise not_found(f"unknown topic {shown(name)}")
+            if tail.sealed:
+                self._check_unsealed(name, b.timer_target[1] if b.timer_target else b.queue_id)
             if b.flags & bf.FLAG_TRANSACTIONAL:
                 self.check_txn_open(b.producer_id)
+
+    def _check_unsealed(self, topic: str, queue: int) -> None:
+        end = self.tail.sealed.get((topic, queue))
+        if end is not None:
+            raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is sealed at offset {end} on this "
+                              "shard: it is moving to another shard (docs/shards.md); nothing of this send was stored, "
+                              "retry (the routes name the new owner once the move is done)")
+
+    def seal_queue(self, topic: str, queue: int) -> tuple[int, int]:
+        """Seal ``queue`` of ``topic`` here (a move, docs/shards.md): a ``queue.seal`` record whose end
+        is the queue's next offset at this instant of the log's order, so every write accepted before
+        it is inside the sealed segment and every write after it is refused. Already sealed: its
+        record is not written again. Returns (the queue's end, the offset the log must be confirmed to
+        for everything of the sealed segment to be)."""
+        self.check_writable()
+        with self.lock:
+            self.check_writable()
+            key = (topic, queue)
+            if key in self.tail.sealed:
+                return self.tail.sealed[key], self.log.max_offset
+            item = (system_records.QUEUE_SEAL, {"topic": topic, "queue": queue, "end": self.tail.queue_next.get(key, 0)})
+            records, _ = bf.encode_records([(body, k, b"") for k, body in [system_records.encode(*item)]])
+            batch = IncomingBatch(system_records.METADATA_TOPIC, 0, records, 1, crc32c.crc32c(records))
+            self.validate(batch, internal=True)
+            _, end = self._append_locked([batch], [item], 0, checked=True)
+            sealed_at = self.tail.sealed[key]
+        self._notify_appended()
+        return sealed_at, end
 
     def txn_owner(self, pid: int) -> str | None:
         """The transactional id of open transaction ``pid`` (None: not open). A read without the
@@ -432,7 +473,7 @@ class Appender:
         encoded = [system_records.encode(t, f) for t, f in items]
         records, _ = bf.encode_records([(body, key, b"") for key, body in encoded])
         batch = IncomingBatch(system_records.METADATA_TOPIC, 0, records, len(items), crc32c.crc32c(records))
-        changes = [(t, f) for t, f in items if t in (system_records.TOPIC_CREATE, system_records.TOPIC_DELETE)]
+        changes = [(t, f) for t, f in items if t in system_records.TOPIC_CHANGES]
         _, end = self.append([batch], internal=True, topic_changes=changes)
         return end
 
@@ -472,6 +513,11 @@ class Appender:
         for change, fields in changes:
             name = str(fields["topic"])
             present = exists.get(name, name in self.tail.topics)
+            if change in (system_records.QUEUE_SEAL, system_records.QUEUE_START):
+                info = self.metadata.topic(name)
+                if not present or info is None or not 0 <= int(fields["queue"]) < info["queues"]:
+                    raise not_found(f"no queue {fields['queue']} of topic {shown(name)} to {change.split('.')[1]}")
+                continue
             if change == system_records.TOPIC_CREATE and present:
                 raise BrokerError("ALREADY_EXISTS", f"topic {shown(name)} already exists")
             if change == system_records.TOPIC_DELETE and not present:
@@ -571,6 +617,10 @@ class Appender:
         """Whether a queue takes appends now (the append side's view of topics)."""
         info = self.metadata.topic(topic)
         return topic in self.tail.topics and info is not None and 0 <= queue_id < info["queues"]
+
+    def queue_sealed(self, topic: str, queue_id: int) -> bool:
+        """Whether a move sealed the queue here (one dict read, no lock: an append decides under it)."""
+        return (topic, queue_id) in self.tail.sealed
 
     def wait_appended(self, offset: int, timeout_s: float) -> int:
         """Wait until the log grows past ``offset`` (or the timeout, or a stop); return the log end."""

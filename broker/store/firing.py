@@ -289,22 +289,32 @@ class TimerService:
         by_queue: dict[tuple[str, int], list[tuple[bytes, bytes, bytes]]] = defaultdict(list)
         fired_events: list[tuple[bytes, bytes, bytes]] = []
         dropped_events: list[tuple[bytes, bytes, bytes]] = []
-        targets: dict[tuple[str, int], tuple[bool, bytes]] = {}  # (exists, its event suffix) per target
+        targets: dict[tuple[str, int], tuple[bool, bool, bytes]] = {}  # (exists, sealed, its event suffix)
         fired = 0
+        parked: list[int] = []
         for off, at, dropped in zip(offs.tolist(), ats.tolist(), aborted.tolist(), strict=True):
             key, props, body, topic, queue = records[off]
             target = targets.get((topic, queue))
             if target is None:
-                target = targets[(topic, queue)] = (self.appender.queue_exists(topic, queue), tr.target_props(topic, queue))
+                target = targets[(topic, queue)] = (self.appender.queue_exists(topic, queue),
+                                                    self.appender.queue_sealed(topic, queue), tr.target_props(topic, queue))
             if dropped:  # its transaction aborted: it never fires
-                dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
+                dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[2])))
+            elif target[1]:  # its queue moved to another shard: kept, found again by the sweep (docs/shards.md)
+                parked.append(off)
             elif target[0]:
                 by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
-                fired_events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[1])))
+                fired_events.append((b"", b"", tr.event_props(tr.FIRED, off, at, target[2])))
                 fired += 1
             else:
-                dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[1])))
+                dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[2])))
                 log.warning("timer_dropped", timer_offset=off, topic=topic, queue=queue, reason="no such topic/queue")
+        if parked:
+            log.debug("timers_parked", count=len(parked), reason="their queue is sealed here by a move")
+            kept = ~np.isin(offs, np.array(parked, dtype=offs.dtype))
+            offs, ats = offs[kept], ats[kept]
+            if not len(offs):
+                return
         batches: list[IncomingBatch] = []
         for (topic, queue), items in by_queue.items():
             raw, _ = bf.encode_records(items)

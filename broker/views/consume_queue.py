@@ -215,7 +215,7 @@ class CheckpointJson:
         self._files: dict[str, tuple[int, int, str, str]] = {}  # rel -> (bytes, next, files part, next part)
 
     def state(self, applied_offset: int, topics: list[tuple[str, TopicInfo]], files: list[QueueFile],
-              last_store_time_ms: int) -> bytes:
+              last_store_time_ms: int, sealed: list[tuple[tuple[str, int], int]]) -> bytes:
         topic_parts: list[str] = []
         seen_topics: dict[str, tuple[TopicInfo, str]] = {}
         for name, info in topics:
@@ -239,7 +239,8 @@ class CheckpointJson:
         self._topics, self._files = seen_topics, seen_files  # forget deleted topics and queues
         return (f'{{"applied_offset": {int(applied_offset)}, "topics": {{{", ".join(topic_parts)}}}, '
                 f'"files": {{{", ".join(file_parts)}}}, "next": {{{", ".join(next_parts)}}}, '
-                f'"last_store_time_ms": {int(last_store_time_ms)}}}').encode()
+                f'"last_store_time_ms": {int(last_store_time_ms)}, '
+                f'"sealed": {json.dumps([[t, q, end] for (t, q), end in sealed])}}}').encode()
 
 
 def _system_topics() -> dict[str, TopicInfo]:
@@ -265,6 +266,7 @@ class ConsumeQueueView(View):
         self._doomed: list[str] = []  # dirs of deleted topics, removed once a checkpoint forgets them
         self._lock = threading.Lock()  # guards topics/_files against concurrent readers
         self._json = CheckpointJson()
+        self.sealed: dict[tuple[str, int], int] = {}  # queues a move sealed in this log -> their end
 
     # -- recovery ------------------------------------------------------------------------------
     def load(self) -> bool:
@@ -280,6 +282,7 @@ class ConsumeQueueView(View):
         lengths: dict[str, int] = state["files"]
         nexts: dict[str, int] = state.get("next", {})  # absent in checkpoints written before it existed
         self.last_store_time_ms = int(state.get("last_store_time_ms", 0))
+        self.sealed = {(str(t), int(q)): int(end) for t, q, end in state.get("sealed", [])}
         directory = self.directory
         dirs = {name: f"{name}.{info.topic_id}" for name, info in self.topics.items()}
         expected = set(dirs.values())
@@ -294,7 +297,7 @@ class ConsumeQueueView(View):
         for name, info in self.topics.items():
             tdir = dirs[name]
             if tdir not in present:  # no entries yet: no directory, no file (lazy)
-                self._add_lazy_files(name, lengths, files)
+                self._add_lazy_files(name, lengths, nexts, files)
                 continue
             for q in range(info.queues):
                 rel = f"{tdir}/{q}.cq"
@@ -308,6 +311,7 @@ class ConsumeQueueView(View):
                     if want:
                         raise CorruptionError(f"consume queue missing ({want} bytes checkpointed)", path=path)
                     files[(name, q)] = QueueFile(path, exists=False, key=(name, q), rel=rel)
+                    files[(name, q)].next_queue_offset = nexts.get(rel, 0)  # a queue started by a move
                     continue
                 if size < want:
                     raise CorruptionError(f"consume queue shorter than its checkpoint ({want} bytes)", path=path)
@@ -331,8 +335,10 @@ class ConsumeQueueView(View):
             self._files = files
         return True
 
-    def _add_lazy_files(self, name: str, lengths: dict[str, int], files: dict[tuple[str, int], QueueFile]) -> None:
-        """A checkpointed topic without a directory: every queue must be empty (created lazily)."""
+    def _add_lazy_files(self, name: str, lengths: dict[str, int], nexts: dict[str, int],
+                        files: dict[tuple[str, int], QueueFile]) -> None:
+        """A checkpointed topic without a directory: every queue must be empty (created lazily); a
+        queue that a move started here keeps its next offset."""
         tdir = f"{name}.{self.topics[name].topic_id}"
         for q in range(self.topics[name].queues):
             rel = f"{tdir}/{q}.cq"
@@ -340,6 +346,7 @@ class ConsumeQueueView(View):
                 raise CorruptionError(f"consume queue missing ({lengths[rel]} bytes checkpointed)",
                                       path=os.path.join(self.directory, rel))
             files[(name, q)] = QueueFile(f"{self.directory}/{rel}", exists=False, key=(name, q), rel=rel)
+            files[(name, q)].next_queue_offset = nexts.get(rel, 0)
 
     def reset(self) -> None:
         for qf in self._files.values():
@@ -352,6 +359,7 @@ class ConsumeQueueView(View):
         for name in self.topics:
             self._create_files(name)
         self.last_store_time_ms = 0
+        self.sealed = {}
 
     def _topic_dir(self, name: str) -> str:
         return f"{name}.{self.topics[name].topic_id}"  # topic names are file-name safe
@@ -387,11 +395,29 @@ class ConsumeQueueView(View):
                 elif change == system_records.TOPIC_DELETE and fields["topic"] in self.topics:
                     self._publish_round()
                     self._drop_topic(fields["topic"])
+                elif change in (system_records.QUEUE_SEAL, system_records.QUEUE_START):
+                    self._apply_move(change, fields)
+
+    def _apply_move(self, change: str, fields: dict[str, object]) -> None:
+        """A seal marks the queue's end in this log; a start lifts it and moves the queue's next
+        offset to where its new segment begins (entries after it start there)."""
+        key = (str(fields["topic"]), int(str(fields["queue"])))
+        qf = self._files.get(key)
+        if qf is None:
+            return
+        if change == system_records.QUEUE_SEAL:
+            self.sealed[key] = int(str(fields["end"]))
+            return
+        self._publish_round()  # entries pending for the queue land before its offsets jump
+        self.sealed.pop(key, None)
+        start = int(str(fields["start"]))
+        qf.next_queue_offset = max(qf.next_queue_offset, start)
 
     def _drop_topic(self, name: str) -> None:
         with self._lock:
             info = self.topics.pop(name)
             for q in range(info.queues):
+                self.sealed.pop((name, q), None)
                 qf = self._files.pop((name, q), None)
                 if qf is not None:
                     self._round.discard(qf)
@@ -430,9 +456,11 @@ class ConsumeQueueView(View):
 
     def checkpoint(self) -> None:
         with self._lock:
-            # queues without entries are left out: an absent file counts as 0 bytes (and may not exist)
-            files = [qf for qf in self._files.values() if qf.entries]
+            # queues without entries are left out (an absent file counts as 0 bytes, and may not exist),
+            # but for one a move started at an offset above 0
+            files = [qf for qf in self._files.values() if qf.entries or qf.next_queue_offset]
             topics = list(self.topics.items())  # TopicInfo is replaced, never changed in place
+            sealed = sorted(self.sealed.items())
         dirty = [qf for qf in files if qf.dirty]
         dirs = sorted(self._unsynced_dirs)
         durable_sync_many([qf.path for qf in dirty], dirs, self.directory)
@@ -440,7 +468,7 @@ class ConsumeQueueView(View):
         for qf in dirty:
             qf.dirty = False
         failpoint("cq_before_checkpoint")
-        payload = self._json.state(self.applied_offset, topics, files, self.last_store_time_ms)
+        payload = self._json.state(self.applied_offset, topics, files, self.last_store_time_ms, sealed)
         atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, payload)
         failpoint("cq_after_checkpoint")
         doomed, self._doomed = self._doomed, []
@@ -457,8 +485,9 @@ class ConsumeQueueView(View):
                 copy_prefix(qf.path, data_dir, staging, qf.entries * ENTRY_BYTES)
 
     # -- reads --------------------------------------------------------------------------------
-    def tail_state(self) -> tuple[dict[tuple[str, int], int], set[str], int]:
-        """(next queue offset of every queue, topic names, newest store time) as applied: what the
+    def tail_state(self) -> tuple[dict[tuple[str, int], int], set[str], int, dict[tuple[str, int], int]]:
+        """(next queue offset of every queue, topic names, newest store time, sealed queues and their
+        ends) as applied: what the
         append side starts from (``TailState.rebuild``). Consistent only while nothing applies
         (the caller holds the dispatcher's lock, or runs before it starts)."""
         with self._lock:
@@ -469,7 +498,7 @@ class ConsumeQueueView(View):
             for qf in files.values():
                 if qf.entries:
                     newest = max(newest, qf.entry(qf.entries - 1).store_time_ms)
-        return {key: qf.next_queue_offset for key, qf in files.items()}, topics, newest
+        return {key: qf.next_queue_offset for key, qf in files.items()}, topics, newest, dict(self.sealed)
 
     def queue(self, topic: str, queue_id: int) -> QueueFile | None:
         with self._lock:
