@@ -107,6 +107,8 @@ KEYS: dict[str, Key] = {
     # this pair's shard in the cluster (DESIGN §15); "" = a one-pair cluster, its keys as before shards
     "coordinator.shard": Key("", str),
     "coordinator.lease_ttl_ms": Key(2000, int, minimum=2000, maximum=600_000),
+    # queue moves between shards under way at once, cluster-wide (docs/shards.md, "Moving a queue")
+    "cluster.moves_max_in_flight": Key(4, int, minimum=1, maximum=1000),
     "coordinator.advertise": Key("", str),
     "coordinator.unclean_election": Key(False, bool),
     "coordinator.request_timeout_ms": Key(0, int, minimum=0, maximum=60_000),

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from broker.logformat.batch import NO_SEQUENCE
@@ -76,12 +76,26 @@ class ShardRoute:
 
 
 @dataclass(frozen=True)
+class SegmentRoute:
+    """One segment of a queue that moved: its shard, where it starts, where it ends once sealed
+    (None while it is writable or being sealed), its state (rw, sealing, ro)."""
+
+    shard: str
+    logical_start: int
+    end: int | None
+    state: str
+
+
+@dataclass(frozen=True)
 class Routes:
-    """Where queues are written, as of one etcd revision: per topic the shard of each queue."""
+    """Where queues are written, as of one etcd revision: per topic the shard of each queue, and the
+    segments of the queues that moved (or are moving)."""
 
     revision: int
     topics: dict[str, tuple[str, ...]]
     shards: tuple[ShardRoute, ...]
+    moved: dict[str, dict[int, tuple[SegmentRoute, ...]]] = field(default_factory=dict)
+    moves: tuple[tuple[str, int, str, str], ...] = ()  # moves under way: (topic, queue, from, to)
 
 
 class Placement(Protocol):
@@ -100,6 +114,17 @@ class Placement(Protocol):
     def check_queue(self, topic: str, queue: int) -> None:
         """Raise unless this node's shard serves ``queue`` of ``topic`` (FAILED_PRECONDITION naming
         the owner, or UNAVAILABLE while its log does not hold the topic yet)."""
+        ...
+
+    def check_read(self, topic: str, queue: int, offset: int) -> None:
+        """Raise unless this node's shard holds the segment of ``queue`` a read at logical ``offset``
+        goes to (FAILED_PRECONDITION naming that segment's shard, or UNAVAILABLE while a segment
+        a move started here is not in the log yet)."""
+        ...
+
+    def move(self, topic: str, queue: int, to_shard: str, timeout_s: float) -> tuple[SegmentRoute, ...]:
+        """Move ``queue`` of ``topic`` to ``to_shard`` (docs/shards.md) and wait until the target
+        writes it (blocks: etcd, then the queue's shards); its segments after the move."""
         ...
 
     def knows_group(self, group: str) -> bool:

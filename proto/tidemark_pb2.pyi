@@ -1004,13 +1004,53 @@ class GetRoutesRequest(_message.Message):
     topics: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, topics: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class SegmentRoute(_message.Message):
+    __slots__ = ("shard", "logical_start", "end", "state")
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    LOGICAL_START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    logical_start: int
+    end: int
+    state: str
+    def __init__(self, shard: _Optional[str] = ..., logical_start: _Optional[int] = ..., end: _Optional[int] = ..., state: _Optional[str] = ...) -> None: ...
+
+class QueueSegments(_message.Message):
+    __slots__ = ("queue", "segments")
+    QUEUE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    queue: int
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentRoute]
+    def __init__(self, queue: _Optional[int] = ..., segments: _Optional[_Iterable[_Union[SegmentRoute, _Mapping]]] = ...) -> None: ...
+
 class TopicRoute(_message.Message):
-    __slots__ = ("topic", "queue_shards")
+    __slots__ = ("topic", "queue_shards", "moved")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     QUEUE_SHARDS_FIELD_NUMBER: _ClassVar[int]
+    MOVED_FIELD_NUMBER: _ClassVar[int]
     topic: str
     queue_shards: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, topic: _Optional[str] = ..., queue_shards: _Optional[_Iterable[str]] = ...) -> None: ...
+    moved: _containers.RepeatedCompositeFieldContainer[QueueSegments]
+    def __init__(self, topic: _Optional[str] = ..., queue_shards: _Optional[_Iterable[str]] = ..., moved: _Optional[_Iterable[_Union[QueueSegments, _Mapping]]] = ...) -> None: ...
+
+class MoveQueueRequest(_message.Message):
+    __slots__ = ("topic", "queue_id", "to_shard", "timeout_ms")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TO_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    to_shard: str
+    timeout_ms: int
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., to_shard: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MoveQueueResponse(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentRoute]
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentRoute, _Mapping]]] = ...) -> None: ...
 
 class ShardRoute(_message.Message):
     __slots__ = ("shard", "master", "nodes", "epoch", "queues")
@@ -1027,16 +1067,30 @@ class ShardRoute(_message.Message):
     def __init__(self, shard: _Optional[str] = ..., master: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., queues: _Optional[int] = ...) -> None: ...
 
 class GetRoutesResponse(_message.Message):
-    __slots__ = ("shard", "revision", "topics", "shards")
+    __slots__ = ("shard", "revision", "topics", "shards", "moves")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     REVISION_FIELD_NUMBER: _ClassVar[int]
     TOPICS_FIELD_NUMBER: _ClassVar[int]
     SHARDS_FIELD_NUMBER: _ClassVar[int]
+    MOVES_FIELD_NUMBER: _ClassVar[int]
     shard: str
     revision: int
     topics: _containers.RepeatedCompositeFieldContainer[TopicRoute]
     shards: _containers.RepeatedCompositeFieldContainer[ShardRoute]
-    def __init__(self, shard: _Optional[str] = ..., revision: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardRoute, _Mapping]]] = ...) -> None: ...
+    moves: _containers.RepeatedCompositeFieldContainer[MoveInFlight]
+    def __init__(self, shard: _Optional[str] = ..., revision: _Optional[int] = ..., topics: _Optional[_Iterable[_Union[TopicRoute, _Mapping]]] = ..., shards: _Optional[_Iterable[_Union[ShardRoute, _Mapping]]] = ..., moves: _Optional[_Iterable[_Union[MoveInFlight, _Mapping]]] = ...) -> None: ...
+
+class MoveInFlight(_message.Message):
+    __slots__ = ("topic", "queue_id", "from_shard", "to_shard")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TO_SHARD_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    from_shard: str
+    to_shard: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., from_shard: _Optional[str] = ..., to_shard: _Optional[str] = ...) -> None: ...
 
 class BeginTransactionRequest(_message.Message):
     __slots__ = ("transactional_id", "timeout_ms", "check_back", "count_messages", "begin_id", "coordinator", "group", "coordinator_epoch")

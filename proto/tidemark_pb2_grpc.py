@@ -200,6 +200,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.GetRoutesRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.GetRoutesResponse.FromString,
                 _registered_method=True)
+        self.MoveQueue = channel.unary_unary(
+                '/tidemark.v1.Broker/MoveQueue',
+                request_serializer=proto_dot_tidemark__pb2.MoveQueueRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.MoveQueueResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -438,6 +443,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveQueue(self, request, context):
+        """Move a queue to another shard, no data copied (admin; docs/shards.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -605,6 +617,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.GetRoutes,
                     request_deserializer=proto_dot_tidemark__pb2.GetRoutesRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.GetRoutesResponse.SerializeToString,
+            ),
+            'MoveQueue': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveQueue,
+                    request_deserializer=proto_dot_tidemark__pb2.MoveQueueRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.MoveQueueResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1499,6 +1516,33 @@ class Broker:
             '/tidemark.v1.Broker/GetRoutes',
             proto_dot_tidemark__pb2.GetRoutesRequest.SerializeToString,
             proto_dot_tidemark__pb2.GetRoutesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveQueue(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/MoveQueue',
+            proto_dot_tidemark__pb2.MoveQueueRequest.SerializeToString,
+            proto_dot_tidemark__pb2.MoveQueueResponse.FromString,
             options,
             channel_credentials,
             insecure,

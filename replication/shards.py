@@ -19,6 +19,15 @@
   slot without a shard is given one (the live shard with the fewest slots) by whichever node is
   asked first.
 
+- **Moving a queue** (seal-and-continue, no data copied). ``move`` marks the queue's writable
+  segment ``sealing`` in etcd; its shard's master (the reconciler) seals the queue in its log
+  (``queue.seal``: every write after it refused), waits until the log is confirmed past the seal,
+  then writes the segment read-only at the queue's end and a writable one on the target from
+  there, in one etcd transaction that requires its own leader key (a deposed master cannot). The
+  target's master starts the queue at that offset in its log (``queue.start``) before it takes a
+  write. A move interrupted by a failover is finished by the next master: the sealing state is in
+  etcd, the seal in the log it replicated or not (a new master seals again from what it holds).
+
 - **Deleting topics.** ``delete`` turns the topic's record into a tombstone; each shard's master
   deletes the topic from its log; requests for it are ``NOT_FOUND`` from then on, and a deleted
   name is not created again (not yet: an incarnation id would have to tell the two apart in a
@@ -37,7 +46,7 @@ import structlog
 from broker import metrics
 from broker.errors import OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
-from broker.ports import Routes, ShardRoute
+from broker.ports import Routes, SegmentRoute, ShardRoute
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
@@ -47,6 +56,7 @@ from replication.coordination.etcd import Etcd
 
 log = structlog.get_logger("replication.shards")
 PLACE_WAIT_S = 10.0
+SEAL_CONFIRM_MS = 5000  # a seal waits this long for the log to be confirmed past it, then tries again
 # one etcd transaction places a CreateTopics call's topics (all or none); etcd refuses more operations
 # per transaction than its --max-txn-ops (128 by default)
 PLACE_TOPICS_MAX = 128
@@ -67,12 +77,23 @@ async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: E
     return await etcd.replace_placement(topic, expected, record)
 
 
+async def _replace_as_leader(topic: str, expected: bytes, record: bytes, leader_revision: int, etcd: Etcd) -> int:
+    return await etcd.replace_placement(topic, expected, record, leader_revision)
+
+
+def _route(seg: pl.Segment) -> SegmentRoute:
+    return SegmentRoute(seg.shard, seg.logical_start, seg.end, seg.state)
+
+
 class ShardPlacement:
-    def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop) -> None:
+    def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop,
+                 leader_revision: Callable[[], int] = lambda: 0, moves_max_in_flight: int = 4) -> None:
         self.store = store
         self.shard = shard
         self.cluster = cluster
         self._run = run_on_loop  # a coroutine on the coordinator's loop, with its etcd client
+        self._leader_revision = leader_revision  # our leader key's create revision while we hold it (else 0)
+        self.moves_max_in_flight = moves_max_in_flight
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
@@ -126,20 +147,129 @@ class ShardPlacement:
         self._wake.set()
 
     def check_queue(self, topic: str, queue: int) -> None:
-        """Whether this shard serves ``queue`` of ``topic`` (raises if not). A topic etcd does not
+        """Whether this shard writes ``queue`` of ``topic`` (raises if not). A topic etcd does not
         place (a system topic, or an unknown one) is left to the log's own checks."""
         p = self.cluster.placement(topic)
         if p is None or not 0 <= queue < p.queues:
             if self.cluster.is_deleted(topic):  # this shard's log may hold it a moment longer
                 raise BrokerError("NOT_FOUND", f"topic {shown(topic)} was deleted")
             return
-        owner = p.owner(queue)
-        if owner != self.shard:
-            raise self._refusal(f"queue {queue} of topic {shown(topic)}", owner)
+        last = p.last(queue)
+        if last.shard != self.shard:
+            raise self._refusal(f"queue {queue} of topic {shown(topic)}", last.shard)
+        self._check_serving(topic, queue, last)
+        if last.state == "sealing":
+            raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is moving to shard {last.to!r}: "
+                              "nothing of this send was stored; retry (the routes name the new owner once it is done)")
+
+    def check_read(self, topic: str, queue: int, offset: int) -> None:
+        p = self.cluster.placement(topic)
+        if p is None or not 0 <= queue < p.queues:
+            self.check_queue(topic, queue)
+            return
+        seg = p.segment_at(queue, offset)
+        if seg.shard != self.shard:
+            raise self._refusal(f"offset {offset} of queue {queue} of topic {shown(topic)}", seg.shard)
+        self._check_serving(topic, queue, seg)
+
+    def _check_serving(self, topic: str, queue: int, seg: pl.Segment) -> None:
+        """UNAVAILABLE while this shard's log does not hold the topic, or not yet the start of a
+        segment a move began here (the reconciler writes both)."""
         if self.store.views.metadata.topic(topic) is None:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
                               "retry in a moment")
+        if seg.logical_start and seg.end is None and not self._started(topic, queue, seg.logical_start):
+            self._wake.set()
+            raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is being started on shard "
+                              f"{self.shard!r} at offset {seg.logical_start} (a move); retry in a moment")
+
+    def _started(self, topic: str, queue: int, start: int) -> bool:
+        appender = self.store.appender
+        return not appender.queue_sealed(topic, queue) and appender.queue_end_hint(topic, queue) >= start
+
+    # -- moving a queue ---------------------------------------------------------------------------
+    def move(self, topic: str, queue: int, to_shard: str, timeout_s: float) -> tuple[SegmentRoute, ...]:
+        """Ask for the move (its first step, in etcd) and wait until the target writes the queue."""
+        p, raw = self.cluster.placement(topic), self.cluster.raw_record(topic)
+        if p is None or raw is None:
+            raise BrokerError("NOT_FOUND", f"topic {shown(topic)} does not exist")
+        if not 0 <= queue < p.queues:
+            raise BrokerError("INVALID_ARGUMENT", f"topic {shown(topic)} has {p.queues} queues; there is no queue {queue}")
+        last = p.last(queue)
+        if not (last.shard == to_shard and last.state == "rw"):
+            if last.state == "sealing":
+                if last.to != to_shard:
+                    raise BrokerError("FAILED_PRECONDITION", f"queue {queue} of topic {shown(topic)} is moving to shard "
+                                      f"{last.to!r} already; ask again once it is there")
+            else:
+                self._ask_move(topic, queue, to_shard, p, raw)
+        ok = self.cluster.wait_for(lambda: self._moved(topic, queue, to_shard), timeout_s)
+        p = self.cluster.placement(topic)
+        if not ok or p is None:
+            raise BrokerError("DEADLINE_EXCEEDED", f"queue {queue} of topic {shown(topic)} is not on shard {to_shard!r} "
+                              f"yet after {timeout_s:g} s; the move goes on (cluster status shows it)")
+        return tuple(_route(seg) for seg in p.segments[queue])
+
+    def _ask_move(self, topic: str, queue: int, to_shard: str, p: pl.Placement, raw: bytes) -> None:
+        if self.cluster.master(to_shard) is None:
+            raise BrokerError("FAILED_PRECONDITION", f"shard {to_shard!r} has no master now (or does not exist): "
+                              f"the shards with one are {', '.join(sorted(self.cluster.live_shards())) or 'none'}")
+        moving = self.cluster.moves_in_flight()
+        if len(moving) >= self.moves_max_in_flight:
+            raise BrokerError("RESOURCE_EXHAUSTED", f"{len(moving)} queue moves are under way "
+                              f"(cluster.moves_max_in_flight = {self.moves_max_in_flight}); retry once one is done")
+        record = pl.encode(pl.sealing(p, queue, to_shard))
+        revision = self._written(functools.partial(_replace_placement, topic, raw, record))
+        if not revision:
+            raise BrokerError("ABORTED", f"topic {shown(topic)} changed in etcd meanwhile; ask for the move again")
+        log.info("queue_move_asked", topic=topic, queue=queue, source=p.owner(queue), target=to_shard, revision=revision)
+        self._wake.set()
+
+    def _moved(self, topic: str, queue: int, to_shard: str) -> bool:
+        p = self.cluster.placement(topic)
+        if p is None or queue >= p.queues:
+            return True  # deleted meanwhile: the caller says what it finds
+        last = p.last(queue)
+        return last.shard == to_shard and last.state == "rw"
+
+    def _seal_moving(self) -> None:
+        """On this shard's master: each queue of ours that etcd marks sealing is sealed in the log,
+        the log confirmed past the seal, then the switch written (fenced by our leader key)."""
+        for topic, p in self.cluster.placements_snapshot().items():
+            for queue, seg in p.moving():
+                if seg.shard != self.shard or self.store.views.metadata.topic(topic) is None:
+                    continue
+                leader_revision = self._leader_revision()
+                if not leader_revision:
+                    return
+                end, at = self.store.appender.seal_queue(topic, queue)
+                self.store.watermarks.wait_ack(at, "replica", SEAL_CONFIRM_MS)
+                raw = self.cluster.raw_record(topic)
+                if raw is None or pl.decode(raw).last(queue) != seg:
+                    continue  # changed meanwhile (deleted): the next round sees what it is now
+                record = pl.encode(pl.switched(pl.decode(raw), queue, end))
+                revision = self._written(functools.partial(_replace_as_leader, topic, raw, record, leader_revision))
+                if revision:
+                    log.info("queue_sealed", topic=topic, queue=queue, end=end, target=seg.to, revision=revision)
+                else:
+                    log.warning("queue_seal_not_written", topic=topic, queue=queue, end=end,
+                                note="the record changed or this node is no longer the shard's leader")
+
+    def _start_moved_in(self) -> None:
+        """On this shard's master: each queue etcd gives this shard from an offset above 0 starts
+        there in the log (one ``queue.start`` record each), before it takes a write."""
+        starts = []
+        for topic, p in self.cluster.placements_snapshot().items():
+            if self.store.views.metadata.topic(topic) is None:
+                continue
+            for queue in range(p.queues):
+                last = p.last(queue)
+                if last.shard == self.shard and last.logical_start and not self._started(topic, queue, last.logical_start):
+                    starts.append((system_records.QUEUE_START, {"topic": topic, "queue": queue, "start": last.logical_start}))
+        if starts:
+            self.store.writes.write_system(starts, applied=self.store.views.queues)
+            log.info("queues_started", queues=[(f["topic"], f["queue"], f["start"]) for _, f in starts], shard=self.shard)
 
     def _written(self, write: Callable[[Etcd], Coroutine[Any, Any, int]]) -> int:
         """One etcd write of ours (a revision, 0 when its compares failed), waited for in this node's
@@ -243,8 +373,10 @@ class ShardPlacement:
         shards = tuple(ShardRoute(shard, master.client if master else "", master.nodes if master else (),
                                   master.epoch if master else 0, held.get(shard, 0))
                        for shard, master in self.cluster.shards().items())
+        moved = {t: {q: tuple(_route(seg) for seg in segs) for q, segs in enumerate(p.segments)
+                     if len(segs) > 1 or segs[0].state != "rw"} for t, p in placed.items()}
         return Routes(self.cluster.revision, {t: tuple(p.owner(q) for q in range(p.queues)) for t, p in placed.items()},
-                      shards)
+                      shards, {t: m for t, m in moved.items() if m}, tuple(self.cluster.moves_in_flight()))
 
     def _claim_slots(self) -> None:
         """The slots of groups whose offsets this log holds and which have no shard yet become this
@@ -304,6 +436,8 @@ class ShardPlacement:
                                             for n, q in missing], applied=self.store.views.metadata)
             log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)
         self._claim_slots()
+        self._seal_moving()
+        self._start_moved_in()
         unplaced = {name: info["queues"] for name, info in local.items()
                     if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None
                     and not self.cluster.is_deleted(name)}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from replication.coordination import placement as pl
@@ -21,7 +23,7 @@ def test_queues_go_to_the_shards_with_the_fewest_first() -> None:
 
 
 def test_a_placement_round_trips_and_a_bad_one_is_never_trusted() -> None:
-    p = pl.Placement(((pl.Segment("s1"),), (pl.Segment("s1", 0, "ro"), pl.Segment("s2", 40))))
+    p = pl.Placement(((pl.Segment("s1"),), (pl.Segment("s1", 0, "ro", end=40), pl.Segment("s2", 40))))
     back = pl.decode(pl.encode(p))
     assert back == p and back.owner(1) == "s2" and back.shards() == {"s1", "s2"}
     for raw in (b"not json", b'{"queues": 2, "segments": [[{"shard": "s1", "logical_start": 0, "state": "rw"}]]}',
@@ -45,3 +47,33 @@ def test_group_slots_are_stable_spread_and_strictly_parsed() -> None:
             sl.decode(bad)
     assert [sl.parse_key(k) for k in ("slots/0", "slots/255", "slots/256", "slots/07", "slots/x", "topics/slots/1")] == [
         0, 255, None, None, None, None]
+
+
+def test_a_move_seals_the_last_segment_then_continues_on_the_target() -> None:
+    p = pl.Placement(((pl.Segment("s1"),), (pl.Segment("s2"),)))
+    moving = pl.sealing(p, 0, "s3")
+    assert moving.owner(0) == "s1" and moving.moving() == [(0, pl.Segment("s1", 0, "sealing", to="s3"))]
+    done = pl.switched(moving, 0, 120)
+    assert done.segments[0] == (pl.Segment("s1", 0, "ro", end=120), pl.Segment("s3", 120))
+    assert done.owner(0) == "s3" and done.moving() == [] and done.queues_of("s1") == []
+    assert pl.decode(pl.encode(done)) == done and pl.decode(pl.encode(moving)) == moving
+    back = pl.switched(pl.sealing(done, 0, "s1"), 0, 200)  # and back again
+    assert [(s.shard, s.logical_start, s.end) for s in back.segments[0]] == [("s1", 0, 120), ("s3", 120, 200),
+                                                                           ("s1", 200, None)]
+    # reads go to the segment holding the offset; past every end, to the writable one
+    assert [back.segment_at(0, o).shard for o in (0, 119, 120, 199, 200, 10**9)] == ["s1", "s1", "s3", "s3", "s1", "s1"]
+
+
+@pytest.mark.parametrize("segments", [
+    [{"shard": "a", "logical_start": 0, "state": "rw"}, {"shard": "b", "logical_start": 5, "state": "rw"}],
+    [{"shard": "a", "logical_start": 0, "state": "ro"}],
+    [{"shard": "a", "logical_start": 0, "state": "sealing"}],
+    [{"shard": "a", "logical_start": 0, "state": "sealing", "to": "a"}],
+    [{"shard": "a", "logical_start": 0, "state": "ro", "end": 5}, {"shard": "b", "logical_start": 6, "state": "rw"}],
+    [{"shard": "a", "logical_start": 3, "state": "rw"}],
+    [{"shard": "a", "logical_start": 0, "state": "rw", "end": 4}],
+    [{"shard": "a", "logical_start": 0, "state": "ro", "end": "x"}, {"shard": "b", "logical_start": 0, "state": "rw"}],
+])
+def test_segments_that_do_not_chain_are_never_trusted(segments: list[dict[str, object]]) -> None:
+    with pytest.raises(RecordError):
+        pl.decode(json.dumps({"v": 1, "queues": 1, "segments": [segments]}).encode())

@@ -100,6 +100,13 @@ def _add_status_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     cls = cl.add_subparsers(dest="cluster_command", required=True)
     clst = cls.add_parser("status", parents=[conn], help="every shard: master, epoch, nodes, queues (any node answers)")
     clst.add_argument("--json", action="store_true")
+    q = sub.add_parser("queue", help="a cluster of shards: move a queue to another shard (no data copied)")
+    qs = q.add_subparsers(dest="queue_command", required=True)
+    qm = qs.add_parser("move", parents=[conn], help="seal the queue where it is and continue it on SHARD")
+    qm.add_argument("topic")
+    qm.add_argument("queue", type=_non_negative)
+    qm.add_argument("--to", required=True, metavar="SHARD", help="the shard to move it to")
+    qm.add_argument("--timeout-ms", type=_non_negative, default=30_000, help="how long to wait for the move")
 
 
 def _cancel_parser(sub: Any, conn: argparse.ArgumentParser) -> None:
@@ -250,6 +257,11 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _status(args)
         if cmd == "cluster":
             return _cluster_status(args)
+        if cmd == "queue":
+            with _client(args) as c:
+                segments = c.move_queue(args.topic, args.queue, args.to, timeout_ms=args.timeout_ms)
+            print(json.dumps({"moved": {"topic": args.topic, "queue": args.queue, "to": args.to}, "segments": segments}))
+            return 0
         if cmd == "promote":
             with _client(args) as c:
                 print(json.dumps({"promoted": args.broker, "epoch": c.promote(unclean=args.unclean)}))
@@ -523,6 +535,8 @@ def _cluster_status(args: argparse.Namespace) -> int:
         for s in st["shards"]:
             print(f"{s['shard']:16} master={s['master'] or '(none)'} epoch={s['epoch']} queues={s['queues']} "
                   f"nodes={','.join(s['nodes']) or '(none)'}")
+        for m in st["moves"]:
+            print(f"moving: {m['topic']}/{m['queue']} {m['from']} -> {m['to']}")
     return 0
 
 

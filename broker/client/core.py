@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import grpc
 
 from broker import alloc
-from broker.client.errors import BrokerError, DeadlineExceeded, Unavailable, error_for, from_rpc_error
+from broker.client.errors import BrokerError, DeadlineExceeded, Owner, Unavailable, error_for, from_rpc_error
 from broker.client.local_reads import SegmentFiles
 from broker.client.pull_wire import parse_pull_response
 from broker.client.routes import RouteTable
@@ -276,15 +276,28 @@ class ClientCore:
             return
         self._routes.learn(resp)
 
-    def _shard_of(self, topic: str, queue: int) -> str | None:
-        """The shard writing ``queue`` of ``topic`` (None: not a cluster of shards, or not placed)."""
+    def _shard_of(self, topic: str, queue: int, offset: int | None = None) -> str | None:
+        """The shard writing ``queue`` of ``topic``, or given ``offset`` the one holding it (a queue
+        that moved has a segment on each shard it was on); None: not a cluster of shards, or not placed."""
         if not self.sharded:
             return None
-        shard = self._routes.owner(topic, queue)
+        shard = self._routes.owner(topic, queue) if offset is None else self._routes.reader(topic, queue, offset)
         if shard is None:
             self._learn_routes([topic])
-            shard = self._routes.owner(topic, queue)
+            shard = self._routes.owner(topic, queue) if offset is None else self._routes.reader(topic, queue, offset)
         return shard
+
+    def _named_elsewhere(self, topic: str, queue: int, owner: Owner, offset: int | None) -> None:
+        """A refusal named ``owner``: for a write the queue's writer (that route updated); for a read
+        at ``offset`` the shard holding it: from a copy of etcd newer than our routes (a move, maybe)
+        the topic's routes are asked for again; else, for a queue that never moved, it is the writer."""
+        if offset is not None and owner.revision > self._routes.revision:  # etcd changed since: a move, maybe
+            self._routes.master_named(owner.shard, owner.master)
+            self._learn_routes([topic])
+        elif offset is None or not self._routes.has_segments(topic, queue):
+            self._routes.moved(topic, queue, owner.shard, owner.master)
+        else:
+            self._routes.master_named(owner.shard, owner.master)
 
     def _shard_core(self, shard: str | None) -> ClientCore:
         """The connection to ``shard``'s nodes (this one for None)."""
@@ -320,12 +333,13 @@ class ClientCore:
                 self._pool = ThreadPoolExecutor(max_workers=FAN_OUT_THREADS, thread_name_prefix="tidemark-shards")
             return self._pool
 
-    def _routed(self, topic: str, queue: int, call: Callable[[ClientCore], T]) -> T:
-        """``call`` on the connection to the shard writing ``queue``; a refusal naming another owner
-        updates the route and goes there (no other round trip)."""
+    def _routed(self, topic: str, queue: int, call: Callable[[ClientCore], T], offset: int | None = None) -> T:
+        """``call`` on the connection to the shard writing ``queue`` (given ``offset``: holding it); a
+        refusal naming another shard updates the routes and goes there (no other round trip to etcd)."""
         hops = 0
+        named: str | None = None
         while True:
-            shard = self._shard_of(topic, queue)
+            shard = named if named is not None else self._shard_of(topic, queue, offset)
             try:
                 return call(self._shard_core(shard))
             except BrokerError as exc:
@@ -334,7 +348,8 @@ class ClientCore:
                 if exc.owner is None or hops >= ROUTE_HOPS_MAX:
                     raise
                 hops += 1
-                self._routes.moved(topic, queue, exc.owner.shard, exc.owner.master)
+                self._named_elsewhere(topic, queue, exc.owner, offset)
+                named = exc.owner.shard
 
     def _coordinated(self, group: str, call: Callable[[ClientCore], T]) -> T:
         """``call`` on the connection to the shard coordinating ``group`` (this one outside a cluster

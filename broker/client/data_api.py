@@ -272,7 +272,7 @@ class DataAPI(TopicsAPI):
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                        max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation=isolation_of(isolation))
         timeout_s = self.timeout_s + max_wait_ms / 1000.0
-        return self._routed(topic, queue_id, lambda core: self._pull_on(core, req, timeout_s, local_reads))
+        return self._routed(topic, queue_id, lambda core: self._pull_on(core, req, timeout_s, local_reads), offset)
 
     def _pull_on(self, core: ClientCore, req: pb.PullRequest, timeout_s: float, local_reads: bool) -> PullResult:
         if local_reads and not_local(core.current_address) is None:
@@ -302,7 +302,7 @@ class DataAPI(TopicsAPI):
         response, ``cancel()`` ends it. For callers that wait on something else at the same time."""
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                        max_wait_ms=max_wait_ms, isolation=isolation_of(isolation))
-        core = self._shard_core(self._shard_of(topic, queue_id))
+        core = self._shard_core(self._shard_of(topic, queue_id, offset))
         assert core._stub is not None
         return core._stub.Pull.future(req, timeout=self.timeout_s + max_wait_ms / 1000.0, metadata=self._metadata)
 
@@ -316,8 +316,8 @@ class DataAPI(TopicsAPI):
 
         level = isolation_of(isolation)
         remote_left = 0  # after a range in tiered storage, this many pulls go over gRPC before trying again
-        core = self._shard_core(self._shard_of(topic, queue_id))
-        hops = 0  # refusals naming another shard followed
+        core = self._shard_core(self._shard_of(topic, queue_id, offset))
+        hops = 0  # refusals naming another shard followed in a row
 
         def request(at: int) -> tuple[Any, bool, Any]:
             nonlocal remote_left
@@ -339,9 +339,9 @@ class DataAPI(TopicsAPI):
                     response = self._read_local(core, response)
             except grpc.RpcError as exc:
                 error = from_rpc_error(exc)
-                if error.owner is not None and hops < ROUTE_HOPS_MAX:  # another shard's queue: go there
+                if error.owner is not None and hops < ROUTE_HOPS_MAX:  # another shard's segment: go there
                     hops += 1
-                    self._routes.moved(topic, queue_id, error.owner.shard, error.owner.master)
+                    self._named_elsewhere(topic, queue_id, error.owner, req.offset)
                     core = self._shard_core(error.owner.shard)
                     pending = request(req.offset)
                     continue
@@ -357,6 +357,7 @@ class DataAPI(TopicsAPI):
                 except grpc.RpcError as exc:
                     raise from_rpc_error(exc) from None
             result = PullResult(response)
+            hops = 0
             if not len(result) and stop_at_end and result.next_offset == req.offset:
                 return
             pending = request(result.next_offset)

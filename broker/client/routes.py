@@ -38,6 +38,8 @@ class RouteTable:
         self.sharded: bool | None = None
         self.revision = 0
         self._topics: dict[str, list[str]] = {}  # topic -> the shard of each queue
+        # topic -> queue -> its segments (shard, logical start, end or None), for the queues that moved
+        self._segments: dict[str, dict[int, list[tuple[str, int, int | None]]]] = {}
         self._shards: dict[str, ShardNodes] = {}
         self._doubt: dict[str, float] = {}  # shard -> when a call to it last failed (monotonic)
         self._groups: dict[str, str] = {}  # group -> the shard coordinating it (as a refusal named it)
@@ -53,6 +55,8 @@ class RouteTable:
             for t in resp.topics:
                 if newer or t.topic not in self._topics:
                     self._topics[t.topic] = list(t.queue_shards)
+                    self._segments[t.topic] = {m.queue: [(s.shard, s.logical_start, s.end if s.state == "ro" else None)
+                                                         for s in m.segments] for m in t.moved}
             if newer:
                 self.revision = resp.revision
                 for s in resp.shards:
@@ -72,6 +76,20 @@ class RouteTable:
         with self._lock:
             shards = self._topics.get(topic)
             return shards[queue] if shards is not None and 0 <= queue < len(shards) else None
+
+    def reader(self, topic: str, queue: int, offset: int) -> str | None:
+        """The shard holding logical ``offset`` of ``queue`` (a queue that moved has several)."""
+        with self._lock:
+            for shard, start, end in self._segments.get(topic, {}).get(queue, ()):
+                if offset < start or end is None or offset < end:
+                    return shard
+            shards = self._topics.get(topic)
+            return shards[queue] if shards is not None and 0 <= queue < len(shards) else None
+
+    def has_segments(self, topic: str, queue: int) -> bool:
+        """Whether ``queue`` moved (as far as these routes know): it has several segments."""
+        with self._lock:
+            return queue in self._segments.get(topic, {})
 
     def shards(self) -> list[str]:
         """Every shard known (sorted)."""
@@ -104,6 +122,11 @@ class RouteTable:
             self._groups[group] = shard
             self._master_named(shard, master)
 
+    def master_named(self, shard: str, master: str) -> None:
+        """A node named ``master`` as ``shard``'s master."""
+        with self._lock:
+            self._master_named(shard, master)
+
     def _master_named(self, shard: str, master: str) -> None:
         nodes = self._shards.setdefault(shard, ShardNodes("", []))
         if master:
@@ -127,3 +150,4 @@ class RouteTable:
     def forget(self, topic: str) -> None:
         with self._lock:
             self._topics.pop(topic, None)
+            self._segments.pop(topic, None)

@@ -115,7 +115,8 @@ class TopicsAPI(ClientCore):
     def cluster_status(self) -> dict[str, Any]:
         """The cluster as the asked node's copy of etcd has it (docs/shards.md): ``{"sharded",
         "shard" (the asked node's), "revision", "shards": [{"shard", "master", "nodes", "epoch",
-        "queues"}], "moves": []}``. A one-pair cluster answers ``sharded`` False and no shards."""
+        "queues"}], "moves": [{"topic", "queue", "from", "to"}]}`` (moves under way). A one-pair
+        cluster answers ``sharded`` False and no shards."""
         try:
             resp = self._call("GetRoutes", pb.GetRoutesRequest())
         except BrokerError as exc:
@@ -125,7 +126,19 @@ class TopicsAPI(ClientCore):
         return {"sharded": bool(resp.shard), "shard": resp.shard, "revision": resp.revision,
                 "shards": [{"shard": s.shard, "master": s.master, "nodes": list(s.nodes), "epoch": s.epoch,
                             "queues": s.queues} for s in resp.shards],
-                "moves": []}  # moving queues between shards is issue 39
+                "moves": [{"topic": m.topic, "queue": m.queue_id, "from": m.from_shard, "to": m.to_shard}
+                          for m in resp.moves]}
+
+    def move_queue(self, topic: str, queue: int, to_shard: str, timeout_ms: int = 30_000) -> list[dict[str, Any]]:
+        """Move ``queue`` of ``topic`` to shard ``to_shard`` (docs/shards.md, "Moving a queue"): its
+        segment is sealed where it is and the queue continues on ``to_shard`` at the same logical
+        offset, no data copied. Returns its segments ``[{"shard", "logical_start", "end", "state"}]``
+        once the target writes it; DEADLINE_EXCEEDED after ``timeout_ms`` (the move goes on)."""
+        request = pb.MoveQueueRequest(topic=topic, queue_id=queue, to_shard=to_shard, timeout_ms=timeout_ms)
+        resp = self._call("MoveQueue", request, timeout_s=self.timeout_s + timeout_ms / 1000.0)
+        self._routes.forget(topic)  # its routes changed: asked for again at the next use
+        return [{"shard": s.shard, "logical_start": s.logical_start, "end": s.end if s.state == "ro" else None,
+                 "state": s.state} for s in resp.segments]
 
     def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
         """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.

@@ -77,6 +77,7 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/CreateTopic": "admin",
     "/tidemark.v1.Broker/CreateTopics": "admin",
     "/tidemark.v1.Broker/DeleteTopic": "admin",
+    "/tidemark.v1.Broker/MoveQueue": "admin",
     "/tidemark.v1.Broker/Promote": "admin",
     "/tidemark.v1.Broker/Demote": "admin",
     "/tidemark.v1.Broker/ResetOffsets": "admin",

@@ -318,7 +318,9 @@ def _runs(entries: list[Entry]) -> list[tuple[int, int]]:
 
 
 def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> list[Entry]:
-    """The consume-queue entries a pull from ``offset`` returns."""
+    """The consume-queue entries a pull from ``offset`` returns: never past a gap in the queue's
+    offsets (a queue that moved away and back has its segments in this log with another shard's
+    between them, docs/shards.md: a read stops where its segment ends)."""
     index = qf.locate(offset)
     entries: list[Entry] = []
     wanted = offset + max_messages
@@ -328,7 +330,8 @@ def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> l
         if not chunk:
             break
         for e in chunk:
-            if entries and byte_total + e.batch_bytes > max_bytes:
+            if entries and (byte_total + e.batch_bytes > max_bytes
+                            or e.base_queue_offset != entries[-1].base_queue_offset + entries[-1].record_count):
                 break
             entries.append(e)
             byte_total += e.batch_bytes

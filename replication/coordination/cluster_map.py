@@ -47,6 +47,7 @@ class ClusterMap:
         self._start = root + "slots/"
         self._end = prefix_range_end_text(root + "topology/")  # the watched range: [slots/, past topology/)
         self._counts: dict[str, int] = {}  # shard -> the queues it writes (queue_counts)
+        self._moving: dict[tuple[str, int], pl.Segment] = {}  # queues being sealed now -> their sealing segment
 
     # -- reads (any thread) ---------------------------------------------------------------------
     def placement(self, topic: str) -> pl.Placement | None:
@@ -80,6 +81,11 @@ class ClusterMap:
         topics x 16 queues recounted 160,000 queues after each new topic)."""
         with self._cond:
             return {shard: n for shard, n in self._counts.items() if n}
+
+    def moves_in_flight(self) -> list[tuple[str, int, str, str]]:
+        """The queue moves under way: (topic, queue, from shard, to shard), by topic and queue."""
+        with self._cond:
+            return sorted((t, q, seg.shard, seg.to) for (t, q), seg in self._moving.items())
 
     def live_shards(self) -> list[str]:
         """The shards with a master now, by name."""
@@ -126,7 +132,7 @@ class ClusterMap:
     async def load(self, etcd: Etcd) -> None:
         revision, kvs = await etcd.range_prefix(self._start, self._end)
         with self._cond:
-            self.placements, self.masters, self.bad, self._counts = {}, {}, {}, {}
+            self.placements, self.masters, self.bad, self._counts, self._moving = {}, {}, {}, {}, {}
             self.deleted, self.raw, self.slots = set(), {}, {}
             for key, value in kvs:
                 self._apply(key, value)
@@ -159,10 +165,15 @@ class ClusterMap:
         for callback in self.on_change:
             callback()
 
-    def _count(self, p: pl.Placement, sign: int) -> None:
+    def _count(self, topic: str, p: pl.Placement, sign: int) -> None:
         for q in range(p.queues):
             shard = p.owner(q)
             self._counts[shard] = self._counts.get(shard, 0) + sign
+        for q, seg in p.moving():
+            if sign > 0:
+                self._moving[(topic, q)] = seg
+            else:
+                self._moving.pop((topic, q), None)
 
     def _apply(self, key: str, value: bytes | None) -> None:
         """One key's new value (None: deleted), under the lock."""
@@ -173,7 +184,7 @@ class ClusterMap:
                 new = pl.decode(value) if value is not None else None
                 old = self.placements.pop(topic, None)
                 if old is not None:
-                    self._count(old, -1)
+                    self._count(topic, old, -1)
                 self.deleted.discard(topic)
                 self.raw.pop(topic, None)
                 if new is not None and value is not None:
@@ -182,7 +193,7 @@ class ClusterMap:
                         self.deleted.add(topic)
                     else:
                         self.placements[topic] = new
-                        self._count(new, 1)
+                        self._count(topic, new, 1)
             elif (slot := sl.parse_key(name)) is not None:
                 if value is None:
                     self.slots.pop(slot, None)

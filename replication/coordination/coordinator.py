@@ -157,6 +157,12 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
             self.lease_id = 0
             await self.etcd.close()
 
+    def held_leader_revision(self) -> int:
+        """Our leader key's create revision while we hold it, else 0 (a write fenced by it, from
+        another thread: a move's seal, ``replication/shards.py``)."""
+        with self.state_lock:
+            return self.leader_revision if self.holding is not None else 0
+
     def run_on_loop(self, fn: Callable[[Etcd], Coroutine[Any, Any, T]], timeout_s: float) -> T:
         """``fn(etcd)`` on this loop with its etcd client, from another thread (the shard placement's
         writes); UNAVAILABLE when etcd does not answer within ``timeout_s``."""

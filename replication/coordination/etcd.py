@@ -253,12 +253,16 @@ class Etcd:
         resp = await self._call(kv.txn([kv.txn_compare_create_revision(key, 0)], [kv.txn_op_put(key, record)]))
         return int(resp.header.revision) if resp.succeeded else 0
 
-    async def replace_placement(self, topic: str, expected: bytes, record: bytes) -> int:
-        """Replace a topic's record (a tombstone on delete) if it still holds ``expected``; the
-        revision written at, 0 when it changed meanwhile."""
+    async def replace_placement(self, topic: str, expected: bytes, record: bytes, leader_revision: int = 0) -> int:
+        """Replace a topic's record (a tombstone on delete, a move's steps) if it still holds
+        ``expected`` and, given ``leader_revision``, while our leader key still stands (a move's
+        seal: a deposed master cannot write it); the revision written at, 0 when either failed."""
         kv = self._kv
         key = self.root_key(f"topics/{topic}")
-        resp = await self._call(kv.txn([kv.txn_compare_value(key, expected)], [kv.txn_op_put(key, record)]))
+        compare = [kv.txn_compare_value(key, expected)]
+        if leader_revision:
+            compare.append(kv.txn_compare_create_revision(self.key("leader"), leader_revision))
+        resp = await self._call(kv.txn(compare, [kv.txn_op_put(key, record)]))
         return int(resp.header.revision) if resp.succeeded else 0
 
     async def upgrade_pair(self, view: View) -> bool:

@@ -2,21 +2,25 @@
 ``/tidemark/<cluster>/topics/<topic>`` and how the queues of new topics are spread.
 
 A topic has a fixed number of queues; each queue is a list of **segments** ``{shard,
-logical_start, state}`` (``rw``: writable, ``ro``: sealed by a move). Today every queue has one
-segment; a move (issue 39) seals the last and appends one, so the writable owner is always the
-last segment's shard. A deleted topic's record stays as a tombstone (``"deleted": true``): each
-shard's master deletes the topic from its log, and no master ever adopts it back as unplaced.
+logical_start, state}``, oldest first, the writable owner always the last segment's shard. A
+move (issue 39) goes through three states of the last segment: ``rw`` (writable) → ``sealing``
+(``to`` names the target; the owner's master stops writes) → ``ro`` (``end``: the logical offset it
+ends at, written by the owner's master once everything in it is confirmed) followed by a new
+``rw`` segment on the target starting at that offset. Every segment but the last is ``ro``. A
+deleted topic's record stays as a tombstone (``"deleted": true``): each shard's master deletes the
+topic from its log, and no master ever adopts it back as unplaced.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from replication.coordination.records import FORMAT_VERSION, RecordError
 
-STATES = ("rw", "ro")
+STATES = ("rw", "sealing", "ro")
 
 
 @dataclass(frozen=True)
@@ -24,6 +28,20 @@ class Segment:
     shard: str
     logical_start: int = 0
     state: str = "rw"
+    end: int | None = None  # ro: where it ends (exclusive)
+    to: str = ""  # sealing: the shard it moves to
+
+    def holds(self, offset: int) -> bool:
+        """Whether a read at logical ``offset`` belongs to this segment (an open one: any past its start)."""
+        return offset >= self.logical_start and (self.end is None or offset < self.end)
+
+    def encoded(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"shard": self.shard, "logical_start": self.logical_start, "state": self.state}
+        if self.end is not None:
+            out["end"] = self.end
+        if self.to:
+            out["to"] = self.to
+        return out
 
 
 @dataclass(frozen=True)
@@ -45,11 +63,45 @@ class Placement:
     def queues_of(self, shard: str) -> list[int]:
         return [q for q in range(self.queues) if self.owner(q) == shard]
 
+    def last(self, queue: int) -> Segment:
+        return self.segments[queue][-1]
+
+    def segment_at(self, queue: int, offset: int) -> Segment:
+        """The segment a read of ``queue`` at logical ``offset`` goes to: the one holding it, the
+        first below any start, the last past every end."""
+        segs = self.segments[queue]
+        for seg in segs:
+            if seg.holds(offset) or offset < seg.logical_start:
+                return seg
+        return segs[-1]
+
+    def moving(self) -> list[tuple[int, Segment]]:
+        """The queues being sealed now, with their sealing segment."""
+        return [(q, segs[-1]) for q, segs in enumerate(self.segments) if segs[-1].state == "sealing"]
+
+    def with_last(self, queue: int, *segments: Segment) -> Placement:
+        """This placement with ``queue``'s last segment replaced by ``segments``."""
+        per_queue = list(self.segments)
+        per_queue[queue] = (*per_queue[queue][:-1], *segments)
+        return Placement(tuple(per_queue), self.deleted)
+
+
+def sealing(p: Placement, queue: int, to: str) -> Placement:
+    """A move's first step: the queue's writable segment marked sealing, toward ``to``."""
+    last = p.last(queue)
+    return p.with_last(queue, Segment(last.shard, last.logical_start, "sealing", to=to))
+
+
+def switched(p: Placement, queue: int, end: int) -> Placement:
+    """A move's second step (its owner's master, once the segment is confirmed up to ``end``): the
+    sealing segment read-only at ``end``, a writable one on its target from there."""
+    last = p.last(queue)
+    return p.with_last(queue, Segment(last.shard, last.logical_start, "ro", end=end), Segment(last.to, end))
+
 
 def encode(p: Placement) -> bytes:
     body: dict[str, Any] = {"v": FORMAT_VERSION, "queues": p.queues,
-                            "segments": [[{"shard": s.shard, "logical_start": s.logical_start, "state": s.state}
-                                          for s in q] for q in p.segments]}
+                            "segments": [[s.encoded() for s in q] for q in p.segments]}
     if p.deleted:
         body["deleted"] = True
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
@@ -59,16 +111,33 @@ def decode(raw: bytes) -> Placement:
     try:
         body = json.loads(raw)
         queues = int(body["queues"])
-        segments = tuple(tuple(Segment(str(s["shard"]), int(s["logical_start"]), str(s["state"])) for s in q)
-                         for q in body["segments"])
+        segments = tuple(tuple(Segment(str(s["shard"]), int(s["logical_start"]), str(s["state"]),
+                                       int(s["end"]) if s.get("end") is not None else None, str(s.get("to", "")))
+                               for s in q) for q in body["segments"])
         deleted = body.get("deleted", False) is True
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
         raise RecordError(f"not a placement: {exc}") from None
     if queues != len(segments) or queues < 1 or any(not q for q in segments):
         raise RecordError(f"a placement of {queues} queues lists {len(segments)}, or a queue without a segment")
-    if any(s.state not in STATES or not s.shard for q in segments for s in q):
-        raise RecordError("a segment without a shard, or in a state other than rw or ro")
+    for q in segments:
+        _check_segments(q)
     return Placement(segments, deleted)
+
+
+def _check_segments(segs: tuple[Segment, ...]) -> None:
+    """Every segment but the last read-only with an end; starts that follow those ends; a sealing
+    segment names its target; only a read-only one has an end."""
+    if any(s.state not in STATES or not s.shard for s in segs):
+        raise RecordError("a segment without a shard, or in a state other than rw, sealing or ro")
+    if any(s.state != "ro" for s in segs[:-1]) or segs[0].logical_start != 0:
+        raise RecordError("a segment before the last that is not read-only, or a first one not starting at 0")
+    for s in segs:
+        if (s.end is not None) != (s.state == "ro") or (s.end is not None and s.end < s.logical_start):
+            raise RecordError("a read-only segment without an end (or another one with one), or one ending before it starts")
+        if bool(s.to) != (s.state == "sealing") or s.to == s.shard:
+            raise RecordError("a sealing segment without another shard to move to (or another one naming one)")
+    if any(b.logical_start != a.end for a, b in itertools.pairwise(segs)):
+        raise RecordError("a segment that does not start where the one before it ends")
 
 
 def spread(held: dict[str, int], topics: list[tuple[str, int]]) -> dict[str, Placement]:

@@ -247,8 +247,8 @@ class DataRpcs(Rpcs):
     async def _pull(self, request: pb.PullRequest | pb.PullLocalRequest, *, local: bool) -> Any:
         loop = asyncio.get_running_loop()
         check_system_read(request.topic)
-        if self.store.placement is not None:
-            self.store.placement.check_queue(request.topic, request.queue_id)
+        if self.store.placement is not None:  # the shard of the queue's segment holding the offset
+            self.store.placement.check_read(request.topic, request.queue_id, request.offset)
         max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
         if isinstance(request, pb.PullRequest) and request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])

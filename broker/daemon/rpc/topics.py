@@ -1,4 +1,5 @@
-"""The ``Broker`` service's topics RPCs: CreateTopic(s), DeleteTopic, ListTopics, DescribeTopic, CancelTimer, Status, Promote, Demote."""
+"""The ``Broker`` service's topics RPCs: CreateTopic(s), DeleteTopic, ListTopics, DescribeTopic, CancelTimer,
+Status, Promote, Demote, GetRoutes, MoveQueue."""
 
 from __future__ import annotations
 
@@ -18,10 +19,16 @@ from broker.daemon.rpc.common import (
 )
 from broker.errors import BrokerError, invalid, shown
 from broker.logformat import system_records
-from broker.ports import RoleController
+from broker.ports import RoleController, SegmentRoute
 from proto import tidemark_pb2 as pb
 
 ROUTES_TOPICS_MAX = system_records.CREATE_TOPICS_MAX
+MOVE_TIMEOUT_MS = 30_000  # a MoveQueue call's wait for the move to finish, by default
+MOVE_TIMEOUT_MS_MAX = 600_000
+
+
+def segment_route(s: SegmentRoute) -> pb.SegmentRoute:
+    return pb.SegmentRoute(shard=s.shard, logical_start=s.logical_start, end=s.end or 0, state=s.state)
 
 
 class TopicRpcs(Rpcs):
@@ -139,10 +146,29 @@ class TopicRpcs(Rpcs):
             routes = placement.routes(list(request.topics))
             return pb.GetRoutesResponse(
                 shard=placement.shard, revision=routes.revision,
-                topics=[pb.TopicRoute(topic=t, queue_shards=shards) for t, shards in routes.topics.items()],
+                topics=[pb.TopicRoute(topic=t, queue_shards=shards,
+                                      moved=[pb.QueueSegments(queue=q, segments=[segment_route(s) for s in segs])
+                                             for q, segs in routes.moved.get(t, {}).items()])
+                        for t, shards in routes.topics.items()],
                 shards=[pb.ShardRoute(shard=s.shard, master=s.master, nodes=s.nodes, epoch=s.epoch, queues=s.queues)
-                        for s in routes.shards])
+                        for s in routes.shards],
+                moves=[pb.MoveInFlight(topic=t, queue_id=q, from_shard=a, to_shard=b) for t, q, a, b in routes.moves])
         return handle(context, run)
+
+    async def MoveQueue(self, request: pb.MoveQueueRequest, context: grpc.aio.ServicerContext) -> pb.MoveQueueResponse:
+        """Move a queue to another shard (docs/shards.md, "Moving a queue"): asked of any node."""
+        async def run() -> pb.MoveQueueResponse:
+            placement = self.store.placement
+            if placement is None:
+                raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: there is nowhere to "
+                                  "move a queue to (coordinator.shard)")
+            if not request.to_shard:
+                raise invalid("name the shard to move the queue to (to_shard)")
+            timeout_s = min(request.timeout_ms or MOVE_TIMEOUT_MS, MOVE_TIMEOUT_MS_MAX) / 1000.0
+            segments = await asyncio.to_thread(placement.move, request.topic, request.queue_id, request.to_shard,
+                                               timeout_s)
+            return pb.MoveQueueResponse(segments=[segment_route(s) for s in segments])
+        return await handle_async(context, run)
 
     def Promote(self, request: pb.PromoteRequest, context: grpc.ServicerContext) -> pb.PromoteResponse:
         return handle(context, lambda: pb.PromoteResponse(epoch=self._roles().promote(request.unclean)))

@@ -1,0 +1,109 @@
+"""Moving a queue between shards (DESIGN §15, docs/shards.md "Moving a queue"): the queue's segment
+is sealed where it is and continues on the target at the same logical offset, no data copied; real
+daemons, a real etcd."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from broker.cli.etcd_process import EtcdProcess
+from broker.client import BrokerClient, BrokerError, FailedPrecondition, Message, NotFound
+from tests.failoverutil import Spawn, coordinated, sent_once_placed, wait_master
+from tests.procs import DaemonProcess
+from tests.test_shards import CLUSTER, _key_for
+from tests.waits import wait_until
+
+
+def _single(spawn: Spawn, etcd: EtcdProcess, shard: str, name: str) -> DaemonProcess:
+    node = spawn(name, config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": shard}))
+    wait_master([node])
+    return node
+
+
+def _owners(c: BrokerClient, topic: str) -> list[str]:
+    return [q["shard"] for q in c.describe_topic(topic)["queues"]]
+
+
+def test_a_queue_moves_under_load_and_back_losing_and_repeating_nothing(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A keyed ack=replica producer sends throughout two moves (s1 -> s2 -> s1): every acknowledged
+    message is read back once, in order, at the queue offset its receipt gave; offsets continue
+    across the segments, and a group's committed offset resumes where it was."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c, BrokerClient(nodes["s2"].address) as admin:
+        c.create_topic("t", queues=2)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe", key=str(q)) for q in range(8)]), 15,
+                   "every queue created")
+        q = _owners(c, "t").index("s1")
+        key = _key_for(c, "t", q)
+        acked: list[tuple[int, bytes]] = []
+        errors: list[str] = []
+        stop = threading.Event()
+
+        def produce() -> None:
+            i = 0
+            while not stop.is_set():
+                body = f"m{i:06d}".encode()
+                try:
+                    r = c.send("t", [Message(body, key=key)], ack="replica")[0]
+                except BrokerError as exc:  # a send may fail (say so), but then it must not be read back twice
+                    errors.append(f"{exc.code.name}: {exc.details[:120]}")
+                    continue
+                finally:
+                    i += 1
+                acked.append((r.queue_offset, body))
+
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            wait_until(lambda: len(acked) > 50, 15, "sends before the first move")
+            admin.commit_offset("g", "t", q, 20)
+            first = admin.move_queue("t", q, "s2")
+            assert [(s["shard"], s["state"]) for s in first] == [("s1", "ro"), ("s2", "rw")]
+            end1 = first[0]["end"]
+            assert first[1]["logical_start"] == end1 and end1 >= 50
+            at_move = len(acked)
+            wait_until(lambda: len(acked) > at_move + 50, 15, "sends on the new shard")
+            back = admin.move_queue("t", q, "s1")
+            assert [(s["shard"], s["logical_start"]) for s in back] == [("s1", 0), ("s2", end1), ("s1", back[1]["end"])]
+            at_back = len(acked)
+            wait_until(lambda: len(acked) > at_back + 50, 15, "sends after moving back")
+        finally:
+            stop.set()
+            producer.join(30)
+        assert not errors, f"sends failed across the moves: {errors[:5]}"
+        assert _owners(c, "t")[q] == "s1" and admin.cluster_status()["moves"] == []
+        with BrokerClient(nodes["s2"].address) as reader:  # a fresh client, bootstrapped from the other shard
+            read = [(m.queue_offset, m.body) for r in reader.iter_pull("t", q, 0) for m in r]
+            probes = [b for _, b in read if b == b"probe"]
+            assert [x for x in read if x[1] != b"probe"] == acked, "every acknowledged message once, in order"
+            assert [o for o, _ in read] == list(range(len(read))), "logical offsets continue over the segments"
+            assert len(probes) + len(acked) == len(read)
+            assert reader.committed_offset("g", "t", q) == 20
+            mid = reader.pull("t", q, end1, max_messages=1)  # a read inside the middle segment goes to s2
+            assert [(m.queue_offset, m.body) for m in mid] == [read[end1]]
+
+
+def test_a_move_is_refused_clearly_and_asking_twice_is_harmless(spawn: Spawn, etcd: EtcdProcess) -> None:
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        c.create_topic("t", queues=2)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
+        with pytest.raises(NotFound):
+            c.move_queue("nope", 0, "s2")
+        with pytest.raises(BrokerError) as exc:
+            c.move_queue("t", 7, "s2")
+        assert exc.value.code.name == "INVALID_ARGUMENT"
+        with pytest.raises(FailedPrecondition) as refused:
+            c.move_queue("t", 0, "s9")
+        assert "s9" in refused.value.details and "s1, s2" in refused.value.details
+        owner = _owners(c, "t")[0]
+        assert c.move_queue("t", 0, owner) == [{"shard": owner, "logical_start": 0, "end": None, "state": "rw"}]
+        other = "s2" if owner == "s1" else "s1"
+        started = time.monotonic()
+        moved = c.move_queue("t", 0, other)
+        assert moved == c.move_queue("t", 0, other), "asked again once done: the same answer, nothing moved"
+        assert time.monotonic() - started < 10
+        assert _owners(c, "t")[0] == other
