@@ -57,6 +57,9 @@ from replication.coordination.etcd import Etcd
 log = structlog.get_logger("replication.shards")
 PLACE_WAIT_S = 10.0
 SEAL_CONFIRM_MS = 5000  # a seal waits this long for the log to be confirmed past it, then tries again
+# producers whose last batch a move carries to the target (the latest ones): a send retried across
+# the move by one of them is stored once (one request in flight per producer and shard)
+PRODUCERS_CARRIED_MAX = 64
 # one etcd transaction places a CreateTopics call's topics (all or none); etcd refuses more operations
 # per transaction than its --max-txn-ops (128 by default)
 PLACE_TOPICS_MAX = 128
@@ -248,7 +251,8 @@ class ShardPlacement:
                 raw = self.cluster.raw_record(topic)
                 if raw is None or pl.decode(raw).last(queue) != seg:
                     continue  # changed meanwhile (deleted): the next round sees what it is now
-                record = pl.encode(pl.switched(pl.decode(raw), queue, end))
+                producers = self.store.appender.producers_of(topic, queue, PRODUCERS_CARRIED_MAX)
+                record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers))
                 revision = self._written(functools.partial(_replace_as_leader, topic, raw, record, leader_revision))
                 if revision:
                     log.info("queue_sealed", topic=topic, queue=queue, end=end, target=seg.to, revision=revision)
@@ -266,7 +270,8 @@ class ShardPlacement:
             for queue in range(p.queues):
                 last = p.last(queue)
                 if last.shard == self.shard and last.logical_start and not self._started(topic, queue, last.logical_start):
-                    starts.append((system_records.QUEUE_START, {"topic": topic, "queue": queue, "start": last.logical_start}))
+                    starts.append((system_records.QUEUE_START, {"topic": topic, "queue": queue, "start": last.logical_start,
+                                                                "producers": [list(r) for r in last.producers]}))
         if starts:
             self.store.writes.write_system(starts, applied=self.store.views.queues)
             log.info("queues_started", queues=[(f["topic"], f["queue"], f["start"]) for _, f in starts], shard=self.shard)

@@ -7,10 +7,13 @@ from __future__ import annotations
 import threading
 import time
 
+import grpc
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, FailedPrecondition, Message, NotFound
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
 from tests.failoverutil import Spawn, coordinated, sent_once_placed, wait_master
 from tests.procs import DaemonProcess
 from tests.test_shards import CLUSTER, _key_for
@@ -107,3 +110,33 @@ def test_a_move_is_refused_clearly_and_asking_twice_is_harmless(spawn: Spawn, et
         assert moved == c.move_queue("t", 0, other), "asked again once done: the same answer, nothing moved"
         assert time.monotonic() - started < 10
         assert _owners(c, "t")[0] == other
+
+
+def _send_plain(node: DaemonProcess, topic: str, queue: int, producer: int, sequence: int, body: bytes) -> pb.MessageReceipt:
+    with grpc.insecure_channel(node.address) as ch:
+        resp = pb_grpc.BrokerStub(ch).Send(pb.SendRequest(ack=pb.ACK_REPLICA, producer_id=producer, messages=[
+            pb.PlainMessage(topic=topic, queue_id=queue, body=body, sequence=sequence)]), timeout=10)
+    return resp.message_receipts[0]
+
+
+def test_a_send_retried_across_the_move_is_stored_once(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A send stored just before the seal whose answer was lost, retried on the new shard with the
+    same producer id and sequence, is answered as the duplicate it is (the move carried the queue's
+    producers); the producer's next sequence is taken there."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        c.create_topic("t", queues=2)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
+        q = _owners(c, "t").index("s1")
+        pid = 0x5EED
+        first = [_send_plain(nodes["s1"], "t", q, pid, seq, f"p{seq}".encode()) for seq in range(3)]
+        c.move_queue("t", q, "s2")
+        again = _send_plain(nodes["s2"], "t", q, pid, 2, b"p2")  # the retry of the last one
+        assert again.duplicate and again.queue_offset == first[2].queue_offset
+        with pytest.raises(grpc.RpcError) as gap:  # a sequence that skips one is refused there as it was on s1
+            _send_plain(nodes["s2"], "t", q, pid, 4, b"p4")
+        assert gap.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        nxt = _send_plain(nodes["s2"], "t", q, pid, 3, b"p3")
+        assert not nxt.duplicate and nxt.queue_offset == first[2].queue_offset + 1
+        bodies = [m.body for r in c.iter_pull("t", q, 0) for m in r]
+        assert [b for b in bodies if b.startswith(b"p")] == [b"p0", b"p1", b"p2", b"p3"]

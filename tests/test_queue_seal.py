@@ -115,3 +115,30 @@ def test_seal_and_start_name_an_existing_queue(tmp_path: Path) -> None:
             s.appender.seal_queue("t", 5)
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-stop", "crash"])
+def test_a_started_queue_knows_the_producers_it_was_given(tmp_path: Path, crash: bool) -> None:
+    """The producers a move carries (their last batch on the shard before) answer a retry of that
+    batch as a duplicate, and expect the sequence after it, across a stop or a crash."""
+    path = str(tmp_path / "d")
+    s = open_store(path)
+    create_topic(s, "t")
+    end = s.appender.append_system([(system_records.QUEUE_START, {
+        "topic": "t", "queue": 0, "start": 40, "producers": [[77, 10, 2, 5000, 38]]})])
+    s.watermarks.wait_ack(end, "flush", 5000)
+    s = _reopen(s, path, crash)
+    try:
+        def batch(seq: int) -> IncomingBatch:
+            records, _ = bf.encode_records([(b"r", b"", b""), (b"r", b"", b"")])
+            return IncomingBatch("t", 0, records, 2, crc32c.crc32c(records), producer_id=77, base_sequence=seq)
+
+        receipts, _ = s.appender.append([batch(10)])
+        assert receipts[0].duplicate and receipts[0].base_queue_offset == 38
+        with pytest.raises(BrokerError):
+            s.appender.append([batch(13)])
+        receipts, end = s.appender.append([batch(12)])
+        assert not receipts[0].duplicate and receipts[0].base_queue_offset == 40
+        s.watermarks.wait_ack(end, "flush", 5000)
+    finally:
+        s.stop()

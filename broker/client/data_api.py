@@ -152,9 +152,10 @@ class DataAPI(TopicsAPI):
         queues = self._queue_count(topic)
         by_queue, delayed = _grouped(messages, queues, self._sticky_queue(topic, queues))
         done: list[SendGroup] = []
+        carried: dict[int, _Producer] = {}  # queues refused by a shard naming another: the producer sent with
         for hop in range(ROUTE_HOPS_MAX + 1):
             parts = _by_shard(by_queue, delayed, lambda q: self._shard_of(topic, q))
-            to_shard = functools.partial(self._send_part, parts, topic, messages, ack, timeout_ms)
+            to_shard = functools.partial(self._send_part, parts, topic, messages, ack, timeout_ms, carried)
 
             if len(parts) == 1:
                 shard = next(iter(parts))
@@ -169,6 +170,12 @@ class DataAPI(TopicsAPI):
                     if outcome.owner is None:
                         raise outcome
                     refused = outcome
+                    # sent again elsewhere with the same producer id and sequences: a queue that moved
+                    # (docs/shards.md) carries its producers' last batches, so a retry of a send stored
+                    # just before the move is answered as a duplicate there, not stored twice
+                    used = self._shard_producers.get(shard or "")
+                    if used is not None:
+                        carried.update((q, carried.get(q, used)) for q in parts[shard][0])
                     continue
                 done.extend(outcome)
                 _sent(by_queue, delayed, parts[shard])
@@ -179,9 +186,10 @@ class DataAPI(TopicsAPI):
         assert refused is not None
         raise refused
 
-    def _send_part(self, parts: dict[str | None, PartOf], topic: str,
-                   messages: Sequence[Message], ack: str, timeout_ms: int | None, shard: str | None) -> list[SendGroup]:
-        """One Send of ``parts[shard]`` to ``shard``'s master with its producer, under its lock."""
+    def _send_part(self, parts: dict[str | None, PartOf], topic: str, messages: Sequence[Message], ack: str,
+                   timeout_ms: int | None, carried: dict[int, _Producer], shard: str | None) -> list[SendGroup]:
+        """One Send of ``parts[shard]`` to ``shard``'s master with its producer (a queue in
+        ``carried``: with the producer a refused attempt used), under its lock."""
         by_queue, delayed = parts[shard]
         key = shard or ""
         with self._shard_lock(key):
@@ -191,7 +199,7 @@ class DataAPI(TopicsAPI):
             try:
                 return self._send_batches(producer, topic, messages, self._shard_core(shard), by_queue, delayed,
                                           ack=ack, timeout_ms=timeout_ms, transaction=0, begin=None, begun=None,
-                                          commit=None, ended=None)
+                                          commit=None, ended=None, carried=carried)
             except BrokerError as exc:
                 if exc.owner is None:  # outcome unknown after every retry: never reuse these sequences
                     self._shard_producers[key] = _Producer()
@@ -216,20 +224,24 @@ class DataAPI(TopicsAPI):
                       begun: Callable[[pb.BeginTransactionResponse], None] | None,
                       commit: pb.EndTransactionRequest | None,
                       ended: Callable[[pb.EndTransactionResponse], None] | None,
-                      timer_key: tuple[str, int] = (TIMER_TOPIC, 0)) -> list[SendGroup]:
+                      timer_key: tuple[str, int] = (TIMER_TOPIC, 0),
+                      carried: dict[int, _Producer] | None = None) -> list[SendGroup]:
         """One Send of the batches grouped per queue, on ``core``'s node; the producer's sequences
         advance once it is answered. ``timer_key``: where the sequence of this node's ``__timer``
-        is kept (one per shard in a cluster of shards)."""
+        is kept (one per shard in a cluster of shards). ``carried``: queues sent with another
+        producer (one a refused attempt used)."""
         crc = crc32c.crc32c
         topic_bytes = len(topic.encode())
         # filled in place: constructing sub-messages separately would copy every payload twice
         request = pb.SendRequest(ack=ACKS[ack], timeout_ms=timeout_ms or 0, transaction=transaction, begin=begin,
                                  commit=commit)
         groups: list[SendGroup] = []
+        by_producer = carried or {}
         for queue_id, idxs in by_queue.items():
             records, positions = encode_messages(messages, idxs)
-            seq = producer.sequences.get((topic, queue_id), 0)
-            request.batches.add(topic=topic, queue_id=queue_id, producer_id=producer.producer_id,
+            sender = by_producer.get(queue_id, producer)
+            seq = sender.sequences.get((topic, queue_id), 0)
+            request.batches.add(topic=topic, queue_id=queue_id, producer_id=sender.producer_id,
                                 base_sequence=seq, record_count=len(idxs), records_crc=crc(records),
                                 records=records)
             groups.append(SendGroup(queue_id, idxs, positions, seq))
@@ -253,7 +265,7 @@ class DataAPI(TopicsAPI):
                 producer.sequences[timer_key] = g.base_sequence + len(g.idxs)
                 g.records_at = r.commit_offset + bf.HEADER_BYTES + len(TIMER_TOPIC)
             else:
-                producer.sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
+                by_producer.get(g.queue_id, producer).sequences[(topic, g.queue_id)] = g.base_sequence + len(g.idxs)
                 g.records_at = r.commit_offset + bf.HEADER_BYTES + topic_bytes
             g.base_queue_offset = r.base_queue_offset
             g.duplicate = r.duplicate

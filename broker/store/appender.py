@@ -108,15 +108,15 @@ class TailState:
             self.txn_end = header.base_offset + header.batch_bytes
         elif txns and header.flags & bf.FLAG_TRANSACTIONAL:
             self.count_txn_messages(header.producer_id, header.record_count)
+        changes = [system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)
+                   if bytes(k) in system_records.TOPIC_CHANGE_KEYS] if header.topic == system_records.METADATA_TOPIC else []
         if queues:
             self.queue_next[(header.topic, header.queue_id)] = header.next_queue_offset
-            if header.topic == system_records.METADATA_TOPIC:
-                self.apply_topic_changes([
-                    system_records.decode(k, b) for _, k, _, b in bf.iter_records(batch, header)
-                    if bytes(k) in system_records.TOPIC_CHANGE_KEYS
-                ])
+            if changes:
+                self.apply_topic_changes(changes)
         if producers:
             self.producers.record(header)
+            self.seed_producers(changes)
         self.last_store_time_ms = max(self.last_store_time_ms, header.store_time_ms)
 
     def count_txn_messages(self, pid: int, count: int) -> None:
@@ -152,6 +152,12 @@ class TailState:
                 self.txn_parties.setdefault(rec.pid, []).append(rec.party)
         elif isinstance(rec, txn_records.Prepare) and rec.pid in self.txn_open:
             self.txn_prepared.add(rec.pid)
+
+    def seed_producers(self, changes: TopicChanges) -> None:
+        """A queue that moved here starts with its producers' last batches from its previous shard."""
+        for change, fields in changes:
+            if change == system_records.QUEUE_START:
+                self.producers.seed(str(fields["topic"]), int(fields["queue"]), fields.get("producers", []))
 
     def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
         """Created or deleted topics restart their queue offsets at 0; a sealed queue takes no write
@@ -446,6 +452,7 @@ class Appender:
                 written += chunks
             for name in tail.apply_topic_changes(topic_changes or []):
                 self.on_topic_deleted(name)
+            tail.seed_producers(topic_changes or [])
             tail.queue_next.update(queue_next)
             tail.last_store_time_ms = now
             for pid, count in counted:
@@ -617,6 +624,11 @@ class Appender:
         """Whether a queue takes appends now (the append side's view of topics)."""
         info = self.metadata.topic(topic)
         return topic in self.tail.topics and info is not None and 0 <= queue_id < info["queues"]
+
+    def producers_of(self, topic: str, queue_id: int, most: int) -> list[list[int]]:
+        """The last batch of the ``most`` latest producers of a queue (``ProducerTable.of_queue``)."""
+        with self.lock:
+            return self.tail.producers.of_queue(topic, queue_id, most)
 
     def queue_sealed(self, topic: str, queue_id: int) -> bool:
         """Whether a move sealed the queue here (one dict read, no lock: an append decides under it)."""

@@ -15,7 +15,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from broker.logformat.batch import NO_SEQUENCE, BatchHeader
+from broker.logformat import system_records
+from broker.logformat.batch import NO_SEQUENCE, BatchHeader, iter_records
 from broker.storage import atomic_file
 from broker.views.base import View, copy_prefix
 
@@ -23,6 +24,7 @@ CHECKPOINT_MAGIC = b"TMPS"
 CHECKPOINT_VERSION = 1
 BATCHES_KEPT_PER_PRODUCER = 5
 PRODUCERS_MAX = 100_000
+_QUEUE_START = system_records.QUEUE_START.encode()
 
 Key = tuple[int, str, int]
 # (base_sequence, record_count, base_offset, base_queue_offset)
@@ -75,6 +77,19 @@ class ProducerTable:
         self.table[key] = [*batches[1 - BATCHES_KEPT_PER_PRODUCER:], remembered] if batches else [remembered]
         while len(self.table) > self.producers_max:
             self.table.popitem(last=False)
+
+    def of_queue(self, topic: str, queue_id: int, most: int) -> list[list[int]]:
+        """The last batch of each producer that wrote ``queue_id`` of ``topic``, the ``most`` most
+        recent of them, oldest first: ``[producer id, base sequence, count, base offset, base queue
+        offset]`` (what a move carries to the queue's next shard, docs/shards.md)."""
+        rows = [[pid, *batches[-1]] for (pid, t, q), batches in self.table.items() if t == topic and q == queue_id]
+        return rows[-most:] if most else []
+
+    def seed(self, topic: str, queue_id: int, rows: list[list[int]]) -> None:
+        """Remember batches another shard's log holds (``of_queue`` there): a retry of one of them
+        sent here after the queue moved is answered as a duplicate, and the next sequence follows it."""
+        for pid, seq, count, offset, queue_offset in rows:
+            self.record_batch(int(pid), topic, queue_id, int(seq), int(count), int(offset), int(queue_offset))
 
     def savepoint(self) -> dict[Key, list[Remembered] | None]:
         """Start remembering what ``record_batch`` changes, for ``rollback``."""
@@ -132,6 +147,11 @@ class ProducerStateView(View):
 
     def apply(self, header: BatchHeader, batch: memoryview) -> None:
         self.producers.record(header)
+        if header.topic == system_records.METADATA_TOPIC:  # a queue moved here: its producers' last batches
+            for _, key, _, body in iter_records(batch, header):
+                if bytes(key) == _QUEUE_START:
+                    _, fields = system_records.decode(key, body)
+                    self.producers.seed(str(fields["topic"]), int(fields["queue"]), fields.get("producers", []))
 
     def end_round(self, offset: int) -> None:
         self.applied_offset = offset

@@ -30,6 +30,10 @@ class Segment:
     state: str = "rw"
     end: int | None = None  # ro: where it ends (exclusive)
     to: str = ""  # sealing: the shard it moves to
+    # a segment a move began: the last batch of the queue's latest producers on the shard before
+    # ([producer id, base sequence, count, base offset, base queue offset]), so that a send retried
+    # across the move is stored once
+    producers: tuple[tuple[int, ...], ...] = ()
 
     def holds(self, offset: int) -> bool:
         """Whether a read at logical ``offset`` belongs to this segment (an open one: any past its start)."""
@@ -41,6 +45,8 @@ class Segment:
             out["end"] = self.end
         if self.to:
             out["to"] = self.to
+        if self.producers:
+            out["producers"] = [list(p) for p in self.producers]
         return out
 
 
@@ -92,11 +98,18 @@ def sealing(p: Placement, queue: int, to: str) -> Placement:
     return p.with_last(queue, Segment(last.shard, last.logical_start, "sealing", to=to))
 
 
-def switched(p: Placement, queue: int, end: int) -> Placement:
+def switched(p: Placement, queue: int, end: int, producers: list[list[int]] | None = None) -> Placement:
     """A move's second step (its owner's master, once the segment is confirmed up to ``end``): the
-    sealing segment read-only at ``end``, a writable one on its target from there."""
-    last = p.last(queue)
-    return p.with_last(queue, Segment(last.shard, last.logical_start, "ro", end=end), Segment(last.to, end))
+    sealing segment read-only at ``end``, a writable one on its target from there, carrying the
+    queue's ``producers`` (their last batches). Earlier segments forget theirs: only the writable
+    one's matter."""
+    segs = p.segments[queue]
+    last = segs[-1]
+    done = [Segment(s.shard, s.logical_start, s.state, s.end) for s in segs[:-1]]
+    per_queue = list(p.segments)
+    per_queue[queue] = (*done, Segment(last.shard, last.logical_start, "ro", end=end),
+                        Segment(last.to, end, producers=tuple(tuple(r) for r in producers or ())))
+    return Placement(tuple(per_queue), p.deleted)
 
 
 def encode(p: Placement) -> bytes:
@@ -112,7 +125,8 @@ def decode(raw: bytes) -> Placement:
         body = json.loads(raw)
         queues = int(body["queues"])
         segments = tuple(tuple(Segment(str(s["shard"]), int(s["logical_start"]), str(s["state"]),
-                                       int(s["end"]) if s.get("end") is not None else None, str(s.get("to", "")))
+                                       int(s["end"]) if s.get("end") is not None else None, str(s.get("to", "")),
+                                       tuple(_producer(r) for r in s.get("producers", ())))
                                for s in q) for q in body["segments"])
         deleted = body.get("deleted", False) is True
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -122,6 +136,13 @@ def decode(raw: bytes) -> Placement:
     for q in segments:
         _check_segments(q)
     return Placement(segments, deleted)
+
+
+def _producer(row: Any) -> tuple[int, ...]:
+    out = tuple(int(v) for v in row)
+    if len(out) != 5:
+        raise ValueError(f"a carried producer of {len(out)} numbers, not 5")
+    return out
 
 
 def _check_segments(segs: tuple[Segment, ...]) -> None:
