@@ -16,6 +16,9 @@ class BrokerError(Exception):
 OWNER_SHARD_KEY = "tidemark-shard"
 OWNER_MASTER_KEY = "tidemark-shard-master"
 ROUTES_REVISION_KEY = "tidemark-routes-revision"
+# A write refused UNAVAILABLE because its queue is moving between shards (nothing stored): clients
+# retry it until their deadline, however many addresses they have (the move takes about a second)
+MOVING = (("tidemark-retry", "moving"),)
 
 
 def invalid(message: str) -> BrokerError:

@@ -44,9 +44,10 @@ from typing import Any
 import structlog
 
 from broker import metrics
-from broker.errors import OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
+from broker.errors import MOVING, OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
 from broker.ports import Routes, SegmentRoute, ShardRoute
+from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
@@ -163,7 +164,8 @@ class ShardPlacement:
         self._check_serving(topic, queue, last)
         if last.state == "sealing":
             raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is moving to shard {last.to!r}: "
-                              "nothing of this send was stored; retry (the routes name the new owner once it is done)")
+                              "nothing of this send was stored; retry (the routes name the new owner once it is done)",
+                              metadata=MOVING)
 
     def check_read(self, topic: str, queue: int, offset: int) -> None:
         p = self.cluster.placement(topic)
@@ -185,7 +187,7 @@ class ShardPlacement:
         if seg.logical_start and seg.end is None and not self._started(topic, queue, seg.logical_start):
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is being started on shard "
-                              f"{self.shard!r} at offset {seg.logical_start} (a move); retry in a moment")
+                              f"{self.shard!r} at offset {seg.logical_start} (a move); retry in a moment", metadata=MOVING)
 
     def _started(self, topic: str, queue: int, start: int) -> bool:
         appender = self.store.appender
@@ -248,6 +250,7 @@ class ShardPlacement:
                     return
                 end, at = self.store.appender.seal_queue(topic, queue)
                 self.store.watermarks.wait_ack(at, "replica", SEAL_CONFIRM_MS)
+                failpoint("move_after_seal")
                 raw = self.cluster.raw_record(topic)
                 if raw is None or pl.decode(raw).last(queue) != seg:
                     continue  # changed meanwhile (deleted): the next round sees what it is now
@@ -255,6 +258,7 @@ class ShardPlacement:
                 record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers))
                 revision = self._written(functools.partial(_replace_as_leader, topic, raw, record, leader_revision))
                 if revision:
+                    failpoint("move_after_switch")
                     log.info("queue_sealed", topic=topic, queue=queue, end=end, target=seg.to, revision=revision)
                 else:
                     log.warning("queue_seal_not_written", topic=topic, queue=queue, end=end,
@@ -273,6 +277,7 @@ class ShardPlacement:
                     starts.append((system_records.QUEUE_START, {"topic": topic, "queue": queue, "start": last.logical_start,
                                                                 "producers": [list(r) for r in last.producers]}))
         if starts:
+            failpoint("move_before_start")
             self.store.writes.write_system(starts, applied=self.store.views.queues)
             log.info("queues_started", queues=[(f["topic"], f["queue"], f["start"]) for _, f in starts], shard=self.shard)
 

@@ -4,7 +4,6 @@ daemons, a real etcd."""
 
 from __future__ import annotations
 
-import threading
 import time
 
 import grpc
@@ -14,20 +13,18 @@ from broker.cli.etcd_process import EtcdProcess
 from broker.client import BrokerClient, BrokerError, FailedPrecondition, Message, NotFound
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
-from tests.failoverutil import Spawn, coordinated, sent_once_placed, wait_master
+from tests.failoverutil import Spawn, sent_once_placed
+from tests.moveutil import KeyedProducer, check_once_in_order, owners, read_back, shard_node
 from tests.procs import DaemonProcess
-from tests.test_shards import CLUSTER, _key_for
+from tests.test_shards import _key_for
 from tests.waits import wait_until
 
 
 def _single(spawn: Spawn, etcd: EtcdProcess, shard: str, name: str) -> DaemonProcess:
-    node = spawn(name, config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": shard}))
-    wait_master([node])
-    return node
+    return shard_node(spawn, etcd, shard, name)
 
 
-def _owners(c: BrokerClient, topic: str) -> list[str]:
-    return [q["shard"] for q in c.describe_topic(topic)["queues"]]
+_owners = owners
 
 
 def test_a_queue_moves_under_load_and_back_losing_and_repeating_nothing(spawn: Spawn, etcd: EtcdProcess) -> None:
@@ -40,50 +37,22 @@ def test_a_queue_moves_under_load_and_back_losing_and_repeating_nothing(spawn: S
         wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe", key=str(q)) for q in range(8)]), 15,
                    "every queue created")
         q = _owners(c, "t").index("s1")
-        key = _key_for(c, "t", q)
-        acked: list[tuple[int, bytes]] = []
-        errors: list[str] = []
-        stop = threading.Event()
-
-        def produce() -> None:
-            i = 0
-            while not stop.is_set():
-                body = f"m{i:06d}".encode()
-                try:
-                    r = c.send("t", [Message(body, key=key)], ack="replica")[0]
-                except BrokerError as exc:  # a send may fail (say so), but then it must not be read back twice
-                    errors.append(f"{exc.code.name}: {exc.details[:120]}")
-                    continue
-                finally:
-                    i += 1
-                acked.append((r.queue_offset, body))
-
-        producer = threading.Thread(target=produce)
-        producer.start()
-        try:
-            wait_until(lambda: len(acked) > 50, 15, "sends before the first move")
+        with KeyedProducer(c, "t", _key_for(c, "t", q)) as p:
+            p.wait_more(50)
             admin.commit_offset("g", "t", q, 20)
             first = admin.move_queue("t", q, "s2")
             assert [(s["shard"], s["state"]) for s in first] == [("s1", "ro"), ("s2", "rw")]
             end1 = first[0]["end"]
             assert first[1]["logical_start"] == end1 and end1 >= 50
-            at_move = len(acked)
-            wait_until(lambda: len(acked) > at_move + 50, 15, "sends on the new shard")
+            p.wait_more(50)
             back = admin.move_queue("t", q, "s1")
             assert [(s["shard"], s["logical_start"]) for s in back] == [("s1", 0), ("s2", end1), ("s1", back[1]["end"])]
-            at_back = len(acked)
-            wait_until(lambda: len(acked) > at_back + 50, 15, "sends after moving back")
-        finally:
-            stop.set()
-            producer.join(30)
-        assert not errors, f"sends failed across the moves: {errors[:5]}"
+            p.wait_more(50)
+        assert not p.errors, f"sends failed across the moves: {p.errors[:5]}"
         assert _owners(c, "t")[q] == "s1" and admin.cluster_status()["moves"] == []
         with BrokerClient(nodes["s2"].address) as reader:  # a fresh client, bootstrapped from the other shard
-            read = [(m.queue_offset, m.body) for r in reader.iter_pull("t", q, 0) for m in r]
-            probes = [b for _, b in read if b == b"probe"]
-            assert [x for x in read if x[1] != b"probe"] == acked, "every acknowledged message once, in order"
-            assert [o for o, _ in read] == list(range(len(read))), "logical offsets continue over the segments"
-            assert len(probes) + len(acked) == len(read)
+            read = read_back(reader, "t", q)
+            check_once_in_order(read, p)
             assert reader.committed_offset("g", "t", q) == 20
             mid = reader.pull("t", q, end1, max_messages=1)  # a read inside the middle segment goes to s2
             assert [(m.queue_offset, m.body) for m in mid] == [read[end1]]

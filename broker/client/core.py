@@ -63,6 +63,16 @@ def _answered(exc: grpc.RpcError) -> bool:
     return any(key == "tidemark-outcome" for key, _ in trailing)
 
 
+def _moving(exc: grpc.RpcError) -> bool:
+    """A write refused because its queue is moving between shards (nothing stored): retried until
+    the call's deadline, on the same node."""
+    try:
+        trailing = exc.trailing_metadata() or ()  # type: ignore[attr-defined]
+    except Exception:
+        return False
+    return any(key == "tidemark-retry" and value == "moving" for key, value in trailing)
+
+
 def _redirect(exc: grpc.RpcError) -> str | None:
     """A write refused because this node is not (or no longer) the master carries ``tidemark-master``:
     the master's client address, or '' while the node does not know it. None: another refusal."""
@@ -235,6 +245,10 @@ class ClientCore:
                 in_time = deadline - time.monotonic() > 0
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _answered(exc):
                     self._failed[self.addresses[self._current]] = time.monotonic()
+                if code == grpc.StatusCode.UNAVAILABLE and in_time and retry and _moving(exc):
+                    time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # not stored: the same again
+                    delay = min(delay * 2, BACKOFF_MAX_S)
+                    continue
                 if master is not None and in_time:  # not executed here: to the master, or wait for one
                     refused = exc
                     redirects += 1

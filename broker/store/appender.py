@@ -26,7 +26,7 @@ import structlog
 
 from broker import clock
 from broker.config import Config
-from broker.errors import BrokerError, invalid, not_found, shown
+from broker.errors import MOVING, BrokerError, invalid, not_found, shown
 from broker.invariant import invariant
 from broker.logformat import batch as bf
 from broker.logformat import system_records, txn_records
@@ -359,7 +359,7 @@ class Appender:
         if end is not None:
             raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is sealed at offset {end} on this "
                               "shard: it is moving to another shard (docs/shards.md); nothing of this send was stored, "
-                              "retry (the routes name the new owner once the move is done)")
+                              "retry (the routes name the new owner once the move is done)", metadata=MOVING)
 
     def seal_queue(self, topic: str, queue: int) -> tuple[int, int]:
         """Seal ``queue`` of ``topic`` here (a move, docs/shards.md): a ``queue.seal`` record whose end
