@@ -23,7 +23,7 @@ import round_table
 BENCHES = ("send_throughput", "send_profile", "grpc_floor", "pull_throughput",
            "restart_time", "memory", "replication", "spark_read", "timers", "tiered",
            "longpoll", "many_queues", "failover", "groups", "pop", "plain_api", "verify_damage", "hostile",
-           "transactions", "shards", "shard_sim", "groups_shards", "shard_txn")
+           "transactions", "shards", "shard_sim", "groups_shards", "shard_txn", "queue_move")
 # a benchmark run again with other arguments, under a name of its own
 VARIANTS = {"groups_shards": ("groups", ["--shards", "2"])}
 

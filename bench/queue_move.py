@@ -1,0 +1,164 @@
+"""Moving a queue between shards (issue 39, docs/shards.md "Moving a queue"): the write pause of a
+keyed ack=replica producer through 20 moves of its queue, and whether anything acknowledged was
+lost, repeated or reordered.
+
+Two shards of two nodes each (a real etcd, every process on this machine); one topic of two
+queues; one client sends one message at a time, ack=replica, with a key of the queue that moves;
+the queue moves back and forth between the shards (``move_queue``), a second apart. A move's pause
+is the longest gap between two acknowledgements around it. At the end every acknowledged message
+is read back from offset 0 (across every segment).
+
+Usage: .venv/bin/python bench/queue_move.py [--quick] [--moves 20]
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import statistics
+import sys
+import threading
+import time
+from typing import Any
+
+import common
+import crc32c
+from common import Results, log
+
+from broker.cli.etcd_process import EtcdProcess
+from broker.client import BrokerClient, BrokerError, Message
+from tests.failoverutil import coordinated, in_sync, wait_master
+from tests.procs import DaemonProcess
+
+TOPIC = "moving"
+PAUSE_TARGET_S = 1.0
+
+
+class KeyedSender:
+    """One message at a time, ack=replica, one key: (ack time, queue offset, body) of each."""
+
+    def __init__(self, client: BrokerClient, key: str) -> None:
+        self.client, self.key = client, key
+        self.acks: list[tuple[float, int, bytes]] = []
+        self.errors: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        for i in itertools.count():
+            if self._stop.is_set():
+                return
+            body = f"m{i:08d}".encode()
+            try:
+                r = self.client.send(TOPIC, [Message(body, key=self.key)], ack="replica")[0]
+            except BrokerError as exc:
+                self.errors.append(str(exc)[:200])
+                continue
+            self.acks.append((time.monotonic(), r.queue_offset, body))
+
+    def longest_gap(self, start: float, end: float) -> float:
+        """The longest time without an acknowledgement from ``start`` (the move asked) until the
+        first acknowledgement after ``end`` (its call answered)."""
+        after = next((t for t, _, _ in self.acks if t >= end), end)
+        times = [start, *(t for t, _, _ in self.acks if start < t < end), after]
+        return max(b - a for a, b in itertools.pairwise(times))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def _percentile(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+
+def moves(res: Results, a: Any, workdir: str) -> None:
+    etcd = EtcdProcess(os.path.join(workdir, "etcd")).start()
+    nodes: dict[str, list[DaemonProcess]] = {}
+    try:
+        for shard, names in (("s1", ("a", "b")), ("s2", ("c", "d"))):
+            nodes[shard] = [DaemonProcess(os.path.join(workdir, n), config=coordinated(
+                etcd.endpoint, **{"coordinator.cluster": "moves", "coordinator.shard": shard})).start(60) for n in names]
+        for pair in nodes.values():
+            master = wait_master(pair, 60)
+            other = pair[1] if master is pair[0] else pair[0]
+            common.wait_for(lambda m=master, o=other: in_sync(m, o), 60, "the slave in sync")
+        addresses = [d.address for pair in nodes.values() for d in pair]
+        with BrokerClient(addresses) as client, BrokerClient(addresses) as admin:
+            client.create_topic(TOPIC, queues=2)
+            owners = [q["shard"] for q in client.describe_topic(TOPIC)["queues"]]
+            queue = owners.index("s1")
+            key = next(k for k in (f"k{i}" for i in range(10_000)) if crc32c.crc32c(k.encode()) % 2 == queue)
+            common.wait_for(lambda: _sent(client, key), 30, "the topic created on both shards")
+            sender = KeyedSender(client, key)
+            pauses, durations = [], []
+            try:
+                time.sleep(1.0)
+                for i in range(a.moves):
+                    target = "s2" if i % 2 == 0 else "s1"
+                    t0 = time.monotonic()
+                    admin.move_queue(TOPIC, queue, target, timeout_ms=60_000)
+                    t1 = time.monotonic()
+                    time.sleep(a.between_s)
+                    pauses.append(sender.longest_gap(t0, t1))
+                    durations.append(t1 - t0)
+                    log(f"move {i + 1} to {target}: {durations[-1] * 1000:.0f} ms, write pause {pauses[-1] * 1000:.0f} ms")
+                quiet_end = time.monotonic()
+            finally:
+                sender.stop()
+            steady = [b - x for (x, _, _), (b, _, _) in itertools.pairwise(sender.acks) if b < quiet_end]
+            read = [(m.queue_offset, bytes(m.body)) for r in client.iter_pull(TOPIC, queue, 0) for m in r]
+        mine = [(o, b) for o, b in read if b.startswith(b"m")]
+        acked = [(o, b) for _, o, b in sender.acks]
+        got = set(mine)
+        lost = sum(1 for x in acked if x not in got)
+        bodies = [b for _, b in mine]
+        repeated = len(bodies) - len(set(bodies))
+        order_kept = [x for x in mine if x in set(acked)] == acked and [o for o, _ in read] == list(range(len(read)))
+        params = {"moves": a.moves, "between_s": a.between_s, "shards": "2 x (master + slave)", "ack": "replica"}
+        target, ok = common.at_most(_percentile(pauses, 99), PAUSE_TARGET_S)
+        res.add("write pause per move, p50", statistics.median(pauses), "s", **params)
+        res.add("write pause per move, p99", _percentile(pauses, 99), "s", target=target, ok=ok, **params)
+        res.add("write pause per move, max", max(pauses), "s", **params)
+        res.add("a move's call (asked to target writing), p50 / p99", statistics.median(durations), "s",
+                p99_s=round(_percentile(durations, 99), 3), **params)
+        res.add("gap between acknowledgements outside moves, p99 (the producer's own pace)", _percentile(steady, 99),
+                "s", messages_acked=len(acked), **params)
+        res.add("acknowledged messages lost", lost, "", target="0", ok=lost == 0, **params)
+        res.add("messages stored twice", repeated, "", target="0", ok=repeated == 0, **params)
+        res.add("order kept and offsets contiguous over every segment", 1 if order_kept else 0, "", target="1",
+                ok=order_kept, send_errors=len(sender.errors), **params)
+    finally:
+        for pair in nodes.values():
+            for d in pair:
+                d.kill9()
+        etcd.kill9()
+
+
+def _sent(client: BrokerClient, key: str) -> bool:
+    try:
+        client.send(TOPIC, [Message(b"probe", key=key)], ack="replica")
+    except BrokerError:
+        return False
+    return True
+
+
+def main() -> int:
+    p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--moves", type=int, default=20)
+    p.add_argument("--between-s", type=float, default=1.0, help="sends between two moves, in seconds")
+    a = p.parse_args()
+    if a.quick:
+        a.moves = 4
+    res = Results("queue_move", a.results, {"quick": a.quick})
+    common.preflight(res, a.max_wait_quiet)
+    with common.temp_dir("tm-moves-", a.workdir) as workdir:
+        moves(res, a, workdir)
+    res.print_table()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
