@@ -115,6 +115,11 @@ CLUSTER_SHARD_QUEUES = Gauge("tidemark_cluster_shard_queues", "Queues each shard
                              "has it", ["shard"], registry=REGISTRY)
 CLUSTER_SHARD_HAS_MASTER = Gauge("tidemark_cluster_shard_has_master", "1 while a shard has a master, 0 while a shard "
                                  "with queues has none, as this node's copy of etcd has it", ["shard"], registry=REGISTRY)
+CLUSTER_MOVES_IN_FLIGHT = Gauge("tidemark_cluster_moves_in_flight", "Queue moves between shards under way in the "
+                                "cluster (their segment being sealed), as this node's copy of etcd has it",
+                                registry=REGISTRY)
+CLUSTER_SHARD_DRAINING = Gauge("tidemark_cluster_shard_draining", "1 while a shard is being drained (tidemark cluster "
+                               "drain)", ["shard"], registry=REGISTRY)
 CLUSTER_REVISION = Gauge("tidemark_cluster_revision", "The etcd revision this node's copy of the cluster reflects",
                          registry=REGISTRY)
 CONFIG_RELOADS = Counter("tidemark_config_reloads", "SIGHUP reloads by outcome (applied, refused)", ["outcome"],

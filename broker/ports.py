@@ -73,6 +73,9 @@ class ShardRoute:
     nodes: tuple[str, ...]
     epoch: int
     queues: int
+    draining: bool = False
+    slots: int = 0  # group slots it coordinates
+    read_only: int = 0  # read-only segments of queues that moved away, still in its log
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,18 @@ class SegmentRoute:
     logical_start: int
     end: int | None
     state: str
+
+
+@dataclass(frozen=True)
+class MoveDone:
+    """One queue move of a rebalance: how long it took, and why it failed ('' when it did not)."""
+
+    topic: str
+    queue: int
+    source: str
+    target: str
+    seconds: float
+    error: str
 
 
 @dataclass(frozen=True)
@@ -125,6 +140,11 @@ class Placement(Protocol):
     def move(self, topic: str, queue: int, to_shard: str, timeout_s: float) -> tuple[SegmentRoute, ...]:
         """Move ``queue`` of ``topic`` to ``to_shard`` (docs/shards.md) and wait until the target
         writes it (blocks: etcd, then the queue's shards); its segments after the move."""
+        ...
+
+    def rebalance(self, drain: str, undrain: str, dry_run: bool, timeout_s: float) -> list[MoveDone]:
+        """Even out the shards' queues with the fewest moves (``drain``: that shard's all away, and
+        no new queue there; ``undrain``: that ends); ``dry_run``: only the plan (blocks: the moves)."""
         ...
 
     def knows_group(self, group: str) -> bool:

@@ -1034,6 +1034,40 @@ class TopicRoute(_message.Message):
     moved: _containers.RepeatedCompositeFieldContainer[QueueSegments]
     def __init__(self, topic: _Optional[str] = ..., queue_shards: _Optional[_Iterable[str]] = ..., moved: _Optional[_Iterable[_Union[QueueSegments, _Mapping]]] = ...) -> None: ...
 
+class RebalanceRequest(_message.Message):
+    __slots__ = ("drain_shard", "undrain_shard", "dry_run", "timeout_ms")
+    DRAIN_SHARD_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_SHARD_FIELD_NUMBER: _ClassVar[int]
+    DRY_RUN_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    drain_shard: str
+    undrain_shard: str
+    dry_run: bool
+    timeout_ms: int
+    def __init__(self, drain_shard: _Optional[str] = ..., undrain_shard: _Optional[str] = ..., dry_run: _Optional[bool] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class RebalanceMove(_message.Message):
+    __slots__ = ("topic", "queue_id", "from_shard", "to_shard", "duration_ms", "error")
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TO_SHARD_FIELD_NUMBER: _ClassVar[int]
+    DURATION_MS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    topic: str
+    queue_id: int
+    from_shard: str
+    to_shard: str
+    duration_ms: int
+    error: str
+    def __init__(self, topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., from_shard: _Optional[str] = ..., to_shard: _Optional[str] = ..., duration_ms: _Optional[int] = ..., error: _Optional[str] = ...) -> None: ...
+
+class RebalanceResponse(_message.Message):
+    __slots__ = ("moves",)
+    MOVES_FIELD_NUMBER: _ClassVar[int]
+    moves: _containers.RepeatedCompositeFieldContainer[RebalanceMove]
+    def __init__(self, moves: _Optional[_Iterable[_Union[RebalanceMove, _Mapping]]] = ...) -> None: ...
+
 class MoveQueueRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "to_shard", "timeout_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]
@@ -1053,18 +1087,24 @@ class MoveQueueResponse(_message.Message):
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentRoute, _Mapping]]] = ...) -> None: ...
 
 class ShardRoute(_message.Message):
-    __slots__ = ("shard", "master", "nodes", "epoch", "queues")
+    __slots__ = ("shard", "master", "nodes", "epoch", "queues", "draining", "slots", "read_only_segments")
     SHARD_FIELD_NUMBER: _ClassVar[int]
     MASTER_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     QUEUES_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
+    SLOTS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     shard: str
     master: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
     epoch: int
     queues: int
-    def __init__(self, shard: _Optional[str] = ..., master: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., queues: _Optional[int] = ...) -> None: ...
+    draining: bool
+    slots: int
+    read_only_segments: int
+    def __init__(self, shard: _Optional[str] = ..., master: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., epoch: _Optional[int] = ..., queues: _Optional[int] = ..., draining: _Optional[bool] = ..., slots: _Optional[int] = ..., read_only_segments: _Optional[int] = ...) -> None: ...
 
 class GetRoutesResponse(_message.Message):
     __slots__ = ("shard", "revision", "topics", "shards", "moves")

@@ -205,6 +205,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.MoveQueueRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.MoveQueueResponse.FromString,
                 _registered_method=True)
+        self.Rebalance = channel.unary_unary(
+                '/tidemark.v1.Broker/Rebalance',
+                request_serializer=proto_dot_tidemark__pb2.RebalanceRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.RebalanceResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -450,6 +455,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Rebalance(self, request, context):
+        """Even out the shards' queues, or drain one (admin; docs/shards.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -622,6 +634,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.MoveQueue,
                     request_deserializer=proto_dot_tidemark__pb2.MoveQueueRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.MoveQueueResponse.SerializeToString,
+            ),
+            'Rebalance': grpc.unary_unary_rpc_method_handler(
+                    servicer.Rebalance,
+                    request_deserializer=proto_dot_tidemark__pb2.RebalanceRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.RebalanceResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1543,6 +1560,33 @@ class Broker:
             '/tidemark.v1.Broker/MoveQueue',
             proto_dot_tidemark__pb2.MoveQueueRequest.SerializeToString,
             proto_dot_tidemark__pb2.MoveQueueResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Rebalance(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/Rebalance',
+            proto_dot_tidemark__pb2.RebalanceRequest.SerializeToString,
+            proto_dot_tidemark__pb2.RebalanceResponse.FromString,
             options,
             channel_credentials,
             insecure,

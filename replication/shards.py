@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -46,11 +48,12 @@ import structlog
 from broker import metrics
 from broker.errors import MOVING, OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
-from broker.ports import Routes, SegmentRoute, ShardRoute
+from broker.ports import MoveDone, Routes, SegmentRoute, ShardRoute
 from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
+from replication.coordination import rebalance as rb
 from replication.coordination import slots as sl
 from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.etcd import Etcd
@@ -79,6 +82,10 @@ async def _create_slot(slot: int, record: bytes, etcd: Etcd) -> int:
 
 async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: Etcd) -> int:
     return await etcd.replace_placement(topic, expected, record)
+
+
+async def _set_draining(shard: str, draining: bool, etcd: Etcd) -> int:
+    return await etcd.set_draining(shard, draining)
 
 
 async def _replace_as_leader(topic: str, expected: bytes, record: bytes, leader_revision: int, etcd: Etcd) -> int:
@@ -238,6 +245,43 @@ class ShardPlacement:
         last = p.last(queue)
         return last.shard == to_shard and last.state == "rw"
 
+    def rebalance(self, drain: str, undrain: str, dry_run: bool, timeout_s: float) -> list[MoveDone]:
+        """Even out the live shards' writable queues (``rebalance.plan``), ``drain`` marked draining
+        first (or ``undrain`` no longer); the moves run up to ``moves_max_in_flight`` at a time.
+        ``dry_run``: the plan, nothing moved. Each move's outcome; a failed one does not stop the rest.
+        ``undrain`` moves nothing (a rebalance afterwards fills the shard)."""
+        if drain and drain not in self.cluster.shards():
+            raise BrokerError("NOT_FOUND", f"shard {drain!r} is not in this cluster")
+        for shard, on in ((drain, True), (undrain, False)):
+            if shard and not dry_run:
+                self._written(functools.partial(_set_draining, shard, on))
+                log.warning("shard_draining" if on else "shard_undrained", shard=shard)
+        if undrain and not drain:
+            return []
+        draining = self.cluster.draining_shards() | ({drain} if drain else set())
+        try:
+            moves = rb.plan(self.cluster.placements_snapshot(), self.cluster.live_shards(), draining)
+        except ValueError as exc:
+            raise BrokerError("FAILED_PRECONDITION", str(exc)) from None
+        if dry_run or not moves:
+            return [MoveDone(m.topic, m.queue, m.source, m.target, 0.0, "") for m in moves]
+        deadline = time.monotonic() + timeout_s
+        with ThreadPoolExecutor(max_workers=self.moves_max_in_flight, thread_name_prefix="rebalance") as pool:
+            return list(pool.map(functools.partial(self._move_one, deadline), moves))
+
+    def _move_one(self, deadline: float, m: rb.Move) -> MoveDone:
+        started = time.monotonic()
+        while True:
+            try:
+                self.move(m.topic, m.queue, m.target, max(0.1, deadline - time.monotonic()))
+                return MoveDone(m.topic, m.queue, m.source, m.target, time.monotonic() - started, "")
+            except BrokerError as exc:
+                if exc.code in ("RESOURCE_EXHAUSTED", "ABORTED") and time.monotonic() < deadline:
+                    time.sleep(0.05)  # other moves under way, or the record changed: again
+                    continue
+                return MoveDone(m.topic, m.queue, m.source, m.target, time.monotonic() - started,
+                                f"{exc.code}: {exc.message}"[:300])
+
     def _seal_moving(self) -> None:
         """On this shard's master: each queue of ours that etcd marks sealing is sealed in the log,
         the log confirmed past the seal, then the switch written (fenced by our leader key)."""
@@ -309,7 +353,7 @@ class ShardPlacement:
         if bad is not None:  # a value this node cannot read: never guessed over
             raise BrokerError("UNAVAILABLE", f"group slot {slot}'s record in etcd is not understood ({bad}); "
                               "an operator must fix or delete it")
-        live = self.cluster.live_shards()
+        live = [s for s in self.cluster.live_shards() if not self.cluster.is_draining(s)] or self.cluster.live_shards()
         if not live:
             raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now to coordinate groups")
         record = sl.encode(sl.pick(self.cluster.slots_held(), live))
@@ -380,8 +424,10 @@ class ShardPlacement:
             raise BrokerError("UNAVAILABLE", "this node has not loaded the cluster's placements from etcd yet; retry")
         placed = {t: p for t in topics if (p := self.cluster.placement(t)) is not None}
         held = self.cluster.queue_counts()
+        slots, draining, read_only = self.cluster.slots_held(), self.cluster.draining_shards(), self.cluster.read_only_counts()
         shards = tuple(ShardRoute(shard, master.client if master else "", master.nodes if master else (),
-                                  master.epoch if master else 0, held.get(shard, 0))
+                                  master.epoch if master else 0, held.get(shard, 0), shard in draining,
+                                  slots.get(shard, 0), read_only.get(shard, 0))
                        for shard, master in self.cluster.shards().items())
         moved = {t: {q: tuple(_route(seg) for seg in segs) for q, segs in enumerate(p.segments)
                      if len(segs) > 1 or segs[0].state != "rw"} for t, p in placed.items()}
@@ -424,9 +470,14 @@ class ShardPlacement:
         for shard, master in shards.items():
             metrics.CLUSTER_SHARD_QUEUES.labels(shard).set(counts.get(shard, 0))
             metrics.CLUSTER_SHARD_HAS_MASTER.labels(shard).set(1 if master is not None else 0)
+        draining = self.cluster.draining_shards()
+        for shard in shards:
+            metrics.CLUSTER_SHARD_DRAINING.labels(shard).set(1 if shard in draining else 0)
         for gone in self._exported - set(shards):  # a shard gone from etcd: its series go
             metrics.CLUSTER_SHARD_QUEUES.remove(gone)
             metrics.CLUSTER_SHARD_HAS_MASTER.remove(gone)
+            metrics.CLUSTER_SHARD_DRAINING.remove(gone)
+        metrics.CLUSTER_MOVES_IN_FLIGHT.set(len(self.cluster.moves_in_flight()))
         self._exported = set(shards)
         metrics.CLUSTER_REVISION.set(self.cluster.revision)
 

@@ -100,6 +100,12 @@ def _add_status_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     cls = cl.add_subparsers(dest="cluster_command", required=True)
     clst = cls.add_parser("status", parents=[conn], help="every shard: master, epoch, nodes, queues (any node answers)")
     clst.add_argument("--json", action="store_true")
+    clr = cls.add_parser("rebalance", parents=[conn], help="even out the shards' queues with the fewest moves")
+    clr.add_argument("--dry-run", action="store_true", help="print the plan, move nothing")
+    cld = cls.add_parser("drain", parents=[conn], help="move every queue off SHARD; no new queue goes there")
+    cld.add_argument("shard")
+    cld.add_argument("--cancel", action="store_true", help="the shard takes queues again (nothing moves back)")
+    cld.add_argument("--dry-run", action="store_true", help="print the plan, mark and move nothing")
     q = sub.add_parser("queue", help="a cluster of shards: move a queue to another shard (no data copied)")
     qs = q.add_subparsers(dest="queue_command", required=True)
     qm = qs.add_parser("move", parents=[conn], help="seal the queue where it is and continue it on SHARD")
@@ -256,7 +262,9 @@ def _dispatch(args: argparse.Namespace) -> int:
         if cmd == "status":
             return _status(args)
         if cmd == "cluster":
-            return _cluster_status(args)
+            if args.cluster_command == "status":
+                return _cluster_status(args)
+            return _rebalance(args)
         if cmd == "queue":
             with _client(args) as c:
                 segments = c.move_queue(args.topic, args.queue, args.to, timeout_ms=args.timeout_ms)
@@ -523,6 +531,17 @@ def _consume(args: argparse.Namespace) -> int:
     return 0
 
 
+def _rebalance(args: argparse.Namespace) -> int:
+    drain = getattr(args, "shard", "")
+    cancel = getattr(args, "cancel", False)
+    with _client(args) as c:  # a cancelled drain moves nothing back: a rebalance afterwards does
+        moves = c.rebalance(undrain=drain, dry_run=args.dry_run) if cancel else c.rebalance(drain=drain, dry_run=args.dry_run)
+    failed = [m for m in moves if m["error"]]
+    print(json.dumps({"dry_run": args.dry_run, "drain": "" if cancel else drain, "undrain": drain if cancel else "",
+                      "moves": moves, "failed": len(failed)}, indent=2))
+    return 1 if failed else 0
+
+
 def _cluster_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         st = c.cluster_status()
@@ -533,7 +552,9 @@ def _cluster_status(args: argparse.Namespace) -> int:
     else:
         print(f"shards: {len(st['shards'])}  etcd revision: {st['revision']}  asked node's shard: {st['shard']}")
         for s in st["shards"]:
+            state = " DRAINED" if s["drained"] else " draining" if s["draining"] else ""
             print(f"{s['shard']:16} master={s['master'] or '(none)'} epoch={s['epoch']} queues={s['queues']} "
+                  f"slots={s['slots']} read_only_segments={s['read_only_segments']}{state} "
                   f"nodes={','.join(s['nodes']) or '(none)'}")
         for m in st["moves"]:
             print(f"moving: {m['topic']}/{m['queue']} {m['from']} -> {m['to']}")

@@ -115,7 +115,8 @@ class TopicsAPI(ClientCore):
     def cluster_status(self) -> dict[str, Any]:
         """The cluster as the asked node's copy of etcd has it (docs/shards.md): ``{"sharded",
         "shard" (the asked node's), "revision", "shards": [{"shard", "master", "nodes", "epoch",
-        "queues"}], "moves": [{"topic", "queue", "from", "to"}]}`` (moves under way). A one-pair
+        "queues", "draining", "slots", "read_only_segments", "drained"}], "moves": [{"topic",
+        "queue", "from", "to"}]}`` (moves under way). A one-pair
         cluster answers ``sharded`` False and no shards."""
         try:
             resp = self._call("GetRoutes", pb.GetRoutesRequest())
@@ -125,9 +126,28 @@ class TopicsAPI(ClientCore):
             resp = pb.GetRoutesResponse()
         return {"sharded": bool(resp.shard), "shard": resp.shard, "revision": resp.revision,
                 "shards": [{"shard": s.shard, "master": s.master, "nodes": list(s.nodes), "epoch": s.epoch,
-                            "queues": s.queues} for s in resp.shards],
+                            "queues": s.queues, "draining": s.draining, "slots": s.slots,
+                            "read_only_segments": s.read_only_segments,
+                            # drained: it writes no queue and nothing moves off it (its group slots and
+                            # read-only segments stay: see docs/shards.md before removing it)
+                            "drained": s.draining and not s.queues and not any(
+                                m.from_shard == s.shard for m in resp.moves)}
+                           for s in resp.shards],
                 "moves": [{"topic": m.topic, "queue": m.queue_id, "from": m.from_shard, "to": m.to_shard}
                           for m in resp.moves]}
+
+    def rebalance(self, *, drain: str = "", undrain: str = "", dry_run: bool = False,
+                  timeout_ms: int = 600_000) -> list[dict[str, Any]]:
+        """Even out the shards' writable queues with the fewest moves (docs/shards.md "Rebalance and
+        drain"); ``drain``: mark that shard draining first (all its queues move away and new ones
+        avoid it), ``undrain``: no longer; ``dry_run``: only the plan. Each move ``{"topic", "queue",
+        "from", "to", "seconds", "error"}`` ("" when it went through)."""
+        request = pb.RebalanceRequest(drain_shard=drain, undrain_shard=undrain, dry_run=dry_run, timeout_ms=timeout_ms)
+        resp = self._call("Rebalance", request, timeout_s=self.timeout_s + timeout_ms / 1000.0, retry=False)
+        for m in resp.moves:
+            self._routes.forget(m.topic)
+        return [{"topic": m.topic, "queue": m.queue_id, "from": m.from_shard, "to": m.to_shard,
+                 "seconds": m.duration_ms / 1000.0, "error": m.error} for m in resp.moves]
 
     def move_queue(self, topic: str, queue: int, to_shard: str, timeout_ms: int = 30_000) -> list[dict[str, Any]]:
         """Move ``queue`` of ``topic`` to shard ``to_shard`` (docs/shards.md, "Moving a queue"): its

@@ -78,6 +78,7 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/CreateTopics": "admin",
     "/tidemark.v1.Broker/DeleteTopic": "admin",
     "/tidemark.v1.Broker/MoveQueue": "admin",
+    "/tidemark.v1.Broker/Rebalance": "admin",
     "/tidemark.v1.Broker/Promote": "admin",
     "/tidemark.v1.Broker/Demote": "admin",
     "/tidemark.v1.Broker/ResetOffsets": "admin",

@@ -1,6 +1,7 @@
 """A watched copy of a cluster of shards (docs/shards.md): every topic's placement, where each
 shard serves (its master and nodes) and which shard coordinates each group slot, as etcd holds
-them under ``/tidemark/<cluster>/topics/``, ``topology/`` and ``slots/``.
+them under ``/tidemark/<cluster>/topics/``, ``topology/`` and ``slots/``, and the shards being
+drained (``state/draining/<shard>``).
 
 One range read, then one watch of those prefixes (one key range, ``slots/`` to the end of
 ``topology/``: of a cluster of shards' keys only these sort between them)
@@ -30,6 +31,7 @@ def prefix_range_end_text(prefix: str) -> str:
     """The end of the key range of every key that starts with ``prefix`` (its last byte plus one)."""
     return prefix[:-1] + chr(ord(prefix[-1]) + 1)
 RETRY_S = 0.5
+DRAINING = "state/draining/"  # sorts between slots/ and topics/: inside the watched range
 
 
 class ClusterMap:
@@ -44,6 +46,7 @@ class ClusterMap:
         self.masters: dict[str, rec.Topology] = {}  # shard -> where it serves (while its master holds a lease)
         self.bad: dict[str, str] = {}  # key -> why its value is not understood
         self.slots: dict[int, str] = {}  # group slot -> the shard coordinating its groups
+        self.draining: set[str] = set()  # shards being drained: new queues and slots avoid them
         self._start = root + "slots/"
         self._end = prefix_range_end_text(root + "topology/")  # the watched range: [slots/, past topology/)
         self._counts: dict[str, int] = {}  # shard -> the queues it writes (queue_counts)
@@ -93,10 +96,28 @@ class ClusterMap:
             return sorted(self.masters)
 
     def queues_held(self) -> dict[str, int]:
-        """Per shard with a master: the queues it writes now."""
+        """Per shard with a master that is not being drained: the queues it writes now."""
         counts = self.queue_counts()
         with self._cond:
-            return {shard: counts.get(shard, 0) for shard in self.masters}
+            return {shard: counts.get(shard, 0) for shard in self.masters if shard not in self.draining}
+
+    def draining_shards(self) -> set[str]:
+        with self._cond:
+            return set(self.draining)
+
+    def read_only_counts(self) -> dict[str, int]:
+        """Per shard: the read-only segments (of queues that moved away) its log still holds."""
+        with self._cond:
+            out: dict[str, int] = {}
+            for p in self.placements.values():
+                for segs in p.segments:
+                    for seg in segs[:-1]:
+                        out[seg.shard] = out.get(seg.shard, 0) + 1
+            return out
+
+    def is_draining(self, shard: str) -> bool:
+        with self._cond:
+            return shard in self.draining
 
     def slot_shard(self, slot: int) -> str | None:
         with self._cond:
@@ -133,7 +154,7 @@ class ClusterMap:
         revision, kvs = await etcd.range_prefix(self._start, self._end)
         with self._cond:
             self.placements, self.masters, self.bad, self._counts, self._moving = {}, {}, {}, {}, {}
-            self.deleted, self.raw, self.slots = set(), {}, {}
+            self.deleted, self.raw, self.slots, self.draining = set(), {}, {}, set()
             for key, value in kvs:
                 self._apply(key, value)
             self.revision = revision
@@ -199,6 +220,11 @@ class ClusterMap:
                     self.slots.pop(slot, None)
                 else:
                     self.slots[slot] = sl.decode(value)
+            elif name.startswith(DRAINING):
+                if value is None:
+                    self.draining.discard(name[len(DRAINING):])
+                else:
+                    self.draining.add(name[len(DRAINING):])
             elif name.startswith("topology/") and name.count("/") == 1:
                 shard = name[len("topology/"):]
                 if value is None:

@@ -265,6 +265,15 @@ class Etcd:
         resp = await self._call(kv.txn(compare, [kv.txn_op_put(key, record)]))
         return int(resp.header.revision) if resp.succeeded else 0
 
+    async def set_draining(self, shard: str, draining: bool) -> int:
+        """Mark ``shard`` draining (new queues avoid it, a rebalance moves its queues away), or not;
+        the revision written at."""
+        kv = self._kv
+        key = self.root_key(f"state/draining/{shard}")
+        op = kv.txn_op_put(key, b"{}") if draining else kv.txn_op_delete(key)
+        resp = await self._call(kv.txn([], [op]))
+        return int(resp.header.revision)
+
     async def upgrade_pair(self, view: View) -> bool:
         """A one-pair cluster's keys into this shard's, in place: its epoch counter and in-sync set
         move under ``shards/<shard>/`` (so epochs keep growing and only the pair's in-sync nodes

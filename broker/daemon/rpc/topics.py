@@ -19,12 +19,13 @@ from broker.daemon.rpc.common import (
 )
 from broker.errors import BrokerError, invalid, shown
 from broker.logformat import system_records
-from broker.ports import RoleController, SegmentRoute
+from broker.ports import Placement, RoleController, SegmentRoute
 from proto import tidemark_pb2 as pb
 
 ROUTES_TOPICS_MAX = system_records.CREATE_TOPICS_MAX
 MOVE_TIMEOUT_MS = 30_000  # a MoveQueue call's wait for the move to finish, by default
 MOVE_TIMEOUT_MS_MAX = 600_000
+REBALANCE_TIMEOUT_MS = 600_000  # a Rebalance call's moves, in all (and at most)
 
 
 def segment_route(s: SegmentRoute) -> pb.SegmentRoute:
@@ -150,7 +151,8 @@ class TopicRpcs(Rpcs):
                                       moved=[pb.QueueSegments(queue=q, segments=[segment_route(s) for s in segs])
                                              for q, segs in routes.moved.get(t, {}).items()])
                         for t, shards in routes.topics.items()],
-                shards=[pb.ShardRoute(shard=s.shard, master=s.master, nodes=s.nodes, epoch=s.epoch, queues=s.queues)
+                shards=[pb.ShardRoute(shard=s.shard, master=s.master, nodes=s.nodes, epoch=s.epoch, queues=s.queues,
+                                      draining=s.draining, slots=s.slots, read_only_segments=s.read_only)
                         for s in routes.shards],
                 moves=[pb.MoveInFlight(topic=t, queue_id=q, from_shard=a, to_shard=b) for t, q, a, b in routes.moves])
         return handle(context, run)
@@ -169,6 +171,24 @@ class TopicRpcs(Rpcs):
                                                timeout_s)
             return pb.MoveQueueResponse(segments=[segment_route(s) for s in segments])
         return await handle_async(context, run)
+
+    async def Rebalance(self, request: pb.RebalanceRequest, context: grpc.aio.ServicerContext) -> pb.RebalanceResponse:
+        """Even out the shards' queues, or drain one (docs/shards.md "Rebalance and drain")."""
+        async def run() -> pb.RebalanceResponse:
+            placement = self._sharded()
+            timeout_s = min(request.timeout_ms or REBALANCE_TIMEOUT_MS, REBALANCE_TIMEOUT_MS) / 1000.0
+            done = await asyncio.to_thread(placement.rebalance, request.drain_shard, request.undrain_shard,
+                                           request.dry_run, timeout_s)
+            return pb.RebalanceResponse(moves=[pb.RebalanceMove(
+                topic=m.topic, queue_id=m.queue, from_shard=m.source, to_shard=m.target,
+                duration_ms=int(m.seconds * 1000), error=m.error) for m in done])
+        return await handle_async(context, run)
+
+    def _sharded(self) -> Placement:
+        if self.store.placement is None:
+            raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: there is nowhere to "
+                              "move a queue to (coordinator.shard)")
+        return self.store.placement
 
     def Promote(self, request: pb.PromoteRequest, context: grpc.ServicerContext) -> pb.PromoteResponse:
         return handle(context, lambda: pb.PromoteResponse(epoch=self._roles().promote(request.unclean)))
