@@ -19,14 +19,8 @@
   slot without a shard is given one (the live shard with the fewest slots) by whichever node is
   asked first.
 
-- **Moving a queue** (seal-and-continue, no data copied). ``move`` marks the queue's writable
-  segment ``sealing`` in etcd; its shard's master (the reconciler) seals the queue in its log
-  (``queue.seal``: every write after it refused), waits until the log is confirmed past the seal,
-  then writes the segment read-only at the queue's end and a writable one on the target from
-  there, in one etcd transaction that requires its own leader key (a deposed master cannot). The
-  target's master starts the queue at that offset in its log (``queue.start``) before it takes a
-  write. A move interrupted by a failover is finished by the next master: the sealing state is in
-  etcd, the seal in the log it replicated or not (a new master seals again from what it holds).
+- **Moving a queue** (seal-and-continue, no data copied; ``queue_moves.py``): asked of any node,
+  sealed by the source's master, started by the target's (the reconciler runs both), rebalanced.
 
 - **Deleting topics.** ``delete`` turns the topic's record into a tombstone; each shard's master
   deletes the topic from its log; requests for it are ``NOT_FOUND`` from then on, and a deleted
@@ -38,9 +32,7 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Coroutine
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import structlog
@@ -49,21 +41,16 @@ from broker import metrics
 from broker.errors import MOVING, OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
 from broker.ports import MoveDone, Routes, SegmentRoute, ShardRoute
-from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
-from replication.coordination import rebalance as rb
 from replication.coordination import slots as sl
 from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.etcd import Etcd
+from replication.queue_moves import QueueMoves, segment_route
 
 log = structlog.get_logger("replication.shards")
 PLACE_WAIT_S = 10.0
-SEAL_CONFIRM_MS = 5000  # a seal waits this long for the log to be confirmed past it, then tries again
-# producers whose last batch a move carries to the target (the latest ones): a send retried across
-# the move by one of them is stored once (one request in flight per producer and shard)
-PRODUCERS_CARRIED_MAX = 64
 # one etcd transaction places a CreateTopics call's topics (all or none); etcd refuses more operations
 # per transaction than its --max-txn-ops (128 by default)
 PLACE_TOPICS_MAX = 128
@@ -84,18 +71,6 @@ async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: E
     return await etcd.replace_placement(topic, expected, record)
 
 
-async def _set_draining(shard: str, draining: bool, etcd: Etcd) -> int:
-    return await etcd.set_draining(shard, draining)
-
-
-async def _replace_as_leader(topic: str, expected: bytes, record: bytes, leader_revision: int, etcd: Etcd) -> int:
-    return await etcd.replace_placement(topic, expected, record, leader_revision)
-
-
-def _route(seg: pl.Segment) -> SegmentRoute:
-    return SegmentRoute(seg.shard, seg.logical_start, seg.end, seg.state)
-
-
 class ShardPlacement:
     def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop,
                  leader_revision: Callable[[], int] = lambda: 0, moves_max_in_flight: int = 4) -> None:
@@ -103,10 +78,10 @@ class ShardPlacement:
         self.shard = shard
         self.cluster = cluster
         self._run = run_on_loop  # a coroutine on the coordinator's loop, with its etcd client
-        self._leader_revision = leader_revision  # our leader key's create revision while we hold it (else 0)
-        self.moves_max_in_flight = moves_max_in_flight
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self.moves = QueueMoves(store, shard, cluster, self._written, leader_revision, moves_max_in_flight,
+                                self._wake.set)
         self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
         cluster.on_change.append(self._wake.set)
         self._exported: set[str] = set()  # shards with series in the cluster gauges
@@ -191,139 +166,16 @@ class ShardPlacement:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
                               "retry in a moment")
-        if seg.logical_start and seg.end is None and not self._started(topic, queue, seg.logical_start):
+        if seg.logical_start and seg.end is None and not self.moves.started(topic, queue, seg.logical_start):
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is being started on shard "
                               f"{self.shard!r} at offset {seg.logical_start} (a move); retry in a moment", metadata=MOVING)
 
-    def _started(self, topic: str, queue: int, start: int) -> bool:
-        appender = self.store.appender
-        return not appender.queue_sealed(topic, queue) and appender.queue_end_hint(topic, queue) >= start
-
-    # -- moving a queue ---------------------------------------------------------------------------
     def move(self, topic: str, queue: int, to_shard: str, timeout_s: float) -> tuple[SegmentRoute, ...]:
-        """Ask for the move (its first step, in etcd) and wait until the target writes the queue."""
-        p, raw = self.cluster.placement(topic), self.cluster.raw_record(topic)
-        if p is None or raw is None:
-            raise BrokerError("NOT_FOUND", f"topic {shown(topic)} does not exist")
-        if not 0 <= queue < p.queues:
-            raise BrokerError("INVALID_ARGUMENT", f"topic {shown(topic)} has {p.queues} queues; there is no queue {queue}")
-        last = p.last(queue)
-        if not (last.shard == to_shard and last.state == "rw"):
-            if last.state == "sealing":
-                if last.to != to_shard:
-                    raise BrokerError("FAILED_PRECONDITION", f"queue {queue} of topic {shown(topic)} is moving to shard "
-                                      f"{last.to!r} already; ask again once it is there")
-            else:
-                self._ask_move(topic, queue, to_shard, p, raw)
-        ok = self.cluster.wait_for(lambda: self._moved(topic, queue, to_shard), timeout_s)
-        p = self.cluster.placement(topic)
-        if not ok or p is None:
-            raise BrokerError("DEADLINE_EXCEEDED", f"queue {queue} of topic {shown(topic)} is not on shard {to_shard!r} "
-                              f"yet after {timeout_s:g} s; the move goes on (cluster status shows it)")
-        return tuple(_route(seg) for seg in p.segments[queue])
-
-    def _ask_move(self, topic: str, queue: int, to_shard: str, p: pl.Placement, raw: bytes) -> None:
-        if self.cluster.master(to_shard) is None:
-            raise BrokerError("FAILED_PRECONDITION", f"shard {to_shard!r} has no master now (or does not exist): "
-                              f"the shards with one are {', '.join(sorted(self.cluster.live_shards())) or 'none'}")
-        moving = self.cluster.moves_in_flight()
-        if len(moving) >= self.moves_max_in_flight:
-            raise BrokerError("RESOURCE_EXHAUSTED", f"{len(moving)} queue moves are under way "
-                              f"(cluster.moves_max_in_flight = {self.moves_max_in_flight}); retry once one is done")
-        record = pl.encode(pl.sealing(p, queue, to_shard))
-        revision = self._written(functools.partial(_replace_placement, topic, raw, record))
-        if not revision:
-            raise BrokerError("ABORTED", f"topic {shown(topic)} changed in etcd meanwhile; ask for the move again")
-        log.info("queue_move_asked", topic=topic, queue=queue, source=p.owner(queue), target=to_shard, revision=revision)
-        self._wake.set()
-
-    def _moved(self, topic: str, queue: int, to_shard: str) -> bool:
-        p = self.cluster.placement(topic)
-        if p is None or queue >= p.queues:
-            return True  # deleted meanwhile: the caller says what it finds
-        last = p.last(queue)
-        return last.shard == to_shard and last.state == "rw"
+        return self.moves.move(topic, queue, to_shard, timeout_s)
 
     def rebalance(self, drain: str, undrain: str, dry_run: bool, timeout_s: float) -> list[MoveDone]:
-        """Even out the live shards' writable queues (``rebalance.plan``), ``drain`` marked draining
-        first (or ``undrain`` no longer); the moves run up to ``moves_max_in_flight`` at a time.
-        ``dry_run``: the plan, nothing moved. Each move's outcome; a failed one does not stop the rest.
-        ``undrain`` moves nothing (a rebalance afterwards fills the shard)."""
-        if drain and drain not in self.cluster.shards():
-            raise BrokerError("NOT_FOUND", f"shard {drain!r} is not in this cluster")
-        for shard, on in ((drain, True), (undrain, False)):
-            if shard and not dry_run:
-                self._written(functools.partial(_set_draining, shard, on))
-                log.warning("shard_draining" if on else "shard_undrained", shard=shard)
-        if undrain and not drain:
-            return []
-        draining = self.cluster.draining_shards() | ({drain} if drain else set())
-        try:
-            moves = rb.plan(self.cluster.placements_snapshot(), self.cluster.live_shards(), draining)
-        except ValueError as exc:
-            raise BrokerError("FAILED_PRECONDITION", str(exc)) from None
-        if dry_run or not moves:
-            return [MoveDone(m.topic, m.queue, m.source, m.target, 0.0, "") for m in moves]
-        deadline = time.monotonic() + timeout_s
-        with ThreadPoolExecutor(max_workers=self.moves_max_in_flight, thread_name_prefix="rebalance") as pool:
-            return list(pool.map(functools.partial(self._move_one, deadline), moves))
-
-    def _move_one(self, deadline: float, m: rb.Move) -> MoveDone:
-        started = time.monotonic()
-        while True:
-            try:
-                self.move(m.topic, m.queue, m.target, max(0.1, deadline - time.monotonic()))
-                return MoveDone(m.topic, m.queue, m.source, m.target, time.monotonic() - started, "")
-            except BrokerError as exc:
-                if exc.code in ("RESOURCE_EXHAUSTED", "ABORTED") and time.monotonic() < deadline:
-                    time.sleep(0.05)  # other moves under way, or the record changed: again
-                    continue
-                return MoveDone(m.topic, m.queue, m.source, m.target, time.monotonic() - started,
-                                f"{exc.code}: {exc.message}"[:300])
-
-    def _seal_moving(self) -> None:
-        """On this shard's master: each queue of ours that etcd marks sealing is sealed in the log,
-        the log confirmed past the seal, then the switch written (fenced by our leader key)."""
-        for topic, p in self.cluster.placements_snapshot().items():
-            for queue, seg in p.moving():
-                if seg.shard != self.shard or self.store.views.metadata.topic(topic) is None:
-                    continue
-                leader_revision = self._leader_revision()
-                if not leader_revision:
-                    return
-                end, at = self.store.appender.seal_queue(topic, queue)
-                self.store.watermarks.wait_ack(at, "replica", SEAL_CONFIRM_MS)
-                failpoint("move_after_seal")
-                raw = self.cluster.raw_record(topic)
-                if raw is None or pl.decode(raw).last(queue) != seg:
-                    continue  # changed meanwhile (deleted): the next round sees what it is now
-                producers = self.store.appender.producers_of(topic, queue, PRODUCERS_CARRIED_MAX)
-                record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers))
-                revision = self._written(functools.partial(_replace_as_leader, topic, raw, record, leader_revision))
-                if revision:
-                    failpoint("move_after_switch")
-                    log.info("queue_sealed", topic=topic, queue=queue, end=end, target=seg.to, revision=revision)
-                else:
-                    log.warning("queue_seal_not_written", topic=topic, queue=queue, end=end,
-                                note="the record changed or this node is no longer the shard's leader")
-
-    def _start_moved_in(self) -> None:
-        """On this shard's master: each queue etcd gives this shard from an offset above 0 starts
-        there in the log (one ``queue.start`` record each), before it takes a write."""
-        starts = []
-        for topic, p in self.cluster.placements_snapshot().items():
-            if self.store.views.metadata.topic(topic) is None:
-                continue
-            for queue in range(p.queues):
-                last = p.last(queue)
-                if last.shard == self.shard and last.logical_start and not self._started(topic, queue, last.logical_start):
-                    starts.append((system_records.QUEUE_START, {"topic": topic, "queue": queue, "start": last.logical_start,
-                                                                "producers": [list(r) for r in last.producers]}))
-        if starts:
-            failpoint("move_before_start")
-            self.store.writes.write_system(starts, applied=self.store.views.queues)
-            log.info("queues_started", queues=[(f["topic"], f["queue"], f["start"]) for _, f in starts], shard=self.shard)
+        return self.moves.rebalance(drain, undrain, dry_run, timeout_s)
 
     def _written(self, write: Callable[[Etcd], Coroutine[Any, Any, int]]) -> int:
         """One etcd write of ours (a revision, 0 when its compares failed), waited for in this node's
@@ -429,7 +281,7 @@ class ShardPlacement:
                                   master.epoch if master else 0, held.get(shard, 0), shard in draining,
                                   slots.get(shard, 0), read_only.get(shard, 0))
                        for shard, master in self.cluster.shards().items())
-        moved = {t: {q: tuple(_route(seg) for seg in segs) for q, segs in enumerate(p.segments)
+        moved = {t: {q: tuple(segment_route(seg) for seg in segs) for q, segs in enumerate(p.segments)
                      if len(segs) > 1 or segs[0].state != "rw"} for t, p in placed.items()}
         return Routes(self.cluster.revision, {t: tuple(p.owner(q) for q in range(p.queues)) for t, p in placed.items()},
                       shards, {t: m for t, m in moved.items() if m}, tuple(self.cluster.moves_in_flight()))
@@ -497,8 +349,8 @@ class ShardPlacement:
                                             for n, q in missing], applied=self.store.views.metadata)
             log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)
         self._claim_slots()
-        self._seal_moving()
-        self._start_moved_in()
+        self.moves.seal_moving()
+        self.moves.start_moved_in()
         unplaced = {name: info["queues"] for name, info in local.items()
                     if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None
                     and not self.cluster.is_deleted(name)}
