@@ -2,7 +2,8 @@
 
 Driver-side only (planning). ``list_topics(include_system=True)`` gives each queue's next offset
 below the confirm offset; a pull at that offset answers the queue's earliest retained offset
-(``min_offset``) without returning a record. Every lookup is one call; nothing is cached.
+(``min_offset``) without returning a record (``earliest_offset``: a queue that moved is probed on
+its oldest segment's shard). Every lookup is one call; nothing is cached.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def latest_offsets(client: BrokerClient, topics: Sequence[str], *, missing_ok: b
 
 
 def earliest_offsets(client: BrokerClient, latest: Offsets) -> Offsets:
-    """Earliest retained offset of each queue in ``latest`` (one probe pull per queue)."""
-    return {(topic, q): client.pull(topic, q, offset, max_messages=1).min_offset for (topic, q), offset in latest.items()}
+    """Earliest retained offset of each queue in ``latest`` (one probe pull per queue; a queue that
+    moved between shards: its oldest segment still holding records, docs/shards.md)."""
+    return {(topic, q): client.earliest_offset(topic, q, offset) for (topic, q), offset in latest.items()}
 
 
 def resolve(option: str, spec: OffsetSpec, latest: Offsets, client: BrokerClient) -> Offsets:

@@ -422,3 +422,43 @@ def test_a_stream_over_two_shards_reads_each_record_once_across_a_shards_failove
         second = run_once()
     assert {f"one-{i}".encode() for i in range(200)} <= set(first.values())
     assert {f"two-{i}".encode() for i in range(200)} <= set(second.values()) and len(second) == len(first) + 200
+
+
+def test_spark_reads_a_queue_across_its_move_between_shards(spark: Any, spawn: Callable[..., DaemonProcess],
+                                                            etcd: EtcdProcess, tmp_path: Path) -> None:
+    """An AvailableNow stream reads a topic, one of its queues moves to the other shard, more is
+    sent, a second run on the same checkpoint reads the rest: every record once, offsets going on
+    across the segments; a batch read from the earliest offsets finds the old segment too."""
+    nodes = []
+    for name, shard in (("a", "s1"), ("b", "s2")):
+        nodes.append(spawn(name, config=coordinated(etcd.endpoint, **{"coordinator.cluster": "moving",
+                                                                      "coordinator.shard": shard})))
+        wait_master([nodes[-1]])
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    with BrokerClient(nodes[1].address, timeout_s=30) as c:
+        c.create_topic("moved", queues=2)
+        q = [r["shard"] for r in c.describe_topic("moved")["queues"]].index("s1")
+        wait_until(lambda: sent_once_placed(c, "moved", [Message(b"probe", key=f"p{i}") for i in range(16)]), 15,
+                   "every queue created on its shard")
+        c.send("moved", [Message(f"one-{i}".encode(), key=f"k{i % 7}") for i in range(150)], ack="replica")
+
+        def run_once() -> dict[tuple[str, int, int], bytes]:
+            query = start_stream(spark, nodes[1].address, "moved", str(out), str(checkpoint), max_offsets=40)
+            query.awaitTermination(120)
+            assert query.exception() is None and not query.isActive
+            seen = pulled(c, "moved")
+            assert_exactly_once(spark, out, seen)
+            return seen
+
+        first = run_once()
+        segments = c.move_queue("moved", q, "s2")
+        assert [s["shard"] for s in segments] == ["s1", "s2"]
+        c.send("moved", [Message(f"two-{i}".encode(), key=f"k{i % 7}") for i in range(150)], ack="replica")
+        second = run_once()
+        assert c.describe_topic("moved")["queues"][q]["segments"] == segments
+        assert c.earliest_offset("moved", q, 10**9) == 0, "the queue's earliest offset is on its old segment"
+    assert {f"two-{i}".encode() for i in range(150)} <= set(second.values()) and len(second) == len(first) + 150
+    assert sorted(o for (_, p, o) in second if p == q) == list(range(sum(1 for k in second if k[1] == q)))
+    rows = (spark.read.format("tidemark").option("broker", nodes[0].address).option("subscribe", "moved")
+            .option("startingOffsets", "earliest").load().select("topic", "partition", "offset", "value").collect())
+    assert {(r.topic, r.partition, r.offset): bytes(r.value) for r in rows} == second

@@ -21,7 +21,15 @@ from broker.client.core import (
     _Producer,
     _request,
 )
-from broker.client.errors import BrokerError, DeadlineExceeded, Unavailable, error_for, from_rpc_error
+from broker.client.errors import (
+    BrokerError,
+    DeadlineExceeded,
+    NotFound,
+    OutOfRange,
+    Unavailable,
+    error_for,
+    from_rpc_error,
+)
 from broker.client.local_reads import LocalPullResponse, mark_not_local, not_local
 from broker.client.messages import Message, PullResult, Receipt, Receipts, SendGroup, encode_messages
 from broker.client.topics_api import TopicsAPI
@@ -307,6 +315,22 @@ class DataAPI(TopicsAPI):
             mark_not_local(core.current_address, "the node does not serve PullLocal")
         elif code != grpc.StatusCode.FAILED_PRECONDITION:
             raise exc from None
+
+    def earliest_offset(self, topic: str, queue_id: int, probe_offset: int = 0) -> int:
+        """The queue's earliest retained offset: what a pull at ``probe_offset`` (an offset the
+        queue's writer holds, e.g. its end) reports, or for a queue that moved between shards, its
+        oldest segment that still holds records (each probed at its last offset)."""
+        if self.sharded:
+            if self._routes.queues(topic) is None:
+                self._learn_routes([topic])
+            for _, start, end, _ in self._routes.segments(topic, queue_id):
+                if end is None or end <= start:
+                    continue
+                try:
+                    return self.pull(topic, queue_id, end - 1, max_messages=1).min_offset
+                except (OutOfRange, NotFound):  # that segment is gone (retention): the next one
+                    continue
+        return self.pull(topic, queue_id, probe_offset, max_messages=1).min_offset
 
     def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int = 1000,
                     max_wait_ms: int = 0, isolation: str = "read_committed") -> grpc.Future:

@@ -38,8 +38,8 @@ class RouteTable:
         self.sharded: bool | None = None
         self.revision = 0
         self._topics: dict[str, list[str]] = {}  # topic -> the shard of each queue
-        # topic -> queue -> its segments (shard, logical start, end or None), for the queues that moved
-        self._segments: dict[str, dict[int, list[tuple[str, int, int | None]]]] = {}
+        # topic -> queue -> its segments (shard, logical start, end or None, state), for the queues that moved
+        self._segments: dict[str, dict[int, list[tuple[str, int, int | None, str]]]] = {}
         self._shards: dict[str, ShardNodes] = {}
         self._doubt: dict[str, float] = {}  # shard -> when a call to it last failed (monotonic)
         self._groups: dict[str, str] = {}  # group -> the shard coordinating it (as a refusal named it)
@@ -55,8 +55,8 @@ class RouteTable:
             for t in resp.topics:
                 if newer or t.topic not in self._topics:
                     self._topics[t.topic] = list(t.queue_shards)
-                    self._segments[t.topic] = {m.queue: [(s.shard, s.logical_start, s.end if s.state == "ro" else None)
-                                                         for s in m.segments] for m in t.moved}
+                    self._segments[t.topic] = {m.queue: [(s.shard, s.logical_start, s.end if s.state == "ro" else None,
+                                                          s.state) for s in m.segments] for m in t.moved}
             if newer:
                 self.revision = resp.revision
                 for s in resp.shards:
@@ -80,11 +80,17 @@ class RouteTable:
     def reader(self, topic: str, queue: int, offset: int) -> str | None:
         """The shard holding logical ``offset`` of ``queue`` (a queue that moved has several)."""
         with self._lock:
-            for shard, start, end in self._segments.get(topic, {}).get(queue, ()):
+            for shard, start, end, _ in self._segments.get(topic, {}).get(queue, ()):
                 if offset < start or end is None or offset < end:
                     return shard
             shards = self._topics.get(topic)
             return shards[queue] if shards is not None and 0 <= queue < len(shards) else None
+
+    def segments(self, topic: str, queue: int) -> list[tuple[str, int, int | None, str]]:
+        """A queue's segments as (shard, logical start, end or None, state), oldest first; [] if it
+        never moved."""
+        with self._lock:
+            return list(self._segments.get(topic, {}).get(queue, ()))
 
     def has_segments(self, topic: str, queue: int) -> bool:
         """Whether ``queue`` moved (as far as these routes know): it has several segments."""

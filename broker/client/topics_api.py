@@ -80,7 +80,8 @@ class TopicsAPI(ClientCore):
     def describe_topic(self, name: str) -> dict[str, Any]:
         """Queues with their min/max offsets, stored bytes, local and tiered ranges; in a cluster of
         shards the shard that writes each and its master, each queue as its own shard describes it
-        (``topic_id`` is the asked node's)."""
+        (``topic_id`` is the asked node's), and its ``segments`` ``[{"shard", "logical_start", "end",
+        "state"}]`` (one until it moves; the writer's ``min_offset`` is its segment's)."""
         request = _request(pb.DescribeTopicRequest, name=name)
         resp = self._call("DescribeTopic", request)
         queues = {q.queue_id: q for q in resp.queues}
@@ -94,11 +95,17 @@ class TopicsAPI(ClientCore):
                         raise
                     continue  # its log does not hold the topic yet, or no node answers: the asked node's row
                 queues.update({q.queue_id: q for q in theirs.queues if q.shard == shard})
-        return {"name": resp.name, "topic_id": resp.topic_id,
-                "queues": [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset,
-                            "bytes": q.bytes, "local_min_offset": q.local_min_offset,
-                            "tiered_end_offset": q.tiered_end_offset, "shard": q.shard, "master": q.master}
-                           for _, q in sorted(queues.items())]}
+        rows = [{"queue_id": q.queue_id, "min_offset": q.min_offset, "max_offset": q.max_offset,
+                 "bytes": q.bytes, "local_min_offset": q.local_min_offset,
+                 "tiered_end_offset": q.tiered_end_offset, "shard": q.shard, "master": q.master}
+                for _, q in sorted(queues.items())]
+        if owners and self.sharded:  # each queue's segments (several once it moved; docs/shards.md)
+            self._learn_routes([name])
+            for row in rows:
+                moved = self._routes.segments(name, row["queue_id"])
+                row["segments"] = [{"shard": s, "logical_start": a, "end": e, "state": st} for s, a, e, st in moved] or \
+                    [{"shard": row["shard"], "logical_start": 0, "end": None, "state": "rw"}]
+        return {"name": resp.name, "topic_id": resp.topic_id, "queues": rows}
 
     def queue_bounds(self, topic: str, queue_id: int) -> dict[str, Any]:
         """One queue as ``describe_topic`` gives it, told by the node of the shard that writes it (an
