@@ -1,6 +1,6 @@
 """Moving a queue between shards (issue 39, docs/shards.md "Moving a queue"): the write pause of a
 keyed ack=replica producer through 20 moves of its queue, and whether anything acknowledged was
-lost, repeated or reordered.
+lost, repeated or reordered; a rebalance onto a third shard.
 
 Two shards of two nodes each (a real etcd, every process on this machine); one topic of two
 queues; one client sends one message at a time, ack=replica, with a key of the queue that moves;
@@ -8,7 +8,12 @@ the queue moves back and forth between the shards (``move_queue``), a second apa
 is the longest gap between two acknowledgements around it. At the end every acknowledged message
 is read back from offset 0 (across every segment).
 
-Usage: .venv/bin/python bench/queue_move.py [--quick] [--moves 20]
+``rebalance``: two single-node shards hold 8 topics x 16 queues; 8 producers (one per topic, one
+key each, ack=flush) send throughout; a third shard joins and ``rebalance()`` runs: the queues
+moved against the fewest that even the shards out, the whole rebalance's time, and each
+producer's longest pause.
+
+Usage: .venv/bin/python bench/queue_move.py [--quick] [--parts moves,rebalance] [--moves 20]
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ PAUSE_TARGET_S = 1.0
 class KeyedSender:
     """One message at a time, ack=replica, one key: (ack time, queue offset, body) of each."""
 
-    def __init__(self, client: BrokerClient, key: str) -> None:
-        self.client, self.key = client, key
+    def __init__(self, client: BrokerClient, key: str, topic: str = TOPIC, ack: str = "replica") -> None:
+        self.client, self.key, self.topic, self.ack = client, key, topic, ack
         self.acks: list[tuple[float, int, bytes]] = []
         self.errors: list[str] = []
         self._stop = threading.Event()
@@ -51,7 +56,7 @@ class KeyedSender:
                 return
             body = f"m{i:08d}".encode()
             try:
-                r = self.client.send(TOPIC, [Message(body, key=self.key)], ack="replica")[0]
+                r = self.client.send(self.topic, [Message(body, key=self.key)], ack=self.ack)[0]
             except BrokerError as exc:
                 self.errors.append(str(exc)[:200])
                 continue
@@ -137,9 +142,62 @@ def moves(res: Results, a: Any, workdir: str) -> None:
         etcd.kill9()
 
 
-def _sent(client: BrokerClient, key: str) -> bool:
+def rebalance(res: Results, a: Any, workdir: str) -> None:
+    etcd = EtcdProcess(os.path.join(workdir, "etcd-rb")).start()
+    nodes: list[DaemonProcess] = []
+
+    def shard(name: str, s: str) -> DaemonProcess:
+        d = DaemonProcess(os.path.join(workdir, name), config=coordinated(
+            etcd.endpoint, **{"coordinator.cluster": "rebalance", "coordinator.shard": s})).start(60)
+        nodes.append(d)
+        wait_master([d], 60)
+        return d
+
     try:
-        client.send(TOPIC, [Message(b"probe", key=key)], ack="replica")
+        first = shard("r1", "s1")
+        shard("r2", "s2")
+        topics = {f"t{i}": a.queues for i in range(a.topics)}
+        with BrokerClient([d.address for d in nodes]) as client:
+            client.create_topics(topics)
+            senders = []
+            for t in topics:
+                key = f"{t}-key"
+                common.wait_for(lambda t=t, key=key: _sent(client, key, t), 30, f"{t} created on both shards")
+                senders.append(KeyedSender(client, key, topic=t, ack="flush"))
+            time.sleep(2.0)
+            third = shard("r3", "s3")
+            counts = {s["shard"]: s["queues"] for s in client.cluster_status()["shards"]}
+            total = sum(counts.values())
+            fewest = sum(max(0, n - -(-total // 3)) for n in counts.values())  # the excess over ceil(total/3)
+            t0 = time.monotonic()
+            done = client.rebalance()
+            t1 = time.monotonic()
+            time.sleep(1.0)
+            for s_ in senders:
+                s_.stop()
+            after = {s["shard"]: s["queues"] for s in client.cluster_status()["shards"]}
+            pauses = [s_.longest_gap(t0, t1) for s_ in senders]
+            errors = sum(1 for m in done if m["error"]) + sum(len(s_.errors) for s_ in senders)
+            seconds = sorted(m["seconds"] for m in done)
+        log(f"rebalance: {len(done)} moves in {t1 - t0:.2f} s; shards {counts} -> {after}; longest pauses "
+            f"{[round(p, 3) for p in pauses]}")
+        params = {"topics": a.topics, "queues": a.queues, "shards": "2 + 1 joining, one node each", "ack": "flush",
+                  "producers": len(topics), "third": third.address, "first": first.address}
+        res.add("rebalance onto a third shard: queues moved / the fewest that even out", len(done), "",
+                target=str(fewest), ok=len(done) == fewest, after=str(after), **params)
+        res.add("rebalance onto a third shard: total time", t1 - t0, "s",
+                move_p50_s=round(statistics.median(seconds), 3), move_max_s=round(seconds[-1], 3), **params)
+        res.add("rebalance onto a third shard: producers' longest pause (max over producers)", max(pauses), "s",
+                median_over_producers_s=round(statistics.median(pauses), 3), errors=errors, **params)
+    finally:
+        for d in nodes:
+            d.kill9()
+        etcd.kill9()
+
+
+def _sent(client: BrokerClient, key: str, topic: str = TOPIC) -> bool:
+    try:
+        client.send(topic, [Message(b"probe", key=key)], ack="replica")
     except BrokerError:
         return False
     return True
@@ -147,15 +205,22 @@ def _sent(client: BrokerClient, key: str) -> bool:
 
 def main() -> int:
     p = common.base_parser(__doc__.splitlines()[0])
+    p.add_argument("--parts", default="moves,rebalance")
     p.add_argument("--moves", type=int, default=20)
+    p.add_argument("--topics", type=int, default=8, help="rebalance: topics")
+    p.add_argument("--queues", type=int, default=16, help="rebalance: queues per topic")
     p.add_argument("--between-s", type=float, default=1.0, help="sends between two moves, in seconds")
     a = p.parse_args()
     if a.quick:
-        a.moves = 4
+        a.moves, a.topics, a.queues = 4, 4, 6
     res = Results("queue_move", a.results, {"quick": a.quick})
     common.preflight(res, a.max_wait_quiet)
+    parts = set(a.parts.split(","))
     with common.temp_dir("tm-moves-", a.workdir) as workdir:
-        moves(res, a, workdir)
+        if "moves" in parts:
+            moves(res, a, workdir)
+        if "rebalance" in parts:
+            rebalance(res, a, workdir)
     res.print_table()
     return 0
 
