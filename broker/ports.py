@@ -195,6 +195,12 @@ class TxnPeers(Protocol):
         """Deliver the decision; returns how the participant ended (True: committed)."""
         ...
 
+    def forward_timers(self, shard: str, source_shard: str, topic: str, queue: int,
+                       timers: list[tuple[int, bytes, bytes, bytes]], timeout_s: float) -> int:
+        """Deliver due timers (offset here, key, body, delivery properties) of a queue that moved to
+        ``shard``, its shard now (each stored there once); how many were stored now."""
+        ...
+
 
 class ColdReader(Protocol):
     """Reads of log ranges below the local log start (tiered storage plugs one in)."""

@@ -1068,6 +1068,36 @@ class RebalanceResponse(_message.Message):
     moves: _containers.RepeatedCompositeFieldContainer[RebalanceMove]
     def __init__(self, moves: _Optional[_Iterable[_Union[RebalanceMove, _Mapping]]] = ...) -> None: ...
 
+class ForwardedTimer(_message.Message):
+    __slots__ = ("timer_offset", "key", "body", "props")
+    TIMER_OFFSET_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    PROPS_FIELD_NUMBER: _ClassVar[int]
+    timer_offset: int
+    key: bytes
+    body: bytes
+    props: bytes
+    def __init__(self, timer_offset: _Optional[int] = ..., key: _Optional[bytes] = ..., body: _Optional[bytes] = ..., props: _Optional[bytes] = ...) -> None: ...
+
+class ForwardTimersRequest(_message.Message):
+    __slots__ = ("source_shard", "topic", "queue_id", "timers")
+    SOURCE_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TOPIC_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMERS_FIELD_NUMBER: _ClassVar[int]
+    source_shard: str
+    topic: str
+    queue_id: int
+    timers: _containers.RepeatedCompositeFieldContainer[ForwardedTimer]
+    def __init__(self, source_shard: _Optional[str] = ..., topic: _Optional[str] = ..., queue_id: _Optional[int] = ..., timers: _Optional[_Iterable[_Union[ForwardedTimer, _Mapping]]] = ...) -> None: ...
+
+class ForwardTimersResponse(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    def __init__(self, stored: _Optional[int] = ...) -> None: ...
+
 class MoveQueueRequest(_message.Message):
     __slots__ = ("topic", "queue_id", "to_shard", "timeout_ms")
     TOPIC_FIELD_NUMBER: _ClassVar[int]

@@ -210,6 +210,11 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.RebalanceRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.RebalanceResponse.FromString,
                 _registered_method=True)
+        self.ForwardTimers = channel.unary_unary(
+                '/tidemark.v1.Broker/ForwardTimers',
+                request_serializer=proto_dot_tidemark__pb2.ForwardTimersRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.ForwardTimersResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -462,6 +467,13 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ForwardTimers(self, request, context):
+        """Node to node (replication role): due timers of a queue that moved, to the queue's shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -639,6 +651,11 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.Rebalance,
                     request_deserializer=proto_dot_tidemark__pb2.RebalanceRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.RebalanceResponse.SerializeToString,
+            ),
+            'ForwardTimers': grpc.unary_unary_rpc_method_handler(
+                    servicer.ForwardTimers,
+                    request_deserializer=proto_dot_tidemark__pb2.ForwardTimersRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.ForwardTimersResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1587,6 +1604,33 @@ class Broker:
             '/tidemark.v1.Broker/Rebalance',
             proto_dot_tidemark__pb2.RebalanceRequest.SerializeToString,
             proto_dot_tidemark__pb2.RebalanceResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ForwardTimers(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/ForwardTimers',
+            proto_dot_tidemark__pb2.ForwardTimersRequest.SerializeToString,
+            proto_dot_tidemark__pb2.ForwardTimersResponse.FromString,
             options,
             channel_credentials,
             insecure,

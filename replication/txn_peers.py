@@ -1,5 +1,6 @@
 """Calls from a transaction's coordinator shard to its participants' masters (``broker.ports.TxnPeers``;
-docs/shards.md "Transactions across shards").
+docs/shards.md "Transactions across shards"), and a shard's due timers of a queue that moved to
+that queue's shard ("Moving a queue").
 
 Each shard's master is found in this node's copy of etcd's topology (``ClusterMap``), reached on
 its client port with this node's own credential: the first token of ``auth.tokens_file`` with the
@@ -46,6 +47,13 @@ class ShardPeers:
                                               offsets=_offsets(party) if commit else [])
         response: pb.DecideTransactionResponse = self._call(party.shard, "DecideTransaction", request, timeout_s)
         return bool(response.outcome == pb.TRANSACTION_OUTCOME_COMMITTED)
+
+    def forward_timers(self, shard: str, source_shard: str, topic: str, queue: int,
+                       timers: list[tuple[int, bytes, bytes, bytes]], timeout_s: float) -> int:
+        request = pb.ForwardTimersRequest(source_shard=source_shard, topic=topic, queue_id=queue, timers=[
+            pb.ForwardedTimer(timer_offset=o, key=k, body=b, props=p) for o, k, b, p in timers])
+        response: pb.ForwardTimersResponse = self._call(shard, "ForwardTimers", request, timeout_s)
+        return int(response.stored)
 
     def close(self) -> None:
         with self._lock:

@@ -147,3 +147,30 @@ def test_etcd_paused_mid_move_the_move_finishes_when_it_is_back(spawn: Spawn, et
             wait_master([c_])
             p.wait_more(30, timeout_s=60)
         _check_moved(etcd, q, p, addresses)
+
+
+def test_a_timer_forward_repeated_after_a_crash_is_stored_once(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """The old shard's master dies after the new shard stored its forwarded timers, before it marked
+    them forwarded: restarted, it forwards them again, and the new shard stores none twice."""
+    a = shard_node(spawn, etcd, "s1", "a", env={"TIDEMARK_FAILPOINTS": "timer_after_forward=exit"})
+    b = shard_node(spawn, etcd, "s2", "b")
+    with BrokerClient([a.address, b.address]) as c:
+        q = _topic(c)
+        key = _key_for(c, "t", q)
+        due = int(time.time() * 1000) + 2000
+        c.send("t", [Message(f"late-{i}".encode(), key=key, deliver_at_ms=due) for i in range(10)], ack="replica")
+        c.move_queue("t", q, "s2")
+        assert a.wait_exit(30) != 0, "the old master died after its forward"
+        a.env = {}
+        a.start()
+        wait_master([a])
+
+        def late() -> list[bytes]:
+            return [m.body for r in c.iter_pull("t", q, 0) for m in r if m.body.startswith(b"late-")]
+
+        wait_until(lambda: "timers_forwarded" in a.tail_log(300), 30, "the restarted master forwarding again")
+        assert "stored=0" in a.tail_log(300), "the repeated forward was answered as duplicates"
+        time.sleep(1.0)
+        assert sorted(late()) == sorted(f"late-{i}".encode() for i in range(10))
+        with BrokerClient(a.address) as old:
+            assert wait_until(lambda: old.status()["timer_pending"] == 0 or None, 10, "none pending on the old shard")

@@ -16,6 +16,7 @@ position), so it names one timer uniquely and is known to the client from its re
 
 from __future__ import annotations
 
+import hashlib
 import struct
 from collections.abc import Iterator, Mapping
 
@@ -30,6 +31,7 @@ TIMER_OFFSET = "__timer_offset"
 FIRED = "fired"
 CANCELLED = "cancelled"
 DROPPED = "dropped"  # its topic was deleted before it fired: nothing was delivered
+FORWARDED = "forwarded"  # its queue had moved to another shard: delivered there (docs/shards.md)
 TIMER_PROPERTIES = (DELIVER_AT, TARGET_TOPIC, TARGET_QUEUE, TIMER_OFFSET)  # reserved in a timer message
 SCHEDULED_LEADING_PROPS = 3  # a scheduled record's timer fields, before the user's properties
 
@@ -172,7 +174,15 @@ def _prop(name: str, value: str) -> bytes:
     return _U16.pack(len(n)) + n + _U16.pack(len(v)) + v
 
 
-_EVENT_PREFIX = {kind: _prop(EVENT, kind) for kind in (FIRED, CANCELLED, DROPPED)}
+_EVENT_PREFIX = {kind: _prop(EVENT, kind) for kind in (FIRED, CANCELLED, DROPPED, FORWARDED)}
+
+
+def forwarded_timer_producer(source_shard: str, timer_offset: int) -> int:
+    """The producer id a forwarded timer is stored with on its queue's new shard (sequence 0): one
+    per timer, from the shard whose log holds it and its offset there, so a retried forward is a
+    duplicate (the producer table remembers it; docs/shards.md "Moving a queue")."""
+    digest = hashlib.blake2b(f"{source_shard}/{timer_offset}".encode(), digest_size=8).digest()
+    return (int.from_bytes(digest, "big") & ((1 << 63) - 1)) or 1
 
 
 def target_props(topic: str, queue_id: int) -> bytes:

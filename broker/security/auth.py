@@ -73,6 +73,7 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/AddTransactionParticipant": "write",
     "/tidemark.v1.Broker/PrepareTransaction": "replication",  # node to node: a coordinator shard's master
     "/tidemark.v1.Broker/DecideTransaction": "replication",
+    "/tidemark.v1.Broker/ForwardTimers": "replication",  # node to node: timers of a queue that moved
     "/tidemark.v1.Broker/AbortTransaction": "admin",
     "/tidemark.v1.Broker/CreateTopic": "admin",
     "/tidemark.v1.Broker/CreateTopics": "admin",

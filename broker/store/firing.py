@@ -34,6 +34,7 @@ from broker.storage.commitlog import CommitLog
 from broker.storage.failpoints import failpoint
 from broker.store.appender import Appender
 from broker.store.dispatcher import Dispatcher
+from broker.store.forwarding import Due, TimerForwarder
 from broker.store.reads import Reads
 from broker.store.writes import WriteStep
 from broker.threads import NamedThread
@@ -80,6 +81,8 @@ class TimerService:
         self.lock = threading.Lock()  # one round or one cancel at a time
         self.inflight: set[int] = set()  # fired, not yet applied by the view
         self.cancelling: set[int] = set()
+        self.forwarding: set[int] = set()  # handed to the forwarder (their queue moved to another shard)
+        self.forwarder: TimerForwarder | None = None  # set by the store (a cluster of shards)
         self._slot: _SlotState | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -108,10 +111,13 @@ class TimerService:
             self._thread.join(timeout=30)
         if self._thread is not None and not self._thread.is_alive():
             self._thread = None  # one still alive (stuck in an append) is kept: start() must not add a second
+        if self.forwarder is not None:
+            self.forwarder.stop()
         self.view.fire_floor_ms = None
         self._slot = None
         self.inflight.clear()
         self.cancelling.clear()
+        self.forwarding.clear()
 
     def _run(self) -> None:
         failures = 0
@@ -238,7 +244,7 @@ class TimerService:
         idx = self.view.index.find(offs)
         ok = idx >= 0
         ok[ok] = self.view.index.state[idx[ok]] == PENDING
-        busy = self.inflight | self.cancelling
+        busy = self.inflight | self.cancelling | self.forwarding
         if busy:
             ok &= ~np.isin(offs, np.fromiter(busy, dtype=np.uint64, count=len(busy)))
         return ok
@@ -256,7 +262,7 @@ class TimerService:
         if not len(state.offs):
             return state.offs, state.ats
         eligible = self._eligible(state.offs)
-        busy = self.inflight | self.cancelling
+        busy = self.inflight | self.cancelling | self.forwarding
         held = np.isin(state.offs, np.fromiter(busy, np.uint64, len(busy))) if busy else np.zeros(len(eligible), bool)
         due = eligible & (state.ats <= now)
         if due.any() or not (eligible | held).all():
@@ -291,7 +297,8 @@ class TimerService:
         dropped_events: list[tuple[bytes, bytes, bytes]] = []
         targets: dict[tuple[str, int], tuple[bool, bool, bytes]] = {}  # (exists, sealed, its event suffix)
         fired = 0
-        parked: list[int] = []
+        parked: list[int] = []  # not fired here: their queue moved away (some handed to the forwarder)
+        forwards: dict[tuple[str, int], list[Due]] = defaultdict(list)
         for off, at, dropped in zip(offs.tolist(), ats.tolist(), aborted.tolist(), strict=True):
             key, props, body, topic, queue = records[off]
             target = targets.get((topic, queue))
@@ -300,7 +307,9 @@ class TimerService:
                                                     self.appender.queue_sealed(topic, queue), tr.target_props(topic, queue))
             if dropped:  # its transaction aborted: it never fires
                 dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[2])))
-            elif target[1]:  # its queue moved to another shard: kept, found again by the sweep (docs/shards.md)
+            elif target[1]:  # its queue moved to another shard: forwarded there (docs/shards.md), or kept
+                if self.forwarder is not None and self.forwarder.available() and not self.forwarder.resting(topic, queue):
+                    forwards[(topic, queue)].append(Due(off, at, bytes(key), bytes(body), tr.delivery_props(off, props)))
                 parked.append(off)
             elif target[0]:
                 by_queue[(topic, queue)].append((body, key, tr.delivery_props(off, props)))
@@ -309,8 +318,13 @@ class TimerService:
             else:
                 dropped_events.append((b"", b"", tr.event_props(tr.DROPPED, off, at, target[2])))
                 log.warning("timer_dropped", timer_offset=off, topic=topic, queue=queue, reason="no such topic/queue")
+        for (topic, queue), due in forwards.items():
+            assert self.forwarder is not None
+            self.forwarding.update(t.offset for t in due)
+            self.forwarder.submit(topic, queue, sorted(due, key=lambda t: (t.at, t.offset)))
         if parked:
-            log.debug("timers_parked", count=len(parked), reason="their queue is sealed here by a move")
+            log.debug("timers_parked", count=len(parked), forwarded=sum(len(d) for d in forwards.values()),
+                      reason="their queue is sealed here by a move")
             kept = ~np.isin(offs, np.array(parked, dtype=offs.dtype))
             offs, ats = offs[kept], ats[kept]
             if not len(offs):
@@ -333,6 +347,14 @@ class TimerService:
         metrics.observe_many(metrics.TIMER_LATENESS, np.maximum(0, now - ats) / 1000.0, metrics.TIMER_LATENESS_BOUNDS)
         metrics.TIMER_FIRED.inc(fired)
         self.writes.acknowledged(end, "flush", what="a timer delivery")
+
+    def forwarded(self, offsets: list[int], done: bool) -> None:
+        """The forwarder is done with these timers: forwarded (their events appended), or not (the
+        sweep hands them over again)."""
+        with self.lock:
+            self.forwarding.difference_update(offsets)
+            if done:
+                self.inflight.update(offsets)
 
     def _append_events(self, offs: np.ndarray, ats: np.ndarray) -> None:
         events = []

@@ -26,6 +26,7 @@ from broker.config import Config
 from broker.errors import BrokerError
 from broker.logformat import system_records
 from broker.ports import (
+    IncomingBatch,
     Placement,
     RoleController,
     RoleListener,
@@ -41,6 +42,7 @@ from broker.store.decisions import Decisions
 from broker.store.disk import DiskSpace
 from broker.store.dispatcher import Dispatcher
 from broker.store.firing import TimerService
+from broker.store.forwarding import TimerForwarder
 from broker.store.incidents import Incidents
 from broker.store.mastership import Mastership
 from broker.store.metadata_fence import MetadataFence
@@ -118,8 +120,13 @@ class Store(StorePorts, Mastership, MetadataFence):
         self.decisions = Decisions(self.appender, views, self.watermarks, self.dispatcher)
         self.timers = TimerService(config, views.timers, log_, self.appender, self.writes, self.dispatcher,
                                    self.reads, lambda: self.role, self.check_writable, self.incidents.report_to("timers"))
+        self.timers.forwarder = TimerForwarder(self._append_forwarded, self.timers.forwarded,
+                                               lambda: self.placement, lambda: self.txn_peers)
         self._role_listeners.append(self.timers.on_role)
         self._role_listeners.append(self.offsets.on_role)
+
+    def _append_forwarded(self, batches: list[IncomingBatch]) -> None:
+        self.writes.write(batches, "flush", internal=True, what="forwarded timers' events")
 
     # -- ports (broker/ports.py) -----------------------------------------------------------------
 

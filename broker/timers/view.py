@@ -6,7 +6,8 @@ What it applies (docs/formats/timer-records.md):
 - scheduled records → SCHEDULED, linked into the slot of their deliver time;
 - a delivery batch (``FLAG_TIMER_DELIVERY``), the authoritative fire marker → DELIVERED;
 - ``fired`` events → FIRED_EVENT (a DELIVERED timer without one is re-announced by the master);
-- ``cancelled`` / ``dropped`` events → CANCELLED / DROPPED.
+- ``cancelled`` / ``dropped`` events → CANCELLED / DROPPED; ``forwarded`` (its queue had moved to
+  another shard, which stored it: docs/shards.md) → DROPPED.
 
 Each dispatcher round's records are written as one timer-log group closed by a MARK carrying
 the applied commit offset. Recovery (``load``): the newest valid snapshot at or below the
@@ -165,7 +166,9 @@ class TimerView(View):
             fired = np.array(tr.leading_offsets(batch, header, skip_first=True), dtype=np.uint64)
             self._finish(fired, tl.FIRED_EVENT, DELIVERED)
             return
-        kinds = {tr.FIRED: (tl.FIRED_EVENT, DELIVERED), tr.CANCELLED: (tl.CANCELLED, PENDING), tr.DROPPED: (tl.DROPPED, PENDING)}
+        # a forwarded timer (its queue moved to another shard, which stored it) ends as a dropped one here
+        kinds = {tr.FIRED: (tl.FIRED_EVENT, DELIVERED), tr.CANCELLED: (tl.CANCELLED, PENDING), tr.DROPPED: (tl.DROPPED, PENDING),
+                 tr.FORWARDED: (tl.DROPPED, PENDING)}
         by_kind: dict[str, list[int]] = {}
         for kind, off, _ in tr.event_refs(batch, header):
             by_kind.setdefault(kind, []).append(off)

@@ -185,7 +185,7 @@ class MetadataView(View):
             self._count_timers(topic, header.record_count)
             return
         for kind, _, topic in timer_records.event_refs(batch, header):
-            if kind in (timer_records.CANCELLED, timer_records.DROPPED):
+            if kind in (timer_records.CANCELLED, timer_records.DROPPED, timer_records.FORWARDED):
                 self._count_timers(topic, -1)
 
     def _count_timers(self, topic: str, delta: int) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import json
 from typing import Any
 
+import crc32c
 import grpc
 
 from broker.daemon import status_message
@@ -18,14 +19,17 @@ from broker.daemon.rpc.common import (
     log,
 )
 from broker.errors import BrokerError, invalid, shown
+from broker.logformat import batch as bf
 from broker.logformat import system_records
-from broker.ports import Placement, RoleController, SegmentRoute
+from broker.logformat.timer_props import forwarded_timer_producer
+from broker.ports import IncomingBatch, Placement, RoleController, SegmentRoute
 from proto import tidemark_pb2 as pb
 
 ROUTES_TOPICS_MAX = system_records.CREATE_TOPICS_MAX
 MOVE_TIMEOUT_MS = 30_000  # a MoveQueue call's wait for the move to finish, by default
 MOVE_TIMEOUT_MS_MAX = 600_000
 REBALANCE_TIMEOUT_MS = 600_000  # a Rebalance call's moves, in all (and at most)
+FORWARD_TIMERS_MAX = 10_000  # timers per ForwardTimers call (the firing round's batch is at most timer.fire_batch_max)
 
 
 def segment_route(s: SegmentRoute) -> pb.SegmentRoute:
@@ -216,6 +220,27 @@ class TopicRpcs(Rpcs):
             at, topic, queue = self.store.timers.cancel(request.timer_offset, target)
             log.info("timer_cancelled", timer_offset=request.timer_offset, topic=topic, queue=queue, deliver_at_ms=at)
             return pb.CancelTimerResponse(deliver_at_ms=at, topic=topic, queue_id=queue)
+        return handle(context, run)
+
+    def ForwardTimers(self, request: pb.ForwardTimersRequest, context: grpc.ServicerContext) -> pb.ForwardTimersResponse:
+        """Due timers of a queue that moved, from the shard holding them (docs/shards.md "Moving a
+        queue"): stored in the queue as that shard would have delivered them, each once (its own
+        producer id, from the source shard and its offset, sequence 0: a retry is a duplicate)."""
+        def run() -> pb.ForwardTimersResponse:
+            placement = self._sharded()
+            if len(request.timers) > FORWARD_TIMERS_MAX:
+                raise invalid(f"a ForwardTimers call takes at most {FORWARD_TIMERS_MAX} timers, got {len(request.timers)}")
+            placement.check_queue(request.topic, request.queue_id)
+            batches = []
+            for t in request.timers:
+                records, _ = bf.encode_records([(t.body, t.key, t.props)])
+                batches.append(IncomingBatch(request.topic, request.queue_id, records, 1, crc32c.crc32c(records),
+                                             producer_id=forwarded_timer_producer(request.source_shard, t.timer_offset),
+                                             base_sequence=0))
+            if not batches:
+                return pb.ForwardTimersResponse()
+            receipts = self.store.writes.write(batches, "replica", internal=True, what="forwarded timers")
+            return pb.ForwardTimersResponse(stored=sum(1 for r in receipts if not r.duplicate))
         return handle(context, run)
 
     def Status(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.StatusResponse:
