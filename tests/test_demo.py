@@ -21,3 +21,4 @@ def test_demo_runs_and_loses_nothing() -> None:
     assert "group 'billing': a member bootstrapped from each shard's node" in r.stdout, r.stdout
     assert ", 0 twice; committed to the group's coordinator shard, lag 0 as any node describes it" in r.stdout, r.stdout
     assert ("until the commit ({'s1': 0, 's2': 0}), then visible on both ({'s1': 1, 's2': 1})" in r.stdout), r.stdout
+    assert "moved from s1 to s2 with no data copied" in r.stdout and "all there; then `cluster rebalance`" in r.stdout, r.stdout

@@ -1,5 +1,6 @@
 """The demo's last part: one namespace over two shards (docs/shards.md), a failover in one while
-the other serves, all through one client bootstrapped from a single node."""
+the other serves, a group and a transaction over both, a queue moved between them, all through
+one client bootstrapped from a single node."""
 
 from __future__ import annotations
 
@@ -97,7 +98,42 @@ def run(work: str, etcd_endpoint: str, say: Callable[[str], None], wait: Callabl
         with BrokerClient(m1.address) as c1:
             _group_over_shards(c, c1, owners, say, wait)
         _transaction_over_shards(c, owners, say)
+        _move_queue(c, owners, say)
     return nodes
+
+
+def _move_queue(c: BrokerClient, owners: list[str], say: Callable[[str], None]) -> None:
+    """Step 16: a queue of s1 moves to s2 under a keyed producer, no data copied; a rebalance after."""
+    key = _key_on(owners, "s1")
+    q = c.pick_queue("carts", key)
+    acks: list[float] = []
+    sent: list[int] = []
+    stop = threading.Event()
+
+    def producer() -> None:
+        while not stop.is_set():
+            sent.append(c.send("carts", [Message(body=b"moving", key=key)], ack="replica")[0].queue_offset)
+            acks.append(time.monotonic())
+
+    t = threading.Thread(target=producer, daemon=True)
+    t.start()
+    time.sleep(0.3)
+    asked = time.monotonic()
+    segments = c.move_queue("carts", q, "s2")
+    time.sleep(0.3)
+    stop.set()
+    t.join(10)
+    after = [a for a in acks if a >= asked]
+    pause = (after[0] - asked) if after else 0.0
+    pause = max([pause, *(b - a for a, b in itertools.pairwise(after))])
+    offsets = [m.queue_offset for r in c.iter_pull("carts", q, 0) for m in r]
+    whole = offsets == list(range(len(offsets))) and set(sent) <= set(offsets)
+    rebalanced = c.rebalance()
+    say(f"16. queue {q} of 'carts' moved from s1 to s2 with no data copied: sealed on s1 at offset "
+        f"{segments[0]['end']}, continued on s2 from there; a keyed ack=replica producer paused {pause * 1000:.0f} ms "
+        f"and its {len(sent)} messages are read back across both segments, offsets 0..{len(offsets) - 1} "
+        f"{'all there' if whole else 'NOT CONTIGUOUS'}; then `cluster rebalance` evened the shards out with "
+        f"{len(rebalanced)} move(s)")
 
 
 def _transaction_over_shards(c: BrokerClient, owners: list[str], say: Callable[[str], None]) -> None:
