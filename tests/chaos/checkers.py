@@ -30,6 +30,7 @@ The rules, and why they hold:
 from __future__ import annotations
 
 import bisect
+import itertools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -484,9 +485,31 @@ def readable(ops: list[Op], final: Final) -> Verdict:
     return v
 
 
+def queue_moves(ops: list[Op], final: Final) -> Verdict:
+    """Queue moves over shards (the ``queue_move`` fault): none left under way once the faults are
+    healed, and each moved queue's segments chain (every one but the last read-only, each starting
+    where the one before ends): never two writable segments. A move that failed (its target or etcd
+    down) is counted, not a failure: what it sent stays checked by the transaction checkers."""
+    v = Verdict("queue_moves", True, {"asked": 0, "done": 0, "failed": 0})
+    for o in _ops(ops, "queue_move"):
+        v.counts["asked"] += 1
+        v.counts["done" if o["outcome"] == "ok" else "failed"] += 1
+    for m in final.get("moves_in_flight") or []:
+        v.ok = False
+        v.example(f"a move still under way at the end: {m}")
+    for q, segs in enumerate(final.get("txn_segments") or []):
+        if any(s["state"] != "ro" for s in segs[:-1]) or segs[-1]["state"] == "ro":
+            v.ok = False
+            v.example(f"queue {q}: segments {segs}")
+        if any(b["logical_start"] != a["end"] for a, b in itertools.pairwise(segs)):
+            v.ok = False
+            v.example(f"queue {q}: segments that do not chain {segs}")
+    return v
+
+
 CHECKERS: tuple[Callable[[list[Op], Final], Verdict], ...] = (
     lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, split_brain, tiered_bound,
-    convergence, latency, transactions, clients, readable, node_exits)
+    convergence, latency, transactions, clients, readable, node_exits, queue_moves)
 
 
 def check_all(ops: list[Op], final: Final, rto_p99_max_ms: float = 3000.0) -> list[Verdict]:

@@ -17,12 +17,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from broker.client import BrokerClient, BrokerError
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.history import Recorder, now_ms
+from tests.chaos.workload import TXN_QUEUES, TXN_TOPIC
 
 KINDS = ("kill9", "sigstop", "isolate", "link_delay", "disk_full", "power_loss", "power_loss_both", "s3_fail",
          "s3_slow", "etcd_kill", "etcd_pause", "clock_jump")
 NODE_KINDS = {"kill9", "sigstop", "isolate", "disk_full", "power_loss", "clock_jump"}
+# kinds only a cluster of shards has, drawn only there (so a pair's seeds replay as before):
+# ``queue_move`` moves a queue of the transactions' topic to another shard (docs/shards.md), in the
+# background, so that the faults after it may strike the move itself. The pop group's topic is not
+# moved: pops across a move are not built yet.
+SHARD_KINDS = ("queue_move",)
 SETTLE_S = 30.0
 RESTART_SEC_S = 2.0  # deploy/systemd/tidemark-*.service RestartSec
 
@@ -133,6 +140,10 @@ class Nemesis:
                 else:
                     c.to_s3.delay_s = 0.5
                 heal = c.heal_network
+            elif kind == "queue_move":
+                target = "cluster"
+                detail.update(self._move())
+                heal = _nothing
             elif kind == "etcd_kill":
                 target = "etcd"
                 c.etcd.kill9()
@@ -145,6 +156,25 @@ class Nemesis:
         self.rec.record("fault", {"kind": kind, "node": target, "role": role, "phase": "start", **detail}, "ok",
                         now_ms())
         return Fault(kind, target, role, heal, detail)
+
+    def _move(self) -> dict[str, object]:
+        """Ask for a move of one queue of the transactions' topic to another shard, in a thread;
+        its outcome is recorded as op ``queue_move`` when it ends."""
+        queue = self.rng.randrange(TXN_QUEUES)
+        shard = self.rng.choice(self.cluster.shards)
+
+        def move() -> None:
+            invoked = now_ms()
+            value = {"topic": TXN_TOPIC, "queue": queue, "to": shard}
+            try:
+                with BrokerClient(self.cluster.addresses, timeout_s=30) as c:
+                    segments = c.move_queue(TXN_TOPIC, queue, shard, timeout_ms=60_000)
+                self.rec.record("queue_move", value, "ok", invoked, result={"segments": len(segments)})
+            except BrokerError as exc:
+                self.rec.record("queue_move", value, "fail", invoked, error=str(exc)[:300])
+
+        threading.Thread(target=move, name=f"move-{queue}-{shard}", daemon=True).start()
+        return {"topic": TXN_TOPIC, "queue": queue, "to": shard}
 
     def heal(self, fault: Fault) -> None:
         fault.heal()
@@ -238,3 +268,7 @@ class Nemesis:
                 node.daemon.proc.send_signal(signal.SIGCONT)
             else:
                 node.daemon.start(60)
+
+
+def _nothing() -> None:
+    """A fault healed by itself (a queue move ends on its own)."""

@@ -39,7 +39,7 @@ from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
 from tests.chaos import checkers, workload
 from tests.chaos.cluster import Cluster, Node
-from tests.chaos.faults import KINDS, Nemesis
+from tests.chaos.faults import KINDS, SHARD_KINDS, Nemesis
 from tests.chaos.history import Recorder, client_ops, load, now_ms, write_json
 from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, TXN_QUEUES, TXN_TOPIC, body_id
 
@@ -266,6 +266,10 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
         txn_messages = [[q, m.queue_offset, body_id(m.body)] for q, m in _read_all(c, TXN_TOPIC, TXN_QUEUES, unreadable)]
         open_transactions = len(c.list_transactions())
         queue_shards = [q["shard"] for q in c.describe_topic(TOPIC)["queues"]]
+        if cluster.sharded:
+            _wait(lambda: not c.cluster_status()["moves"], 60, "every queue move ended", fatal=False)
+            moves_in_flight = c.cluster_status()["moves"]
+            txn_segments = [q["segments"] for q in c.describe_topic(TXN_TOPIC)["queues"]]
     pairs = {shard: _pair_state(cluster, shard) for shard in cluster.shards}
     out: dict[str, Any] = {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
                            "unreadable": unreadable, "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
@@ -273,6 +277,8 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
         out["shards"] = pairs
         out["node_shards"] = {n.name: n.shard for n in cluster.nodes.values()}  # RTO per shard (checkers.rto)
         out["queue_shards"] = queue_shards
+        out["moves_in_flight"] = moves_in_flight
+        out["txn_segments"] = txn_segments
     else:
         out.update(pairs[""])
     return out
@@ -345,13 +351,14 @@ def main() -> None:
     p.add_argument("--duration", type=duration_s, default=180.0, help="how long faults go on (180, 3m, 30m)")
     p.add_argument("--seed", type=int, default=None, help="replays a run (default: a new one, printed)")
     p.add_argument("--dir", type=Path, default=None, help="the run's directory (default /tmp/tidemark-chaos-<seed>)")
-    p.add_argument("--kinds", default=",".join(KINDS), help=f"fault kinds, comma-separated (of {', '.join(KINDS)})")
+    p.add_argument("--kinds", default="", help=f"fault kinds, comma-separated (of {', '.join(KINDS + SHARD_KINDS)}; "
+                   "default: all, the shard kinds with --shards)")
     p.add_argument("--no-mount", action="store_true", help="no tmpfs per node (no root): disk_full is left out")
     p.add_argument("--shards", type=int, default=1, choices=(1, 2, 3), help="pairs, as shards of one cluster")
     args = p.parse_args()
     seed = args.seed if args.seed is not None else random.randrange(1 << 31)
-    kinds = tuple(k for k in args.kinds.split(",") if k)
-    unknown = set(kinds) - set(KINDS)
+    kinds = tuple(k for k in args.kinds.split(",") if k) or KINDS + (SHARD_KINDS if args.shards > 1 else ())
+    unknown = set(kinds) - set(KINDS + SHARD_KINDS)
     if unknown:
         p.exit(2, f"chaos: unknown fault kinds: {', '.join(sorted(unknown))}\n")
     mount = not args.no_mount and os.geteuid() == 0

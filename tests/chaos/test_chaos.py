@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.aptutil import require_tool
-from tests.chaos.faults import KINDS
+from tests.chaos.faults import KINDS, SHARD_KINDS
 from tests.chaos.run import run
 
 DURATION_S = float(os.environ.get("TIDEMARK_CHAOS_SECONDS", "180"))
@@ -30,7 +30,8 @@ def test_a_chaos_run_passes_every_checker(tmp_path: Path, shards: int) -> None:
         pytest.skip("the disk-full fault mounts a tmpfs per node: needs root")
     seed = int(os.environ.get("TIDEMARK_CHAOS_SEED", random.randrange(1 << 31)))
     print(f"chaos seed {seed}, {shards} shard(s)")
-    outcome = run(DURATION_S if shards == 1 else SHARDS_DURATION_S, seed, tmp_path / f"chaos-{seed}", kinds=KINDS,
+    kinds = KINDS if shards == 1 else KINDS + SHARD_KINDS
+    outcome = run(DURATION_S if shards == 1 else SHARDS_DURATION_S, seed, tmp_path / f"chaos-{seed}", kinds=kinds,
                   rto_p99_max_ms=RTO_MAX_MS, shards=shards)
     print(outcome.table)
     failed = [v for v in outcome.verdicts if not v.ok]

@@ -251,3 +251,19 @@ def test_a_node_that_exits_on_its_own_fails_the_run_unless_a_full_disk_explains_
     ops += [op("fault", {**fault, "kind": "sigstop"}, 960), op("node_exit", {"node": "a", "code": -11}, 990)]
     v = verdict("node_exits", ops, final)
     assert not v.ok and v.counts == {"exits": 2, "unexplained": 1} and "after sigstop" in v.examples[0]
+
+
+def test_queue_moves_left_under_way_or_segments_that_do_not_chain() -> None:
+    ops: list[dict[str, Any]] = [{"client": "nemesis", "op": "queue_move", "value": {"queue": 0, "to": "s2"},
+                                  "outcome": "ok", "invoke_ms": 1.0, "complete_ms": 2.0}]
+    good = [[{"shard": "s1", "logical_start": 0, "end": 7, "state": "ro"},
+             {"shard": "s2", "logical_start": 7, "end": None, "state": "rw"}]]
+    v = ck.queue_moves(ops, {"moves_in_flight": [], "txn_segments": good})
+    assert v.ok and v.counts == {"asked": 1, "done": 1, "failed": 0}
+    assert not ck.queue_moves(ops, {"moves_in_flight": [{"topic": "t", "queue": 0}], "txn_segments": good}).ok
+    two_writable = [[{"shard": "s1", "logical_start": 0, "end": None, "state": "rw"},
+                     {"shard": "s2", "logical_start": 7, "end": None, "state": "rw"}]]
+    assert not ck.queue_moves(ops, {"txn_segments": two_writable}).ok
+    gap = [[{"shard": "s1", "logical_start": 0, "end": 7, "state": "ro"},
+            {"shard": "s2", "logical_start": 9, "end": None, "state": "rw"}]]
+    assert not ck.queue_moves(ops, {"txn_segments": gap}).ok
