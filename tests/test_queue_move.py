@@ -135,3 +135,32 @@ def test_timers_due_after_the_move_fire_once_on_the_new_shard(spawn: Spawn, etcd
         got = delivered()
         assert sorted(got) == sorted(expected.items()), "each timer once, with its properties"
         assert wait_until(lambda: c.status()["timer_pending"] == 0 or None, 10, "none pending on the old shard")
+
+
+def test_a_transaction_open_across_the_move_commits_or_aborts_on_both_segments(spawn: Spawn,
+                                                                             etcd: EtcdProcess) -> None:
+    """A transaction sends to the queue, the queue moves, it sends to it again (now on the new
+    shard, a second participant): its commit makes both parts visible at once, in order across the
+    segments; an abort, neither. The seal does not wait for the transaction (its first part stays
+    invisible on the old segment until it ends)."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        c.create_topic("t", queues=2)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
+        q = _owners(c, "t").index("s1")
+        key = _key_for(c, "t", q)
+
+        def committed() -> list[bytes]:
+            return [m.body for r in c.iter_pull("t", q, 0) for m in r if m.body.startswith(b"tx")]
+
+        for commit, to in ((True, "s2"), (False, "s1")):
+            tx = c.begin_transaction(f"mover-{commit}")
+            tx.send("t", [Message(f"tx-{commit}-before".encode(), key=key)])
+            c.move_queue("t", q, to)
+            tx.send("t", [Message(f"tx-{commit}-after".encode(), key=key)])
+            assert not any(b.startswith(f"tx-{commit}".encode()) for b in committed()), "invisible while open"
+            if commit:
+                tx.commit()
+            else:
+                tx.abort()
+        assert committed() == [b"tx-True-before", b"tx-True-after"]
