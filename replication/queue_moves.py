@@ -70,10 +70,15 @@ class QueueMoves:
         self.moves_max_in_flight = moves_max_in_flight
         self._wake = wake  # the reconciler, which seals and starts
 
-    def started(self, topic: str, queue: int, start: int) -> bool:
-        """Whether this shard's log began the segment a move started here at ``start``."""
+    def started(self, topic: str, queue: int, seg: pl.Segment) -> bool:
+        """Whether this shard's log began ``seg``, a segment of ``queue`` here: its next offset at
+        the segment's start or past it, and no seal but this segment's own (a sealing segment's
+        seal is at or past its start; an older segment's, before it)."""
         appender = self.store.appender
-        return not appender.queue_sealed(topic, queue) and appender.queue_end_hint(topic, queue) >= start
+        if appender.queue_end_hint(topic, queue) < seg.logical_start:
+            return False
+        sealed_at = appender.sealed_end(topic, queue)
+        return sealed_at is None or (seg.state != "rw" and sealed_at >= seg.logical_start)
 
     def move(self, topic: str, queue: int, to_shard: str, timeout_s: float) -> tuple[SegmentRoute, ...]:
         """Ask for the move (its first step, in etcd) and wait until the target writes the queue."""
@@ -83,7 +88,7 @@ class QueueMoves:
         if not 0 <= queue < p.queues:
             raise BrokerError("INVALID_ARGUMENT", f"topic {shown(topic)} has {p.queues} queues; there is no queue {queue}")
         last = p.last(queue)
-        if not (last.shard == to_shard and last.state == "rw"):
+        if not (last.shard == to_shard and last.state == "rw"):  # (a fresh one there: only wait for it)
             if last.state == "sealing":
                 if last.to != to_shard:
                     raise BrokerError("FAILED_PRECONDITION", f"queue {queue} of topic {shown(topic)} is moving to shard "
@@ -98,6 +103,9 @@ class QueueMoves:
         return tuple(segment_route(seg) for seg in p.segments[queue])
 
     def _ask_move(self, topic: str, queue: int, to_shard: str, p: pl.Placement, raw: bytes) -> None:
+        if self.cluster.is_draining(to_shard):
+            raise BrokerError("FAILED_PRECONDITION", f"shard {to_shard!r} is being drained: no queue moves to it "
+                              f"(tidemark cluster drain {to_shard} --cancel ends that)")
         if self.cluster.master(to_shard) is None:
             raise BrokerError("FAILED_PRECONDITION", f"shard {to_shard!r} has no master now (or does not exist): "
                               f"the shards with one are {', '.join(sorted(self.cluster.live_shards())) or 'none'}")
@@ -117,7 +125,7 @@ class QueueMoves:
         if p is None or queue >= p.queues:
             return True  # deleted meanwhile: the caller says what it finds
         last = p.last(queue)
-        return last.shard == to_shard and last.state == "rw"
+        return last.shard == to_shard and last.state == "rw" and not last.fresh  # begun there
 
     def rebalance(self, drain: str, undrain: str, dry_run: bool, timeout_s: float) -> list[MoveDone]:
         """Even out the live shards' writable queues (``rebalance.plan``), ``drain`` marked draining
@@ -158,7 +166,9 @@ class QueueMoves:
 
     def seal_moving(self) -> None:
         """On this shard's master: each queue of ours that etcd marks sealing is sealed in the log,
-        the log confirmed past the seal, then the switch written (fenced by our leader key)."""
+        the log confirmed past the seal, then the switch written (fenced by our leader key). A
+        queue that fails (etcd, the slave's acknowledgement) is tried again next round; the others
+        go on."""
         for topic, p in self.cluster.placements_snapshot().items():
             for queue, seg in p.moving():
                 if seg.shard != self.shard or self.store.views.metadata.topic(topic) is None:
@@ -166,35 +176,75 @@ class QueueMoves:
                 leader_revision = self._leader_revision()
                 if not leader_revision:
                     return
-                end, at = self.store.appender.seal_queue(topic, queue)
-                self.store.watermarks.wait_ack(at, "replica", SEAL_CONFIRM_MS)
-                failpoint("move_after_seal")
-                raw = self.cluster.raw_record(topic)
-                if raw is None or pl.decode(raw).last(queue) != seg:
-                    continue  # changed meanwhile (deleted): the next round sees what it is now
-                producers = self.store.appender.producers_of(topic, queue, PRODUCERS_CARRIED_MAX)
-                record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers))
-                revision = self._written(functools.partial(_replace, topic, raw, record, leader_revision))
-                if revision:
-                    failpoint("move_after_switch")
-                    log.info("queue_sealed", topic=topic, queue=queue, end=end, target=seg.to, revision=revision)
-                else:
-                    log.warning("queue_seal_not_written", topic=topic, queue=queue, end=end,
-                                note="the record changed or this node is no longer the shard's leader")
+                try:
+                    self._seal(topic, queue, seg, leader_revision)
+                except BrokerError as exc:
+                    log.warning("queue_seal_failed", topic=topic, queue=queue, error=exc.message[:200],
+                                note="tried again at the next round")
+
+    def _seal(self, topic: str, queue: int, seg: pl.Segment, leader_revision: int) -> None:
+        if not self.started(topic, queue, seg):  # moved here and away again before it ever started here
+            self._start([(topic, queue, seg)])
+        end, at = self.store.appender.seal_queue(topic, queue)
+        end = max(end, seg.logical_start)
+        self.store.watermarks.wait_ack(at, "replica", SEAL_CONFIRM_MS)
+        failpoint("move_after_seal")
+        raw = self.cluster.raw_record(topic)
+        if raw is None or pl.decode(raw).last(queue) != seg:
+            return  # changed meanwhile (deleted): the next round sees what it is now
+        producers = self.store.appender.producers_of(topic, queue, PRODUCERS_CARRIED_MAX)
+        record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers))
+        pl.decode(record)  # never write a record no node could read
+        revision = self._written(functools.partial(_replace, topic, raw, record, leader_revision))
+        if revision:
+            failpoint("move_after_switch")
+            log.info("queue_sealed", topic=topic, queue=queue, end=end, target=seg.to, revision=revision)
+        else:
+            log.warning("queue_seal_not_written", topic=topic, queue=queue, end=end,
+                        note="the record changed or this node is no longer the shard's leader")
 
     def start_moved_in(self) -> None:
-        """On this shard's master: each queue etcd gives this shard from an offset above 0 starts
-        there in the log (one ``queue.start`` record each), before it takes a write."""
-        starts = []
+        """On this shard's master: each writable segment etcd gives this shard that its log has not
+        begun (a move's target; or a queue that left sealed and came back) starts there (one
+        ``queue.start`` record each) before it takes a write; then its carried producers are dropped
+        from etcd (the log holds them now)."""
+        todo = []
         for topic, p in self.cluster.placements_snapshot().items():
             if self.store.views.metadata.topic(topic) is None:
                 continue
             for queue in range(p.queues):
                 last = p.last(queue)
-                if last.shard == self.shard and last.logical_start and not self.started(topic, queue, last.logical_start):
-                    starts.append((system_records.QUEUE_START, {"topic": topic, "queue": queue, "start": last.logical_start,
-                                                                "producers": [list(r) for r in last.producers]}))
-        if starts:
-            failpoint("move_before_start")
-            self.store.writes.write_system(starts, applied=self.store.views.queues)
-            log.info("queues_started", queues=[(f["topic"], f["queue"], f["start"]) for _, f in starts], shard=self.shard)
+                if last.shard == self.shard and last.state == "rw" and not self.started(topic, queue, last):
+                    todo.append((topic, queue, last))
+        if todo:
+            self._start(todo)
+        self._settle_begun()
+
+    def _start(self, todo: list[tuple[str, int, pl.Segment]]) -> None:
+        starts = [(system_records.QUEUE_START, {"topic": t, "queue": q, "start": seg.logical_start,
+                                                "producers": [list(r) for r in seg.producers]}) for t, q, seg in todo]
+        failpoint("move_before_start")
+        self.store.writes.write_system(starts, applied=self.store.views.queues)
+        log.info("queues_started", queues=[(t, q, seg.logical_start) for t, q, seg in todo], shard=self.shard)
+
+    def _settle_begun(self) -> None:
+        """Writable segments of ours that a move began, now begun in the log: rewritten in etcd as
+        begun (a move's caller waits for that) and without their carried producers (the log holds
+        them now; each switch would otherwise grow the topic's record for good)."""
+        leader_revision = self._leader_revision()
+        if not leader_revision:
+            return
+        for topic, p in self.cluster.placements_snapshot().items():
+            done = [q for q in range(p.queues) if (p.last(q).fresh or p.last(q).producers)
+                    and p.last(q).shard == self.shard and p.last(q).state == "rw" and self.started(topic, q, p.last(q))]
+            raw = self.cluster.raw_record(topic)
+            if not done or raw is None:
+                continue
+            settled = pl.decode(raw)
+            for q in done:
+                last = settled.last(q)
+                settled = settled.with_last(q, pl.Segment(last.shard, last.logical_start, last.state, last.end, last.to))
+            try:
+                self._written(functools.partial(_replace, topic, raw, pl.encode(settled), leader_revision))
+            except BrokerError as exc:
+                log.warning("segment_not_settled", topic=topic, error=exc.message[:200])

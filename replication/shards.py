@@ -55,6 +55,7 @@ PLACE_WAIT_S = 10.0
 # per transaction than its --max-txn-ops (128 by default)
 PLACE_TOPICS_MAX = 128
 RECONCILE_EVERY_S = 1.0
+RECONCILE_GAP_S = 0.02  # at least this between two rounds (each reads every placement)
 
 RunOnLoop = Callable[[Callable[[Etcd], Coroutine[Any, Any, Any]], float], Any]
 
@@ -166,7 +167,7 @@ class ShardPlacement:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
                               "retry in a moment")
-        if seg.logical_start and seg.end is None and not self.moves.started(topic, queue, seg.logical_start):
+        if seg.end is None and not self.moves.started(topic, queue, seg):
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"queue {queue} of topic {shown(topic)} is being started on shard "
                               f"{self.shard!r} at offset {seg.logical_start} (a move); retry in a moment", metadata=MOVING)
@@ -255,6 +256,16 @@ class ShardPlacement:
         p = self.cluster.placement(topic)
         return p is None or not 0 <= queue < p.queues or p.owner(queue) == self.shard
 
+    def pop_segment(self, topic: str, queue: int) -> tuple[bool, int] | None:
+        p = self.cluster.placement(topic)
+        if p is None or not 0 <= queue < p.queues:
+            return (True, 0)
+        mine = [seg for seg in p.segments[queue] if seg.shard == self.shard]
+        if not mine:
+            return None
+        last = p.last(queue)
+        return (True, last.logical_start) if last.shard == self.shard else (False, mine[-1].logical_start)
+
     def queue_count(self, topic: str) -> int | None:
         p = self.cluster.placement(topic)
         return p.queues if p is not None else None
@@ -306,6 +317,7 @@ class ShardPlacement:
     def _reconcile_loop(self) -> None:
         while not self._stop.is_set():
             self._wake.wait(RECONCILE_EVERY_S)
+            self._stop.wait(RECONCILE_GAP_S)  # refused requests wake it again and again: not back to back
             self._wake.clear()
             self._export()
             if self._stop.is_set() or self.store.role != "master" or not self.cluster.revision:

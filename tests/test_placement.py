@@ -54,7 +54,7 @@ def test_a_move_seals_the_last_segment_then_continues_on_the_target() -> None:
     moving = pl.sealing(p, 0, "s3")
     assert moving.owner(0) == "s1" and moving.moving() == [(0, pl.Segment("s1", 0, "sealing", to="s3"))]
     done = pl.switched(moving, 0, 120)
-    assert done.segments[0] == (pl.Segment("s1", 0, "ro", end=120), pl.Segment("s3", 120))
+    assert done.segments[0] == (pl.Segment("s1", 0, "ro", end=120), pl.Segment("s3", 120, fresh=True))
     assert done.owner(0) == "s3" and done.moving() == [] and done.queues_of("s1") == []
     assert pl.decode(pl.encode(done)) == done and pl.decode(pl.encode(moving)) == moving
     back = pl.switched(pl.sealing(done, 0, "s1"), 0, 200)  # and back again

@@ -164,3 +164,51 @@ def test_a_transaction_open_across_the_move_commits_or_aborts_on_both_segments(s
             else:
                 tx.abort()
         assert committed() == [b"tx-True-before", b"tx-True-after"]
+
+
+def test_pop_leases_taken_before_the_move_are_acked_after_it_and_nothing_is_lost(spawn: Spawn,
+                                                                                etcd: EtcdProcess) -> None:
+    """A pop group leases part of a queue, the queue moves: the leases taken before are acked after
+    the move (on the old segment's shard), the rest of the old segment is still leased from there,
+    the new segment from the new shard; every message acked once, none left."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        c.create_topic("t", queues=1)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe")]), 15, "the queue created")
+        c.send("t", [Message(f"old-{i}".encode()) for i in range(60)], ack="replica")
+        first = c.pop("g", "t", max_messages=20, invisible_ms=60_000, start="earliest")
+        assert len(first) == 20
+        early = c.pop("g", "t", max_messages=10, invisible_ms=60_000)
+        assert not c.ack("g", early), "acked before the move"
+        other = "s2" if _owners(c, "t")[0] == "s1" else "s1"
+        c.move_queue("t", 0, other)
+        c.send("t", [Message(f"new-{i}".encode()) for i in range(40)], ack="replica")
+        assert not c.ack("g", first), "leases taken before the move, acked after it"
+        acked = [m.body for m in [*first, *early]]
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            got = c.pop("g", "t", max_messages=50, invisible_ms=60_000, max_wait_ms=200)
+            if not len(got):
+                if len(acked) >= 101:
+                    break
+                continue
+            assert not c.ack("g", got)
+            acked += [m.body for m in got]
+        assert sorted(acked) == sorted([b"probe", *(f"old-{i}".encode() for i in range(60)),
+                                        *(f"new-{i}".encode() for i in range(40))]), "every message acked once"
+
+
+def test_an_empty_queue_moved_away_and_back_takes_writes_again(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """Sealed at offset 0 and back at offset 0: the returning segment lifts the old seal."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        c.create_topic("t", queues=2)
+        owner = _owners(c, "t")[0]
+        other = "s2" if owner == "s1" else "s1"
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=_key_for(c, "t", 1))]), 15, "queue 1 created")
+        there = c.move_queue("t", 0, other)
+        back = c.move_queue("t", 0, owner)
+        assert [(s["shard"], s["logical_start"], s["end"]) for s in back] == [(owner, 0, 0), (other, 0, 0), (owner, 0, None)]
+        assert there[-1]["shard"] == other
+        r = c.send("t", [Message(b"home again", key=_key_for(c, "t", 0))], ack="replica")
+        assert r[0].queue_offset == 0

@@ -135,6 +135,7 @@ def test_a_started_queue_knows_the_producers_it_was_given(tmp_path: Path, crash:
 
         receipts, _ = s.appender.append([batch(10)])
         assert receipts[0].duplicate and receipts[0].base_queue_offset == 38
+        assert receipts[0].commit_offset < s.log.max_offset, "the duplicate's offset is one of this log"
         with pytest.raises(BrokerError):
             s.appender.append([batch(13)])
         receipts, end = s.appender.append([batch(12)])

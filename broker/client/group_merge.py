@@ -64,10 +64,11 @@ def merge_listed(answers: Iterable[pb.ListGroupsResponse], ends: Callable[[], di
     return [{"name": name, "members": m, "topics": sorted(t), "lag": lag} for name, (m, t, lag) in sorted(merged.items())]
 
 
-def queue_of_handle(handle: str) -> QueueKey | None:
-    """The (topic, queue) a receipt handle leases (None: not a handle; its node refuses it)."""
+def queue_of_handle(handle: str) -> tuple[str, int, int] | None:
+    """The (topic, queue, first offset) a receipt handle leases (None: not a handle; its node
+    refuses it)."""
     try:
         h = receipts.Decoder().decode(handle)
     except ValueError:
         return None
-    return h.topic, h.queue_id
+    return h.topic, h.queue_id, h.offset

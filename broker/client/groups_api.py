@@ -182,7 +182,8 @@ class GroupsAPI(ClientCore):
             owners = self._routes.queues(topic)
         if owners is None:  # not placed: the node answers NOT_FOUND (or pops a system topic)
             return self._call("Pop", req, timeout_s=self.timeout_s + req.max_wait_ms / 1000.0)
-        shards = sorted(set(owners))
+        # with the shards of moved queues' old segments: they serve the pop windows begun there
+        shards = sorted({*owners, *(seg[0] for q in range(len(owners)) for seg in self._routes.segments(topic, q))})
         start = next(self._pop_turn) % len(shards)
         shards = shards[start:] + shards[:start]
         out = pb.PopResponse()
@@ -247,7 +248,7 @@ class GroupsAPI(ClientCore):
         if not self.sharded:
             resp = self._call(method, _request(request_type, group=group, receipt_handles=handles, **fields))
             return {r.receipt_handle: r.message for r in resp.results if r.code != 0}
-        by_shard: dict[str | None, list[str]] = {}  # each lease ends on the shard of its queue
+        by_shard: dict[str | None, list[str]] = {}  # each lease ends on the shard of its queue's segment
         for h in handles:
             where = group_merge.queue_of_handle(h)
             by_shard.setdefault(self._shard_of(*where) if where is not None else None, []).append(h)

@@ -116,7 +116,7 @@ class TailState:
                 self.apply_topic_changes(changes)
         if producers:
             self.producers.record(header)
-            self.seed_producers(changes)
+            self.seed_producers(changes, header.base_offset)
         self.last_store_time_ms = max(self.last_store_time_ms, header.store_time_ms)
 
     def count_txn_messages(self, pid: int, count: int) -> None:
@@ -153,11 +153,12 @@ class TailState:
         elif isinstance(rec, txn_records.Prepare) and rec.pid in self.txn_open:
             self.txn_prepared.add(rec.pid)
 
-    def seed_producers(self, changes: TopicChanges) -> None:
-        """A queue that moved here starts with its producers' last batches from its previous shard."""
+    def seed_producers(self, changes: TopicChanges, at: int) -> None:
+        """A queue that moved here starts with its producers' last batches from its previous shard
+        (``at``: the offset of the batch that started it)."""
         for change, fields in changes:
             if change == system_records.QUEUE_START:
-                self.producers.seed(str(fields["topic"]), int(fields["queue"]), fields.get("producers", []))
+                self.producers.seed(str(fields["topic"]), int(fields["queue"]), fields.get("producers", []), at)
 
     def apply_topic_changes(self, changes: TopicChanges) -> list[str]:
         """Created or deleted topics restart their queue offsets at 0; a sealed queue takes no write
@@ -410,7 +411,7 @@ class Appender:
             self.check_writable()
         self._check_topics(batches)
         self._check_topic_changes(topic_changes or [])
-        offset = self.log.max_offset
+        offset = first = self.log.max_offset
         now = max(clock.wall_ms(), tail.last_store_time_ms, not_before_ms)
         chunks: list[list[bytes | memoryview]] = []
         queue_next: dict[tuple[str, int], int] = {}
@@ -452,7 +453,7 @@ class Appender:
                 written += chunks
             for name in tail.apply_topic_changes(topic_changes or []):
                 self.on_topic_deleted(name)
-            tail.seed_producers(topic_changes or [])
+            tail.seed_producers(topic_changes or [], first)
             tail.queue_next.update(queue_next)
             tail.last_store_time_ms = now
             for pid, count in counted:
@@ -629,6 +630,10 @@ class Appender:
         """The last batch of the ``most`` latest producers of a queue (``ProducerTable.of_queue``)."""
         with self.lock:
             return self.tail.producers.of_queue(topic, queue_id, most)
+
+    def sealed_end(self, topic: str, queue_id: int) -> int | None:
+        """Where a move sealed the queue here (None: not sealed); one dict read, no lock."""
+        return self.tail.sealed.get((topic, queue_id))
 
     def queue_sealed(self, topic: str, queue_id: int) -> bool:
         """Whether a move sealed the queue here (one dict read, no lock: an append decides under it)."""

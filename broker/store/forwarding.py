@@ -11,7 +11,7 @@ from __future__ import annotations
 import queue as queue_
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import crc32c
@@ -26,6 +26,8 @@ from broker.threads import NamedThread
 
 log = structlog.get_logger("timer.forwarding")
 FORWARD_TIMEOUT_S = 5.0
+FORWARD_TIMERS_MAX = 1000  # timers per ForwardTimers call
+FORWARD_BYTES_MAX = 4 << 20  # and their keys, bodies and properties (gRPC refuses a request past its limit)
 RETRY_AFTER_S = 1.0  # a queue whose forward failed is tried again this much later (the sweep's pace)
 
 
@@ -79,18 +81,20 @@ class TimerForwarder:
             if item is None:
                 return
             topic, queue, timers = item
-            forwarded = False
-            try:
-                forwarded = self._forward(topic, queue, timers)
-            except BrokerError as exc:
-                self._failed[(topic, queue)] = time.monotonic()
-                log.warning("timers_not_forwarded", topic=topic, queue=queue, count=len(timers), error=exc.message[:200],
-                            note="kept pending here; handed over again in a moment")
-            except Exception as exc:  # a bug must not end the thread silently: the timers stay pending
-                self._failed[(topic, queue)] = time.monotonic()
-                log.exception("timers_not_forwarded", topic=topic, queue=queue, error=str(exc)[:200])
-            finally:
-                self._done([t.offset for t in timers], forwarded)
+            chunks = list(_chunks(timers))
+            for i, chunk in enumerate(chunks):
+                try:
+                    if not self._forward(topic, queue, chunk):
+                        self._done([t.offset for c in chunks[i:] for t in c], False)
+                        break
+                except Exception as exc:  # a bug must not end the thread silently: the timers stay pending
+                    self._failed[(topic, queue)] = time.monotonic()
+                    error = exc.message if isinstance(exc, BrokerError) else f"{type(exc).__name__}: {exc}"
+                    log.warning("timers_not_forwarded", topic=topic, queue=queue, count=sum(len(c) for c in chunks[i:]),
+                                error=error[:200], note="kept pending here; handed over again in a moment")
+                    self._done([t.offset for c in chunks[i:] for t in c], False)
+                    break
+                self._done([t.offset for t in chunk], True)
 
     def _forward(self, topic: str, queue: int, timers: list[Due]) -> bool:
         placement, peers = self._placement(), self._peers()
@@ -112,3 +116,19 @@ class TimerForwarder:
         self._failed.pop((topic, queue), None)
         log.info("timers_forwarded", topic=topic, queue=queue, to_shard=owner, count=len(timers), stored=stored)
         return True
+
+
+def _chunks(timers: list[Due]) -> Iterator[list[Due]]:
+    """``timers`` in order, in calls of at most ``FORWARD_TIMERS_MAX`` timers and about
+    ``FORWARD_BYTES_MAX`` bytes (one timer alone may pass it: the request limit is far above)."""
+    chunk: list[Due] = []
+    size = 0
+    for t in timers:
+        weight = len(t.key) + len(t.body) + len(t.props) + 32
+        if chunk and (len(chunk) >= FORWARD_TIMERS_MAX or size + weight > FORWARD_BYTES_MAX):
+            yield chunk
+            chunk, size = [], 0
+        chunk.append(t)
+        size += weight
+    if chunk:
+        yield chunk

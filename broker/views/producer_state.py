@@ -85,11 +85,13 @@ class ProducerTable:
         rows = [[pid, *batches[-1]] for (pid, t, q), batches in self.table.items() if t == topic and q == queue_id]
         return rows[-most:] if most else []
 
-    def seed(self, topic: str, queue_id: int, rows: list[list[int]]) -> None:
+    def seed(self, topic: str, queue_id: int, rows: list[list[int]], at: int) -> None:
         """Remember batches another shard's log holds (``of_queue`` there): a retry of one of them
-        sent here after the queue moved is answered as a duplicate, and the next sequence follows it."""
-        for pid, seq, count, offset, queue_offset in rows:
-            self.record_batch(int(pid), topic, queue_id, int(seq), int(count), int(offset), int(queue_offset))
+        sent here after the queue moved is answered as a duplicate, and the next sequence follows it.
+        Their log offset here is ``at`` (the record that started the queue): a duplicate's answer
+        waits for this log, not for an offset of the other one."""
+        for pid, seq, count, _, queue_offset in rows:
+            self.record_batch(int(pid), topic, queue_id, int(seq), int(count), at, int(queue_offset))
 
     def savepoint(self) -> dict[Key, list[Remembered] | None]:
         """Start remembering what ``record_batch`` changes, for ``rollback``."""
@@ -151,7 +153,8 @@ class ProducerStateView(View):
             for _, key, _, body in iter_records(batch, header):
                 if bytes(key) == _QUEUE_START:
                     _, fields = system_records.decode(key, body)
-                    self.producers.seed(str(fields["topic"]), int(fields["queue"]), fields.get("producers", []))
+                    self.producers.seed(str(fields["topic"]), int(fields["queue"]), fields.get("producers", []),
+                                        header.base_offset)
 
     def end_round(self, offset: int) -> None:
         self.applied_offset = offset

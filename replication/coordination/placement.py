@@ -34,6 +34,7 @@ class Segment:
     # ([producer id, base sequence, count, base offset, base queue offset]), so that a send retried
     # across the move is stored once
     producers: tuple[tuple[int, ...], ...] = ()
+    fresh: bool = False  # a segment a move began whose shard has not started it in its log yet
 
     def holds(self, offset: int) -> bool:
         """Whether a read at logical ``offset`` belongs to this segment (an open one: any past its start)."""
@@ -47,6 +48,8 @@ class Segment:
             out["to"] = self.to
         if self.producers:
             out["producers"] = [list(p) for p in self.producers]
+        if self.fresh:
+            out["fresh"] = True
         return out
 
 
@@ -95,7 +98,7 @@ class Placement:
 def sealing(p: Placement, queue: int, to: str) -> Placement:
     """A move's first step: the queue's writable segment marked sealing, toward ``to``."""
     last = p.last(queue)
-    return p.with_last(queue, Segment(last.shard, last.logical_start, "sealing", to=to))
+    return p.with_last(queue, Segment(last.shard, last.logical_start, "sealing", to=to, producers=last.producers))
 
 
 def switched(p: Placement, queue: int, end: int, producers: list[list[int]] | None = None) -> Placement:
@@ -108,7 +111,7 @@ def switched(p: Placement, queue: int, end: int, producers: list[list[int]] | No
     done = [Segment(s.shard, s.logical_start, s.state, s.end) for s in segs[:-1]]
     per_queue = list(p.segments)
     per_queue[queue] = (*done, Segment(last.shard, last.logical_start, "ro", end=end),
-                        Segment(last.to, end, producers=tuple(tuple(r) for r in producers or ())))
+                        Segment(last.to, end, producers=tuple(tuple(r) for r in producers or ()), fresh=True))
     return Placement(tuple(per_queue), p.deleted)
 
 
@@ -126,7 +129,7 @@ def decode(raw: bytes) -> Placement:
         queues = int(body["queues"])
         segments = tuple(tuple(Segment(str(s["shard"]), int(s["logical_start"]), str(s["state"]),
                                        int(s["end"]) if s.get("end") is not None else None, str(s.get("to", "")),
-                                       tuple(_producer(r) for r in s.get("producers", ())))
+                                       tuple(_producer(r) for r in s.get("producers", ())), s.get("fresh") is True)
                                for s in q) for q in body["segments"])
         deleted = body.get("deleted", False) is True
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
