@@ -43,3 +43,22 @@ def test_the_checkpoint_round_trip_keeps_order_and_values() -> None:
     back = ProducerTable.from_json(t.to_json(), producers_max=3)
     assert list(back.table.items()) == list(t.table.items())
     assert [k[0] for k in back.table] == [2, 3, 4]  # the least recently used were forgotten
+
+
+def test_forwarded_timers_are_kept_apart_from_clients_producers() -> None:
+    """A forwarded timer's pseudo-producer (docs/shards.md) never pushes a client's producer out,
+    never counts among a queue's latest producers, and survives a checkpoint."""
+    t = ProducerTable(producers_max=2)
+    t.record_batch(7, "t", 0, 0, 3, 100, 0)
+    for pid in range(1000, 1010):
+        t.record_batch(pid, "t", 0, 0, 1, 200 + pid, pid, forwarded=True)
+    assert t.of_queue("t", 0, 64) == [[7, 0, 3, 100, 0]]
+    assert t.check(7, "t", 0, 0).duplicate_of is not None, "the client's producer is still known"
+    assert t.check(1009, "t", 0, 0, forwarded=True).duplicate_of is not None
+    assert t.check(1000, "t", 0, 0, forwarded=True).duplicate_of is None, "the oldest forwarded one went"
+    back = ProducerTable.from_json(t.to_json(), 10, forwarded=t.forwarded_json())
+    assert back.table == t.table and back.forwarded == t.forwarded
+    undo = back.savepoint()
+    back.record_batch(2000, "t", 0, 0, 1, 1, 1, forwarded=True)
+    back.rollback(undo)
+    assert back.forwarded == t.forwarded

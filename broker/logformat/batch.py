@@ -67,6 +67,7 @@ NO_SEQUENCE = -1
 FLAG_TIMER_DELIVERY = 0x01  # written by the timer firing service; the timer view reads these batches
 FLAG_TIMER_FIRED = 0x02  # a __timer batch of `fired` events only (no pending count changes)
 FLAG_TRANSACTIONAL = 0x04  # a transaction's batch: its producer_id names the transaction (txn_records.py)
+FLAG_FORWARDED = 0x08  # a timer forwarded by the shard that held it (its queue moved, docs/shards.md)
 
 if HEADER_BYTES != 64:  # the spec's byte table; a changed struct format must not go unnoticed
     raise ImportError(f"batch header is {HEADER_BYTES} bytes, the format says 64")

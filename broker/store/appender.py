@@ -420,7 +420,8 @@ class Appender:
         wait_offset = 0
         counted: list[tuple[int, int]] = []  # transactions' batches: (producer id, messages)
         for b in batches:
-            verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence)
+            forwarded = bool(b.flags & bf.FLAG_FORWARDED)
+            verdict = producers.check(b.producer_id, b.topic, b.queue_id, b.base_sequence, forwarded)
             if verdict.error:
                 producers.rollback(undo)
                 raise BrokerError("FAILED_PRECONDITION", verdict.error)
@@ -442,7 +443,8 @@ class Appender:
             chunks.append([head, b.records])
             if b.flags & bf.FLAG_TRANSACTIONAL:
                 counted.append((b.producer_id, b.record_count))
-            producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff)
+            producers.record_batch(b.producer_id, b.topic, b.queue_id, b.base_sequence, b.record_count, offset, qoff,
+                                   forwarded=forwarded)
             receipts.append(BatchReceipt(offset, qoff, b.record_count))
             queue_next[key] = qoff + b.record_count
             offset += size

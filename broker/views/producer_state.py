@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from broker.logformat import system_records
-from broker.logformat.batch import NO_SEQUENCE, BatchHeader, iter_records
+from broker.logformat.batch import FLAG_FORWARDED, NO_SEQUENCE, BatchHeader, iter_records
 from broker.storage import atomic_file
 from broker.views.base import View, copy_prefix
 
@@ -40,15 +40,21 @@ class SequenceVerdict:
 
 
 class ProducerTable:
+    """Clients' producers, and apart from them the forwarded timers of queues that moved here
+    (``forwarded``: one pseudo-producer per timer, docs/shards.md), so that those never push a
+    client's producer out nor count among a queue's latest producers."""
+
     def __init__(self, producers_max: int = PRODUCERS_MAX) -> None:
         self.producers_max = producers_max
         self.table: OrderedDict[Key, list[Remembered]] = OrderedDict()
-        self._undo: dict[Key, list[Remembered] | None] | None = None
+        self.forwarded: OrderedDict[Key, list[Remembered]] = OrderedDict()
+        self._undo: dict[tuple[Key, bool], list[Remembered] | None] | None = None
 
-    def check(self, producer_id: int, topic: str, queue_id: int, base_sequence: int) -> SequenceVerdict:
+    def check(self, producer_id: int, topic: str, queue_id: int, base_sequence: int,
+              forwarded: bool = False) -> SequenceVerdict:
         if producer_id == 0 or base_sequence == NO_SEQUENCE:
             return SequenceVerdict()
-        batches = self.table.get((producer_id, topic, queue_id))
+        batches = (self.forwarded if forwarded else self.table).get((producer_id, topic, queue_id))
         if not batches:
             return SequenceVerdict()
         for remembered in batches:
@@ -62,21 +68,23 @@ class ProducerTable:
 
     def record(self, header: BatchHeader) -> None:
         self.record_batch(header.producer_id, header.topic, header.queue_id, header.base_sequence,
-                          header.record_count, header.base_offset, header.base_queue_offset)
+                          header.record_count, header.base_offset, header.base_queue_offset,
+                          forwarded=bool(header.flags & FLAG_FORWARDED))
 
     def record_batch(self, producer_id: int, topic: str, queue_id: int, base_sequence: int, record_count: int,
-                     base_offset: int, base_queue_offset: int) -> None:
+                     base_offset: int, base_queue_offset: int, *, forwarded: bool = False) -> None:
         if producer_id == 0 or base_sequence == NO_SEQUENCE:
             return
+        table = self.forwarded if forwarded else self.table
         key = (producer_id, topic, queue_id)
-        batches = self.table.pop(key, None)
-        if self._undo is not None and key not in self._undo:
-            self._undo[key] = batches
+        batches = table.pop(key, None)
+        if self._undo is not None and (key, forwarded) not in self._undo:
+            self._undo[(key, forwarded)] = batches
         remembered = (base_sequence, record_count, base_offset, base_queue_offset)
         # a new list, never one changed in place: copies of the table share the lists
-        self.table[key] = [*batches[1 - BATCHES_KEPT_PER_PRODUCER:], remembered] if batches else [remembered]
-        while len(self.table) > self.producers_max:
-            self.table.popitem(last=False)
+        table[key] = [*batches[1 - BATCHES_KEPT_PER_PRODUCER:], remembered] if batches else [remembered]
+        while len(table) > self.producers_max:
+            table.popitem(last=False)
 
     def of_queue(self, topic: str, queue_id: int, most: int) -> list[list[int]]:
         """The last batch of each producer that wrote ``queue_id`` of ``topic``, the ``most`` most
@@ -93,36 +101,51 @@ class ProducerTable:
         for pid, seq, count, _, queue_offset in rows:
             self.record_batch(int(pid), topic, queue_id, int(seq), int(count), at, int(queue_offset))
 
-    def savepoint(self) -> dict[Key, list[Remembered] | None]:
+    def savepoint(self) -> dict[tuple[Key, bool], list[Remembered] | None]:
         """Start remembering what ``record_batch`` changes, for ``rollback``."""
         self._undo = {}
         return self._undo
 
-    def rollback(self, undo: dict[Key, list[Remembered] | None]) -> None:
+    def rollback(self, undo: dict[tuple[Key, bool], list[Remembered] | None]) -> None:
         """Undo every change since ``savepoint`` (a failed append must leave no trace)."""
-        for key, batches in undo.items():
+        for (key, forwarded), batches in undo.items():
+            table = self.forwarded if forwarded else self.table
             if batches is None:
-                self.table.pop(key, None)
+                table.pop(key, None)
             else:
-                self.table[key] = batches
+                table[key] = batches
         undo.clear()
 
     def copy(self) -> ProducerTable:
         """An independent table (the lists of remembered batches are shared: never changed in place)."""
         other = ProducerTable(self.producers_max)
         other.table = OrderedDict(self.table)
+        other.forwarded = OrderedDict(self.forwarded)
         return other
 
     def to_json(self) -> list[list[object]]:
-        return [[k[0], k[1], k[2], [list(b) for b in v]] for k, v in self.table.items()]
+        return _rows(self.table)
+
+    def forwarded_json(self) -> list[list[object]]:
+        return _rows(self.forwarded)
 
     @classmethod
-    def from_json(cls, rows: list[list[Any]], producers_max: int = PRODUCERS_MAX) -> ProducerTable:
+    def from_json(cls, rows: list[list[Any]], producers_max: int = PRODUCERS_MAX,
+                  forwarded: list[list[Any]] | None = None) -> ProducerTable:
         t = cls(producers_max)
         # the payload is CRC-checked and written by ``to_json``: a wrong shape raises (unpacking)
-        t.table = OrderedDict(((int(pid), str(topic), int(queue)), [(a, b, c, d) for a, b, c, d in batches])
-                              for pid, topic, queue, batches in rows)
+        t.table = _table(rows)
+        t.forwarded = _table(forwarded or [])
         return t
+
+
+def _rows(table: OrderedDict[Key, list[Remembered]]) -> list[list[object]]:
+    return [[k[0], k[1], k[2], [list(b) for b in v]] for k, v in table.items()]
+
+
+def _table(rows: list[list[Any]]) -> OrderedDict[Key, list[Remembered]]:
+    return OrderedDict(((int(pid), str(topic), int(queue)), [(a, b, c, d) for a, b, c, d in batches])
+                       for pid, topic, queue, batches in rows)
 
 
 class ProducerStateView(View):
@@ -138,7 +161,7 @@ class ProducerStateView(View):
         if loaded is None:
             return False
         state = json.loads(loaded.payload)
-        producers = ProducerTable.from_json(state["producers"])
+        producers = ProducerTable.from_json(state["producers"], forwarded=state.get("forwarded"))
         applied = int(state["applied_offset"])
         self.producers, self.applied_offset = producers, applied
         return True
@@ -160,7 +183,8 @@ class ProducerStateView(View):
         self.applied_offset = offset
 
     def checkpoint(self) -> None:
-        payload = json.dumps({"applied_offset": self.applied_offset, "producers": self.producers.to_json()})
+        payload = json.dumps({"applied_offset": self.applied_offset, "producers": self.producers.to_json(),
+                              "forwarded": self.producers.forwarded_json()})
         atomic_file.persist(self.checkpoint_path, CHECKPOINT_MAGIC, CHECKPOINT_VERSION, payload.encode())
 
     def stage(self, data_dir: str, staging: str) -> None:

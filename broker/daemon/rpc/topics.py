@@ -236,7 +236,7 @@ class TopicRpcs(Rpcs):
                 records, _ = bf.encode_records([(t.body, t.key, t.props)])
                 batches.append(IncomingBatch(request.topic, request.queue_id, records, 1, crc32c.crc32c(records),
                                              producer_id=forwarded_timer_producer(request.source_shard, t.timer_offset),
-                                             base_sequence=0))
+                                             base_sequence=0, flags=bf.FLAG_FORWARDED))
             if not batches:
                 return pb.ForwardTimersResponse()
             receipts = self.store.writes.write(batches, "replica", internal=True, what="forwarded timers")
