@@ -62,3 +62,10 @@ def test_a_new_shard_takes_its_share_then_drains_away(spawn: Spawn, etcd: EtcdPr
             p.wait_more(20)
         assert not p.errors, p.errors[:5]
         check_once_in_order(read_back(c, "t0", q), p)
+        # removed: drained again (nothing to move), its node stopped; every queue still takes sends
+        assert c.rebalance(drain="s3") == [] and next(s for s in c.cluster_status()["shards"] if s["shard"] == "s3")["drained"]
+        n.stop()
+        for t in [f"t{i}" for i in range(4)] + ["fresh"]:
+            queues = len(owners(c, t))
+            receipts = c.send(t, [Message(b"after removal", key=_key_for(c, t, k)) for k in range(queues)], ack="replica")
+            assert sorted(r.queue_id for r in receipts) == list(range(queues))
