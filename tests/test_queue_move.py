@@ -212,3 +212,39 @@ def test_an_empty_queue_moved_away_and_back_takes_writes_again(spawn: Spawn, etc
         assert there[-1]["shard"] == other
         r = c.send("t", [Message(b"home again", key=_key_for(c, "t", 0))], ack="replica")
         assert r[0].queue_offset == 0
+
+
+def test_a_subscribed_group_reads_on_through_the_move_and_resumes_exactly(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A subscribe-mode member reads a queue while it moves: every message once, in order; a new
+    member after a restart resumes exactly at the committed offset, on the new segment."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c, BrokerClient(nodes["s2"].address) as admin:
+        c.create_topic("t", queues=1)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"m-probe")]), 15, "the queue created")
+        other = "s2" if _owners(c, "t")[0] == "s1" else "s1"
+        seen: list[tuple[int, bytes]] = []
+        with KeyedProducer(c, "t", "k") as p, c.consumer("readers", "t", auto_offset_reset="earliest",
+                                                         session_timeout_ms=3000) as member:
+            def read_some(n: int) -> None:
+                target = len(seen) + n
+                deadline = time.monotonic() + 30
+                while len(seen) < target and time.monotonic() < deadline:
+                    seen.extend((m.queue_offset, m.body) for m in member.poll(200))
+                member.commit()
+
+            p.wait_more(30)
+            read_some(20)
+            admin.move_queue("t", 0, other)
+            p.wait_more(30)
+            read_some(len(p.acked) - len(seen) + 1)
+        committed = c.committed_offset("readers", "t", 0)
+        assert committed == seen[-1][0] + 1
+        assert [o for o, _ in seen] == list(range(len(seen))), "each message once, in order, across the move"
+        assert [x for x in seen if x[1].startswith(b"m0")] == p.acked[:len([x for x in seen if x[1].startswith(b"m0")])]
+        c.send("t", [Message(b"m-after", key="k")], ack="replica")  # at least one past the committed offset
+        with c.consumer("readers", "t", session_timeout_ms=3000) as again:  # resumes exactly where it committed
+            got: list[int] = []
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got = [m.queue_offset for m in again.poll(200)]
+            assert got and got[0] == committed
