@@ -169,10 +169,11 @@ class Placement(Protocol):
         """Whether this node's shard writes ``queue`` of ``topic`` (True for a topic etcd does not place)."""
         ...
 
-    def pop_segment(self, topic: str, queue: int) -> tuple[bool, int] | None:
-        """Pop mode on a queue that may have moved (docs/shards.md): None when no segment of it is
-        here; else (whether this shard writes it, where its segment here starts): an old segment
-        serves the pop windows begun on it, the writing one begins new windows at its start."""
+    def segment_here(self, topic: str, queue: int) -> tuple[bool, int] | None:
+        """A queue that may have moved (docs/shards.md): None when no segment of it is here; else
+        (whether this shard writes it, where its latest segment here starts). An old segment serves
+        the pop windows begun on it and cancels of the timers scheduled here; the writing one begins
+        new pop windows at its start."""
         ...
 
     def queue_count(self, topic: str) -> int | None:

@@ -256,7 +256,7 @@ class ShardPlacement:
         p = self.cluster.placement(topic)
         return p is None or not 0 <= queue < p.queues or p.owner(queue) == self.shard
 
-    def pop_segment(self, topic: str, queue: int) -> tuple[bool, int] | None:
+    def segment_here(self, topic: str, queue: int) -> tuple[bool, int] | None:
         p = self.cluster.placement(topic)
         if p is None or not 0 <= queue < p.queues:
             return (True, 0)

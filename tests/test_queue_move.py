@@ -248,3 +248,23 @@ def test_a_subscribed_group_reads_on_through_the_move_and_resumes_exactly(spawn:
             while not got and time.monotonic() < deadline:
                 got = [m.queue_offset for m in again.poll(200)]
             assert got and got[0] == committed
+
+
+def test_a_timer_scheduled_before_the_move_is_cancelled_by_its_receipt_after_it(spawn: Spawn,
+                                                                               etcd: EtcdProcess) -> None:
+    """The receipt names the shard that holds the timer: the cancel goes there after the queue
+    moved away, and the timer never fires on either shard."""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s2"].address) as c:
+        c.create_topic("t", queues=2)
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
+        q = _owners(c, "t").index("s1")
+        due = int(time.time() * 1000) + 2500
+        receipts = c.send("t", [Message(f"late-{i}".encode(), key=_key_for(c, "t", q), deliver_at_ms=due)
+                                for i in range(2)], ack="replica")
+        assert receipts[0].shard == "s1"
+        c.move_queue("t", q, "s2")
+        assert c.cancel_timer(receipts[0])["deliver_at_ms"] == due
+        time.sleep(4.0)
+        bodies = [m.body for r in c.iter_pull("t", q, 0) for m in r if m.body.startswith(b"late-")]
+        assert bodies == [b"late-1"], "the cancelled one never fired; the other was forwarded"

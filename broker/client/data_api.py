@@ -205,9 +205,12 @@ class DataAPI(TopicsAPI):
             if producer is None or any(v > SEQUENCE_MAX for v in producer.sequences.values()):
                 producer = self._shard_producers[key] = _Producer()
             try:
-                return self._send_batches(producer, topic, messages, self._shard_core(shard), by_queue, delayed,
-                                          ack=ack, timeout_ms=timeout_ms, transaction=0, begin=None, begun=None,
-                                          commit=None, ended=None, carried=carried)
+                groups = self._send_batches(producer, topic, messages, self._shard_core(shard), by_queue, delayed,
+                                            ack=ack, timeout_ms=timeout_ms, transaction=0, begin=None, begun=None,
+                                            commit=None, ended=None, carried=carried)
+                for g in groups:
+                    g.shard = shard
+                return groups
             except BrokerError as exc:
                 if exc.owner is None:  # outcome unknown after every retry: never reuse these sequences
                     self._shard_producers[key] = _Producer()

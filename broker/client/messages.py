@@ -54,6 +54,7 @@ class Receipt(NamedTuple):
     duplicate: bool = False
     timer_offset: int | None = None
     deliver_at_ms: int | None = None
+    shard: str | None = None  # a timer message in a cluster of shards: the shard whose log holds its timer
 
 
 class PulledMessage:
@@ -315,6 +316,7 @@ class SendGroup:
     records_at: int = 0
     base_queue_offset: int = 0
     duplicate: bool = False
+    shard: str | None = None  # the shard that stored it (a cluster of shards)
 
 
 class Receipts(Sequence[Receipt]):
@@ -348,7 +350,7 @@ class Receipts(Sequence[Receipt]):
             g, j = self._where[i]
         if g.deliver is not None:  # stored in __timer until it fires: no queue offset in its topic yet
             offset = g.records_at + g.positions[j]
-            return Receipt(self._topic, g.queue_id, -1, offset, g.duplicate, offset, g.deliver[j])
+            return Receipt(self._topic, g.queue_id, -1, offset, g.duplicate, offset, g.deliver[j], g.shard)
         return Receipt(self._topic, g.queue_id, g.base_queue_offset + j, g.records_at + g.positions[j], g.duplicate)
 
     @overload

@@ -178,10 +178,13 @@ class TopicsAPI(ClientCore):
                 raise ValueError("in a cluster of shards cancel a timer by its receipt: a timer offset alone is one "
                                  "shard's log offset, and another shard may hold a timer at the same offset")
             resp = self._call("CancelTimer", _request(pb.CancelTimerRequest, timer_offset=offset), retry=False)
-        else:  # to the shard of the message's queue, which names its queue (a check on the server too)
+        else:  # to the shard that holds the timer (its receipt's), or of the message's queue; it names its queue
             request = _request(pb.CancelTimerRequest, timer_offset=offset, topic=receipt.topic, queue_id=receipt.queue_id)
-            resp = self._routed(receipt.topic, receipt.queue_id,
-                                lambda core: core._call("CancelTimer", request, retry=False))
+            if receipt.shard and self.sharded:  # still there after the queue moved away (docs/shards.md)
+                resp = self._shard_core(receipt.shard)._call("CancelTimer", request, retry=False)
+            else:
+                resp = self._routed(receipt.topic, receipt.queue_id,
+                                    lambda core: core._call("CancelTimer", request, retry=False))
         return {"timer_offset": offset, "deliver_at_ms": resp.deliver_at_ms, "topic": resp.topic,
                 "queue_id": resp.queue_id}
 

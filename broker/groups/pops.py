@@ -121,7 +121,7 @@ class PopService(LeaseEnds, PopReports):
                 self._rotation.clear()
         order = [(group, topic, (first + i) % queues) for i in range(queues)]
         if self.store.placement is not None:  # a cluster of shards: pop leases stay with the segment's shard
-            order = [key for key in order if self.store.placement.pop_segment(topic, key[2]) is not None]
+            order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
         wake: int | None = None
         busy: list[QueueKey] = []
         held: list[threading.Lock] = []
@@ -239,7 +239,7 @@ class PopService(LeaseEnds, PopReports):
             pq = self.view.queue(group, topic, q)
             start = None
             if pq is None:
-                segment = self.store.placement.pop_segment(topic, q) if self.store.placement is not None else None
+                segment = self.store.placement.segment_here(topic, q) if self.store.placement is not None else None
                 if segment is not None and not segment[0]:
                     return None, None  # an old segment of a queue that moved: only windows begun here go on
                 # the segment a move began here: from its start, whatever the group asked for (an existing

@@ -216,7 +216,8 @@ class TopicRpcs(Rpcs):
                 if target is None:
                     raise BrokerError("INVALID_ARGUMENT", "in a cluster of shards a timer is cancelled with the topic "
                                       "and queue of its message (its receipt): a timer offset is one shard's")
-                placement.check_queue(*target)
+                if placement.segment_here(*target) is None:  # timers of a queue stay where they were scheduled
+                    placement.check_queue(*target)
             at, topic, queue = self.store.timers.cancel(request.timer_offset, target)
             log.info("timer_cancelled", timer_offset=request.timer_offset, topic=topic, queue=queue, deliver_at_ms=at)
             return pb.CancelTimerResponse(deliver_at_ms=at, topic=topic, queue_id=queue)
