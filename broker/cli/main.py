@@ -120,6 +120,7 @@ def _cancel_parser(sub: Any, conn: argparse.ArgumentParser) -> None:
     ca.add_argument("--timer-offset", type=_non_negative, required=True)
     ca.add_argument("--topic", default="", help="the message's topic (its receipt's); required in a cluster of shards")
     ca.add_argument("--queue", type=_non_negative, default=0, help="the message's queue (with --topic)")
+    ca.add_argument("--shard", default="", help="the shard holding the timer (its receipt's), once its queue moved")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -253,7 +254,8 @@ def _dispatch(args: argparse.Namespace) -> int:
             return _txn(args)
         if cmd == "cancel":
             with _client(args) as c:
-                target = Receipt(args.topic, args.queue, 0, 0, timer_offset=args.timer_offset) if args.topic else None
+                target = Receipt(args.topic, args.queue, 0, 0, timer_offset=args.timer_offset,
+                                 shard=args.shard or None) if args.topic else None
                 try:
                     print(json.dumps({"cancelled": c.cancel_timer(target or args.timer_offset)}))
                 except ValueError as exc:
