@@ -51,6 +51,7 @@ class ClusterMap:
         self._end = prefix_range_end_text(root + "topology/")  # the watched range: [slots/, past topology/)
         self._counts: dict[str, int] = {}  # shard -> the queues it writes (queue_counts)
         self._moving: dict[tuple[str, int], pl.Segment] = {}  # queues being sealed now -> their sealing segment
+        self._read_only: dict[str, int] = {}  # shard -> the read-only segments its log holds
 
     # -- reads (any thread) ---------------------------------------------------------------------
     def placement(self, topic: str) -> pl.Placement | None:
@@ -106,14 +107,10 @@ class ClusterMap:
             return set(self.draining)
 
     def read_only_counts(self) -> dict[str, int]:
-        """Per shard: the read-only segments (of queues that moved away) its log still holds."""
+        """Per shard: the read-only segments (of queues that moved away) its log still holds (kept
+        as placements change, as ``queue_counts``)."""
         with self._cond:
-            out: dict[str, int] = {}
-            for p in self.placements.values():
-                for segs in p.segments:
-                    for seg in segs[:-1]:
-                        out[seg.shard] = out.get(seg.shard, 0) + 1
-            return out
+            return {shard: n for shard, n in self._read_only.items() if n}
 
     def is_draining(self, shard: str) -> bool:
         with self._cond:
@@ -154,6 +151,7 @@ class ClusterMap:
         revision, kvs = await etcd.range_prefix(self._start, self._end)
         with self._cond:
             self.placements, self.masters, self.bad, self._counts, self._moving = {}, {}, {}, {}, {}
+            self._read_only = {}
             self.deleted, self.raw, self.slots, self.draining = set(), {}, {}, set()
             for key, value in kvs:
                 self._apply(key, value)
@@ -190,6 +188,8 @@ class ClusterMap:
         for q in range(p.queues):
             shard = p.owner(q)
             self._counts[shard] = self._counts.get(shard, 0) + sign
+            for seg in p.segments[q][:-1]:
+                self._read_only[seg.shard] = self._read_only.get(seg.shard, 0) + sign
         for q, seg in p.moving():
             if sign > 0:
                 self._moving[(topic, q)] = seg
