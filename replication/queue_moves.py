@@ -206,16 +206,17 @@ class QueueMoves:
     def start_moved_in(self) -> None:
         """On this shard's master: each writable segment etcd gives this shard that its log has not
         begun (a move's target; or a queue that left sealed and came back) starts there (one
-        ``queue.start`` record each) before it takes a write; then its carried producers are dropped
-        from etcd (the log holds them now)."""
+        ``queue.start`` record each) before it takes a write; then etcd is told it began. Only the
+        segments a move began and the queues sealed here are looked at (not every queue)."""
+        candidates = {(t, q) for t, q, _ in self.cluster.fresh_segments()} | set(self.store.appender.sealed_queues())
         todo = []
-        for topic, p in self.cluster.placements_snapshot().items():
-            if self.store.views.metadata.topic(topic) is None:
+        for topic, queue in sorted(candidates):
+            p = self.cluster.placement(topic)
+            if p is None or queue >= p.queues or self.store.views.metadata.topic(topic) is None:
                 continue
-            for queue in range(p.queues):
-                last = p.last(queue)
-                if last.shard == self.shard and last.state == "rw" and not self.started(topic, queue, last):
-                    todo.append((topic, queue, last))
+            last = p.last(queue)
+            if last.shard == self.shard and last.state == "rw" and not self.started(topic, queue, last):
+                todo.append((topic, queue, last))
         if todo:
             self._start(todo)
         self._settle_begun()
@@ -234,16 +235,19 @@ class QueueMoves:
         leader_revision = self._leader_revision()
         if not leader_revision:
             return
-        for topic, p in self.cluster.placements_snapshot().items():
-            done = [q for q in range(p.queues) if (p.last(q).fresh or p.last(q).producers)
-                    and p.last(q).shard == self.shard and p.last(q).state == "rw" and self.started(topic, q, p.last(q))]
+        by_topic: dict[str, list[int]] = {}
+        for topic, q, seg in self.cluster.fresh_segments():
+            if seg.shard == self.shard and seg.state == "rw" and self.started(topic, q, seg):
+                by_topic.setdefault(topic, []).append(q)
+        for topic, done in sorted(by_topic.items()):
             raw = self.cluster.raw_record(topic)
-            if not done or raw is None:
+            if raw is None:
                 continue
             settled = pl.decode(raw)
             for q in done:
                 last = settled.last(q)
-                settled = settled.with_last(q, pl.Segment(last.shard, last.logical_start, last.state, last.end, last.to))
+                if last.shard == self.shard and last.state == "rw":  # still ours as etcd holds it now
+                    settled = settled.with_last(q, pl.Segment(last.shard, last.logical_start, last.state))
             try:
                 self._written(functools.partial(_replace, topic, raw, pl.encode(settled), leader_revision))
             except BrokerError as exc:

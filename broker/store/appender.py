@@ -633,6 +633,10 @@ class Appender:
         with self.lock:
             return self.tail.producers.of_queue(topic, queue_id, most)
 
+    def sealed_queues(self) -> list[tuple[str, int]]:
+        """The queues a move sealed here (a copy, read without the lock)."""
+        return list(self.tail.sealed)
+
     def sealed_end(self, topic: str, queue_id: int) -> int | None:
         """Where a move sealed the queue here (None: not sealed); one dict read, no lock."""
         return self.tail.sealed.get((topic, queue_id))

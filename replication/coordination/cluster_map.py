@@ -52,6 +52,7 @@ class ClusterMap:
         self._counts: dict[str, int] = {}  # shard -> the queues it writes (queue_counts)
         self._moving: dict[tuple[str, int], pl.Segment] = {}  # queues being sealed now -> their sealing segment
         self._read_only: dict[str, int] = {}  # shard -> the read-only segments its log holds
+        self._fresh: dict[tuple[str, int], pl.Segment] = {}  # writable segments a move began, not yet begun
 
     # -- reads (any thread) ---------------------------------------------------------------------
     def placement(self, topic: str) -> pl.Placement | None:
@@ -90,6 +91,11 @@ class ClusterMap:
         """The queue moves under way: (topic, queue, from shard, to shard), by topic and queue."""
         with self._cond:
             return sorted((t, q, seg.shard, seg.to) for (t, q), seg in self._moving.items())
+
+    def fresh_segments(self) -> list[tuple[str, int, pl.Segment]]:
+        """Writable segments a move began that still say so in etcd (fresh, or carrying producers)."""
+        with self._cond:
+            return [(t, q, seg) for (t, q), seg in self._fresh.items()]
 
     def live_shards(self) -> list[str]:
         """The shards with a master now, by name."""
@@ -151,7 +157,7 @@ class ClusterMap:
         revision, kvs = await etcd.range_prefix(self._start, self._end)
         with self._cond:
             self.placements, self.masters, self.bad, self._counts, self._moving = {}, {}, {}, {}, {}
-            self._read_only = {}
+            self._read_only, self._fresh = {}, {}
             self.deleted, self.raw, self.slots, self.draining = set(), {}, {}, set()
             for key, value in kvs:
                 self._apply(key, value)
@@ -195,6 +201,13 @@ class ClusterMap:
                 self._moving[(topic, q)] = seg
             else:
                 self._moving.pop((topic, q), None)
+        for q in range(p.queues):
+            last = p.last(q)
+            if last.fresh or last.producers:
+                if sign > 0:
+                    self._fresh[(topic, q)] = last
+                else:
+                    self._fresh.pop((topic, q), None)
 
     def _apply(self, key: str, value: bytes | None) -> None:
         """One key's new value (None: deleted), under the lock."""
