@@ -169,18 +169,19 @@ class QueueMoves:
         the log confirmed past the seal, then the switch written (fenced by our leader key). A
         queue that fails (etcd, the slave's acknowledgement) is tried again next round; the others
         go on."""
-        for topic, p in self.cluster.placements_snapshot().items():
-            for queue, seg in p.moving():
-                if seg.shard != self.shard or self.store.views.metadata.topic(topic) is None:
-                    continue
-                leader_revision = self._leader_revision()
-                if not leader_revision:
-                    return
-                try:
-                    self._seal(topic, queue, seg, leader_revision)
-                except BrokerError as exc:
-                    log.warning("queue_seal_failed", topic=topic, queue=queue, error=exc.message[:200],
-                                note="tried again at the next round")
+        for topic, queue, source, _ in self.cluster.moves_in_flight():  # kept as placements change
+            p = self.cluster.placement(topic)
+            if source != self.shard or p is None or queue >= p.queues or self.store.views.metadata.topic(topic) is None:
+                continue
+            seg = p.last(queue)
+            leader_revision = self._leader_revision()
+            if seg.state != "sealing" or not leader_revision:
+                continue
+            try:
+                self._seal(topic, queue, seg, leader_revision)
+            except BrokerError as exc:
+                log.warning("queue_seal_failed", topic=topic, queue=queue, error=exc.message[:200],
+                            note="tried again at the next round")
 
     def _seal(self, topic: str, queue: int, seg: pl.Segment, leader_revision: int) -> None:
         if not self.started(topic, queue, seg):  # moved here and away again before it ever started here
