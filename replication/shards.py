@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -315,9 +316,12 @@ class ShardPlacement:
 
     # -- following etcd into the log (the shard's master) -----------------------------------------
     def _reconcile_loop(self) -> None:
+        last_round = 0.0
         while not self._stop.is_set():
             self._wake.wait(RECONCILE_EVERY_S)
-            self._stop.wait(RECONCILE_GAP_S)  # refused requests wake it again and again: not back to back
+            # refused requests wake it again and again: rounds not back to back (a lone wake runs at once)
+            self._stop.wait(max(0.0, last_round + RECONCILE_GAP_S - time.monotonic()))
+            last_round = time.monotonic()
             self._wake.clear()
             self._export()
             if self._stop.is_set() or self.store.role != "master" or not self.cluster.revision:

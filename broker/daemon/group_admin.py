@@ -78,7 +78,11 @@ class GroupAdmin:
         return True
 
     def check_queue(self, topic: str, queue: int) -> None:
-        """NOT_FOUND / INVALID_ARGUMENT unless the queue exists (on any shard)."""
+        """NOT_FOUND / INVALID_ARGUMENT unless the queue exists (on any shard); UNAVAILABLE while
+        this shard's log does not hold a placed topic yet (its master creates it a moment after etcd
+        places it: retried by clients, never a NOT_FOUND)."""
+        if self.store.placement is not None:
+            self.store.placement.check_in_log(topic)
         if not self._remote(topic, queue):
             self.store.reads.queue_bounds(topic, queue)
 
