@@ -161,20 +161,23 @@ class Nemesis:
         """Ask for a move of one queue of the transactions' topic to another shard, in a thread;
         its outcome is recorded as op ``queue_move`` when it ends."""
         queue = self.rng.randrange(TXN_QUEUES)
-        shard = self.rng.choice(self.cluster.shards)
+        pick = self.rng.randrange(len(self.cluster.shards) - 1)  # which of the other shards (drawn here: the seed)
 
         def move() -> None:
             invoked = now_ms()
-            value = {"topic": TXN_TOPIC, "queue": queue, "to": shard}
+            value: dict[str, object] = {"topic": TXN_TOPIC, "queue": queue}
             try:
                 with BrokerClient(self.cluster.addresses, timeout_s=30) as c:
-                    segments = c.move_queue(TXN_TOPIC, queue, shard, timeout_ms=60_000)
+                    owner = c.describe_topic(TXN_TOPIC)["queues"][queue]["shard"]
+                    others = [s for s in self.cluster.shards if s != owner]
+                    value.update({"from": owner, "to": others[pick % len(others)]})
+                    segments = c.move_queue(TXN_TOPIC, queue, str(value["to"]), timeout_ms=60_000)
                 self.rec.record("queue_move", value, "ok", invoked, result={"segments": len(segments)})
             except BrokerError as exc:
                 self.rec.record("queue_move", value, "fail", invoked, error=str(exc)[:300])
 
-        threading.Thread(target=move, name=f"move-{queue}-{shard}", daemon=True).start()
-        return {"topic": TXN_TOPIC, "queue": queue, "to": shard}
+        threading.Thread(target=move, name=f"move-{queue}", daemon=True).start()
+        return {"topic": TXN_TOPIC, "queue": queue}
 
     def heal(self, fault: Fault) -> None:
         fault.heal()
