@@ -27,6 +27,13 @@ def _single(spawn: Spawn, etcd: EtcdProcess, shard: str, name: str) -> DaemonPro
 _owners = owners
 
 
+def _s1_queue(c: BrokerClient) -> int:
+    """Topic t of two queues, created on both shards; the queue s1 writes."""
+    c.create_topic("t", queues=2)
+    wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
+    return _owners(c, "t").index("s1")
+
+
 def test_a_queue_moves_under_load_and_back_losing_and_repeating_nothing(spawn: Spawn, etcd: EtcdProcess) -> None:
     """A keyed ack=replica producer sends throughout two moves (s1 -> s2 -> s1): every acknowledged
     message is read back once, in order, at the queue offset its receipt gave; offsets continue
@@ -94,9 +101,7 @@ def test_a_send_retried_across_the_move_is_stored_once(spawn: Spawn, etcd: EtcdP
     producers); the producer's next sequence is taken there."""
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s1"].address) as c:
-        c.create_topic("t", queues=2)
-        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
-        q = _owners(c, "t").index("s1")
+        q = _s1_queue(c)
         pid = 0x5EED
         first = [_send_plain(nodes["s1"], "t", q, pid, seq, f"p{seq}".encode()) for seq in range(3)]
         c.move_queue("t", q, "s2")
@@ -116,9 +121,7 @@ def test_timers_due_after_the_move_fire_once_on_the_new_shard(spawn: Spawn, etcd
     into the queue on its new shard (forwarded), with their properties; none left pending."""
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s1"].address) as c:
-        c.create_topic("t", queues=2)
-        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
-        q = _owners(c, "t").index("s1")
+        q = _s1_queue(c)
         key = _key_for(c, "t", q)
         due = int(time.time() * 1000) + 3000
         c.send("t", [Message(f"late-{i}".encode(), key=key, properties={"n": str(i)}, deliver_at_ms=due + 10 * i)
@@ -145,9 +148,7 @@ def test_a_transaction_open_across_the_move_commits_or_aborts_on_both_segments(s
     invisible on the old segment until it ends)."""
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s1"].address) as c:
-        c.create_topic("t", queues=2)
-        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
-        q = _owners(c, "t").index("s1")
+        q = _s1_queue(c)
         key = _key_for(c, "t", q)
 
         def committed() -> list[bytes]:
@@ -256,9 +257,7 @@ def test_a_timer_scheduled_before_the_move_is_cancelled_by_its_receipt_after_it(
     moved away, and the timer never fires on either shard."""
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s2"].address) as c:
-        c.create_topic("t", queues=2)
-        wait_until(lambda: sent_once_placed(c, "t", [Message(b"x", key=str(q)) for q in range(8)]), 15, "queues created")
-        q = _owners(c, "t").index("s1")
+        q = _s1_queue(c)
         due = int(time.time() * 1000) + 2500
         receipts = c.send("t", [Message(f"late-{i}".encode(), key=_key_for(c, "t", q), deliver_at_ms=due)
                                 for i in range(2)], ack="replica")
