@@ -23,7 +23,7 @@ The data that crosses the append port is defined here too (``IncomingBatch``, ``
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -126,15 +126,22 @@ class Placement(Protocol):
         """Delete a placed topic in every shard (blocks: etcd); NOT_FOUND if it is not placed."""
         ...
 
-    def check_queue(self, topic: str, queue: int) -> None:
+    def check_queue(self, topic: str, queue: int, confirm: bool = True) -> None:
         """Raise unless this node's shard serves ``queue`` of ``topic`` (FAILED_PRECONDITION naming
-        the owner, or UNAVAILABLE while its log does not hold the topic yet)."""
+        the owner, or UNAVAILABLE while its log does not hold the topic yet). A topic this node does
+        not know is confirmed unknown with etcd first (blocks), unless ``confirm`` is False."""
         ...
 
-    def check_read(self, topic: str, queue: int, offset: int) -> None:
+    def check_read(self, topic: str, queue: int, offset: int, confirm: bool = True) -> None:
         """Raise unless this node's shard holds the segment of ``queue`` a read at logical ``offset``
         goes to (FAILED_PRECONDITION naming that segment's shard, or UNAVAILABLE while a segment
-        a move started here is not in the log yet)."""
+        a move started here is not in the log yet); ``confirm`` as for ``check_queue``."""
+        ...
+
+    async def confirm_unknown(self, topics: Iterable[str]) -> None:
+        """Each of ``topics`` this node knows neither from etcd nor from its log is confirmed
+        unknown with etcd (UNAVAILABLE when etcd holds it: this node's copy is behind), without
+        holding the event loop: then ``check_queue``/``check_read`` with ``confirm=False``."""
         ...
 
     def move(self, topic: str, queue: int, to_shard: str, timeout_s: float) -> tuple[SegmentRoute, ...]:

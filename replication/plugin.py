@@ -64,7 +64,8 @@ def attach(daemon: PluginHost) -> None:
         if config["coordinator.shard"]:  # a cluster of shards: topics placed through etcd (docs/shards.md)
             coordinator.cluster = ClusterMap(rec.prefix(config["coordinator.cluster"]))
             placement = ShardPlacement(store, config["coordinator.shard"], coordinator.cluster, coordinator.run_on_loop,
-                                       coordinator.held_leader_revision, config["cluster.moves_max_in_flight"])
+                                       coordinator.submit_on_loop, coordinator.held_leader_revision,
+                                       config["cluster.moves_max_in_flight"])
             store.register_placement(placement)
             if config["auth.tokens_file"] and not auth.call_metadata(config):
                 raise ConfigError("auth.tokens_file: a cluster of shards needs a token with the replication role "

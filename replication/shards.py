@@ -33,7 +33,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
 import structlog
@@ -49,6 +49,7 @@ from replication.coordination import slots as sl
 from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.etcd import Etcd
 from replication.queue_moves import QueueMoves, segment_route
+from replication.unknown_topics import SubmitOnLoop, UnknownTopics
 
 log = structlog.get_logger("replication.shards")
 PLACE_WAIT_S = 10.0
@@ -75,11 +76,13 @@ async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: E
 
 class ShardPlacement:
     def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop,
-                 leader_revision: Callable[[], int] = lambda: 0, moves_max_in_flight: int = 4) -> None:
+                 submit_on_loop: SubmitOnLoop, leader_revision: Callable[[], int] = lambda: 0,
+                 moves_max_in_flight: int = 4) -> None:
         self.store = store
         self.shard = shard
         self.cluster = cluster
         self._run = run_on_loop  # a coroutine on the coordinator's loop, with its etcd client
+        self.unknown = UnknownTopics(submit_on_loop)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self.moves = QueueMoves(store, shard, cluster, self._written, leader_revision, moves_max_in_flight,
@@ -134,13 +137,16 @@ class ShardPlacement:
         log.info("topic_deleted", topic=topic, revision=revision)
         self._wake.set()
 
-    def check_queue(self, topic: str, queue: int) -> None:
+    def check_queue(self, topic: str, queue: int, confirm: bool = True) -> None:
         """Whether this shard writes ``queue`` of ``topic`` (raises if not). A topic etcd does not
-        place (a system topic, or an unknown one) is left to the log's own checks."""
+        place (a system topic, or an unknown one: confirmed with etcd first, unless ``confirm`` is
+        False because the caller did) is left to the log's own checks."""
         p = self.cluster.placement(topic)
         if p is None or not 0 <= queue < p.queues:
             if self.cluster.is_deleted(topic):  # this shard's log may hold it a moment longer
                 raise BrokerError("NOT_FOUND", f"topic {shown(topic)} was deleted")
+            if confirm and self._unconfirmed(topic):
+                self.unknown.confirm(topic)
             return
         last = p.last(queue)
         if last.shard != self.shard:
@@ -151,10 +157,10 @@ class ShardPlacement:
                               "nothing of this send was stored; retry (the routes name the new owner once it is done)",
                               metadata=MOVING)
 
-    def check_read(self, topic: str, queue: int, offset: int) -> None:
+    def check_read(self, topic: str, queue: int, offset: int, confirm: bool = True) -> None:
         p = self.cluster.placement(topic)
         if p is None or not 0 <= queue < p.queues:
-            self.check_queue(topic, queue)
+            self.check_queue(topic, queue, confirm)
             return
         seg = p.segment_at(queue, offset)
         if seg.shard != self.shard:
@@ -246,8 +252,25 @@ class ShardPlacement:
         mine = p.queues_of(self.shard) if p is not None else []
         return mine[0] if mine and self.store.views.metadata.topic(topic) is not None else None
 
+    async def confirm_unknown(self, topics: Iterable[str]) -> None:
+        """For callers on an event loop, before ``check_queue``/``check_read`` with ``confirm=False``:
+        each of ``topics`` neither etcd's copy nor the log knows is confirmed unknown with etcd."""
+        for topic in set(topics):
+            if self._unconfirmed(topic):
+                await self.unknown.confirm_async(topic)
+
+    def _unconfirmed(self, topic: str) -> bool:
+        """Neither this node's copy of etcd nor its log knows ``topic`` (not a system topic, not a
+        deleted one): a ``NOT_FOUND`` for it must be confirmed with etcd first (unknown_topics.py)."""
+        return (not topic.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(topic) is None
+                and not self.cluster.is_deleted(topic) and self.store.views.metadata.topic(topic) is None)
+
     def check_in_log(self, topic: str) -> None:
-        """UNAVAILABLE (and the reconciler woken) while this shard's log does not hold a placed topic."""
+        """UNAVAILABLE (and the reconciler woken) while this shard's log does not hold a placed topic
+        (an unknown one: confirmed unknown with etcd first)."""
+        if self._unconfirmed(topic):
+            self.unknown.confirm(topic)
+            return
         if self.cluster.placement(topic) is not None and self.store.views.metadata.topic(topic) is None:
             self._wake.set()
             raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "

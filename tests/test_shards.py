@@ -181,6 +181,41 @@ def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(s
             c1.create_topic("orders", queues=2)
 
 
+def test_a_topic_created_elsewhere_is_never_unknown_to_a_trailing_node(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A node whose copy of etcd trails (its watch paused 1.5 s per batch) is asked for a topic
+    just created through another node: UNAVAILABLE (retry), never NOT_FOUND; a name etcd does not
+    hold is NOT_FOUND, confirmed with etcd; once the copy catches up the queue serves."""
+    trailing = spawn("a", config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": "s1"}),
+                     env={"TIDEMARK_FAILPOINTS": "cluster_before_apply=sleep:1500"})
+    wait_master([trailing], 30)
+    other = _single(spawn, etcd, "s2", "b")
+    with BrokerClient(other.address) as c:
+        c.create_topic("late", queues=2)
+        owners = [q["shard"] for q in c.describe_topic("late")["queues"]]
+        assert sorted(owners) == ["s1", "s2"]
+        mine = owners.index("s1")
+        for call in (lambda: _send_to(trailing, "late", mine, b"early"),
+                     lambda: list(_pull_raw(trailing, "late", mine))):
+            with pytest.raises(grpc.RpcError) as early:
+                call()
+            assert early.value.code() == grpc.StatusCode.UNAVAILABLE, early.value.details()
+            assert "just created" in (early.value.details() or "") or "being created" in (early.value.details() or "")
+        for call in (lambda: _send_to(trailing, "never-made", 0, b"x"), lambda: list(_pull_raw(trailing, "never-made", 0))):
+            with pytest.raises(grpc.RpcError) as unknown:
+                call()
+            assert unknown.value.code() == grpc.StatusCode.NOT_FOUND, unknown.value.details()
+        wait_until(lambda: _sent(trailing, "late", mine, b"served"), 20, "the queue served once the copy caught up")
+        c.commit_offset("gl", "late", mine, 1)  # wherever gl's coordinator is, the topic is known there
+        assert c.committed_offset("gl", "late", mine) == 1
+        assert [m.body for m in c.pull("late", mine, 0)] == [b"served"]
+
+
+def _pull_raw(node: DaemonProcess, topic: str, queue: int) -> bytes:
+    with grpc.insecure_channel(node.address) as ch:
+        resp = pb_grpc.BrokerStub(ch).Pull(pb.PullRequest(topic=topic, queue_id=queue, offset=0), timeout=10)
+        return bytes(resp.SerializeToString())
+
+
 def _gone_from_log(node: DaemonProcess, topic: str) -> bool:
     """The node's log no longer holds ``topic`` (describe answers from it, and from etcd's record)."""
     try:

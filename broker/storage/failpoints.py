@@ -17,6 +17,7 @@ bytes an fsync promised survive, nothing more.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import ctypes.util
 import os
@@ -71,6 +72,14 @@ def failpoint(name: str) -> None:
     if hit == at:
         os.kill(os.getpid(), signal.SIGKILL)
         time.sleep(10)  # SIGKILL is delivered asynchronously; never run past the point.
+
+
+async def failpoint_async(name: str) -> None:
+    """``failpoint`` on an event loop: a ``sleep:MS`` pauses this coroutine, not the loop."""
+    if _armed.get(name, "").startswith("sleep:"):
+        await asyncio.sleep(int(_armed[name][6:]) / 1000.0)
+        return
+    failpoint(name)
 
 
 def _journal(kind: str, size: int, path: str) -> None:

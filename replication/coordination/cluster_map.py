@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 import structlog
 
+from broker.storage.failpoints import failpoint_async
 from replication.coordination import placement as pl
 from replication.coordination import records as rec
 from replication.coordination import slots as sl
@@ -176,6 +177,7 @@ class ClusterMap:
                     if compacted:
                         log.warning("cluster_watch_compacted", revision=revision)
                         break
+                    await failpoint_async("cluster_before_apply")  # a copy trailing etcd, in tests
                     with self._cond:
                         for key, value in events:
                             self._apply(key, value)

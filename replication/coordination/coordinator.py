@@ -39,6 +39,7 @@ share one. A master whose lease lapsed re-takes the key at its own epoch if nobo
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import threading
 import time
@@ -163,9 +164,10 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
         with self.state_lock:
             return self.leader_revision if self.holding is not None else 0
 
-    def run_on_loop(self, fn: Callable[[Etcd], Coroutine[Any, Any, T]], timeout_s: float) -> T:
-        """``fn(etcd)`` on this loop with its etcd client, from another thread (the shard placement's
-        writes); UNAVAILABLE when etcd does not answer within ``timeout_s``."""
+    def submit_on_loop(self, fn: Callable[[Etcd], Coroutine[Any, Any, T]]) -> concurrent.futures.Future[T]:
+        """``fn(etcd)`` started on this loop from another thread, not waited for; UNAVAILABLE when
+        this node has no loop (no etcd client) yet. The future fails with ``Unreachable`` when etcd
+        does not answer within the client's timeout."""
         loop = self._loop
         if loop is None or loop.is_closed():
             raise BrokerError("UNAVAILABLE", "this node is not connected to etcd yet")
@@ -173,7 +175,12 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
         async def call() -> T:
             return await fn(self.etcd)
 
-        future = asyncio.run_coroutine_threadsafe(call(), loop)
+        return asyncio.run_coroutine_threadsafe(call(), loop)
+
+    def run_on_loop(self, fn: Callable[[Etcd], Coroutine[Any, Any, T]], timeout_s: float) -> T:
+        """``fn(etcd)`` on this loop with its etcd client, from another thread (the shard placement's
+        writes); UNAVAILABLE when etcd does not answer within ``timeout_s``."""
+        future = self.submit_on_loop(fn)
         try:
             return future.result(timeout_s)
         except TimeoutError:

@@ -236,6 +236,12 @@ class Etcd:
         except (EtcdError, OSError, grpc.RpcError) as exc:
             raise Unreachable(f"watch: {type(exc).__name__}: {exc}"[:300]) from None
 
+    async def placed_at(self, topic: str) -> int:
+        """The revision ``topic``'s placement record was last written at (0: etcd holds none), read
+        linearizably: what a node's watched copy must reach before it may say the topic is unknown."""
+        resp = await self._call(self._kv.get(self.root_key(f"topics/{topic}"), keys_only=True))
+        return int(resp.kvs[0].mod_revision) if resp.kvs else 0
+
     async def create_placements(self, records: dict[str, bytes]) -> int:
         """Each topic's placement record, only if none of them exists (all or none); the revision
         they were written at, 0 when one existed."""

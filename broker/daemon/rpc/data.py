@@ -131,6 +131,8 @@ class DataRpcs(Rpcs):
         in_txn = txn or (TXN_PID_BIT if begin is not None else 0)
         producer_id = ((in_txn if any(m.HasField("sequence") for m in request.messages) else 0) if in_txn
                        else request.producer_id)
+        if request.messages and self.store.placement is not None:  # a topic unknown here: etcd's word first
+            await self.store.placement.confirm_unknown(m.topic for m in request.messages)
         plain_batches = await self._heavy(on_loop, plain.encode, request.messages, producer_id,
                                           self._queues_of) if request.messages else None
         batches = [
@@ -140,7 +142,7 @@ class DataRpcs(Rpcs):
             IncomingBatch(b.topic, b.queue_id, b.records, b.record_count, b.records_crc, b.producer_id, b.base_sequence)
             for b in request.batches
         ] + (plain_batches.batches if plain_batches is not None else [])
-        self._check_shard(batches)
+        await self._check_shard(batches)
         if counted and any(b.base_sequence == bf.NO_SEQUENCE for b in batches):
             # a retried send stored twice would make up in the count for one a failover lost
             raise invalid("a counted transaction's sends are idempotent: give each plain message a queue_id and a "
@@ -189,11 +191,14 @@ class DataRpcs(Rpcs):
                                     await self._first_outcome(ending, begun.pid if begun else txn))
         return response
 
-    def _check_shard(self, batches: list[IncomingBatch]) -> None:
+    async def _check_shard(self, batches: list[IncomingBatch]) -> None:
         """In a cluster of shards: every batch for a queue this node's shard writes."""
-        if self.store.placement is not None:
-            for b in batches:
-                self.store.placement.check_queue(*(b.timer_target or (b.topic, b.queue_id)))
+        placement = self.store.placement
+        if placement is not None:
+            targets = [b.timer_target or (b.topic, b.queue_id) for b in batches]
+            await placement.confirm_unknown(t for t, _ in targets)
+            for topic, queue in targets:
+                placement.check_queue(topic, queue, confirm=False)
 
     async def _append_in_txn(self, on_loop: bool, batches: list[IncomingBatch], begin: BeginPlan | None,
                              ending: pb.EndTransactionRequest | None) -> TxnAppend:
@@ -248,7 +253,8 @@ class DataRpcs(Rpcs):
         loop = asyncio.get_running_loop()
         check_system_read(request.topic)
         if self.store.placement is not None:  # the shard of the queue's segment holding the offset
-            self.store.placement.check_read(request.topic, request.queue_id, request.offset)
+            await self.store.placement.confirm_unknown((request.topic,))
+            self.store.placement.check_read(request.topic, request.queue_id, request.offset, confirm=False)
         max_messages = min(request.max_messages or 1000, self.config["limits.pull_messages_max"])
         if isinstance(request, pb.PullRequest) and request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
