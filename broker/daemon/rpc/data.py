@@ -131,10 +131,7 @@ class DataRpcs(Rpcs):
         in_txn = txn or (TXN_PID_BIT if begin is not None else 0)
         producer_id = ((in_txn if any(m.HasField("sequence") for m in request.messages) else 0) if in_txn
                        else request.producer_id)
-        if request.messages and self.store.placement is not None:  # a topic unknown here: etcd's word first
-            await self.store.placement.confirm_unknown(m.topic for m in request.messages)
-        plain_batches = await self._heavy(on_loop, plain.encode, request.messages, producer_id,
-                                          self._queues_of) if request.messages else None
+        plain_batches = await self._plain(on_loop, request, producer_id) if request.messages else None
         batches = [
             IncomingBatch(system_records.TIMER_TOPIC, 0, b.records, b.record_count, b.records_crc, b.producer_id,
                           b.base_sequence, timer_target=(b.topic, b.queue_id))
@@ -190,6 +187,12 @@ class DataRpcs(Rpcs):
             response.ended.CopyFrom(ended_response(ended) if ended is not None else
                                     await self._first_outcome(ending, begun.pid if begun else txn))
         return response
+
+    async def _plain(self, on_loop: bool, request: SendRequest, producer_id: int) -> plain.Encoded:
+        """The request's plain messages framed into batches (a topic unknown here: etcd's word first)."""
+        if self.store.placement is not None:
+            await self.store.placement.confirm_unknown(m.topic for m in request.messages)
+        return await self._heavy(on_loop, plain.encode, request.messages, producer_id, self._queues_of)
 
     async def _check_shard(self, batches: list[IncomingBatch]) -> None:
         """In a cluster of shards: every batch for a queue this node's shard writes."""
