@@ -168,6 +168,27 @@ class Placement(Protocol):
         absent (blocks: etcd); None while the log does not hold it, or it has no queue here."""
         ...
 
+    def coordinates(self, group: str) -> bool:
+        """Whether this shard coordinates ``group`` now (its log may still hold the offsets of a
+        group whose slot moved away: not this shard's to list, describe or measure)."""
+        ...
+
+    def check_groups_open(self, groups: set[str], pid: int = 0) -> None:
+        """Raise UNAVAILABLE (retry: moving) if the slot of one of ``groups`` (or transactional ids)
+        is moving away from this shard: its offsets go along as they stand (called under the offset
+        buffer's lock). ``pid``: a transaction's offsets, let in while the move waits for it."""
+        ...
+
+    def move_slot(self, slot: int, to_shard: str, timeout_s: float) -> str:
+        """Move a group slot to ``to_shard`` and wait until that shard coordinates it (blocks: etcd,
+        the slot's open transactions, the offsets' import); the slot's shard then."""
+        ...
+
+    def import_offsets(self, slot: int, source_shard: str, offsets: list[tuple[str, str, int, int]]) -> int:
+        """On the master of the shard ``slot`` moves to: store the slot's committed offsets
+        (replicated) while etcd marks it moving here; how many."""
+        ...
+
     def check_in_log(self, topic: str) -> None:
         """UNAVAILABLE while this shard's log does not hold a placed topic yet (its master creates it)."""
         ...

@@ -1116,6 +1116,38 @@ class MoveQueueResponse(_message.Message):
     segments: _containers.RepeatedCompositeFieldContainer[SegmentRoute]
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentRoute, _Mapping]]] = ...) -> None: ...
 
+class MoveSlotRequest(_message.Message):
+    __slots__ = ("slot", "to_shard", "timeout_ms")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    TO_SHARD_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_MS_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    to_shard: str
+    timeout_ms: int
+    def __init__(self, slot: _Optional[int] = ..., to_shard: _Optional[str] = ..., timeout_ms: _Optional[int] = ...) -> None: ...
+
+class MoveSlotResponse(_message.Message):
+    __slots__ = ("shard",)
+    SHARD_FIELD_NUMBER: _ClassVar[int]
+    shard: str
+    def __init__(self, shard: _Optional[str] = ...) -> None: ...
+
+class ImportOffsetsRequest(_message.Message):
+    __slots__ = ("slot", "source_shard", "offsets")
+    SLOT_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_SHARD_FIELD_NUMBER: _ClassVar[int]
+    OFFSETS_FIELD_NUMBER: _ClassVar[int]
+    slot: int
+    source_shard: str
+    offsets: _containers.RepeatedCompositeFieldContainer[CommittedOffset]
+    def __init__(self, slot: _Optional[int] = ..., source_shard: _Optional[str] = ..., offsets: _Optional[_Iterable[_Union[CommittedOffset, _Mapping]]] = ...) -> None: ...
+
+class ImportOffsetsResponse(_message.Message):
+    __slots__ = ("stored",)
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    def __init__(self, stored: _Optional[int] = ...) -> None: ...
+
 class ShardRoute(_message.Message):
     __slots__ = ("shard", "master", "nodes", "epoch", "queues", "draining", "slots", "read_only_segments")
     SHARD_FIELD_NUMBER: _ClassVar[int]

@@ -215,6 +215,16 @@ class BrokerStub:
                 request_serializer=proto_dot_tidemark__pb2.ForwardTimersRequest.SerializeToString,
                 response_deserializer=proto_dot_tidemark__pb2.ForwardTimersResponse.FromString,
                 _registered_method=True)
+        self.MoveSlot = channel.unary_unary(
+                '/tidemark.v1.Broker/MoveSlot',
+                request_serializer=proto_dot_tidemark__pb2.MoveSlotRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.MoveSlotResponse.FromString,
+                _registered_method=True)
+        self.ImportOffsets = channel.unary_unary(
+                '/tidemark.v1.Broker/ImportOffsets',
+                request_serializer=proto_dot_tidemark__pb2.ImportOffsetsRequest.SerializeToString,
+                response_deserializer=proto_dot_tidemark__pb2.ImportOffsetsResponse.FromString,
+                _registered_method=True)
 
 
 class BrokerServicer:
@@ -474,6 +484,20 @@ class BrokerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def MoveSlot(self, request, context):
+        """Move a group slot to another shard (admin; docs/shards.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ImportOffsets(self, request, context):
+        """Node to node (replication role): a moving slot's committed offsets, to its new shard.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_BrokerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -656,6 +680,16 @@ def add_BrokerServicer_to_server(servicer, server):
                     servicer.ForwardTimers,
                     request_deserializer=proto_dot_tidemark__pb2.ForwardTimersRequest.FromString,
                     response_serializer=proto_dot_tidemark__pb2.ForwardTimersResponse.SerializeToString,
+            ),
+            'MoveSlot': grpc.unary_unary_rpc_method_handler(
+                    servicer.MoveSlot,
+                    request_deserializer=proto_dot_tidemark__pb2.MoveSlotRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.MoveSlotResponse.SerializeToString,
+            ),
+            'ImportOffsets': grpc.unary_unary_rpc_method_handler(
+                    servicer.ImportOffsets,
+                    request_deserializer=proto_dot_tidemark__pb2.ImportOffsetsRequest.FromString,
+                    response_serializer=proto_dot_tidemark__pb2.ImportOffsetsResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1631,6 +1665,60 @@ class Broker:
             '/tidemark.v1.Broker/ForwardTimers',
             proto_dot_tidemark__pb2.ForwardTimersRequest.SerializeToString,
             proto_dot_tidemark__pb2.ForwardTimersResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MoveSlot(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/MoveSlot',
+            proto_dot_tidemark__pb2.MoveSlotRequest.SerializeToString,
+            proto_dot_tidemark__pb2.MoveSlotResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ImportOffsets(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/tidemark.v1.Broker/ImportOffsets',
+            proto_dot_tidemark__pb2.ImportOffsetsRequest.SerializeToString,
+            proto_dot_tidemark__pb2.ImportOffsetsResponse.FromString,
             options,
             channel_credentials,
             insecure,

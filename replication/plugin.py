@@ -63,14 +63,14 @@ def attach(daemon: PluginHost) -> None:
         controller.coordinator = coordinator
         if config["coordinator.shard"]:  # a cluster of shards: topics placed through etcd (docs/shards.md)
             coordinator.cluster = ClusterMap(rec.prefix(config["coordinator.cluster"]))
-            placement = ShardPlacement(store, config["coordinator.shard"], coordinator.cluster, coordinator.run_on_loop,
-                                       coordinator.submit_on_loop, coordinator.held_leader_revision,
-                                       config["cluster.moves_max_in_flight"])
-            store.register_placement(placement)
             if config["auth.tokens_file"] and not auth.call_metadata(config):
                 raise ConfigError("auth.tokens_file: a cluster of shards needs a token with the replication role "
                                   "there (its nodes call each other for transactions over shards)")
             peers = ShardPeers(config, coordinator.cluster)
+            placement = ShardPlacement(store, config["coordinator.shard"], coordinator.cluster, coordinator.run_on_loop,
+                                       coordinator.submit_on_loop, peers, coordinator.held_leader_revision,
+                                       config["cluster.moves_max_in_flight"])
+            store.register_placement(placement)
             store.register_txn_peers(peers)
             daemon.on_stop.append(peers.close)
             daemon.on_start.append(placement.start)

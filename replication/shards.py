@@ -49,6 +49,8 @@ from replication.coordination import slots as sl
 from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.etcd import Etcd
 from replication.queue_moves import QueueMoves, segment_route
+from replication.slot_moves import SlotMoves
+from replication.txn_peers import ShardPeers
 from replication.unknown_topics import SubmitOnLoop, UnknownTopics
 
 log = structlog.get_logger("replication.shards")
@@ -76,7 +78,7 @@ async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: E
 
 class ShardPlacement:
     def __init__(self, store: Store, shard: str, cluster: ClusterMap, run_on_loop: RunOnLoop,
-                 submit_on_loop: SubmitOnLoop, leader_revision: Callable[[], int] = lambda: 0,
+                 submit_on_loop: SubmitOnLoop, peers: ShardPeers, leader_revision: Callable[[], int] = lambda: 0,
                  moves_max_in_flight: int = 4) -> None:
         self.store = store
         self.shard = shard
@@ -87,6 +89,7 @@ class ShardPlacement:
         self._wake = threading.Event()
         self.moves = QueueMoves(store, shard, cluster, self._written, leader_revision, moves_max_in_flight,
                                 self._wake.set)
+        self.slots = SlotMoves(store, shard, cluster, self._written, leader_revision, peers, self._wake.set)
         self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
         cluster.on_change.append(self._wake.set)
         self._exported: set[str] = set()  # shards with series in the cluster gauges
@@ -183,7 +186,23 @@ class ShardPlacement:
         return self.moves.move(topic, queue, to_shard, timeout_s)
 
     def rebalance(self, drain: str, undrain: str, dry_run: bool, timeout_s: float) -> list[MoveDone]:
-        return self.moves.rebalance(drain, undrain, dry_run, timeout_s)
+        deadline = time.monotonic() + timeout_s
+        done = self.moves.rebalance(drain, undrain, dry_run, timeout_s)
+        if drain:  # its group slots go too: a drained shard coordinates nothing
+            done += self.slots.drain(drain, deadline, dry_run)
+        return done
+
+    def move_slot(self, slot: int, to_shard: str, timeout_s: float) -> str:
+        return self.slots.move(slot, to_shard, timeout_s)
+
+    def import_offsets(self, slot: int, source_shard: str, offsets: list[tuple[str, str, int, int]]) -> int:
+        return self.slots.import_offsets(slot, source_shard, offsets)
+
+    def coordinates(self, group: str) -> bool:
+        return self.cluster.slot_shard(sl.slot_of(group)) in (None, self.shard)
+
+    def check_groups_open(self, groups: set[str], pid: int = 0) -> None:
+        self.slots.check_open(groups, pid)
 
     def _written(self, write: Callable[[Etcd], Coroutine[Any, Any, int]]) -> int:
         """One etcd write of ours (a revision, 0 when its compares failed), waited for in this node's
@@ -319,7 +338,12 @@ class ShardPlacement:
         moved = {t: {q: tuple(segment_route(seg) for seg in segs) for q, segs in enumerate(p.segments)
                      if len(segs) > 1 or segs[0].state != "rw"} for t, p in placed.items()}
         return Routes(self.cluster.revision, {t: tuple(p.owner(q) for q in range(p.queues)) for t, p in placed.items()},
-                      shards, {t: m for t, m in moved.items() if m}, tuple(self.cluster.moves_in_flight()))
+                      shards, {t: m for t, m in moved.items() if m},
+                      (*self.cluster.moves_in_flight(), *self._slot_moves()))
+
+    def _slot_moves(self) -> list[tuple[str, int, str, str]]:
+        """Group slots moving, as moves with no topic: ('', slot, from, to)."""
+        return [("", slot, source, to) for slot, (source, to) in sorted(self.cluster.slot_moves_in_flight().items())]
 
     def _claim_slots(self) -> None:
         """The slots of groups whose offsets this log holds and which have no shard yet become this
@@ -368,7 +392,7 @@ class ShardPlacement:
             metrics.CLUSTER_SHARD_QUEUES.remove(gone)
             metrics.CLUSTER_SHARD_HAS_MASTER.remove(gone)
             metrics.CLUSTER_SHARD_DRAINING.remove(gone)
-        metrics.CLUSTER_MOVES_IN_FLIGHT.set(len(self.cluster.moves_in_flight()))
+        metrics.CLUSTER_MOVES_IN_FLIGHT.set(len(self.cluster.moves_in_flight()) + len(self._slot_moves()))
         self._exported = set(shards)
         metrics.CLUSTER_REVISION.set(self.cluster.revision)
 
@@ -390,6 +414,7 @@ class ShardPlacement:
         self._claim_slots()
         self.moves.seal_moving()
         self.moves.start_moved_in()
+        self.slots.seal_moving()
         unplaced = {name: info["queues"] for name, info in local.items()
                     if not name.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(name) is None
                     and not self.cluster.is_deleted(name)}

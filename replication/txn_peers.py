@@ -1,6 +1,7 @@
 """Calls from a transaction's coordinator shard to its participants' masters (``broker.ports.TxnPeers``;
 docs/shards.md "Transactions across shards"), and a shard's due timers of a queue that moved to
-that queue's shard ("Moving a queue").
+that queue's shard ("Moving a queue"), and a moving group slot's committed offsets to its new
+shard ("Moving a group slot").
 
 Each shard's master is found in this node's copy of etcd's topology (``ClusterMap``), reached on
 its client port with this node's own credential: the first token of ``auth.tokens_file`` with the
@@ -53,6 +54,13 @@ class ShardPeers:
         request = pb.ForwardTimersRequest(source_shard=source_shard, topic=topic, queue_id=queue, timers=[
             pb.ForwardedTimer(timer_offset=o, key=k, body=b, props=p) for o, k, b, p in timers])
         response: pb.ForwardTimersResponse = self._call(shard, "ForwardTimers", request, timeout_s)
+        return int(response.stored)
+
+    def import_offsets(self, shard: str, slot: int, source_shard: str,
+                       offsets: list[tuple[str, str, int, int]], timeout_s: float) -> int:
+        request = pb.ImportOffsetsRequest(slot=slot, source_shard=source_shard, offsets=[
+            pb.CommittedOffset(group=g, topic=t, queue_id=q, offset=o) for g, t, q, o in offsets])
+        response: pb.ImportOffsetsResponse = self._call(shard, "ImportOffsets", request, timeout_s)
         return int(response.stored)
 
     def close(self) -> None:

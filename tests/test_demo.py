@@ -22,3 +22,5 @@ def test_demo_runs_and_loses_nothing() -> None:
     assert ", 0 twice; committed to the group's coordinator shard, lag 0 as any node describes it" in r.stdout, r.stdout
     assert ("until the commit ({'s1': 0, 's2': 0}), then visible on both ({'s1': 1, 's2': 1})" in r.stdout), r.stdout
     assert "moved from s1 to s2 with no data copied" in r.stdout and "all there; then `cluster rebalance`" in r.stdout, r.stdout
+    assert "(`cluster move-slot`; a drain moves every slot of its shard): committed offsets" in r.stdout, r.stdout
+    assert " went along; " in r.stdout, r.stdout

@@ -16,7 +16,7 @@ PLUGINS = ("replication", "tieredstore", "spark_connector")
 # raise_metadata_fence, set_role, fence) and the state they read, each a typed component
 SURFACE = frozenset({
     "adopt_cluster", "appender", "check_free_space", "closing", "data_dir", "dispatcher", "epoch", "epochs",
-    "fence", "fenced_reason", "identity", "incidents", "log", "master_address", "metadata_fence", "permit",
+    "fence", "fenced_reason", "flush_offsets", "identity", "incidents", "log", "master_address", "metadata_fence", "permit",
     "raise_metadata_fence", "reads", "register_cold_reader", "register_confirm_rule",
     "register_master_silence", "register_placement", "register_retention_floor", "register_role_controller",
     "register_role_listener", "register_txn_peers",

@@ -13,6 +13,7 @@ import crc32c
 
 from broker.cli.node_process import NodeProcess
 from broker.client import BrokerClient, BrokerError, Message
+from broker.group_slots import slot_of
 
 CLUSTER = "shop"
 QUEUES = 4
@@ -99,6 +100,7 @@ def run(work: str, etcd_endpoint: str, say: Callable[[str], None], wait: Callabl
             _group_over_shards(c, c1, owners, say, wait)
         _transaction_over_shards(c, owners, say)
         _move_queue(c, owners, say)
+        _move_slot(c, say)
     return nodes
 
 
@@ -134,6 +136,22 @@ def _move_queue(c: BrokerClient, owners: list[str], say: Callable[[str], None]) 
         f"and its {len(sent)} messages are read back across both segments, offsets 0..{len(offsets) - 1} "
         f"{'all there' if whole else 'NOT CONTIGUOUS'}; then `cluster rebalance` evened the shards out with "
         f"{len(rebalanced)} move(s)")
+
+
+def _move_slot(c: BrokerClient, say: Callable[[str], None]) -> None:
+    """Step 17: the slot coordinating group 'billing' moves to the other shard, offsets and all."""
+    slot = slot_of("billing")
+    before = [c.committed_offset("billing", "carts", q) for q in range(QUEUES)]
+    source = c.describe_group("billing")["shard"]
+    target = "s2" if source == "s1" else "s1"
+    started = time.monotonic()
+    c.move_slot(slot, target)
+    took = time.monotonic() - started
+    after = [c.committed_offset("billing", "carts", q) for q in range(QUEUES)]
+    say(f"17. the slot of group 'billing' ({slot}) moved from {source} to {target} in {took:.2f}s (`cluster move-slot`; a "
+        f"drain moves every slot of its shard): committed offsets {after} "
+        f"{'went along' if after == before else f'CHANGED from {before}'}; {c.describe_group('billing')['shard']} "
+        "coordinates it now")
 
 
 def _transaction_over_shards(c: BrokerClient, owners: list[str], say: Callable[[str], None]) -> None:

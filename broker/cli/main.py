@@ -17,6 +17,7 @@ from broker.client import BrokerClient, BrokerError, Message, Receipt
 from broker.config import Config, ConfigError
 from broker.daemon import logsetup, plugins
 from broker.daemon.server import serve
+from broker.group_slots import slot_of
 from broker.invariant import StartupRefused
 from broker.logformat import system_records
 from broker.security import auth, tls
@@ -106,6 +107,12 @@ def _add_status_commands(sub: Any, conn: argparse.ArgumentParser) -> None:
     cld.add_argument("shard")
     cld.add_argument("--cancel", action="store_true", help="the shard takes queues again (nothing moves back)")
     cld.add_argument("--dry-run", action="store_true", help="print the plan, mark and move nothing")
+    csm = cls.add_parser("move-slot", parents=[conn], help="move a group slot (its groups' offsets and its "
+                         "transactional ids) to SHARD")
+    csm.add_argument("slot", nargs="?", type=_non_negative, help="the slot (0..255); or --group")
+    csm.add_argument("--group", default="", help="the slot of this group (or transactional id)")
+    csm.add_argument("--to", required=True, metavar="SHARD", help="the shard to move it to")
+    csm.add_argument("--timeout-ms", type=_non_negative, default=120_000, help="how long to wait for the move")
     q = sub.add_parser("queue", help="a cluster of shards: move a queue to another shard (no data copied)")
     qs = q.add_subparsers(dest="queue_command", required=True)
     qm = qs.add_parser("move", parents=[conn], help="seal the queue where it is and continue it on SHARD")
@@ -266,6 +273,8 @@ def _dispatch(args: argparse.Namespace) -> int:
         if cmd == "cluster":
             if args.cluster_command == "status":
                 return _cluster_status(args)
+            if args.cluster_command == "move-slot":
+                return _move_slot(args)
             return _rebalance(args)
         if cmd == "queue":
             with _client(args) as c:
@@ -544,6 +553,16 @@ def _rebalance(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def _move_slot(args: argparse.Namespace) -> int:
+    if (args.slot is None) == (not args.group):
+        return _fail("name the slot or --group (one of them)", EXIT_USAGE)
+    slot = slot_of(args.group) if args.group else args.slot
+    with _client(args) as c:
+        shard = c.move_slot(slot, args.to, timeout_ms=args.timeout_ms)
+    print(json.dumps({"moved": {"slot": slot, "to": shard}}))
+    return 0
+
+
 def _cluster_status(args: argparse.Namespace) -> int:
     with _client(args) as c:
         st = c.cluster_status()
@@ -559,7 +578,8 @@ def _cluster_status(args: argparse.Namespace) -> int:
                   f"slots={s['slots']} read_only_segments={s['read_only_segments']}{state} "
                   f"nodes={','.join(s['nodes']) or '(none)'}")
         for m in st["moves"]:
-            print(f"moving: {m['topic']}/{m['queue']} {m['from']} -> {m['to']}")
+            what = f"{m['topic']}/{m['queue']}" if m["topic"] else f"group slot {m['queue']}"
+            print(f"moving: {what} {m['from']} -> {m['to']}")
     return 0
 
 

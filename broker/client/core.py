@@ -374,7 +374,15 @@ class ClientCore:
         while True:
             shard = self._routes.group_shard(group)
             try:
-                return call(self._shard_core(shard))
+                core = self._shard_core(shard)
+            except BrokerError:  # a shard no node of which holds a lease now (removed?): any node names the coordinator
+                if shard is None or hops >= ROUTE_HOPS_MAX:
+                    raise
+                hops += 1
+                self._routes.forget_group(group)
+                continue
+            try:
+                return call(core)
             except BrokerError as exc:
                 if exc.owner is None or hops >= ROUTE_HOPS_MAX:
                     raise

@@ -72,11 +72,12 @@ class GroupsAPI(ClientCore):
         return group_merge.merge_listed(answers, ends)
 
     def describe_group(self, group: str) -> dict[str, Any]:
-        """Members and their queues, and per queue: committed offset, end, lag, owner, pop leases."""
+        """Members and their queues, and per queue: committed offset, end, lag, owner, pop leases;
+        ``shard``: the coordinating shard in a cluster of shards ('' otherwise)."""
         req = _request(pb.DescribeGroupRequest, group=group)
         g = self._describe_sharded(group) if self.sharded else self._call("DescribeGroup", req).group
         return {
-            "name": g.name, "generation": g.generation, "rebalances": g.rebalances,
+            "name": g.name, "shard": g.shard, "generation": g.generation, "rebalances": g.rebalances,
             "dlq_messages": g.dlq_messages, "redeliveries": g.redeliveries,
             "members": [{"member_id": m.member_id, "client_id": m.client_id, "topics": list(m.topics),
                          "assigned": [(r.topic, r.queue_id) for r in m.assigned],

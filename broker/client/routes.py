@@ -153,6 +153,15 @@ class RouteTable:
             return (nodes is not None and bool(nodes.master)
                     and (failed is None or time.monotonic() - failed >= SHARD_DOUBT_S))
 
+    def forget_group(self, group: str) -> None:
+        with self._lock:
+            self._groups.pop(group, None)
+
+    def forget_groups(self) -> None:
+        """Every group's coordinator asked again (a slot moved)."""
+        with self._lock:
+            self._groups.clear()
+
     def forget(self, topic: str) -> None:
         with self._lock:
             self._topics.pop(topic, None)

@@ -123,7 +123,7 @@ class TopicsAPI(ClientCore):
         """The cluster as the asked node's copy of etcd has it (docs/shards.md): ``{"sharded",
         "shard" (the asked node's), "revision", "shards": [{"shard", "master", "nodes", "epoch",
         "queues", "draining", "slots", "read_only_segments", "drained"}], "moves": [{"topic",
-        "queue", "from", "to"}]}`` (moves under way). A one-pair
+        "queue", "from", "to"}]}`` (moves under way; a group slot's: topic "", its slot as queue). A one-pair
         cluster answers ``sharded`` False and no shards."""
         try:
             resp = self._call("GetRoutes", pb.GetRoutesRequest())
@@ -135,9 +135,9 @@ class TopicsAPI(ClientCore):
                 "shards": [{"shard": s.shard, "master": s.master, "nodes": list(s.nodes), "epoch": s.epoch,
                             "queues": s.queues, "draining": s.draining, "slots": s.slots,
                             "read_only_segments": s.read_only_segments,
-                            # drained: it writes no queue and nothing moves off it (its group slots and
-                            # read-only segments stay: see docs/shards.md before removing it)
-                            "drained": s.draining and not s.queues and not any(
+                            # drained: it writes no queue, coordinates no group slot and nothing moves
+                            # off it (its read-only segments stay: see docs/shards.md before removing it)
+                            "drained": s.draining and not s.queues and not s.slots and not any(
                                 m.from_shard == s.shard for m in resp.moves)}
                            for s in resp.shards],
                 "moves": [{"topic": m.topic, "queue": m.queue_id, "from": m.from_shard, "to": m.to_shard}
@@ -151,6 +151,7 @@ class TopicsAPI(ClientCore):
         "from", "to", "seconds", "error"}`` ("" when it went through)."""
         request = pb.RebalanceRequest(drain_shard=drain, undrain_shard=undrain, dry_run=dry_run, timeout_ms=timeout_ms)
         resp = self._call("Rebalance", request, timeout_s=self.timeout_s + timeout_ms / 1000.0, retry=False)
+        self._routes.forget_groups()  # a drain moves group slots too
         for m in resp.moves:
             self._routes.forget(m.topic)
         return [{"topic": m.topic, "queue": m.queue_id, "from": m.from_shard, "to": m.to_shard,
@@ -166,6 +167,17 @@ class TopicsAPI(ClientCore):
         self._routes.forget(topic)  # its routes changed: asked for again at the next use
         return [{"shard": s.shard, "logical_start": s.logical_start, "end": s.end if s.state == "ro" else None,
                  "state": s.state} for s in resp.segments]
+
+    def move_slot(self, slot: int, to_shard: str, timeout_ms: int = 120_000) -> str:
+        """Move group slot ``slot`` (``crc32c(group) % 256``: its groups' members, committed offsets
+        and its transactional ids) to shard ``to_shard`` (docs/shards.md, "Moving a group slot");
+        returns once that shard coordinates it. Offset commits of its groups are retried meanwhile;
+        the move waits for the transactions open on the slot's shard (DEADLINE_EXCEEDED after
+        ``timeout_ms``: the move goes on)."""
+        request = pb.MoveSlotRequest(slot=slot, to_shard=to_shard, timeout_ms=timeout_ms)
+        resp = self._call("MoveSlot", request, timeout_s=self.timeout_s + timeout_ms / 1000.0)
+        self._routes.forget_groups()
+        return str(resp.shard)
 
     def cancel_timer(self, receipt: Receipt | int) -> dict[str, Any]:
         """Cancel a scheduled message (its receipt, or its ``timer_offset``) before it fires.

@@ -142,7 +142,8 @@ class GroupAdmin:
         """Committed offsets: the metadata view's, overlaid with commits still in the offset buffer."""
         out = {(g, t, q): o for g, t, q, o in self.store.views.metadata.group_offsets()}
         out.update(self.store.offsets.buffered())
-        return [(g, t, q, o) for (g, t, q), o in out.items()]
+        placement = self.store.placement  # a group whose slot moved away: its offsets here are the past
+        return [(g, t, q, o) for (g, t, q), o in out.items() if placement is None or placement.coordinates(g)]
 
     def _bounds(self, topic: str, queue: int) -> tuple[int, int] | None:
         """(low, LSO): groups read committed messages, so their lag runs to the LSO."""
@@ -285,9 +286,12 @@ class GroupAdmin:
             self.store.offsets.commit(entries)
         self.store.offsets.commit([], wait_s=self.store.config["limits.send_timeout_ms"] / 1000.0)
 
-    def check_room(self, entries: list[tuple[str, str, int, int]]) -> None:
-        """Refuse offsets of new groups beyond ``groups.committed_groups_max`` (a transaction's, checked
-        before its end record)."""
+    def check_room(self, entries: list[tuple[str, str, int, int]], pid: int) -> None:
+        """Refuse offsets of new groups beyond ``groups.committed_groups_max`` (transaction ``pid``'s,
+        checked before its end record), and offsets of groups whose slot is moving away (unless the
+        move waits for ``pid``)."""
+        if entries and self.store.placement is not None:
+            self.store.placement.check_groups_open({g for g, _, _, _ in entries}, pid)
         with self._commit_lock:
             self._check_new_groups({g for g, _, _, _ in entries})
 

@@ -250,7 +250,10 @@ class Daemon:
             self.service.instance.ensure()  # the token file a full disk kept from being written at start
             try:
                 lag: dict[tuple[str, ...], float] = {}
+                placement = self.store.placement
                 for group, topic, queue, offset in self.store.views.metadata.group_offsets():
+                    if placement is not None and not placement.coordinates(group):
+                        continue  # its slot moved away: the shard coordinating it measures it
                     qf = self.store.views.queues.queue(topic, queue)
                     if qf is not None:  # to the LSO: what a read_committed member can read
                         end = self.store.reads.stable_end(topic, queue, qf.next_queue_offset, True)

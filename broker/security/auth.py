@@ -74,11 +74,13 @@ METHOD_ROLES = {
     "/tidemark.v1.Broker/PrepareTransaction": "replication",  # node to node: a coordinator shard's master
     "/tidemark.v1.Broker/DecideTransaction": "replication",
     "/tidemark.v1.Broker/ForwardTimers": "replication",  # node to node: timers of a queue that moved
+    "/tidemark.v1.Broker/ImportOffsets": "replication",  # node to node: offsets of a group slot that moved
     "/tidemark.v1.Broker/AbortTransaction": "admin",
     "/tidemark.v1.Broker/CreateTopic": "admin",
     "/tidemark.v1.Broker/CreateTopics": "admin",
     "/tidemark.v1.Broker/DeleteTopic": "admin",
     "/tidemark.v1.Broker/MoveQueue": "admin",
+    "/tidemark.v1.Broker/MoveSlot": "admin",
     "/tidemark.v1.Broker/Rebalance": "admin",
     "/tidemark.v1.Broker/Promote": "admin",
     "/tidemark.v1.Broker/Demote": "admin",

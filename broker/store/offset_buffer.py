@@ -31,12 +31,17 @@ class OffsetBuffer:
         entries_max: int,
         write: Callable[[list[tuple[str, str, int, int]]], None],
         on_error: Callable[[str], None] = lambda _message: None,
+        gate: Callable[[set[str]], None] = lambda _groups: None,
     ) -> None:
-        """``on_error``: told each background flush's outcome (a message when it failed, "" when it worked)."""
+        """``on_error``: told each background flush's outcome (a message when it failed, "" when it worked).
+        ``gate``: raises unless offsets of these groups may be committed here now (a group slot moving
+        away: ``replication/slot_moves.py``); called under the buffer's lock, so a flush after the gate
+        closed holds every offset it let in."""
         self.flush_interval_ms = flush_interval_ms
         self.on_error = on_error
         self.entries_max = entries_max
         self._write = write
+        self._gate = gate
         self._lock = threading.Lock()
         self._flushed = threading.Condition(self._lock)
         self._generation = 0  # of the active map; each swap starts the next one
@@ -58,6 +63,8 @@ class OffsetBuffer:
         ``UNAVAILABLE`` when that write failed, ``DEADLINE_EXCEEDED`` after ``wait_s``: either way
         they stay buffered and are written later, so the outcome is unknown, not refused)."""
         with self._lock:
+            if entries:
+                self._gate({g for g, _, _, _ in entries})
             for group, topic, queue, offset in entries:
                 self._active[(group, topic, queue)] = offset
             full = len(self._active) >= self.entries_max

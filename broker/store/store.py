@@ -109,7 +109,7 @@ class Store(StorePorts, Mastership, MetadataFence):
         self.watermarks = Watermarks(config, log_, self._stop, lambda: self.role, flushed_offset=recovered.flushed_offset,
                                      confirm_offset=recovered.confirm_offset, applied_offset=recovered.applied_offset)
         self.offsets = OffsetBuffer(config["offsets.flush_interval_ms"], config["offsets.buffer_entries_max"],
-                                    self._write_offsets, self.incidents.report_to("offsets"))
+                                    self._write_offsets, self.incidents.report_to("offsets"), self._offsets_gate)
         self.dispatcher = Dispatcher(config, log_, views, self.watermarks)
         self.appender = Appender(config, log_, epochs, views, recovered.tail, self.watermarks, self.disk,
                                  self.check_writable, self.offsets.drop_topic, views_lock=self.dispatcher.lock)
@@ -207,6 +207,15 @@ class Store(StorePorts, Mastership, MetadataFence):
     def _write_offsets(self, entries: list[tuple[str, str, int, int]]) -> None:
         self.writes.write_system([(system_records.OFFSETS_COMMIT, {"offsets": [list(e) for e in entries]})],
                                  applied=self.views.metadata)
+
+    def _offsets_gate(self, groups: set[str]) -> None:
+        if self.placement is not None:
+            self.placement.check_groups_open(groups)
+
+    def flush_offsets(self, timeout_s: float) -> None:
+        """Write every buffered consumer offset now; return once the metadata view applied them (a
+        group slot leaving this shard takes them along)."""
+        self.offsets.commit([], wait_s=timeout_s)
 
     # -- status -----------------------------------------------------------------------------------
     def status(self) -> dict[str, object]:

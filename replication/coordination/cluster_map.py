@@ -47,6 +47,7 @@ class ClusterMap:
         self.masters: dict[str, rec.Topology] = {}  # shard -> where it serves (while its master holds a lease)
         self.bad: dict[str, str] = {}  # key -> why its value is not understood
         self.slots: dict[int, str] = {}  # group slot -> the shard coordinating its groups
+        self.slot_moves: dict[int, str] = {}  # group slot -> the shard it is moving to
         self.draining: set[str] = set()  # shards being drained: new queues and slots avoid them
         self._start = root + "slots/"
         self._end = prefix_range_end_text(root + "topology/")  # the watched range: [slots/, past topology/)
@@ -132,6 +133,16 @@ class ClusterMap:
         with self._cond:
             return self.bad.get(self.root + name)
 
+    def slot_moving(self, slot: int) -> str | None:
+        """The shard ``slot`` is moving to (None: it is not moving)."""
+        with self._cond:
+            return self.slot_moves.get(slot)
+
+    def slot_moves_in_flight(self) -> dict[int, tuple[str, str]]:
+        """Each moving slot: (its shard, the shard it moves to)."""
+        with self._cond:
+            return {slot: (self.slots[slot], to) for slot, to in self.slot_moves.items()}
+
     def slot_map(self) -> dict[int, str]:
         with self._cond:
             return dict(self.slots)
@@ -160,6 +171,7 @@ class ClusterMap:
             self.placements, self.masters, self.bad, self._counts, self._moving = {}, {}, {}, {}, {}
             self._read_only, self._fresh = {}, {}
             self.deleted, self.raw, self.slots, self.draining = set(), {}, {}, set()
+            self.slot_moves = {}
             for key, value in kvs:
                 self._apply(key, value)
             self.revision = revision
@@ -231,10 +243,13 @@ class ClusterMap:
                         self.placements[topic] = new
                         self._count(topic, new, 1)
             elif (slot := sl.parse_key(name)) is not None:
+                self.slot_moves.pop(slot, None)
                 if value is None:
                     self.slots.pop(slot, None)
                 else:
-                    self.slots[slot] = sl.decode(value)
+                    self.slots[slot], to = sl.decode_moving(value)
+                    if to:
+                        self.slot_moves[slot] = to
             elif name.startswith(DRAINING):
                 if value is None:
                     self.draining.discard(name[len(DRAINING):])

@@ -259,12 +259,19 @@ class Etcd:
         resp = await self._call(kv.txn([kv.txn_compare_create_revision(key, 0)], [kv.txn_op_put(key, record)]))
         return int(resp.header.revision) if resp.succeeded else 0
 
+    async def replace_slot(self, slot: int, expected: bytes, record: bytes, leader_revision: int = 0) -> int:
+        """Replace a group slot's record (a move's steps) if it still holds ``expected`` and, given
+        ``leader_revision``, while our leader key still stands; the revision written at, 0 if not."""
+        return await self._replace(self.root_key(f"slots/{slot}"), expected, record, leader_revision)
+
     async def replace_placement(self, topic: str, expected: bytes, record: bytes, leader_revision: int = 0) -> int:
         """Replace a topic's record (a tombstone on delete, a move's steps) if it still holds
         ``expected`` and, given ``leader_revision``, while our leader key still stands (a move's
         seal: a deposed master cannot write it); the revision written at, 0 when either failed."""
+        return await self._replace(self.root_key(f"topics/{topic}"), expected, record, leader_revision)
+
+    async def _replace(self, key: bytes, expected: bytes, record: bytes, leader_revision: int) -> int:
         kv = self._kv
-        key = self.root_key(f"topics/{topic}")
         compare = [kv.txn_compare_value(key, expected)]
         if leader_revision:
             compare.append(kv.txn_compare_create_revision(self.key("leader"), leader_revision))

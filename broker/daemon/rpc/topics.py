@@ -28,6 +28,7 @@ from proto import tidemark_pb2 as pb
 ROUTES_TOPICS_MAX = system_records.CREATE_TOPICS_MAX
 MOVE_TIMEOUT_MS = 30_000  # a MoveQueue call's wait for the move to finish, by default
 MOVE_TIMEOUT_MS_MAX = 600_000
+SLOT_MOVE_TIMEOUT_MS = 120_000  # a MoveSlot call's wait, by default (it waits for the slot's open transactions)
 REBALANCE_TIMEOUT_MS = 600_000  # a Rebalance call's moves, in all (and at most)
 FORWARD_TIMERS_MAX = 10_000  # timers per ForwardTimers call (the firing round's batch is at most timer.fire_batch_max)
 
@@ -176,6 +177,25 @@ class TopicRpcs(Rpcs):
             return pb.MoveQueueResponse(segments=[segment_route(s) for s in segments])
         return await handle_async(context, run)
 
+    async def MoveSlot(self, request: pb.MoveSlotRequest, context: grpc.aio.ServicerContext) -> pb.MoveSlotResponse:
+        """Move a group slot to another shard (docs/shards.md, "Moving a group slot"): asked of any node."""
+        async def run() -> pb.MoveSlotResponse:
+            placement = self._sharded()
+            if not request.to_shard:
+                raise invalid("name the shard to move the slot to (to_shard)")
+            timeout_s = min(request.timeout_ms or SLOT_MOVE_TIMEOUT_MS, MOVE_TIMEOUT_MS_MAX) / 1000.0
+            shard = await asyncio.to_thread(placement.move_slot, request.slot, request.to_shard, timeout_s)
+            return pb.MoveSlotResponse(shard=shard)
+        return await handle_async(context, run)
+
+    def ImportOffsets(self, request: pb.ImportOffsetsRequest, context: grpc.ServicerContext) -> pb.ImportOffsetsResponse:
+        """A moving group slot's committed offsets, from the shard it leaves (node to node)."""
+        def run() -> pb.ImportOffsetsResponse:
+            placement = self._sharded()
+            offsets = [(o.group, o.topic, o.queue_id, o.offset) for o in request.offsets]
+            return pb.ImportOffsetsResponse(stored=placement.import_offsets(request.slot, request.source_shard, offsets))
+        return handle(context, run)
+
     async def Rebalance(self, request: pb.RebalanceRequest, context: grpc.aio.ServicerContext) -> pb.RebalanceResponse:
         """Even out the shards' queues, or drain one (docs/shards.md "Rebalance and drain")."""
         async def run() -> pb.RebalanceResponse:
@@ -191,7 +211,7 @@ class TopicRpcs(Rpcs):
     def _sharded(self) -> Placement:
         if self.store.placement is None:
             raise BrokerError("FAILED_PRECONDITION", "this node is not in a cluster of shards: there is nowhere to "
-                              "move a queue to (coordinator.shard)")
+                              "move a queue or a group slot to (coordinator.shard)")
         return self.store.placement
 
     def Promote(self, request: pb.PromoteRequest, context: grpc.ServicerContext) -> pb.PromoteResponse:

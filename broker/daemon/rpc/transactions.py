@@ -89,7 +89,7 @@ class TransactionRpcs(Rpcs):
 
     def _end_with_offsets(self, request: pb.EndTransactionRequest) -> pb.EndTransactionResponse:
         offsets = self.groups.checked_offsets(request.offsets)
-        self.groups.check_room(offsets)
+        self.groups.check_room(offsets, request.producer_id)
         return ended_response(self.ctx.txns.end(request.transactional_id, request.producer_id, True, offsets,
                                         messages_sent=request.messages_sent))
 
@@ -113,6 +113,7 @@ class TransactionRpcs(Rpcs):
                 placement.check_group(name)
             else:  # its slot is given a shard first: an etcd write, off the loop
                 await asyncio.get_running_loop().run_in_executor(self.read_pool, placement.check_group, name)
+            placement.check_groups_open({name})  # a slot moving away begins nothing new
         if coordinator == placement.shard:
             if group:
                 return True
@@ -136,7 +137,7 @@ class TransactionRpcs(Rpcs):
         if not request.commit:
             return ended_response(self.ctx.txns.end(tid, pid, False))
         offsets = self.groups.checked_offsets(request.offsets)
-        self.groups.check_room(offsets)
+        self.groups.check_room(offsets, pid)
         return ended_response(self.ctx.over_shards.commit(tid, pid, request.messages_sent, offsets, parties))
 
     def AddTransactionParticipant(self, request: pb.AddTransactionParticipantRequest,
@@ -161,7 +162,7 @@ class TransactionRpcs(Rpcs):
         def run() -> pb.PrepareTransactionResponse:
             self.store.check_writable()
             offsets = self.groups.checked_offsets(request.offsets)
-            self.groups.check_room(offsets)
+            self.groups.check_room(offsets, request.producer_id)
             ended = self.ctx.txns.prepare(request.transactional_id, request.producer_id, request.messages_sent)
             if ended is None or ended.committed:  # committed: the decision reached it before a retried prepare
                 return pb.PrepareTransactionResponse(prepared=True)
