@@ -13,7 +13,11 @@ key each, ack=flush) send throughout; a third shard joins and ``rebalance()`` ru
 moved against the fewest that even the shards out, the whole rebalance's time, and each
 producer's longest pause.
 
-Usage: .venv/bin/python bench/queue_move.py [--quick] [--parts moves,rebalance] [--moves 20]
+``drain``: two single-node shards, 200 groups with offsets on 16 queues each; a committer of a
+group s1 coordinates commits every 10 ms; ``rebalance(drain="s1")`` moves s1's queues and group
+slots: slots moved, time, the committer's longest pause, offsets lost (every group read back).
+
+Usage: .venv/bin/python bench/queue_move.py [--quick] [--parts moves,rebalance,drain] [--moves 20]
 """
 
 from __future__ import annotations
@@ -195,6 +199,71 @@ def rebalance(res: Results, a: Any, workdir: str) -> None:
         etcd.kill9()
 
 
+def drain(res: Results, a: Any, workdir: str) -> None:
+    """A shard coordinating groups drained away: its queues and its group slots move; a committer
+    of one of its groups commits throughout; every group's offsets read back after."""
+    etcd = EtcdProcess(os.path.join(workdir, "etcd-dr")).start()
+    nodes: list[DaemonProcess] = []
+    try:
+        for name, s_ in (("d1", "s1"), ("d2", "s2")):
+            d = DaemonProcess(os.path.join(workdir, name), config=coordinated(
+                etcd.endpoint, **{"coordinator.cluster": "drain", "coordinator.shard": s_})).start(60)
+            nodes.append(d)
+            wait_master([d], 60)
+        with BrokerClient([d.address for d in nodes]) as client:
+            client.create_topic("work", queues=a.queues)
+            common.wait_for(lambda: all(_sent(client, f"k{q}", "work") for q in range(a.queues)), 30, "work created")
+            groups = [f"g{i}" for i in range(a.groups)]
+            want = {g: {("work", q): 0 for q in range(a.queues)} for g in groups}  # 0: a queue may be empty
+            for g in groups:
+                client.commit_offsets(g, want[g])
+            committer_group = next(g for g in groups if client.describe_group(g)["shard"] == "s1")
+            stop = threading.Event()
+            acks: list[float] = []
+            errors: list[str] = []
+
+            def commit() -> None:
+                with client.clone() as own:
+                    while not stop.is_set():
+                        try:
+                            own.commit_offsets(committer_group, {("work", 0): 0})
+                            acks.append(time.monotonic())
+                        except BrokerError as exc:
+                            errors.append(str(exc)[:200])
+                        time.sleep(0.01)
+
+            thread = threading.Thread(target=commit, daemon=True)
+            thread.start()
+            time.sleep(1.0)
+            slots_before = {s["shard"]: s["slots"] for s in client.cluster_status()["shards"]}
+            t0 = time.monotonic()
+            done = client.rebalance(drain="s1")
+            t1 = time.monotonic()
+            time.sleep(0.5)
+            stop.set()
+            thread.join(10)
+            slot_moves = [m for m in done if not m["topic"]]
+            status = next(s for s in client.cluster_status()["shards"] if s["shard"] == "s1")
+            lost = sum(1 for g in groups for (t, q), o in want[g].items() if client.committed_offset(g, t, q) != o)
+        around = [x for x in acks if x >= t0 - 0.5]
+        pause = max((y - x for x, y in itertools.pairwise(around)), default=0.0)
+        log(f"drain: {len(done)} moves ({len(slot_moves)} slots) in {t1 - t0:.2f} s; slots {slots_before}; "
+            f"s1 drained={status['drained']}; committer's longest pause {pause:.3f} s; {lost} offsets lost")
+        params = {"groups": a.groups, "queues": a.queues, "offsets": a.groups * a.queues,
+                  "shards": "2, one node each", "drained": status["drained"]}
+        res.add("drain of a shard coordinating groups: slots moved", len(slot_moves), "",
+                target=str(slots_before.get("s1", 0)), ok=len(slot_moves) == slots_before.get("s1", 0)
+                and status["drained"], **params)
+        res.add("drain of a shard coordinating groups: total time (queues and slots)", t1 - t0, "s",
+                slot_move_p50_s=round(statistics.median([m["seconds"] for m in slot_moves] or [0.0]), 3), **params)
+        res.add("drain: a committer's longest pause", pause, "s", errors=len(errors), **params)
+        res.add("drain: committed offsets lost", lost, "", target="0", ok=lost == 0, **params)
+    finally:
+        for d in nodes:
+            d.kill9()
+        etcd.kill9()
+
+
 def _sent(client: BrokerClient, key: str, topic: str = TOPIC) -> bool:
     try:
         client.send(topic, [Message(b"probe", key=key)], ack="replica")
@@ -205,14 +274,15 @@ def _sent(client: BrokerClient, key: str, topic: str = TOPIC) -> bool:
 
 def main() -> int:
     p = common.base_parser(__doc__.splitlines()[0])
-    p.add_argument("--parts", default="moves,rebalance")
+    p.add_argument("--parts", default="moves,rebalance,drain")
+    p.add_argument("--groups", type=int, default=200, help="drain: groups with committed offsets")
     p.add_argument("--moves", type=int, default=20)
     p.add_argument("--topics", type=int, default=8, help="rebalance: topics")
     p.add_argument("--queues", type=int, default=16, help="rebalance: queues per topic")
     p.add_argument("--between-s", type=float, default=1.0, help="sends between two moves, in seconds")
     a = p.parse_args()
     if a.quick:
-        a.moves, a.topics, a.queues = 4, 4, 6
+        a.moves, a.topics, a.queues, a.groups = 4, 4, 6, 20
     res = Results("queue_move", a.results, {"quick": a.quick})
     common.preflight(res, a.max_wait_quiet)
     parts = set(a.parts.split(","))
@@ -221,6 +291,8 @@ def main() -> int:
             moves(res, a, workdir)
         if "rebalance" in parts:
             rebalance(res, a, workdir)
+        if "drain" in parts:
+            drain(res, a, workdir)
     res.print_table()
     return 0
 
