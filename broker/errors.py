@@ -11,6 +11,15 @@ class BrokerError(Exception):
         self.metadata = metadata  # sent as gRPC trailing metadata (e.g. the master's address)
 
 
+class UnknownTopic(BrokerError):
+    """NOT_FOUND for a topic this node does not know (``topic``: its name), so that a node of a
+    cluster of shards can check with etcd before it lets the answer stand."""
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__("NOT_FOUND", message)
+        self.topic = topic
+
+
 # A request for a queue of another shard (docs/shards.md) is refused FAILED_PRECONDITION with the
 # owner in trailing metadata: the client updates that route without asking anyone.
 OWNER_SHARD_KEY = "tidemark-shard"

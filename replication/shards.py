@@ -89,7 +89,8 @@ class ShardPlacement:
         self._wake = threading.Event()
         self.moves = QueueMoves(store, shard, cluster, self._written, leader_revision, moves_max_in_flight,
                                 self._wake.set)
-        self.slots = SlotMoves(store, shard, cluster, self._written, leader_revision, peers, self._wake.set)
+        self.slots = SlotMoves(store, shard, cluster, self._written, leader_revision, peers, self._wake.set,
+                               self._refusal)
         self._thread = NamedThread(target=self._reconcile_loop, name="shard-reconcile", daemon=True)
         cluster.on_change.append(self._wake.set)
         self._exported: set[str] = set()  # shards with series in the cluster gauges
@@ -277,6 +278,7 @@ class ShardPlacement:
         for topic in set(topics):
             if self._unconfirmed(topic):
                 await self.unknown.confirm_async(topic)
+                return  # etcd does not hold it: the request fails NOT_FOUND (one etcd read per request)
 
     def _unconfirmed(self, topic: str) -> bool:
         """Neither this node's copy of etcd nor its log knows ``topic`` (not a system topic, not a
@@ -377,6 +379,11 @@ class ShardPlacement:
                 self.reconcile()
             except BrokerError as exc:  # not writable now (a full disk, fenced): next time
                 log.warning("shard_reconcile_failed", error=exc.message)
+            except Exception as exc:  # never end the thread: topics, moves and slots would stop following etcd
+                log.exception("shard_reconcile_crashed")
+                self.store.incidents.record("shards", f"{type(exc).__name__}: {exc}"[:300])
+            else:
+                self.store.incidents.clear("shards")
 
     def _export(self) -> None:
         """The cluster as this node's copy has it, for metrics (every node exports the same)."""

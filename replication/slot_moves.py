@@ -47,6 +47,7 @@ log = structlog.get_logger("replication.slot_moves")
 IMPORT_OFFSETS_MAX = 10_000  # offsets per ImportOffsets call
 IMPORT_TIMEOUT_S = 10.0
 FLUSH_TIMEOUT_S = 10.0
+TXN_VIEW_WAIT_S = 0.5  # a round waits this long for the transactions view to apply the log, else the next
 
 Written = Callable[[Callable[[Etcd], Coroutine[Any, Any, int]]], int]
 
@@ -61,8 +62,10 @@ async def _create_slot(slot: int, record: bytes, etcd: Etcd) -> int:
 
 class SlotMoves:
     def __init__(self, store: Store, shard: str, cluster: ClusterMap, written: Written,
-                 leader_revision: Callable[[], int], peers: ShardPeers, wake: Callable[[], None]) -> None:
+                 leader_revision: Callable[[], int], peers: ShardPeers, wake: Callable[[], None],
+                 refusal: Callable[[str, str], BrokerError]) -> None:
         self.store = store
+        self._refusal = refusal  # FAILED_PRECONDITION naming the shard that serves what was asked
         self.shard = shard
         self.cluster = cluster
         self._written = written
@@ -81,8 +84,10 @@ class SlotMoves:
         commits is in the log before the hand-over reads it."""
         for name in names:
             slot = sl.slot_of(name)
-            to = self.cluster.slot_moving(slot)
-            if to is None or self.cluster.slot_shard(slot) != self.shard:
+            shard, to = self.cluster.slot_record(slot)  # read together: the switch may land any moment
+            if shard is not None and shard != self.shard:  # moved away since the caller's first check
+                raise self._refusal(f"group {shown(name)} (slot {slot})", shard)
+            if to is None:
                 continue
             waited = self._open_at_close.get(slot)
             if not (pid and (waited is None or pid in waited)):
@@ -98,6 +103,8 @@ class SlotMoves:
         if moving is not None and current == to_shard:  # called off: the source keeps it (unless switched meanwhile)
             revision = self._written(functools.partial(_replace_slot, slot, sl.encode(current, moving),
                                                        sl.encode(current), 0))
+            if not revision:
+                raise BrokerError("ABORTED", f"group slot {slot} changed in etcd meanwhile (switched?); ask again")
             log.warning("slot_move_called_off", slot=slot, shard=current, target=moving, revision=revision)
             moving = None
         if moving is not None and moving != to_shard:
@@ -167,16 +174,25 @@ class SlotMoves:
         if not leaving or not leader_revision:
             return
         transactions = self.store.views.txns
-        open_now = {t.pid for t in transactions.open_transactions()}
+        # a master that took office moments ago: its transactions view has applied the log first
+        if not self.store.dispatcher.wait_applied(transactions, self.store.log.max_offset, TXN_VIEW_WAIT_S):
+            return
+        open_txns = transactions.open_transactions()
+        open_now = {t.pid for t in open_txns}
+        failed: set[str] = set()  # targets that failed this round: their other slots wait for the next
         for slot, to in sorted(leaving.items()):
             waiting = self._open_at_close.setdefault(slot, set(open_now)) & open_now
             self._open_at_close[slot] = waiting
+            # the slot's own ids open (begun before the close reached this master's copy): one id is
+            # never open on two coordinators
+            own = [t.pid for t in open_txns if sl.slot_of(t.tid) == slot]
             undelivered = [u.tid for u in transactions.undelivered_decisions() if sl.slot_of(u.tid) == slot]
-            if waiting or undelivered:
+            if waiting or own or undelivered or to in failed:
                 continue  # their end (commit, abort or timeout) comes first
             try:
                 self._hand_over(slot, to, leader_revision)
             except BrokerError as exc:
+                failed.add(to)
                 log.warning("slot_hand_over_failed", slot=slot, target=to, error=exc.message[:200],
                             note="tried again at the next round")
 
@@ -190,8 +206,8 @@ class SlotMoves:
         failpoint("slot_after_import")
         revision = self._written(functools.partial(_replace_slot, slot, sl.encode(self.shard, to), sl.encode(to),
                                                    leader_revision))
-        if revision:
-            self._open_at_close.pop(slot, None)
+        if revision:  # nothing of the slot is let in here any more (the copy may show the switch late)
+            self._open_at_close[slot] = set()
             log.info("slot_moved", slot=slot, source=self.shard, target=to, offsets=len(offsets), revision=revision)
         else:
             log.warning("slot_switch_not_written", slot=slot, target=to,
@@ -215,9 +231,9 @@ class SlotMoves:
             topic = entry[1]
             if metadata.topic(topic) is not None:
                 kept.append(list(entry))
-            elif self.cluster.placement(topic) is not None:  # placed, not yet created here: the reconciler does it
+            elif not self.cluster.is_deleted(topic):  # placed, not yet created here (or not in this copy yet)
                 self._wake()
-                raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is being created on shard {self.shard!r}; "
+                raise BrokerError("UNAVAILABLE", f"topic {shown(topic)} is not in shard {self.shard!r}'s log yet; "
                                   "retry in a moment")
             # else: a topic deleted meanwhile; its offsets go with it
         if kept:

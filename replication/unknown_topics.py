@@ -27,7 +27,7 @@ from broker.errors import BrokerError, shown
 from replication.coordination.etcd import Etcd, Unreachable
 
 NAMES_MAX = 64
-CONFIRM_TIMEOUT_S = 2.0
+CONFIRM_TIMEOUT_S = 1.0  # a pool thread waits this long at most (the server's pool is shared)
 
 SubmitOnLoop = Callable[[Callable[[Etcd], Coroutine[Any, Any, int]]], "concurrent.futures.Future[int]"]
 
@@ -54,7 +54,7 @@ class UnknownTopics:
         future = self._begin(topic)
         try:
             revision = future.result(CONFIRM_TIMEOUT_S)
-        except (TimeoutError, concurrent.futures.TimeoutError):
+        except (TimeoutError, concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
             raise self._unanswered(topic) from None
         except Unreachable as exc:
             raise self._unanswered(topic, str(exc)) from None
@@ -63,9 +63,9 @@ class UnknownTopics:
     async def confirm_async(self, topic: str) -> None:
         """``confirm`` for a caller on an event loop (waits without holding it)."""
         future = self._begin(topic)
-        try:
-            revision = await asyncio.wait_for(asyncio.wrap_future(future), CONFIRM_TIMEOUT_S)
-        except TimeoutError:
+        try:  # shielded: a waiter that gives up must not cancel the read the others share
+            revision = await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(future)), CONFIRM_TIMEOUT_S)
+        except (TimeoutError, concurrent.futures.CancelledError):
             raise self._unanswered(topic) from None
         except Unreachable as exc:
             raise self._unanswered(topic, str(exc)) from None
@@ -105,9 +105,9 @@ class UnknownTopics:
             waiting, lookup.next = lookup.next, None
             try:
                 lookup.running = self._read(topic)
-            except BrokerError as exc:  # the etcd loop is gone: those waiting learn it
+            except Exception as exc:  # the etcd loop is gone (or closing): those waiting learn it
                 del self._lookups[topic]
-                waiting.set_exception(Unreachable(exc.message))
+                waiting.set_exception(Unreachable(str(exc)[:200]))
                 return
             running = lookup.running
         _chain(running, waiting)
@@ -128,6 +128,8 @@ class UnknownTopics:
 def _chain(source: concurrent.futures.Future[int], target: concurrent.futures.Future[int]) -> None:
     """``target`` ends as ``source`` does."""
     def copy(done: concurrent.futures.Future[int]) -> None:
+        if target.done():
+            return
         if done.cancelled():
             target.set_exception(Unreachable("the etcd read was cancelled"))
         elif (exc := done.exception()) is not None:

@@ -182,11 +182,11 @@ def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(s
 
 
 def test_a_topic_created_elsewhere_is_never_unknown_to_a_trailing_node(spawn: Spawn, etcd: EtcdProcess) -> None:
-    """A node whose copy of etcd trails (its watch paused 1.5 s per batch) is asked for a topic
+    """A node whose copy of etcd trails (its watch paused 3 s per batch) is asked for a topic
     just created through another node: UNAVAILABLE (retry), never NOT_FOUND; a name etcd does not
     hold is NOT_FOUND, confirmed with etcd; once the copy catches up the queue serves."""
     trailing = spawn("a", config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": "s1"}),
-                     env={"TIDEMARK_FAILPOINTS": "cluster_before_apply=sleep:1500"})
+                     env={"TIDEMARK_FAILPOINTS": "cluster_before_apply=sleep:3000"})
     wait_master([trailing], 30)
     other = _single(spawn, etcd, "s2", "b")
     with BrokerClient(other.address) as c:
@@ -204,7 +204,7 @@ def test_a_topic_created_elsewhere_is_never_unknown_to_a_trailing_node(spawn: Sp
             with pytest.raises(grpc.RpcError) as unknown:
                 call()
             assert unknown.value.code() == grpc.StatusCode.NOT_FOUND, unknown.value.details()
-        wait_until(lambda: _sent(trailing, "late", mine, b"served"), 20, "the queue served once the copy caught up")
+        wait_until(lambda: _sent(trailing, "late", mine, b"served"), 45, "the queue served once the copy caught up")
         c.commit_offset("gl", "late", mine, 1)  # wherever gl's coordinator is, the topic is known there
         assert c.committed_offset("gl", "late", mine) == 1
         assert [m.body for m in c.pull("late", mine, 0)] == [b"served"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import threading
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any
@@ -39,6 +40,8 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
     yield loop
     loop.call_soon_threadsafe(loop.stop)
     thread.join(5)
+    loop.close()
+    gc.collect()  # what the loop held is finalized here, not in the middle of a later test's work
 
 
 def _unknown(loop: asyncio.AbstractEventLoop, etcd: _Placements) -> UnknownTopics:
@@ -69,11 +72,21 @@ def test_a_name_etcd_holds_is_unavailable_and_one_it_does_not_passes(loop: async
 def test_requests_for_one_name_share_reads(loop: asyncio.AbstractEventLoop) -> None:
     """Forty callers at once: the read running when they came, and one more for all of them."""
     unknown, etcd = _make(loop, {})
+    begun = []
+    original = unknown._begin
+
+    def counted(topic: str) -> concurrent.futures.Future[int]:
+        future = original(topic)
+        begun.append(topic)
+        return future
+    unknown._begin = counted  # type: ignore[method-assign]
     with concurrent.futures.ThreadPoolExecutor(40) as pool:
         first = pool.submit(unknown.confirm, "typo")
         while not etcd.reads:
             threading.Event().wait(0.005)
         rest = [pool.submit(unknown.confirm, "typo") for _ in range(39)]
+        while len(begun) < 40:  # every caller waits on a read before the first one ends
+            threading.Event().wait(0.005)
         loop.call_soon_threadsafe(etcd.gate.set)
         for f in [first, *rest]:
             f.result(5)
@@ -92,6 +105,8 @@ def test_names_looked_up_at_once_are_bounded(loop: asyncio.AbstractEventLoop) ->
         loop.call_soon_threadsafe(etcd.gate.set)
         for f in held:
             f.result(5)
+    while unknown._lookups:  # their done-callbacks run just after the waiters wake
+        threading.Event().wait(0.005)
     unknown.confirm("one-more")  # the lookups ended: room again
 
 

@@ -263,6 +263,9 @@ class GroupAdmin:
         entries = []
         for group in {o.group for o in offsets}:
             self.check_coordinator(group)
+        if self.store.placement is not None:  # a topic this node does not know yet: etcd's word first
+            for topic in {o.topic for o in offsets if not o.topic.startswith(system_records.SYSTEM_PREFIX)}:
+                self.store.placement.check_in_log(topic)
         for o in offsets:
             if o.topic.startswith(system_records.SYSTEM_PREFIX):
                 raise invalid(f"consumer offsets are not stored for system topic {shown(o.topic)}")
@@ -317,6 +320,8 @@ class GroupAdmin:
         self.store.check_writable()
         count = self.queue_count(topic)
         if count is None:
+            if self.store.placement is not None:
+                self.store.placement.check_in_log(topic)  # UNAVAILABLE while this node's copy trails etcd
             raise not_found(f"topic {shown(topic)} does not exist")
         elsewhere = elsewhere or {}
         if self.membership.has_members(group):

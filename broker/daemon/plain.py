@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import crc32c
 
-from broker.errors import BrokerError, invalid, shown
+from broker.errors import BrokerError, UnknownTopic, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.logformat.timer_props import (
@@ -88,7 +88,7 @@ def encode(messages: Sequence[pb.PlainMessage], producer_id: int, queues_of: Cal
             raise invalid(f"message {i}: system topic {shown(m.topic)} does not take messages")
         queues = queues_of(m.topic)
         if queues is None:
-            raise BrokerError("NOT_FOUND", f"message {i}: unknown topic {shown(m.topic)}")
+            raise UnknownTopic(m.topic, f"message {i}: unknown topic {shown(m.topic)}")
         if m.HasField("queue_id"):
             q = m.queue_id
             if q >= queues:

@@ -133,6 +133,11 @@ class ClusterMap:
         with self._cond:
             return self.bad.get(self.root + name)
 
+    def slot_record(self, slot: int) -> tuple[str | None, str | None]:
+        """(the shard coordinating ``slot``, the shard it is moving to), read together."""
+        with self._cond:
+            return self.slots.get(slot), self.slot_moves.get(slot)
+
     def slot_moving(self, slot: int) -> str | None:
         """The shard ``slot`` is moving to (None: it is not moving)."""
         with self._cond:

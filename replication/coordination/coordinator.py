@@ -186,6 +186,8 @@ class Coordinator(Election, PermitKeeper, InSyncKeeper, Switchover):
         except TimeoutError:
             future.cancel()
             raise BrokerError("UNAVAILABLE", f"etcd did not answer within {timeout_s:g} s") from None
+        except concurrent.futures.CancelledError:  # the loop stopped (or restarted) under the call
+            raise BrokerError("UNAVAILABLE", "the etcd call was cancelled (the coordinator's loop restarted)") from None
         except Unreachable as exc:
             raise BrokerError("UNAVAILABLE", f"etcd: {exc}") from None
 

@@ -486,14 +486,19 @@ def readable(ops: list[Op], final: Final) -> Verdict:
 
 
 def queue_moves(ops: list[Op], final: Final) -> Verdict:
-    """Queue moves over shards (the ``queue_move`` fault): none left under way once the faults are
+    """Queue and group slot moves over shards (the ``queue_move``, ``slot_move`` faults): none left
+    under way once the faults are
     healed, and each moved queue's segments chain (every one but the last read-only, each starting
     where the one before ends): never two writable segments. A move that failed (its target or etcd
     down) is counted, not a failure: what it sent stays checked by the transaction checkers."""
-    v = Verdict("queue_moves", True, {"asked": 0, "done": 0, "failed": 0})
+    v = Verdict("queue_moves", True, {"asked": 0, "done": 0, "failed": 0, "slots_asked": 0, "slots_done": 0,
+                                      "slots_failed": 0})
     for o in _ops(ops, "queue_move"):
         v.counts["asked"] += 1
         v.counts["done" if o["outcome"] == "ok" else "failed"] += 1
+    for o in _ops(ops, "slot_move"):  # the subscribe group's slot: its offsets are checked by offsets_monotonic
+        v.counts["slots_asked"] += 1
+        v.counts["slots_done" if o["outcome"] == "ok" else "slots_failed"] += 1
     for m in final.get("moves_in_flight") or []:
         v.ok = False
         v.example(f"a move still under way at the end: {m}")

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from broker.client import BrokerClient, BrokerError
+from broker.group_slots import slot_of
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.history import Recorder, now_ms
-from tests.chaos.workload import TXN_QUEUES, TXN_TOPIC
+from tests.chaos.workload import SUB_GROUP, TXN_QUEUES, TXN_TOPIC
 
 KINDS = ("kill9", "sigstop", "isolate", "link_delay", "disk_full", "power_loss", "power_loss_both", "s3_fail",
          "s3_slow", "etcd_kill", "etcd_pause", "clock_jump")
@@ -29,7 +30,9 @@ NODE_KINDS = {"kill9", "sigstop", "isolate", "disk_full", "power_loss", "clock_j
 # ``queue_move`` moves a queue of the transactions' topic to another shard (docs/shards.md), in the
 # background, so that the faults after it may strike the move itself. The pop group's topic is not
 # moved (pops follow a move, but the run's checkers of pops have not been reviewed for it yet).
-SHARD_KINDS = ("queue_move",)
+# ``slot_move`` moves the group slot of the subscribe group to another shard (its committed offsets
+# go along; its members join the new coordinator), also in the background.
+SHARD_KINDS = ("queue_move", "slot_move")
 SETTLE_S = 30.0
 RESTART_SEC_S = 2.0  # deploy/systemd/tidemark-*.service RestartSec
 
@@ -140,9 +143,9 @@ class Nemesis:
                 else:
                     c.to_s3.delay_s = 0.5
                 heal = c.heal_network
-            elif kind == "queue_move":
+            elif kind in SHARD_KINDS:
                 target = "cluster"
-                detail.update(self._move())
+                detail.update(self._move() if kind == "queue_move" else self._move_slot())
                 heal = _nothing
             elif kind == "etcd_kill":
                 target = "etcd"
@@ -178,6 +181,28 @@ class Nemesis:
 
         threading.Thread(target=move, name=f"move-{queue}", daemon=True).start()
         return {"topic": TXN_TOPIC, "queue": queue}
+
+    def _move_slot(self) -> dict[str, object]:
+        """Ask for a move of the subscribe group's slot to another shard, in a thread; its outcome is
+        recorded as op ``slot_move`` when it ends."""
+        slot = slot_of(SUB_GROUP)
+        pick = self.rng.randrange(len(self.cluster.shards) - 1)
+
+        def move() -> None:
+            invoked = now_ms()
+            value: dict[str, object] = {"group": SUB_GROUP, "slot": slot}
+            try:
+                with BrokerClient(self.cluster.addresses, timeout_s=30) as c:
+                    owner = c.describe_group(SUB_GROUP)["shard"]
+                    others = [s for s in self.cluster.shards if s != owner]
+                    value.update({"from": owner, "to": others[pick % len(others)]})
+                    c.move_slot(slot, str(value["to"]), timeout_ms=120_000)
+                self.rec.record("slot_move", value, "ok", invoked)
+            except BrokerError as exc:
+                self.rec.record("slot_move", value, "fail", invoked, error=str(exc)[:300])
+
+        threading.Thread(target=move, name=f"slot-move-{slot}", daemon=True).start()
+        return {"group": SUB_GROUP, "slot": slot}
 
     def heal(self, fault: Fault) -> None:
         fault.heal()

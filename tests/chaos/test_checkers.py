@@ -258,9 +258,13 @@ def test_queue_moves_left_under_way_or_segments_that_do_not_chain() -> None:
                                   "outcome": "ok", "invoke_ms": 1.0, "complete_ms": 2.0}]
     good = [[{"shard": "s1", "logical_start": 0, "end": 7, "state": "ro"},
              {"shard": "s2", "logical_start": 7, "end": None, "state": "rw"}]]
+    ops.append({"client": "nemesis", "op": "slot_move", "value": {"slot": 3, "to": "s2"}, "outcome": "fail",
+                "invoke_ms": 1.0, "complete_ms": 2.0})
     v = ck.queue_moves(ops, {"moves_in_flight": [], "txn_segments": good})
-    assert v.ok and v.counts == {"asked": 1, "done": 1, "failed": 0}
+    assert v.ok and v.counts == {"asked": 1, "done": 1, "failed": 0, "slots_asked": 1, "slots_done": 0,
+                                 "slots_failed": 1}
     assert not ck.queue_moves(ops, {"moves_in_flight": [{"topic": "t", "queue": 0}], "txn_segments": good}).ok
+    assert not ck.queue_moves(ops, {"moves_in_flight": [{"topic": "", "queue": 3}], "txn_segments": good}).ok
     two_writable = [[{"shard": "s1", "logical_start": 0, "end": None, "state": "rw"},
                      {"shard": "s2", "logical_start": 7, "end": None, "state": "rw"}]]
     assert not ck.queue_moves(ops, {"txn_segments": two_writable}).ok

@@ -29,7 +29,7 @@ from broker.daemon.rpc.common import (
 from broker.daemon.rpc.transactions import begun_response, ended_response
 from broker.daemon.send_wire import begin_of, commit_of
 from broker.daemon.wire import pull_response_bytes
-from broker.errors import BrokerError, invalid, shown
+from broker.errors import BrokerError, UnknownTopic, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
 from broker.logformat.txn_records import TXN_PID_BIT, is_txn_pid
@@ -189,10 +189,14 @@ class DataRpcs(Rpcs):
         return response
 
     async def _plain(self, on_loop: bool, request: SendRequest, producer_id: int) -> plain.Encoded:
-        """The request's plain messages framed into batches (a topic unknown here: etcd's word first)."""
-        if self.store.placement is not None:
-            await self.store.placement.confirm_unknown(m.topic for m in request.messages)
-        return await self._heavy(on_loop, plain.encode, request.messages, producer_id, self._queues_of)
+        """The request's plain messages framed into batches; a topic unknown here is NOT_FOUND only
+        once etcd agrees (a node of a cluster of shards: UNAVAILABLE while its copy trails)."""
+        try:
+            return await self._heavy(on_loop, plain.encode, request.messages, producer_id, self._queues_of)
+        except UnknownTopic as exc:
+            if self.store.placement is not None:
+                await self.store.placement.confirm_unknown((exc.topic,))
+            raise
 
     async def _check_shard(self, batches: list[IncomingBatch]) -> None:
         """In a cluster of shards: every batch for a queue this node's shard writes."""

@@ -113,12 +113,13 @@ class TransactionRpcs(Rpcs):
                 placement.check_group(name)
             else:  # its slot is given a shard first: an etcd write, off the loop
                 await asyncio.get_running_loop().run_in_executor(self.read_pool, placement.check_group, name)
-            placement.check_groups_open({name})  # a slot moving away begins nothing new
         if coordinator == placement.shard:
-            if group:
+            if group:  # the group's offsets go with the coordinator's own transaction: nothing begins
                 return True
             raise invalid(f"a participant transaction on its own coordinator shard {shown(coordinator)}: send "
                           "there within the coordinator's transaction")
+        if group or not coordinator:
+            placement.check_groups_open({group or tid})  # a slot moving away begins nothing new
         return False
 
     def _check_coordinates(self, tid: str) -> None:
