@@ -240,8 +240,9 @@ class PopService(LeaseEnds, PopReports):
             start = None
             if pq is None:
                 segment = self.store.placement.segment_here(topic, q) if self.store.placement is not None else None
-                if segment is not None and not segment[0]:
+                if segment is not None and not segment[0] and not start_earliest:
                     return None, None  # an old segment of a queue that moved: only windows begun here go on
+                # (a new group from the earliest: its window here begins at the old segment's low)
                 # the segment a move began here: from its start, whatever the group asked for (an existing
                 # group's messages since the move must not be skipped; docs/shards.md)
                 start = low if start_earliest or (segment is not None and segment[1] > 0) else high
