@@ -189,7 +189,7 @@ class Placement(Protocol):
         (replicated) while etcd marks it moving here; how many."""
         ...
 
-    def check_in_log(self, topic: str) -> None:
+    def check_in_log(self, topic: str, confirm: bool = True) -> None:
         """UNAVAILABLE while this shard's log does not hold a placed topic yet (its master creates it)."""
         ...
 

@@ -286,11 +286,12 @@ class ShardPlacement:
         return (not topic.startswith(system_records.SYSTEM_PREFIX) and self.cluster.placement(topic) is None
                 and not self.cluster.is_deleted(topic) and self.store.views.metadata.topic(topic) is None)
 
-    def check_in_log(self, topic: str) -> None:
+    def check_in_log(self, topic: str, confirm: bool = True) -> None:
         """UNAVAILABLE (and the reconciler woken) while this shard's log does not hold a placed topic
-        (an unknown one: confirmed unknown with etcd first)."""
+        (an unknown one: confirmed unknown with etcd first, unless ``confirm`` is False)."""
         if self._unconfirmed(topic):
-            self.unknown.confirm(topic)
+            if confirm:
+                self.unknown.confirm(topic)
             return
         if self.cluster.placement(topic) is not None and self.store.views.metadata.topic(topic) is None:
             self._wake.set()

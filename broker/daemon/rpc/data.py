@@ -194,8 +194,10 @@ class DataRpcs(Rpcs):
         try:
             return await self._heavy(on_loop, plain.encode, request.messages, producer_id, self._queues_of)
         except UnknownTopic as exc:
-            if self.store.placement is not None:
-                await self.store.placement.confirm_unknown((exc.topic,))
+            placement = self.store.placement
+            if placement is not None:
+                await placement.confirm_unknown((exc.topic,))  # unknown to the copy too: etcd's word
+                placement.check_in_log(exc.topic, confirm=False)  # placed, its create not yet in the log
             raise
 
     async def _check_shard(self, batches: list[IncomingBatch]) -> None:
