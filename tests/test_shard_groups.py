@@ -46,6 +46,20 @@ def _assignments_settled(consumers: list[Consumer], queues: int) -> bool:
     return all(held) and sum(len(h) for h in held) == queues and len(set().union(*held)) == queues
 
 
+def _settle(members: list[Consumer], queues: int, what: str) -> list[bytes]:
+    """Wait until ``members`` share the ``queues``, polling meanwhile (a member gives up queues in
+    its poll: one that is never polled keeps them); what they read while settling."""
+    early: list[bytes] = []
+
+    def settled() -> bool:
+        for m in members:
+            early.extend(msg.body for msg in m.poll(0))
+        return _assignments_settled(members, queues)
+
+    wait_until(settled, 20, what, observe=lambda: [m.assignment for m in members])
+    return early
+
+
 def test_a_group_spans_the_shards_and_is_seen_from_any_node(spawn: Spawn, etcd: EtcdProcess) -> None:
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s2"].address) as c2, BrokerClient(nodes["s1"].address) as c1:
@@ -56,15 +70,7 @@ def test_a_group_spans_the_shards_and_is_seen_from_any_node(spawn: Spawn, etcd: 
         members = [client.consumer("g", "orders", auto_offset_reset="earliest", session_timeout_ms=6000)
                    for client in (c2, c2, c1, c1)]  # bootstrapped from both shards' nodes
         try:
-            early: list[bytes] = []
-
-            def settled() -> bool:  # members poll meanwhile: a member gives up queues in its poll
-                for m in members:
-                    early.extend(msg.body for msg in m.poll(0))
-                return _assignments_settled(members, 8)
-
-            wait_until(settled, 20, "the 8 queues of both shards shared by 4 members",
-                       observe=lambda: [m.assignment for m in members])
+            early = _settle(members, 8, "the 8 queues of both shards shared by 4 members")
             got = early + _drain(members, total - len(early))
             assert sorted(got) == sorted([b"probe"] * len(KEYS) + [f"{k}:{n}".encode() for n in range(3) for k in KEYS])
             for m in members:
@@ -194,8 +200,8 @@ def test_a_group_outlives_a_kill_of_its_coordinators_master(spawn: Spawn, etcd: 
         c.send("orders", [Message(f"{k}:a".encode(), key=k) for k in KEYS], ack="replica")
         members = [c.consumer("g", "orders", auto_offset_reset="earliest", session_timeout_ms=6000) for _ in range(3)]
         try:
-            wait_until(lambda: _assignments_settled(members, 8), 20, "the queues shared")
-            first = _drain(members, len(KEYS) * 2)
+            early = _settle(members, 8, "the queues shared")
+            first = early + _drain(members, len(KEYS) * 2 - len(early))
             assert len(first) == len(KEYS) * 2
             for m in members:
                 m.commit()
@@ -207,7 +213,8 @@ def test_a_group_outlives_a_kill_of_its_coordinators_master(spawn: Spawn, etcd: 
             c.send("orders", [Message(f"{k}:b".encode(), key=k) for k in KEYS], ack="replica")
             after = _drain(members, len(KEYS), timeout_s=40)
             assert sorted(after) == sorted(f"{k}:b".encode() for k in KEYS), "nothing lost, nothing twice"
-            wait_until(lambda: _assignments_settled(members, 8), 20, "the queues shared again, none twice")
+            late = _settle(members, 8, "the queues shared again, none twice")
+            assert not late, f"read again after everything was read once: {late[:5]}"
             assert status(slave)["role"] == "master"
             described = c.describe_group("g")
             assert len(described["members"]) == 3
