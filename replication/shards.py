@@ -49,7 +49,7 @@ from replication.coordination import slots as sl
 from replication.coordination.cluster_map import ClusterMap
 from replication.coordination.etcd import Etcd
 from replication.queue_moves import QueueMoves, segment_route
-from replication.slot_moves import SlotMoves
+from replication.slot_moves import SlotMoves, create_slot
 from replication.txn_peers import ShardPeers
 from replication.unknown_topics import SubmitOnLoop, UnknownTopics
 
@@ -66,10 +66,6 @@ RunOnLoop = Callable[[Callable[[Etcd], Coroutine[Any, Any, Any]], float], Any]
 
 async def _create_placements(records: dict[str, bytes], etcd: Etcd) -> int:
     return await etcd.create_placements(records)
-
-
-async def _create_slot(slot: int, record: bytes, etcd: Etcd) -> int:
-    return await etcd.create_slot(slot, record)
 
 
 async def _replace_placement(topic: str, expected: bytes, record: bytes, etcd: Etcd) -> int:
@@ -237,7 +233,7 @@ class ShardPlacement:
         if not live:
             raise BrokerError("UNAVAILABLE", "no shard of this cluster has a master now to coordinate groups")
         record = sl.encode(sl.pick(self.cluster.slots_held(), live))
-        revision = self._written(functools.partial(_create_slot, slot, record))
+        revision = self._written(functools.partial(create_slot, slot, record))
         if revision:
             log.info("group_slot_assigned", slot=slot, shard=sl.decode(record), revision=revision)
         else:  # another node gave it one meanwhile: wait for the copy to show it
@@ -358,7 +354,7 @@ class ShardPlacement:
             return
         todo = sorted({sl.slot_of(g) for g in self.store.views.metadata.group_names()} - set(assigned))
         for slot in todo:
-            revision = self._run(functools.partial(_create_slot, slot, sl.encode(self.shard)), PLACE_WAIT_S)
+            revision = self._run(functools.partial(create_slot, slot, sl.encode(self.shard)), PLACE_WAIT_S)
             if revision:
                 log.info("group_slot_claimed", slot=slot, shard=self.shard, revision=revision,
                          note="groups of this shard's log (an upgraded one-pair cluster) keep their coordinator")

@@ -56,7 +56,8 @@ async def _replace_slot(slot: int, expected: bytes, record: bytes, leader_revisi
     return await etcd.replace_slot(slot, expected, record, leader_revision)
 
 
-async def _create_slot(slot: int, record: bytes, etcd: Etcd) -> int:
+async def create_slot(slot: int, record: bytes, etcd: Etcd) -> int:
+    """A slot's first record (create-only); its revision, 0 when one was given meanwhile."""
     return await etcd.create_slot(slot, record)
 
 
@@ -99,7 +100,7 @@ class SlotMoves:
         """Ask for the move (in etcd) and wait until ``to_shard`` coordinates the slot."""
         if not 0 <= slot < sl.SLOTS:
             raise BrokerError("INVALID_ARGUMENT", f"a group slot is 0..{sl.SLOTS - 1}, got {slot}")
-        current, moving = self.cluster.slot_shard(slot), self.cluster.slot_moving(slot)
+        current, moving = self.cluster.slot_record(slot)
         if moving is not None and current == to_shard:  # called off: the source keeps it (unless switched meanwhile)
             revision = self._written(functools.partial(_replace_slot, slot, sl.encode(current, moving),
                                                        sl.encode(current), 0))
@@ -113,7 +114,7 @@ class SlotMoves:
         if current != to_shard and moving is None:
             self._check_target(to_shard)
             if current is None:  # no group of it yet: given to the target at once
-                revision = self._written(functools.partial(_create_slot, slot, sl.encode(to_shard)))
+                revision = self._written(functools.partial(create_slot, slot, sl.encode(to_shard)))
             else:
                 revision = self._written(functools.partial(_replace_slot, slot, sl.encode(current),
                                                            sl.encode(current, to_shard), 0))
@@ -219,10 +220,11 @@ class SlotMoves:
             raise BrokerError("INVALID_ARGUMENT", f"an ImportOffsets call takes at most {IMPORT_OFFSETS_MAX} offsets")
         if any(sl.slot_of(g) != slot for g, _, _, _ in offsets):
             raise BrokerError("INVALID_ARGUMENT", f"every group of an import of slot {slot} hashes to that slot")
-        if self.cluster.slot_shard(slot) == self.shard and self.cluster.slot_moving(slot) is None:
+        shard, to = self.cluster.slot_record(slot)
+        if shard == self.shard and to is None:
             raise BrokerError("FAILED_PRECONDITION", f"group slot {slot} is coordinated here already: a late import "
                               "would put back older offsets")
-        if self.cluster.slot_shard(slot) != source_shard or self.cluster.slot_moving(slot) != self.shard:
+        if shard != source_shard or to != self.shard:
             raise BrokerError("UNAVAILABLE", f"this node's copy of etcd does not show group slot {slot} moving from "
                               f"shard {source_shard!r} to {self.shard!r} (yet); retry")
         metadata = self.store.views.metadata

@@ -138,11 +138,6 @@ class ClusterMap:
         with self._cond:
             return self.slots.get(slot), self.slot_moves.get(slot)
 
-    def slot_moving(self, slot: int) -> str | None:
-        """The shard ``slot`` is moving to (None: it is not moving)."""
-        with self._cond:
-            return self.slot_moves.get(slot)
-
     def slot_moves_in_flight(self) -> dict[int, tuple[str, str]]:
         """Each moving slot: (its shard, the shard it moves to)."""
         with self._cond:
