@@ -9,15 +9,15 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): requirements.lock pyproject.toml broker/logformat/_framing.c
+$(STAMP): requirements.lock pyproject.toml $(wildcard broker/logformat/*.c broker/logformat/*.h)
 	@command -v $(PY) >/dev/null || { echo "need $(PY)"; exit 1; }
 	@$(MAKE) --no-print-directory buildtools
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --no-cache-dir -r requirements.lock
-	rm -f broker/logformat/_framing*.so  # a failed build must not leave an old module in place
+	rm -f broker/logformat/_*.so  # a failed build must not leave an old module in place
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
-	@$(BIN)/python -c 'import broker.logformat._framing' 2>/dev/null || \
-	  echo "warning: broker/logformat/_framing.c did not build: the framing walk stays in Python (make test fails on it)"
+	@$(BIN)/python -c 'import broker.logformat._framing, broker.logformat._plainwire' 2>/dev/null || \
+	  echo "warning: broker/logformat/*.c did not build: the framing walk and plain messages stay in Python (make test fails on it)"
 	touch $(STAMP)
 
 # A C compiler and Python's headers build the send path's framing walk (broker/logformat/_framing.c).
@@ -64,4 +64,4 @@ chaos: venv sysdeps
 	$(BIN)/python -m tests.chaos.run --duration $(DURATION) $(if $(SEED),--seed $(SEED),) $(if $(SHARDS),--shards $(SHARDS),)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache broker/logformat/_framing*.so
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache broker/logformat/_*.so

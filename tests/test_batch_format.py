@@ -71,6 +71,7 @@ def test_the_native_walk_is_built() -> None:
     """`make venv` builds the C walk (a missing compiler would otherwise leave the Python one in use
     silently, at about 100 times the cost per record)."""
     assert bf.NATIVE_FRAMING, "broker.logformat._framing is not built: pip install -e . with a C compiler"
+    importlib.import_module("broker.logformat._plainwire")  # plain messages' twin (tests/test_plain_native.py)
 
 
 def test_native_and_python_walks_agree_on_every_framing() -> None:

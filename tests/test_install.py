@@ -139,14 +139,16 @@ def test_the_artifacts_hold_what_an_install_needs(installed: Installed) -> None:
     console script; neither carries tests or the lock file's tools."""
     with tarfile.open(installed.sdist) as tar:
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
-    assert {"broker/logformat/_framing.c", "proto/tidemark.proto", "pyproject.toml", "README.md"} <= names
+    assert {"broker/logformat/_framing.c", "broker/logformat/_plainwire.c", "broker/logformat/_utf8.h",
+            "proto/tidemark.proto", "pyproject.toml", "README.md"} <= names
     with zipfile.ZipFile(installed.wheel) as whl:
         wheel_names = whl.namelist()
         entry_points = next(whl.read(n).decode() for n in wheel_names if n.endswith("entry_points.txt"))
         metadata = next(whl.read(n).decode() for n in wheel_names if n.endswith(".dist-info/METADATA"))
     for package in ("broker", "replication", "tieredstore", "spark_connector", "proto"):
         assert f"{package}/__init__.py" in wheel_names, package
-    assert any(n.startswith("broker/logformat/_framing") and n.endswith(".so") for n in wheel_names)
+    for module in ("_framing", "_plainwire"):
+        assert any(n.startswith(f"broker/logformat/{module}") and n.endswith(".so") for n in wheel_names), module
     assert not any(n.startswith("tests/") for n in wheel_names)
     assert "tidemark = broker.cli:main" in entry_points and "replication.coordination.lookup:prestart" in entry_points
     requires = [line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Requires-Dist:")]
@@ -230,7 +232,7 @@ def test_the_sdist_installs_without_a_c_compiler(installed: Installed, tmp_path:
     """Built with ``CC=false``: the install succeeds, the daemon serves with the Python framing
     walk, says so in status, and a send is stored and read back."""
     venv = installed.sdist_venv
-    assert not list((venv / "lib").rglob("_framing*.so"))
+    assert not list((venv / "lib").rglob("_framing*.so")) and not list((venv / "lib").rglob("_plainwire*.so"))
     node = InstalledDaemon(venv, str(tmp_path / "node")).start()
     try:
         st = json.loads(installed.tidemark(venv, "status", "--broker", node.address, "--json").stdout)

@@ -5,6 +5,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+from google.protobuf.message import DecodeError
+
 from broker.daemon.send_wire import SendRequestView, begin_of, commit_of, parse_send
 from broker.daemon.wire import varint as _varint
 from proto import tidemark_pb2 as pb
@@ -88,10 +91,20 @@ def test_records_are_a_view_of_the_request() -> None:
     assert isinstance(records, memoryview) and records.obj is data and bytes(records) == b"r" * 4096
 
 
-def test_plain_messages_go_to_the_protobuf_parser() -> None:
-    data = pb.SendRequest(messages=[pb.PlainMessage(topic="t", body=b"b")]).SerializeToString()
+def test_plain_messages_go_to_the_protobuf_parser_and_keep_their_wire_bytes() -> None:
+    """Protobuf reads (and checks) a request with plain messages; its bytes are kept for the C path."""
+    batch = pb.ProduceBatch(topic="b", queue_id=2, producer_id=7, base_sequence=3, record_count=1, records=b"r",
+                            records_crc=9, delayed=True)
+    data = pb.SendRequest(batches=[batch], messages=[pb.PlainMessage(topic="t", body=b"b")], ack=pb.ACK_REPLICA,
+                          timeout_ms=5, commit=pb.EndTransactionRequest(transactional_id="x")).SerializeToString()
     parsed = parse_send(data)
-    assert isinstance(parsed, pb.SendRequest) and parsed.messages[0].body == b"b"
+    assert isinstance(parsed, SendRequestView) and parsed.wire is data and parsed.messages[0].body == b"b"
+    assert (parsed.ack, parsed.timeout_ms, parsed.begin, parsed.commit.transactional_id) == (pb.ACK_REPLICA, 5, None, "x")
+    b = parsed.batches[0]
+    assert (b.topic, b.queue_id, b.producer_id, b.base_sequence, b.record_count, bytes(b.records), b.records_crc,
+            b.delayed) == ("b", 2, 7, 3, 1, b"r", 9, True)
+    with pytest.raises(DecodeError):  # a string that is not UTF-8: protobuf's refusal, as before
+        parse_send(data + b"\x22\x03\x0a\x01\xff")
 
 
 def test_a_request_of_many_fields_goes_to_the_protobuf_parser() -> None:

@@ -9,14 +9,19 @@ tag varint ``field << 3 | wire_type``, varints little-endian base 128, length-de
 as a varint length and the bytes) and keeps ``records`` as a ``memoryview`` of the request.
 
 It takes only what it fully understands and leaves the rest to ``SendRequest.FromString``: a
-request with plain messages (field 4, the any-language API), a field number it does not know, a
+field number it does not know, a
 wire type other than the field's, a varint longer than 10 bytes, a field running past its
 message, a topic that is not UTF-8. So every request gets the answer the protobuf parser would
 give it (scalars: the last occurrence wins; integers cut to their type's width as protobuf does).
+
+A request with plain messages (field 4, the any-language API) is parsed by protobuf (which checks
+every string is UTF-8) and kept with its wire bytes (``SendRequestView.wire``): the C twin of
+``plain.encode`` reads the messages from those, with no Python object per message.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from broker.protowire import LEN, U32, NotFast, fields
@@ -44,15 +49,16 @@ class SendBatchView:
 
 @dataclass(slots=True)
 class SendRequestView:
-    """The fields of a ``SendRequest`` without plain messages."""
+    """The fields of a ``SendRequest``; with plain messages, parsed by protobuf (``wire`` set)."""
 
     batches: list[SendBatchView] = field(default_factory=list)
     ack: int = 0
     timeout_ms: int = 0
     producer_id: int = 0
     transaction: int = 0
-    messages: tuple[pb.PlainMessage, ...] = ()
+    messages: Sequence[pb.PlainMessage] = ()
     wire_bytes: int = 0  # the request's size (logged with an unexpected failure)
+    wire: bytes | None = None  # the request's bytes, when it has plain messages (plain.encode_native)
     begin: pb.BeginTransactionRequest | None = None  # a few small fields: the protobuf parser reads it
     commit: pb.EndTransactionRequest | None = None  # likewise
 
@@ -110,9 +116,25 @@ def _batch(data: bytes, view: memoryview, start: int, end: int) -> SendBatchView
     return b
 
 
+class _Plain(Exception):
+    """The request has plain messages."""
+
+
+def _with_plain(data: bytes) -> SendRequestView:
+    """A request with plain messages, read by protobuf, its wire bytes kept."""
+    parsed = pb.SendRequest.FromString(data)
+    return SendRequestView(
+        batches=[SendBatchView(b.topic, b.queue_id, b.producer_id, b.base_sequence, b.record_count, b.records_crc,
+                               b.records, b.delayed) for b in parsed.batches],
+        ack=parsed.ack, timeout_ms=parsed.timeout_ms, producer_id=parsed.producer_id, transaction=parsed.transaction,
+        messages=parsed.messages, wire_bytes=len(data), wire=data,
+        begin=parsed.begin if parsed.HasField("begin") else None,
+        commit=parsed.commit if parsed.HasField("commit") else None)
+
+
 def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
-    """The request in ``data``: a ``SendRequestView`` when this reader takes it, else the protobuf
-    parser's ``SendRequest`` (or its ``DecodeError``)."""
+    """The request in ``data``: a ``SendRequestView`` when this reader takes it or it has plain
+    messages, else the protobuf parser's ``SendRequest`` (or its ``DecodeError``)."""
     try:
         view = memoryview(data)
         request = SendRequestView(wire_bytes=len(data))
@@ -124,6 +146,8 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
                 if number == 8 and request.commit is None:
                     request.commit = pb.EndTransactionRequest.FromString(data[a:z])
                     continue
+                if number == 4:
+                    raise _Plain
                 if number != 1:
                     raise NotFast
                 request.batches.append(_batch(data, view, a, z))
@@ -138,5 +162,7 @@ def parse_send(data: bytes) -> SendRequestView | pb.SendRequest:
             else:
                 raise NotFast
         return request
+    except _Plain:
+        return _with_plain(data)
     except NotFast:
         return pb.SendRequest.FromString(data)

@@ -50,6 +50,17 @@ def _passthrough(data: bytes) -> bytes:
     return data
 
 
+# Methods that answer either a message or its wire bytes (Send: the C path's message receipts)
+_MAYBE_BYTES = frozenset({"Send"})
+
+
+def _bytes_or(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:
+    def serialize_or_pass(response: Any) -> bytes:
+        return response if isinstance(response, bytes) else serialize(response)
+
+    return serialize_or_pass
+
+
 class Undecodable:
     """A request whose bytes do not parse as its message type."""
 
@@ -135,7 +146,9 @@ def add_broker_service(servicer: Any, server: grpc.aio.Server, fence_exempt: fro
                 servicer.rpc(method.name), request_deserializer=_lenient(request_cls.FromString),
                 response_serializer=response_cls.SerializeToString)
             continue
-        serialize: Callable[[Any], bytes] = _passthrough if method.name == "Pull" else response_cls.SerializeToString
+        serialize: Callable[[Any], bytes] = (_passthrough if method.name == "Pull" else
+                                             _bytes_or(response_cls.SerializeToString) if method.name in _MAYBE_BYTES
+                                             else response_cls.SerializeToString)
         handlers[method.name] = grpc.unary_unary_rpc_method_handler(
             _guarded(servicer.rpc(method.name), servicer, method.name not in fence_exempt, method.name),
             request_deserializer=_lenient(parse_send if method.name == "Send" else request_cls.FromString),

@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "_utf8.h"
+
 #define RECORD_HEAD_BYTES 8
 /* Above this size the walk lets other threads run (it holds the buffer, not Python objects).
  * Below it, giving the interpreter lock up would cost more than the walk: getting it back can wait a
@@ -121,37 +123,6 @@ static PyObject *check(PyObject *self, PyObject *args) {
         PyErr_Format(PyExc_ValueError, "batch declares %zd records but holds %zd", expected, w.count);
         return NULL;
     }
-}
-
-/* Strict UTF-8, as Python's codec decodes it: no overlong forms, no surrogates, nothing past
- * U+10FFFF. */
-static int utf8_ok(const unsigned char *s, Py_ssize_t n) {
-    Py_ssize_t i = 0;
-    while (i < n) {
-        unsigned char c = s[i];
-        if (c < 0x80) {
-            i++;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            if (n - i < 2 || (s[i + 1] & 0xC0) != 0x80)
-                return 0;
-            i += 2;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            if (n - i < 3 || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80)
-                return 0;
-            if ((c == 0xE0 && s[i + 1] < 0xA0) || (c == 0xED && s[i + 1] >= 0xA0))
-                return 0;
-            i += 3;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            if (n - i < 4 || (s[i + 1] & 0xC0) != 0x80 || (s[i + 2] & 0xC0) != 0x80 || (s[i + 3] & 0xC0) != 0x80)
-                return 0;
-            if ((c == 0xF0 && s[i + 1] < 0x90) || (c == 0xF4 && s[i + 1] >= 0x90))
-                return 0;
-            i += 4;
-        } else {
-            return 0;
-        }
-    }
-    return 1;
 }
 
 enum content { CONTENT_OK, CONTENT_KEY, CONTENT_PROPS, CONTENT_NAME, CONTENT_VALUE, CONTENT_RESERVED };
