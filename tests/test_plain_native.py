@@ -161,6 +161,15 @@ def test_what_the_c_encoder_leaves_to_python() -> None:
     wire = struct.pack("B", 4 << 3 | 2) + bytes([len(twice)]) + twice
     assert plain.encode_native(wire, 0, _queues_of) is None
     assert dict(pb.SendRequest.FromString(wire).messages[0].properties) == {"n": "2"}
+    # an entry with a field of its own is no property to protobuf (upb keeps it as unknown)
+    odd = b"\x0a\x01a" + b"\x2a\x08\x0a\x01n\x12\x01v\x18\x01"
+    wire = struct.pack("B", 4 << 3 | 2) + bytes([len(odd)]) + odd
+    assert dict(pb.SendRequest.FromString(wire).messages[0].properties) == {}
+    assert plain.encode_native(wire, 0, _queues_of) is None
+    # sequences at the ends of int64 (a send that is not idempotent ignores them)
+    done = native(pb.PlainMessage(topic="a", queue_id=0, sequence=-(1 << 63)), pb.PlainMessage(topic="a", queue_id=0,
+                                                                                                  sequence=(1 << 63) - 1))
+    assert done is not None and [(b.base_sequence, b.record_count) for b in done.batches] == [(-1, 2)]
 
 
 def _batch(base_offset: int, base_queue_offset: int, items: list[tuple[bytes, bytes, bytes]], topic: bytes = b"t") -> bytes:
@@ -225,3 +234,15 @@ def test_an_empty_or_odd_pull_answer() -> None:
     assert plain.decode_wire([bytearray(blob)], 0, 1) is None  # type: ignore[list-item]  # Python's to read
     got = pb.PullResponse.FromString(plain.decode_wire([blob], 0, 1) or b"-").messages[0]
     assert (got.queue_offset, got.commit_offset, got.body) == (20, 10 + bf.HEADER_BYTES + 1, b"x")
+    head = pb.PullResponse(next_offset=21, count=1).SerializeToString()
+    answer = pb.PullResponse.FromString(plain.decode_wire([blob], 0, 1, head) or b"-")
+    assert (answer.next_offset, answer.count, answer.messages[0].body) == (21, 1, b"x")
+
+
+def test_a_large_decode_lets_go_of_the_lock_and_answers_alike() -> None:
+    """From 4 MiB of batches the C walk runs without the interpreter lock: same answer."""
+    items = [(bytes([i % 251]) * 1024, b"k%d" % i, bf.encode_props({"p": str(i)})) for i in range(3000)]
+    blobs = [_batch(1 << 30, 7, items), _batch(2 << 30, 3007, items)]
+    assert sum(map(len, blobs)) > 4 << 20
+    expected = pb.PullResponse(messages=plain.decode(blobs, 5, 5990))
+    assert pb.PullResponse.FromString(plain.decode_wire(blobs, 5, 5990) or b"-") == expected

@@ -219,12 +219,12 @@ def receipts_wire(encoded: Encoded, batch_receipts: Sequence[BatchReceipt]) -> b
     return native.receipts(encoded.layout, groups)
 
 
-def decode_wire(batches: list[bytes], skip_first: int, count: int) -> bytes | None:
-    """``PullResponse.messages`` as wire bytes for what ``decode`` would answer (the C path's
-    ``decode_pulled``); None when that is left to ``decode``."""
+def decode_wire(batches: list[bytes], skip_first: int, count: int, head: bytes = b"") -> bytes | None:
+    """``head`` then ``PullResponse.messages`` as wire bytes for what ``decode`` would answer (the
+    C path's ``decode_pulled``); None when that is left to ``decode``."""
     if native is None:
         return None
-    return native.decode_pulled(batches, skip_first, count)
+    return native.decode_pulled(batches, skip_first, count, head)
 
 
 def decode(batches: Iterable[bytes], skip_first: int, count: int) -> list[pb.PulledMessage]:

@@ -37,15 +37,17 @@
  *     ``records_at`` the commit offset of its first record. Parsers take fields in any order, so
  *     the bytes follow the rest of the response (wire.py does the same for pulls).
  *
- * decode_pulled(batches, skip_first, count) -> bytes | None
+ * decode_pulled(batches, skip_first, count, head) -> bytes | None
  *
- *     The PullResponse field ``messages`` (number 7): the ``count`` records after the first
+ *     ``head`` (the response's other fields, serialised) followed by the PullResponse field
+ *     ``messages`` (number 7): the ``count`` records after the first
  *     ``skip_first`` of ``batches`` (whole batches back to back) as PulledMessages, with the
  *     timer fields ``__deliver_at_ms`` and ``__timer_offset`` read into their own fields and the
  *     four timer properties left out of ``properties``. None (plain.decode decides, leniently)
  *     for a batch or record whose framing does not hold, a key or property that is not UTF-8,
  *     properties that do not fill their length, a timer field of more than 19 digits or past
- *     int64.
+ *     int64, a store time past int64. From RELEASE_LOCK_BYTES of batches on, it walks and
+ *     copies without the interpreter lock.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -62,6 +64,9 @@
 #define TOPICS_MAX 16          /* distinct topics of one request taken here */
 #define PROPS_MAX 64           /* properties of one message taken here */
 #define DIGITS_MAX 19
+/* As _framing.c: above this many bytes a walk lets other threads run; below it the hand-over
+ * would cost more than the walk. */
+#define RELEASE_LOCK_BYTES (4 * 1024 * 1024)
 
 enum { VARINT = 0, I64 = 1, LEN = 2, I32 = 5 };
 
@@ -192,8 +197,9 @@ struct topic {
 };
 
 struct group {
-    Py_ssize_t topic, queue, count, bytes, fill;
-    int64_t first_sequence, last_sequence;
+    Py_ssize_t topic, queue, count, bytes;
+    int64_t first_sequence;
+    uint64_t last_sequence; /* an idempotent group's (sequences are >= 0) */
     PyObject *records;
 };
 
@@ -220,7 +226,7 @@ static void maybe_yield(const struct encoding *e, Py_ssize_t done) {
 
 /* The properties (map entries, field 5) of the message in [at, end): each name and value, last
  * occurrence of a field winning as protobuf's does. -1: not taken here (too many, a name given
- * twice or of the broker's, a malformed entry). Else how many. */
+ * twice or of the broker's, an entry with another field or malformed). Else how many. */
 static Py_ssize_t message_props(const unsigned char *b, Py_ssize_t at, Py_ssize_t end, struct prop *props) {
     Py_ssize_t n = 0, pos = at;
     while (pos < end) {
@@ -236,16 +242,15 @@ static Py_ssize_t message_props(const unsigned char *b, Py_ssize_t at, Py_ssize_
             struct field ef;
             if (!next_field(b, &e, f.z, &ef))
                 return -1;
-            if (ef.number == 1 || ef.number == 2) {
-                if (ef.wire != LEN)
-                    return -1;
-                if (ef.number == 1) {
-                    p.name_at = ef.a;
-                    p.name_len = ef.z - ef.a;
-                } else {
-                    p.value_at = ef.a;
-                    p.value_len = ef.z - ef.a;
-                }
+            /* an entry with any other field is not in protobuf's map (upb keeps it as unknown) */
+            if ((ef.number != 1 && ef.number != 2) || ef.wire != LEN)
+                return -1;
+            if (ef.number == 1) {
+                p.name_at = ef.a;
+                p.name_len = ef.z - ef.a;
+            } else {
+                p.value_at = ef.a;
+                p.value_len = ef.z - ef.a;
             }
         }
         if (p.name_len >= 2 && b[p.name_at] == '_' && b[p.name_at + 1] == '_')
@@ -418,13 +423,13 @@ static int take_message(struct encoding *e, Py_ssize_t at, Py_ssize_t end, PyObj
         g->topic = ti;
         g->queue = q;
         g->first_sequence = idempotent ? (int64_t)sequence : -1;
-        g->last_sequence = (int64_t)sequence - 1;
+        g->last_sequence = sequence - 1; /* unsigned: wraps, defined */
         t->group_of[q] = gi;
     }
     struct group *g = &e->groups[gi];
-    if (idempotent && (int64_t)sequence != g->last_sequence + 1)
+    if (idempotent && sequence != g->last_sequence + 1)
         return 0;
-    g->last_sequence = (int64_t)sequence;
+    g->last_sequence = sequence;
     Py_ssize_t record = RECORD_HEAD_BYTES + key_len + props_bytes + body_len;
     if ((uint64_t)record - 4 > 0xFFFFFFFFu || g->bytes > PY_SSIZE_T_MAX - record)
         return 0;
@@ -583,7 +588,13 @@ static PyObject *receipts(PyObject *self, PyObject *args) {
     (void)self;
     if (!PyArg_ParseTuple(args, "y*O!:receipts", &layout, &PyList_Type, &groups))
         return NULL;
-    Py_ssize_t ngroups = PyList_GET_SIZE(groups), n = layout.len / (Py_ssize_t)(3 * sizeof(int64_t));
+    /* a tuple of its own: converting an item cannot change what the pointers below point into */
+    PyObject *held = PyList_AsTuple(groups);
+    if (held == NULL) {
+        PyBuffer_Release(&layout);
+        return NULL;
+    }
+    Py_ssize_t ngroups = PyTuple_GET_SIZE(held), n = layout.len / (Py_ssize_t)(3 * sizeof(int64_t));
     struct receipt_group *gs = calloc((size_t)(ngroups ? ngroups : 1), sizeof(*gs));
     PyObject *out = NULL;
     if (gs == NULL) {
@@ -594,7 +605,7 @@ static PyObject *receipts(PyObject *self, PyObject *args) {
         PyObject *topic;
         unsigned long long queue_id, base, records_at;
         int duplicate;
-        if (!PyArg_ParseTuple(PyList_GET_ITEM(groups, i), "O!KKKp:receipt group", &PyBytes_Type, &topic, &queue_id,
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(held, i), "O!KKKp:receipt group", &PyBytes_Type, &topic, &queue_id,
                               &base, &records_at, &duplicate))
             goto done;
         gs[i].topic = (const unsigned char *)PyBytes_AS_STRING(topic);
@@ -626,6 +637,7 @@ static PyObject *receipts(PyObject *self, PyObject *args) {
     }
 done:
     free(gs);
+    Py_DECREF(held);
     PyBuffer_Release(&layout);
     return out;
 }
@@ -726,21 +738,26 @@ static Py_ssize_t put_pulled(unsigned char *w, const unsigned char *h, const uns
     return at;
 }
 
-/* Walks the records the answer holds; with w unset it only measures. -1: not taken here. */
-static Py_ssize_t put_pulled_all(unsigned char *w, PyObject *batches, Py_ssize_t skip_first, Py_ssize_t count) {
+struct blob {
+    const unsigned char *buf;
+    Py_ssize_t len;
+};
+
+/* Walks the records the answer holds; with w unset it only measures. -1: not taken here. Touches no
+ * Python object: it may run without the interpreter lock. */
+static Py_ssize_t put_pulled_all(unsigned char *w, const struct blob *blobs, Py_ssize_t nblobs, Py_ssize_t skip_first,
+                                 Py_ssize_t count) {
     Py_ssize_t total = 0, done = 0, skip = skip_first;
-    Py_ssize_t nblobs = PyList_GET_SIZE(batches);
     for (Py_ssize_t i = 0; i < nblobs && done < count; i++) {
-        PyObject *blob = PyList_GET_ITEM(batches, i);
-        const unsigned char *buf = (const unsigned char *)PyBytes_AS_STRING(blob);
-        Py_ssize_t len = PyBytes_GET_SIZE(blob), pos = 0;
+        const unsigned char *buf = blobs[i].buf;
+        Py_ssize_t len = blobs[i].len, pos = 0;
         while (pos < len && done < count) {
             if (len - pos < BATCH_HEADER_BYTES)
                 return -1;
             const unsigned char *h = buf + pos;
             uint32_t batch_bytes = le32(h), topic_len = h[58];
             if (le16(h + 8) != 0x4D54 || h[10] != 1 || batch_bytes < BATCH_HEADER_BYTES + topic_len ||
-                (Py_ssize_t)batch_bytes > len - pos)
+                (Py_ssize_t)batch_bytes > len - pos || le64(h + 32) > (uint64_t)INT64_MAX)
                 return -1;
             uint64_t base_offset = le64(h + 16), queue_offset = le64(h + 24);
             for (uint32_t r = BATCH_HEADER_BYTES + topic_len; r < batch_bytes && done < count; queue_offset++) {
@@ -769,23 +786,62 @@ static Py_ssize_t put_pulled_all(unsigned char *w, PyObject *batches, Py_ssize_t
 static PyObject *decode_pulled(PyObject *self, PyObject *args) {
     PyObject *batches;
     Py_ssize_t skip_first, count;
+    Py_buffer head;
     (void)self;
-    if (!PyArg_ParseTuple(args, "O!nn:decode_pulled", &PyList_Type, &batches, &skip_first, &count))
+    if (!PyArg_ParseTuple(args, "O!nny*:decode_pulled", &PyList_Type, &batches, &skip_first, &count, &head))
         return NULL;
-    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batches); i++)
-        if (!PyBytes_CheckExact(PyList_GET_ITEM(batches, i)))
-            Py_RETURN_NONE;
-    Py_ssize_t total = put_pulled_all(NULL, batches, skip_first, count);
-    if (total < 0)
-        Py_RETURN_NONE;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
-    if (out == NULL)
-        return NULL;
-    if (put_pulled_all((unsigned char *)PyBytes_AS_STRING(out), batches, skip_first, count) != total) {
-        Py_DECREF(out);
-        PyErr_SetString(PyExc_RuntimeError, "decode_pulled wrote other than it measured");
-        return NULL;
+    /* a tuple of its own holds every blob while the walks run, whatever happens to the list */
+    PyObject *held = PyList_AsTuple(batches), *out = NULL;
+    Py_ssize_t nblobs = held != NULL ? PyTuple_GET_SIZE(held) : 0, bytes = 0;
+    struct blob *blobs = held != NULL ? calloc((size_t)(nblobs ? nblobs : 1), sizeof(*blobs)) : NULL;
+    if (held != NULL && blobs == NULL)
+        PyErr_NoMemory();
+    if (blobs == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < nblobs; i++) {
+        PyObject *blob = PyTuple_GET_ITEM(held, i);
+        if (!PyBytes_CheckExact(blob)) {
+            out = Py_NewRef(Py_None);
+            goto done;
+        }
+        blobs[i].buf = (const unsigned char *)PyBytes_AS_STRING(blob);
+        blobs[i].len = PyBytes_GET_SIZE(blob);
+        bytes += blobs[i].len;
     }
+    int release = bytes >= RELEASE_LOCK_BYTES;
+    Py_ssize_t total;
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        total = put_pulled_all(NULL, blobs, nblobs, skip_first, count);
+        Py_END_ALLOW_THREADS
+    } else {
+        total = put_pulled_all(NULL, blobs, nblobs, skip_first, count);
+    }
+    if (total < 0) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    out = PyBytes_FromStringAndSize(NULL, head.len + total);
+    if (out == NULL)
+        goto done;
+    unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(w, head.buf, (size_t)head.len);
+    Py_ssize_t wrote;
+    if (release) {
+        Py_BEGIN_ALLOW_THREADS
+        wrote = put_pulled_all(w + head.len, blobs, nblobs, skip_first, count);
+        Py_END_ALLOW_THREADS
+    } else {
+        wrote = put_pulled_all(w + head.len, blobs, nblobs, skip_first, count);
+    }
+    if (wrote != total) {
+        Py_CLEAR(out);
+        PyErr_SetString(PyExc_RuntimeError, "decode_pulled wrote other than it measured");
+    }
+done:
+    free(blobs);
+    Py_XDECREF(held);
+    PyBuffer_Release(&head);
     return out;
 }
 
@@ -794,7 +850,7 @@ static PyMethodDef methods[] = {
      "encode_plain(request, queues_of, key_crc, rotation, producer_id, yield_every) -> (groups, layout) | None."},
     {"receipts", receipts, METH_VARARGS, "receipts(layout, groups) -> SendResponse.message_receipts as wire bytes."},
     {"decode_pulled", decode_pulled, METH_VARARGS,
-     "decode_pulled(batches, skip_first, count) -> PullResponse.messages as wire bytes | None."},
+     "decode_pulled(batches, skip_first, count, head) -> head + PullResponse.messages as wire bytes | None."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -178,7 +178,8 @@ class DataRpcs(Rpcs):
         metrics.SEND_BYTES.inc(records_bytes)
         n = len(request.batches)
         receipts_wire = (await self._heavy(len(request.messages) <= SEND_ON_LOOP_RECORDS_MAX, plain.receipts_wire,
-                                           plain_batches, receipts[n:]) if plain_batches is not None else None)
+                                           plain_batches, receipts[n:])
+                         if plain_batches is not None and plain_batches.layout is not None else None)
         if plain_batches is None or receipts_wire is not None:
             response = _send_response(request, receipts, None)
         else:
@@ -303,10 +304,12 @@ class DataRpcs(Rpcs):
                 await self.longpolls.wait(parked, left)
 
     async def _decoded_answer(self, request: pb.PullRequest, r: PullResult | LocalPull) -> Any:
-        """A decoded pull's answer: by the C path on the loop (at most ``SEND_ON_LOOP_BYTES_MAX`` of
-        batches: ~0.1 us a message), else in a pool thread (``_heavy``)."""
-        if isinstance(r, PullResult) and sum(len(b) for b in r.batches) <= SEND_ON_LOOP_BYTES_MAX:
-            answer = _decoded_wire(r)
+        """A decoded pull's answer: by the C path (~0.1 us a message), on the loop for at most
+        ``SEND_ON_LOOP_BYTES_MAX`` of batches, else in a pool thread (``_heavy``: it lets go of
+        the interpreter lock while it copies); in Python (``_pull_answer``) if it leaves it."""
+        if isinstance(r, PullResult):
+            small = sum(len(b) for b in r.batches) <= SEND_ON_LOOP_BYTES_MAX
+            answer = await self._heavy(small, _decoded_wire, r)
             if answer is not None:
                 return answer
         return await self._heavy(r.count <= MESSAGES_ON_LOOP_MAX, self._pull_answer, request, r)
@@ -318,9 +321,6 @@ class DataRpcs(Rpcs):
                                         min_offset=r.min_offset, max_offset=r.max_offset,
                                         instance_file=self.instance.path, instance=self.instance.token)
         if isinstance(request, pb.PullRequest) and request.decode:
-            answer = _decoded_wire(r)
-            if answer is not None:
-                return answer
             return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
                                    next_offset=r.next_offset, min_offset=r.min_offset,
                                    max_offset=r.max_offset, count=r.count).SerializeToString()
@@ -379,11 +379,9 @@ class DataRpcs(Rpcs):
 
 def _decoded_wire(r: PullResult) -> bytes | None:
     """A decoded pull's answer as wire bytes, by the C path; None when it leaves it to Python."""
-    messages = plain.decode_wire(r.batches, r.skip_first, r.count)
-    if messages is None:
-        return None
-    return pull_response_bytes([], skip_first=0, count=r.count, next_offset=r.next_offset, min_offset=r.min_offset,
-                               max_offset=r.max_offset) + messages
+    head = pull_response_bytes([], skip_first=0, count=r.count, next_offset=r.next_offset, min_offset=r.min_offset,
+                               max_offset=r.max_offset)
+    return plain.decode_wire(r.batches, r.skip_first, r.count, head)
 
 
 def _send_response(request: SendRequest, receipts: list[BatchReceipt], plain_batches: plain.Encoded | None) -> pb.SendResponse:
