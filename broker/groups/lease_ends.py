@@ -81,7 +81,30 @@ class LeaseEnds(PopParts):
     def _end(self, group: str, handles: list[str], kind: str, delay_ms: int = 0) -> list[tuple[str, int, str]]:
         """Ack (``pr.ACK``) or nack (``pr.NACK``) leases; return (handle, grpc code, reason) for each
         handle whose lease had ended already (the others are done)."""
-        resolved = self._resolve(group, handles)
+        (result,) = self._end_many(group, [handles], kind, delay_ms)
+        if isinstance(result, BrokerError):
+            raise result
+        return result
+
+    def _end_many(self, group: str, calls: list[list[str]], kind: str,
+                  delay_ms: int = 0) -> list[list[tuple[str, int, str]] | BrokerError]:
+        """``_end`` for several calls' handles in one record; each call gets its own refusals, or
+        its own error (a malformed handle refuses its call alone, before anything changes)."""
+        self.check_group(group)
+        results: list[list[tuple[str, int, str]] | BrokerError] = []
+        resolved: list[receipts.Handle] = []
+        owner: list[tuple[int, int]] = []  # per resolved handle: its call and its place in it
+        for c, handles in enumerate(calls):
+            try:
+                mine = self._resolve(group, handles)
+            except BrokerError as exc:
+                results.append(exc)
+                continue
+            results.append([])
+            resolved += mine
+            owner += [(c, j) for j in range(len(mine))]
+        if not resolved:
+            return results
         keys = [(group, h.topic, h.queue_id) for h in resolved]
         with self.locks.holding(keys):
             now = now_ms()
@@ -98,7 +121,16 @@ class LeaseEnds(PopParts):
                 self.locks.appended([(group, t, q) for t, q in ok], end)
         if ok:
             self._durable(end)
-        return [(handles[i], FAILED_PRECONDITION, why) for i, why in refused]
+        for i, why in refused:
+            c, j = owner[i]
+            call_result = results[c]
+            assert isinstance(call_result, list)
+            call_result.append((calls[c][j], FAILED_PRECONDITION, why))
+        return results
+
+    def ack_many(self, group: str, calls: list[list[str]]) -> list[list[tuple[str, int, str]] | BrokerError]:
+        """Acks of several calls in one record (``_end_many``)."""
+        return self._end_many(group, calls, pr.ACK)
 
     def ack(self, group: str, handles: list[str]) -> list[tuple[str, int, str]]:
         return self._end(group, handles, pr.ACK)

@@ -94,7 +94,18 @@ class PopService(LeaseEnds, PopReports):
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
             start_earliest: bool, may_create_dlq: bool = True,
             committed: bool = True) -> tuple[list[pb.PoppedRun], int | None]:
-        """Lease up to ``max_messages``; return them as runs of adjacent messages with the log
+        """One pop's runs (``pop_many`` of one)."""
+        outs, wake = self.pop_many(group, topic, [max_messages], invisible_ms, start_earliest, may_create_dlq, committed)
+        return outs[0], wake
+
+    def pop_many(self, group: str, topic: str, asks: list[int], invisible_ms: int,
+                 start_earliest: bool, may_create_dlq: bool = True,
+                 committed: bool = True) -> tuple[list[list[pb.PoppedRun]], int | None]:
+        """Pops of one group and topic that arrived together (``asks``: each one's ``max_messages``),
+        leased in one pass and one record: each gets its own runs (a share of what was picked,
+        read within its own byte budget), all under the record's one tag. As one pop each:
+
+        Lease up to ``max_messages``; return them as runs of adjacent messages with the log
         batches that hold them (at most ``limits.pull_bytes_max`` and one batch), or no run and when
         the next lease ends (ms). ``may_create_dlq``: the caller has the role creating a topic needs
         (admin), so a first dead letter may create ``<group>.dlq``. ``committed`` (read_committed):
@@ -106,12 +117,14 @@ class PopService(LeaseEnds, PopReports):
         self.check_group(group)
         queues = self.topic_queues(topic)
         self._check_duration("invisible_ms", invisible_ms)
-        if max_messages <= 0:
+        if min(asks) <= 0:
             raise invalid("max_messages must be positive")
-        max_messages = min(max_messages, self.config["groups.pop_messages_max"])
+        asks = [min(ask, self.config["groups.pop_messages_max"]) for ask in asks]
+        max_messages = sum(asks)
+        nothing: list[list[pb.PoppedRun]] = [[] for _ in asks]
         idle, wake_at = self.idle(group, topic)
         if idle:
-            return [], wake_at
+            return nothing, wake_at
         state = self.idle_pops.state(group, topic)
         found = False
         with self._rotation_lock:
@@ -125,7 +138,7 @@ class PopService(LeaseEnds, PopReports):
         wake: int | None = None
         busy: list[QueueKey] = []
         held: list[threading.Lock] = []
-        leased: tuple[list[pb.PoppedRun], int, int] | None = None
+        leased: tuple[list[list[pb.PoppedRun]], int, int] | None = None
         try:
             picks: list[_Pick] = []
             left = max_messages
@@ -146,60 +159,70 @@ class PopService(LeaseEnds, PopReports):
                     left -= int(pick.offsets.size)
                     found = True
             if picks:
-                leased = self._lease(group, topic, picks, invisible_ms, now, may_create_dlq)
+                leased = self._lease(group, topic, picks, invisible_ms, now, may_create_dlq, asks)
         finally:
             for lock in held:
                 lock.release()
         for key in busy if leased is None else ():  # second pass: wait for each busy queue, one at a time
             idle, wake_at = self.idle(group, topic)
             if idle:  # another pop walked every queue since this one began, and found nothing
-                return [], wake_at
+                return nothing, wake_at
             with self.locks.holding([key]):
                 now = now_ms()
                 pick, nxt = self._pick(key, max_messages, start_earliest, now, committed)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
                     found = True
-                    leased = self._lease(group, topic, [pick], invisible_ms, now, may_create_dlq)
+                    leased = self._lease(group, topic, [pick], invisible_ms, now, may_create_dlq, asks)
                     break
         if leased is None:
             if not found:  # every queue visited, under its lock
                 self.idle_pops.remember(group, topic, state, wake)
-            return [], wake
-        out, end, dead = leased
+            return nothing, wake
+        outs, end, dead = leased
         if not end:
-            return out, wake
+            return outs, wake
         self._durable(end)
-        redelivered = sum(r.count for r in out if r.delivery_count > 1)
+        redelivered = sum(r.count for out in outs for r in out if r.delivery_count > 1)
         if redelivered:
             metrics.POP_REDELIVERIES.inc(redelivered)
         if dead:
             metrics.POP_DLQ.inc(dead)
             log.info("pop_dead_letters", group=group, topic=topic, count=dead)
-        return out, None
+        return outs, None
 
     def _lease(self, group: str, topic: str, picks: list[_Pick], invisible_ms: int,
-               now: int, may_create_dlq: bool) -> tuple[list[pb.PoppedRun], int, int]:
+               now: int, may_create_dlq: bool, asks: list[int]) -> tuple[list[list[pb.PoppedRun]], int, int]:
         """With the picked queues' locks held: read, append the lease record (and dead letters in
-        the same append); return the runs, the record's end and the number of dead letters. Dead
-        messages whose DLQ cannot take them (``_dlq_ready``) stay where they are, neither leased nor
-        dead: no consumer gets them again, and the next pop tries once more."""
+        the same append); return each pop's runs (``asks``: how many each takes of the picks, in
+        order), the record's end and the number of dead letters. Dead messages whose DLQ cannot
+        take them (``_dlq_ready``) stay where they are, neither leased nor dead: no consumer gets
+        them again, and the next pop tries once more."""
         tag = secrets.randbits(63) + 1
         dlq_ready = any(p.dead.size for p in picks) and self.dead.ready(group, may_create_dlq)
         epoch, cluster = self.store.epoch, self.cluster
-        budget = self.config["limits.pull_bytes_max"]
-        out: list[pb.PoppedRun] = []
+        pull_bytes = self.config["limits.pull_bytes_max"]
+        outs: list[list[pb.PoppedRun]] = [[] for _ in asks]
+        read: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in picks]  # per pick: got, gone
+        for who, share in enumerate(_shares(picks, asks)):
+            budget = pull_bytes  # each pop's own, as if it came alone
+            for i, offsets, counts in share:
+                p = picks[i]
+                prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
+                runs, got, gone, budget = self._read_runs(topic, p.queue_id, offsets, counts, budget)
+                for first, count, delivery, batches, skip in runs:
+                    outs[who].append(pb.PoppedRun(
+                        queue_id=p.queue_id, first_offset=first, count=count, delivery_count=delivery,
+                        receipt_handle=receipts.run_handle(prefix, first, count, topic), batches=batches,
+                        skip_first=skip))
+                read[i][0].append(got)
+                read[i][1].append(gone)
         dlq: list[tuple[bytes, bytes, bytes]] = []
         entries = []
         touched: list[int] = []
-        for p in picks:
-            prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
-            runs, got, gone, budget = self._read_runs(topic, p.queue_id, p.offsets, p.counts, budget)
-            for first, count, delivery, batches, skip in runs:
-                out.append(pb.PoppedRun(queue_id=p.queue_id, first_offset=first, count=count, delivery_count=delivery,
-                                        receipt_handle=receipts.run_handle(prefix, first, count, topic), batches=batches,
-                                        skip_first=skip))
-            gone = np.union1d(p.gone, gone)  # removed by retention meanwhile
+        for p, (gots, gones) in zip(picks, read, strict=True):
+            got = np.concatenate(gots) if gots else p.offsets[:0]  # each share's in order: sorted
+            gone = np.union1d(p.gone, np.concatenate(gones) if gones else p.gone[:0])  # removed by retention meanwhile
             dead = np.setdiff1d(p.dead, gone) if dlq_ready else p.dead[:0]
             if not (got.size or dead.size or gone.size or p.start is not None):
                 continue  # nothing changes on this queue (its dead letters wait for their DLQ)
@@ -211,7 +234,7 @@ class PopService(LeaseEnds, PopReports):
             entries.append(entry)
             touched.append(p.queue_id)
         if not entries:
-            return out, 0, 0  # no record: a pop that only found dead letters held back writes nothing
+            return outs, 0, 0  # no record: a pop that only found dead letters held back writes nothing
         batches_out = []
         if dlq:
             batches_out.append(self.dead.batch(group, dlq))
@@ -219,7 +242,7 @@ class PopService(LeaseEnds, PopReports):
                                                     "queues": entries}))
         end = self._append(batches_out)
         self.locks.appended([(group, topic, q) for q in touched], end)
-        return out, end, len(dlq)
+        return outs, end, len(dlq)
 
     def _new_queue(self, key: QueueKey) -> bool:
         with self.view.lock:
@@ -328,6 +351,24 @@ class PopService(LeaseEnds, PopReports):
     # -- what describe shows (broker/daemon/group_admin.py PopState) --------------------------------
 
 
+
+
+def _shares(picks: list[_Pick], asks: list[int]) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
+    """The picks' offsets dealt out in order: to each pop (``asks``: how many it takes) its
+    (pick index, offsets, counts) slices."""
+    out: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in asks]
+    who, left = 0, asks[0]
+    for i, p in enumerate(picks):
+        at = 0
+        while at < p.offsets.size and who < len(asks):
+            take = min(left, p.offsets.size - at)
+            out[who].append((i, p.offsets[at : at + take], p.counts[at : at + take]))
+            at += take
+            left -= take
+            if left == 0:
+                who += 1
+                left = asks[who] if who < len(asks) else 0
+    return out
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:

@@ -4,25 +4,53 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from typing import NamedTuple
 
 import grpc
 
-from broker import clock
+from broker import clock, metrics
 from broker.daemon import plain
+from broker.daemon.combine import Combiner
 from broker.daemon.longpoll import ANY_QUEUE
 from broker.daemon.rpc.common import (
     MESSAGES_ON_LOOP_MAX,
+    Context,
     Rpcs,
     handle,
     handle_async,
 )
+from broker.errors import BrokerError
 from broker.groups.pops import as_messages
 from broker.security.auth import current_caller
 from proto import tidemark_pb2 as pb
 
+# Pops (or acks) of one group and topic served by one pass and one record, at most
+POPS_COMBINED_MAX = 64
+ACKS_COMBINED_MAX = 64
+
+
+class PopTerms(NamedTuple):
+    """What pops must share to be served together."""
+
+    group: str
+    topic: str
+    invisible_ms: int
+    start_earliest: bool
+    may_create_dlq: bool
+    committed: bool
+
 
 class PopRpcs(Rpcs):
-    """Pop mode: leases, acks, nacks, changed leases (DESIGN §12)."""
+    """Pop mode: leases, acks, nacks, changed leases (DESIGN §12). Pops of one group and topic
+    with the same lease terms, and acks of one group, that arrive while one runs are served
+    together by the next (``combine.py``): one pass and one ``__pop`` record for all of them."""
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__(ctx)
+        self._pops: Combiner[PopTerms, int, tuple[list[pb.PoppedRun], int | None]] = Combiner(self._pop_many,
+                                                                                              POPS_COMBINED_MAX)
+        self._acks: Combiner[str, list[str], list[tuple[str, int, str]] | BrokerError] = Combiner(self._ack_many,
+                                                                                                   ACKS_COMBINED_MAX)
 
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
         return await handle_async(context, lambda: self._pop(request))
@@ -38,9 +66,8 @@ class PopRpcs(Rpcs):
         max_messages = request.max_messages or 32
         if request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
-        pop = functools.partial(self.pops.pop, request.group, request.topic, max_messages,
-                                request.invisible_ms or 30_000, request.start_earliest,
-                                current_caller().may("admin"), request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
+        terms = PopTerms(request.group, request.topic, request.invisible_ms or 30_000, request.start_earliest,
+                         current_caller().may("admin"), request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
         deadline = loop.time() + wait_s
         key = (request.topic, ANY_QUEUE)
         while True:
@@ -48,7 +75,7 @@ class PopRpcs(Rpcs):
                 idle, wake_ms = self.pops.idle(request.group, request.topic)
                 got: list[pb.PoppedRun] = []
                 if not idle:
-                    got, wake_ms = await loop.run_in_executor(self.read_pool, pop)
+                    got, wake_ms = await self._pops.call(terms, max_messages)
                 left = deadline - loop.time()
                 if got or wait_s <= 0 or left <= 0 or self.store.closing:
                     small = sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX
@@ -57,9 +84,28 @@ class PopRpcs(Rpcs):
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
 
-    def Ack(self, request: pb.AckRequest, context: grpc.ServicerContext) -> pb.AckResponse:
-        return handle(context, lambda: pb.AckResponse(results=_handle_results(
-            self.pops.ack(request.group, list(request.receipt_handles)))))
+    async def _pop_many(self, t: PopTerms, asks: list[int]) -> list[tuple[list[pb.PoppedRun], int | None]]:
+        metrics.POP_RUNS.labels("pop").inc()
+        metrics.POP_RUN_CALLS.labels("pop").inc(len(asks))
+        outs, wake_ms = await asyncio.get_running_loop().run_in_executor(
+            self.read_pool, functools.partial(self.pops.pop_many, t.group, t.topic, asks, t.invisible_ms,
+                                              t.start_earliest, t.may_create_dlq, t.committed))
+        return [(out, wake_ms) for out in outs]
+
+    async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
+        async def run() -> pb.AckResponse:
+            self.pops.check_group(request.group)
+            refused = await self._acks.call(request.group, list(request.receipt_handles))
+            if isinstance(refused, BrokerError):
+                raise refused
+            return pb.AckResponse(results=_handle_results(refused))
+        return await handle_async(context, run)
+
+    async def _ack_many(self, group: str, calls: list[list[str]]) -> list[list[tuple[str, int, str]] | BrokerError]:
+        """Acks of one group in one record; each call gets the refusals of its own handles."""
+        metrics.POP_RUNS.labels("ack").inc()
+        metrics.POP_RUN_CALLS.labels("ack").inc(len(calls))
+        return await asyncio.get_running_loop().run_in_executor(self.read_pool, self.pops.ack_many, group, calls)
 
     def Nack(self, request: pb.NackRequest, context: grpc.ServicerContext) -> pb.NackResponse:
         return handle(context, lambda: pb.NackResponse(results=_handle_results(

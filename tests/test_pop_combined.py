@@ -1,0 +1,152 @@
+"""Pops and acks that arrive together are served together (broker/daemon/combine.py): one pass and
+one ``__pop`` record for many calls, each call answered with its own messages, its own refusals
+and its own errors."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+import threading
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from broker.client import BrokerClient, BrokerError, Message
+from broker.daemon.combine import Combiner
+from tests.procs import DaemonProcess, free_port
+
+
+def _run(coro_fn: Callable[[], object]) -> object:
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coro_fn())  # type: ignore[arg-type]
+    finally:
+        loop.close()
+        gc.collect()
+
+
+def test_calls_arriving_during_a_run_share_the_next() -> None:
+    runs: list[list[int]] = []
+
+    async def run(key: str, args: list[int]) -> list[object]:
+        runs.append(list(args))
+        await asyncio.sleep(0.05)
+        return [ValueError("odd") if a % 2 else a * 10 for a in args]
+
+    async def main() -> list[object]:
+        c: Combiner[str, int, object] = Combiner(run, most=3)
+        first = asyncio.ensure_future(c.call("k", 0))
+        await asyncio.sleep(0.01)  # the first run is under way: the next five wait for it
+        rest = [asyncio.ensure_future(c.call("k", a)) for a in (2, 4, 6, 8, 1)]
+        other = asyncio.ensure_future(c.call("other", 2))  # another key runs beside them
+        out = await asyncio.gather(first, *rest, other, return_exceptions=True)
+        assert c.keys_waiting == 0
+        return out
+
+    out = _run(main)
+    assert runs == [[0], [2], [2, 4, 6], [8, 1]]  # "other" ran alone, at once
+    assert out[:5] == [0, 20, 40, 60, 80] and isinstance(out[5], ValueError) and out[6] == 20  # type: ignore[index]
+
+
+def test_a_failed_run_fails_its_calls_only_and_cancelled_calls_are_skipped() -> None:
+    seen: list[list[int]] = []
+
+    async def run(key: str, args: list[int]) -> list[int]:
+        seen.append(list(args))
+        await asyncio.sleep(0.02)
+        if 99 in args:
+            raise RuntimeError("boom")
+        return args
+
+    async def main() -> None:
+        c: Combiner[str, int, int] = Combiner(run, most=10)
+        first = asyncio.ensure_future(c.call("k", 99))
+        await asyncio.sleep(0.005)
+        gone = asyncio.ensure_future(c.call("k", 5))
+        kept = asyncio.ensure_future(c.call("k", 6))
+        await asyncio.sleep(0)
+        gone.cancel()
+        with pytest.raises(RuntimeError):
+            await first
+        assert await kept == 6
+
+    _run(main)
+    assert seen == [[99], [6]]
+
+
+def _metric(port: int, name: str, kind: str) -> float:
+    page = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    m = re.search(rf'^{name}_total{{kind="{kind}"}} (\S+)$', page, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def test_many_consumers_popping_at_once_share_records_and_get_each_message_once(
+        spawn: Callable[..., DaemonProcess]) -> None:
+    """16 consumers on 2 queues: every message delivered once, fewer pop passes than pops (their
+    records shared), acks of one call refused alone when its handle is malformed."""
+    port = free_port()
+    d = spawn("node", config={"node.metrics_listen": f"127.0.0.1:{port}"})
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=2)
+        c.send("t", [Message(b"m%d" % i, key=str(i)) for i in range(3000)], ack="flush")
+        seen: list[bytes] = []
+        errors: list[BaseException] = []
+        lock = threading.Lock()
+        start = threading.Barrier(16)
+
+        def consume() -> None:
+            try:
+                with BrokerClient(d.address) as cc:
+                    start.wait(10)
+                    while True:
+                        msgs = cc.pop("g", "t", max_messages=20, invisible_ms=60_000, max_wait_ms=300, start="earliest")
+                        if not msgs:
+                            return
+                        assert all(m.delivery_count == 1 for m in msgs)
+                        assert cc.ack("g", msgs) == {}
+                        with lock:
+                            seen.extend(m.body for m in msgs)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=consume) for _ in range(16)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+        assert Counter(seen) == Counter(b"m%d" % i for i in range(3000))  # each exactly once
+        desc = c.describe_group("g")
+        assert sum(q["in_flight"] for q in desc["queues"]) == 0 and sum(q["lag"] for q in desc["queues"]) == 0
+        pops, pop_runs = _metric(port, "tidemark_pop_run_calls", "pop"), _metric(port, "tidemark_pop_runs", "pop")
+        assert pops >= 3000 / 20 and pop_runs < pops, (pops, pop_runs)
+        acks, ack_runs = _metric(port, "tidemark_pop_run_calls", "ack"), _metric(port, "tidemark_pop_runs", "ack")
+        assert acks >= 3000 / 20 and ack_runs < acks, (acks, ack_runs)
+
+        # acks arriving together: a malformed handle refuses its own call, the others are done
+        c.send("t", [Message(b"late%d" % i) for i in range(8)], ack="flush")
+        got = c.pop("g", "t", max_messages=8, invisible_ms=60_000, max_wait_ms=2000)
+        assert len(got) == 8
+        handles = [m.receipt_handle for m in got]
+        outcomes: list[object] = [None] * 9
+        go = threading.Barrier(9)
+
+        def ack(i: int) -> None:
+            with BrokerClient(d.address) as cc:
+                go.wait(10)
+                try:
+                    outcomes[i] = cc.ack("g", ["not-a-handle"] if i == 8 else [handles[i]])
+                except BrokerError as exc:
+                    outcomes[i] = exc.code.name
+
+        acking = [threading.Thread(target=ack, args=(i,)) for i in range(9)]
+        for t in acking:
+            t.start()
+        for t in acking:
+            t.join(30)
+        assert outcomes == [{}] * 8 + ["INVALID_ARGUMENT"]
+        assert len(c.pop("g", "t", max_wait_ms=0)) == 0
+        assert sum(q["in_flight"] for q in c.describe_group("g")["queues"]) == 0
