@@ -1,20 +1,28 @@
-"""The any-language API against our client's fast path (issue 16): what encoding on the server
-(plain messages) and decoding on the server (``Pull`` with ``decode``) cost.
+"""The any-language API against our client's fast path (issues 16, 40): what encoding on the
+server (plain messages) and decoding on the server (``Pull`` with ``decode``) cost, from Python
+stubs and from Node.js.
 
-One daemon, a topic of 4 queues. Sends: ``--procs`` processes each send ``--messages`` / procs
+One daemon, a topic of 4 queues. Sends: ``--procs`` (4) processes each send ``--messages`` / procs
 1 KiB messages, 1,000 per call, ack=flush: first with ``BrokerClient.send`` (records encoded by
-the client), then with generated stubs and ``SendRequest.messages`` (the server encodes). Pulls:
-the same processes read a queue each, 1,000 per call: ``PullResult.bodies()`` against
-``decode = true``. Rates and ratios from one run; no targets (the plain path is for reach, not
-speed).
+the client), then with generated stubs and ``SendRequest.messages`` (the server encodes), then
+from as many Node.js processes (``examples/node/bench.js``: @grpc/grpc-js, plain messages, a new
+request each call). Pulls: one process per queue, 1,000 per call: ``PullResult.bodies()``
+against ``decode = true`` from Python stubs and from Node. Targets (issue 40): plain sends >=
+0.8x client-encoded batches, decoded pulls >= 0.7x batch pulls, Node's send and pull >= 0.7x the
+Python client's. Node needs ``node`` and the example's packages (``npm ci`` in examples/node,
+run here if missing); without them its rows say so.
 
-Usage: .venv/bin/python bench/plain_api.py [--quick] [--messages 200000]
+Usage: .venv/bin/python bench/plain_api.py [--quick] [--messages 200000] [--procs 4]
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import common
@@ -29,6 +37,7 @@ from proto import tidemark_pb2_grpc as pb_grpc
 TOPIC = "bench-plain"
 QUEUES = 4
 PER_CALL = 1000
+NODE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
 
 
 def sender(address: str, count: int, body_bytes: int, plain: bool, start_at: float, out: Any) -> None:
@@ -80,10 +89,39 @@ def rate(results: list[dict[str, float]]) -> float:
     return sum(r["messages"] for r in results) / max(r["seconds"] for r in results)
 
 
+def node_ready() -> tuple[str | None, str]:
+    """The ``node`` binary with the example's packages installed (``npm ci`` if missing), or why not."""
+    node, npm = shutil.which("node"), shutil.which("npm")
+    if node is None:
+        return None, "node not found (Debian: nodejs)"
+    if not (NODE_EXAMPLE / "node_modules" / "@grpc" / "grpc-js").exists():
+        if npm is None:
+            return None, "npm not found (Debian: npm)"
+        r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=NODE_EXAMPLE,
+                           capture_output=True, text=True, timeout=600, check=False)
+        if r.returncode != 0:
+            return None, f"npm ci failed: {(r.stderr or r.stdout).strip()[-200:]}"
+    return node, ""
+
+
+def run_node(node: str, argvs: list[list[str]]) -> float:
+    """One Node process per argv (``bench.js`` arguments before the start time), started together."""
+    start_at_ms = str(int((time.time() + 2.0) * 1000))
+    procs = [subprocess.Popen([node, str(NODE_EXAMPLE / "bench.js"), *argv, start_at_ms], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for argv in argvs]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=1800)
+        if p.returncode != 0:
+            raise RuntimeError(f"node bench.js failed: {err.strip()[-300:]}")
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return rate(results)
+
+
 def main() -> int:
     p = common.base_parser(__doc__.splitlines()[0])
     p.add_argument("--messages", type=int, default=200_000)
-    p.add_argument("--procs", type=int, default=2)
+    p.add_argument("--procs", type=int, default=4)
     p.add_argument("--body", type=int, default=KiB)
     a = p.parse_args()
     if a.quick:
@@ -102,7 +140,8 @@ def main() -> int:
         res.add("send, client-encoded batches (BrokerClient.send)", rates[False], "msg/s",
                 note=f"{a.procs} processes, {PER_CALL} x {a.body} B per call, ack=flush")
         res.add("send, plain messages (server encodes)", rates[True], "msg/s")
-        res.add("plain / client-encoded send", rates[True] / rates[False], "x")
+        target, ok = common.at_least(rates[True] / rates[False], 0.8)
+        res.add("plain / client-encoded send", rates[True] / rates[False], "x", target=target, ok=ok)
         common.wait_applied(c)
         ends = c.list_topics()[TOPIC]["max_offsets"]
         pulls = {}
@@ -113,7 +152,22 @@ def main() -> int:
         res.add("pull, batches decoded by the client (bodies())", pulls[False], "msg/s",
                 note=f"{QUEUES} processes, {PER_CALL} per call, {sum(ends):,} messages")
         res.add("pull, decode = true (server decodes)", pulls[True], "msg/s")
-        res.add("decoded / batch pull", pulls[True] / pulls[False], "x")
+        target, ok = common.at_least(pulls[True] / pulls[False], 0.7)
+        res.add("decoded / batch pull", pulls[True] / pulls[False], "x", target=target, ok=ok)
+        node, why = node_ready()
+        if node is None:
+            res.add("Node.js send and pull", 0, "msg/s", note=f"not measured: {why}")
+        else:
+            node_send = run_node(node, [[d.address, "send", TOPIC, str(each), str(PER_CALL), str(a.body)]] * a.procs)
+            res.add("send from Node.js, plain messages (examples/node/bench.js)", node_send, "msg/s",
+                    note=f"{a.procs} node processes, @grpc/grpc-js, {PER_CALL} per call, ack=flush")
+            target, ok = common.at_least(node_send / rates[False], 0.7)
+            res.add("Node send / Python client send", node_send / rates[False], "x", target=target, ok=ok)
+            node_pull = run_node(node, [[d.address, "pull", TOPIC, str(q), str(ends[q]), str(PER_CALL)]
+                                        for q in range(QUEUES)])
+            res.add("pull from Node.js, decode = true", node_pull, "msg/s", note=f"{QUEUES} node processes")
+            target, ok = common.at_least(node_pull / pulls[False], 0.7)
+            res.add("Node pull / Python client pull", node_pull / pulls[False], "x", target=target, ok=ok)
     res.print_table()
     return 0
 
