@@ -228,9 +228,10 @@ class GroupsAPI(ClientCore):
             shards = shards[1:] + shards[:1]
 
     def ack(self, group: str, messages: PopResult | Sequence[PoppedMessage | str] | PoppedMessage | str) -> dict[str, str]:
-        """End these leases for good (one call, one record). Returns the handles that could not be
-        acked, with the reason: a lease that expired or was nacked (the message is or will be
-        delivered again), or one an ack had already ended ("the message was acked": it is done; after
+        """End these leases for good (one call; acks that reach the master together share one
+        record). Returns the handles that could not be acked, with the reason: a lease that expired
+        or was nacked (the message is or will be delivered again), or one an ack had already ended
+        ("the message was acked": it is done; after
         an UNAVAILABLE this call is retried, and an earlier attempt whose answer was lost may have
         acked it); for a whole ``PopResult``, the handles of its runs in which some message could not be."""
         return self._end("Ack", pb.AckRequest, group, messages)

@@ -51,6 +51,7 @@ from proto import tidemark_pb2 as pb
 log = structlog.get_logger("server")
 GRACE_S = 5.0
 STREAMS_MAX = 32  # blocking streams served at once (slaves and snapshot downloads)
+ENDS_WORKERS = 8  # combined ack runs at once (one per group at most: broker/daemon/combine.py)
 PENDING_CALLS_MAX = 50_000  # calls gRPC core holds for the server before it refuses new ones
 FD_RESERVE = 256  # descriptors beyond limits.open_files_max: client sockets, LMDB, logs, the lock
 SOCKETS_WANTED = 65536  # the soft RLIMIT_NOFILE is raised this far above the files when the hard limit allows
@@ -71,6 +72,10 @@ class Daemon:
         self.health = health_async.HealthServicer()
         self.longpolls = LongPolls(self.aio.loop, lambda: self.config["limits.parked_waits_max"])
         self.read_pool = futures.ThreadPoolExecutor(max_workers=config["limits.grpc_workers"], thread_name_prefix="pull",
+                                                    initializer=name_pool_thread)
+        # combined acks of pop leases, each waiting for its record (not in the pull pool: slow replicas
+        # would hold its threads; the server's own pool ran acks before they were combined)
+        self.ends_pool = futures.ThreadPoolExecutor(max_workers=ENDS_WORKERS, thread_name_prefix="ends",
                                                     initializer=name_pool_thread)
         # one thread per long-lived blocking stream (replication to a slave, a snapshot download)
         self.stream_pool = futures.ThreadPoolExecutor(max_workers=STREAMS_MAX, thread_name_prefix="stream", initializer=name_pool_thread)
@@ -121,7 +126,7 @@ class Daemon:
         self.heartbeats.role_changed_threadsafe(self.store.role)
         self.store.register_role_listener(self.heartbeats.role_changed_threadsafe)
         self.heartbeats.start()
-        self.service = BrokerService(self.store, self.longpolls, self.read_pool, self.heartbeats)
+        self.service = BrokerService(self.store, self.longpolls, self.read_pool, self.heartbeats, self.ends_pool)
         add_broker_service(self.service, server, FENCE_EXEMPT)
         self.service.start()
         self.on_stop.append(self.service.stop)
@@ -298,6 +303,7 @@ class Daemon:
             self.aio.call(self.grpc_server.stop(GRACE_S))
         self.aio.close()
         self.read_pool.shutdown(wait=False)
+        self.ends_pool.shutdown(wait=False)
         self.stream_pool.shutdown(wait=False)
         self.store.stop()
         log.info("stopped", clean=True)

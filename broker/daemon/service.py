@@ -27,8 +27,9 @@ __all__ = ["FENCE_EXEMPT", "BrokerService"]
 
 
 class BrokerService:
-    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor, heartbeats: Heartbeats) -> None:
-        self.ctx = Context(store, longpolls, read_pool, heartbeats)
+    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor, heartbeats: Heartbeats,
+                 ends_pool: Executor | None = None) -> None:
+        self.ctx = Context(store, longpolls, read_pool, heartbeats, ends_pool)
         self.store = store
         self.data = DataRpcs(self.ctx)
         self.topics = TopicRpcs(self.ctx)

@@ -12,7 +12,7 @@ from broker.errors import BrokerError, invalid, shown
 from broker.groups import receipts
 from broker.groups.pop_parts import FAILED_PRECONDITION, REASONS, TWICE, PopParts, now_ms, record_batch
 from broker.logformat import pop_records as pr
-from broker.views.pop_leases import NOT_LEASED
+from broker.views.pop_leases import ENDED, NOT_LEASED
 
 
 class LeaseEnds(PopParts):
@@ -94,15 +94,22 @@ class LeaseEnds(PopParts):
         results: list[list[tuple[str, int, str]] | BrokerError] = []
         resolved: list[receipts.Handle] = []
         owner: list[tuple[int, int]] = []  # per resolved handle: its call and its place in it
+        earlier: set[str] = set()  # handles of the calls before: a repeat in a later call ends nothing more
         for c, handles in enumerate(calls):
             try:
                 mine = self._resolve(group, handles)
             except BrokerError as exc:
                 results.append(exc)
                 continue
-            results.append([])
-            resolved += mine
-            owner += [(c, j) for j in range(len(mine))]
+            repeats: list[tuple[str, int, str]] = []
+            for j, h in enumerate(mine):
+                if handles[j] in earlier:
+                    repeats.append((handles[j], FAILED_PRECONDITION, REASONS[ENDED]))
+                else:
+                    resolved.append(h)
+                    owner.append((c, j))
+            earlier.update(handles)
+            results.append(repeats)
         if not resolved:
             return results
         keys = [(group, h.topic, h.queue_id) for h in resolved]

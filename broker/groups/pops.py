@@ -1,6 +1,7 @@
 """Pop mode on the master (DESIGN §12): lease messages, end leases, move dead ones to the DLQ.
 
-Every change is one ``__pop`` record per call (``broker/logformat/pop_records.py``), applied by
+Every change is one ``__pop`` record per call, or per pass of calls that arrived together
+(``broker/daemon/combine.py``; ``broker/logformat/pop_records.py``), applied by
 the pop view like any other view, so leases replicate, survive kill -9 and failover, and restart
 is bounded by the view's checkpoint. The master decides under a lock per (group, topic, queue):
 it first waits until the view has applied its own last record that touched the queue (the whole
@@ -46,6 +47,10 @@ from broker.logformat import pop_records as pr
 from broker.store import Store
 from broker.views.pop_leases import PopQueue
 from proto import tidemark_pb2 as pb
+
+# Byte budgets (``limits.pull_bytes_max`` each) one pass of combined pops reads at most: what it
+# holds until its record is durable. Pops beyond it are answered empty and ask again.
+RUN_BUDGETS = 4
 
 
 @dataclass(slots=True)
@@ -102,8 +107,10 @@ class PopService(LeaseEnds, PopReports):
                  start_earliest: bool, may_create_dlq: bool = True,
                  committed: bool = True) -> tuple[list[list[pb.PoppedRun]], int | None]:
         """Pops of one group and topic that arrived together (``asks``: each one's ``max_messages``),
-        leased in one pass and one record: each gets its own runs (a share of what was picked,
-        read within its own byte budget), all under the record's one tag. As one pop each:
+        leased in one pass and one record: each gets its own runs (what was picked, dealt out in
+        order, each read within its own byte budget and all within ``RUN_BUDGETS`` of them; a pop
+        left with nothing is answered empty and may ask again at once), all under the record's
+        one tag. As one pop each:
 
         Lease up to ``max_messages``; return them as runs of adjacent messages with the log
         batches that hold them (at most ``limits.pull_bytes_max`` and one batch), or no run and when
@@ -189,7 +196,7 @@ class PopService(LeaseEnds, PopReports):
         if dead:
             metrics.POP_DLQ.inc(dead)
             log.info("pop_dead_letters", group=group, topic=topic, count=dead)
-        return outs, None
+        return outs, wake  # (for a pop answered empty: when a lease ends)
 
     def _lease(self, group: str, topic: str, picks: list[_Pick], invisible_ms: int,
                now: int, may_create_dlq: bool, asks: list[int]) -> tuple[list[list[pb.PoppedRun]], int, int]:
@@ -202,14 +209,27 @@ class PopService(LeaseEnds, PopReports):
         dlq_ready = any(p.dead.size for p in picks) and self.dead.ready(group, may_create_dlq)
         epoch, cluster = self.store.epoch, self.cluster
         pull_bytes = self.config["limits.pull_bytes_max"]
+        total_budget = pull_bytes * RUN_BUDGETS
         outs: list[list[pb.PoppedRun]] = [[] for _ in asks]
         read: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in picks]  # per pick: got, gone
-        for who, share in enumerate(_shares(picks, asks)):
-            budget = pull_bytes  # each pop's own, as if it came alone
-            for i, offsets, counts in share:
+        i = at = 0  # the picks are dealt out in order: what one pop leaves, the next one takes
+        for who, ask in enumerate(asks):
+            budget = min(pull_bytes, total_budget)  # each pop's own, as if it came alone, within the run's
+            left = ask
+            while left > 0 and budget > 0 and i < len(picks):
                 p = picks[i]
+                if at >= p.offsets.size:
+                    i, at = i + 1, 0
+                    continue
+                offsets, counts = p.offsets[at : at + left], p.counts[at : at + left]
+                runs, got, gone, after = self._read_runs(topic, p.queue_id, offsets, counts, budget)
+                total_budget -= budget - after
+                budget = after
+                covered = max(int(got[-1]) if got.size else -1, int(gone[-1]) if gone.size else -1)
+                advanced = int(np.searchsorted(offsets, covered, side="right"))  # cut by the budget: the rest waits
+                at = at + advanced if advanced else p.offsets.size  # nothing read: this queue is done for the pass
+                left -= int(got.size)
                 prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
-                runs, got, gone, budget = self._read_runs(topic, p.queue_id, offsets, counts, budget)
                 for first, count, delivery, batches, skip in runs:
                     outs[who].append(pb.PoppedRun(
                         queue_id=p.queue_id, first_offset=first, count=count, delivery_count=delivery,
@@ -221,7 +241,7 @@ class PopService(LeaseEnds, PopReports):
         entries = []
         touched: list[int] = []
         for p, (gots, gones) in zip(picks, read, strict=True):
-            got = np.concatenate(gots) if gots else p.offsets[:0]  # each share's in order: sorted
+            got = np.concatenate(gots) if gots else p.offsets[:0]  # a prefix of the pick's offsets: sorted
             gone = np.union1d(p.gone, np.concatenate(gones) if gones else p.gone[:0])  # removed by retention meanwhile
             dead = np.setdiff1d(p.dead, gone) if dlq_ready else p.dead[:0]
             if not (got.size or dead.size or gone.size or p.start is not None):
@@ -351,24 +371,6 @@ class PopService(LeaseEnds, PopReports):
     # -- what describe shows (broker/daemon/group_admin.py PopState) --------------------------------
 
 
-
-
-def _shares(picks: list[_Pick], asks: list[int]) -> list[list[tuple[int, np.ndarray, np.ndarray]]]:
-    """The picks' offsets dealt out in order: to each pop (``asks``: how many it takes) its
-    (pick index, offsets, counts) slices."""
-    out: list[list[tuple[int, np.ndarray, np.ndarray]]] = [[] for _ in asks]
-    who, left = 0, asks[0]
-    for i, p in enumerate(picks):
-        at = 0
-        while at < p.offsets.size and who < len(asks):
-            take = min(left, p.offsets.size - at)
-            out[who].append((i, p.offsets[at : at + take], p.counts[at : at + take]))
-            at += take
-            left -= take
-            if left == 0:
-                who += 1
-                left = asks[who] if who < len(asks) else 0
-    return out
 
 
 def _earliest(a: int | None, b: int | None) -> int | None:

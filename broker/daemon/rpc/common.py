@@ -92,11 +92,13 @@ def check_system_read(topic: str) -> None:
 class Context:
     """The daemon's parts the service's areas use."""
 
-    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor, heartbeats: Heartbeats) -> None:
+    def __init__(self, store: Store, longpolls: LongPolls, read_pool: Executor, heartbeats: Heartbeats,
+                 ends_pool: Executor | None = None) -> None:
         self.store = store
         self.config = store.config
         self.longpolls = longpolls
         self.read_pool = read_pool  # pull reads and large sends; admin calls run in the server's own pool
+        self.ends_pool = ends_pool or read_pool  # acks of pop leases (each waits for its record)
         self.heartbeats = heartbeats
         self.groups = GroupAdmin(store, heartbeats.membership)
         self.pops = PopService(store)

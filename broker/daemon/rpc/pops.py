@@ -29,6 +29,14 @@ POPS_COMBINED_MAX = 64
 ACKS_COMBINED_MAX = 64
 
 
+class Popped(NamedTuple):
+    """One pop's part of a combined run."""
+
+    runs: list[pb.PoppedRun]
+    wake_ms: int | None  # answered empty: when a lease ends
+    others_got: bool  # the run leased messages (to other pops, if this one has none)
+
+
 class PopTerms(NamedTuple):
     """What pops must share to be served together."""
 
@@ -47,8 +55,7 @@ class PopRpcs(Rpcs):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._pops: Combiner[PopTerms, int, tuple[list[pb.PoppedRun], int | None]] = Combiner(self._pop_many,
-                                                                                              POPS_COMBINED_MAX)
+        self._pops: Combiner[PopTerms, int, Popped] = Combiner(self._pop_many, POPS_COMBINED_MAX, self._give_back)
         self._acks: Combiner[str, list[str], list[tuple[str, int, str]] | BrokerError] = Combiner(self._ack_many,
                                                                                                    ACKS_COMBINED_MAX)
 
@@ -69,13 +76,17 @@ class PopRpcs(Rpcs):
         terms = PopTerms(request.group, request.topic, request.invisible_ms or 30_000, request.start_earliest,
                          current_caller().may("admin"), request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
         deadline = loop.time() + wait_s
+        looked_again = False
         key = (request.topic, ANY_QUEUE)
         while True:
             async with self.longpolls.parking(key, wait_s > 0) as parked:
                 idle, wake_ms = self.pops.idle(request.group, request.topic)
                 got: list[pb.PoppedRun] = []
                 if not idle:
-                    got, wake_ms = await self._pops.call(terms, max_messages)
+                    got, wake_ms, others_got = await self._pops.call(terms, max_messages)
+                    if not got and others_got and (loop.time() < deadline or not looked_again):
+                        looked_again = True
+                        continue  # the pops served with this one took what was found: look again at once
                 left = deadline - loop.time()
                 if got or wait_s <= 0 or left <= 0 or self.store.closing:
                     small = sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX
@@ -84,13 +95,22 @@ class PopRpcs(Rpcs):
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
 
-    async def _pop_many(self, t: PopTerms, asks: list[int]) -> list[tuple[list[pb.PoppedRun], int | None]]:
+    async def _pop_many(self, t: PopTerms, asks: list[int]) -> list[Popped]:
         metrics.POP_RUNS.labels("pop").inc()
         metrics.POP_RUN_CALLS.labels("pop").inc(len(asks))
         outs, wake_ms = await asyncio.get_running_loop().run_in_executor(
             self.read_pool, functools.partial(self.pops.pop_many, t.group, t.topic, asks, t.invisible_ms,
                                               t.start_earliest, t.may_create_dlq, t.committed))
-        return [(out, wake_ms) for out in outs]
+        some = any(outs)
+        return [Popped(out, wake_ms, some) for out in outs]
+
+    async def _give_back(self, t: PopTerms, unclaimed: list[Popped]) -> None:
+        """Leases of pops whose callers gave up while they were served end at once (a nack, no
+        delay): their messages are delivered again now, not after ``invisible_ms``."""
+        for popped in unclaimed:  # one call each: each is within a call's limits
+            handles = [run.receipt_handle for run in popped.runs]
+            if handles:
+                await asyncio.get_running_loop().run_in_executor(self.ctx.ends_pool, self.pops.nack, t.group, handles, 0)
 
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
         async def run() -> pb.AckResponse:
@@ -105,7 +125,7 @@ class PopRpcs(Rpcs):
         """Acks of one group in one record; each call gets the refusals of its own handles."""
         metrics.POP_RUNS.labels("ack").inc()
         metrics.POP_RUN_CALLS.labels("ack").inc(len(calls))
-        return await asyncio.get_running_loop().run_in_executor(self.read_pool, self.pops.ack_many, group, calls)
+        return await asyncio.get_running_loop().run_in_executor(self.ctx.ends_pool, self.pops.ack_many, group, calls)
 
     def Nack(self, request: pb.NackRequest, context: grpc.ServicerContext) -> pb.NackResponse:
         return handle(context, lambda: pb.NackResponse(results=_handle_results(
