@@ -1,7 +1,8 @@
 """examples/node: a Node.js client written from proto/tidemark.proto alone (@grpc/grpc-js and
 @grpc/proto-loader, pinned by its lockfile) against a live daemon: it creates a topic, sends a
 plain and a delayed message, pulls both back decoded, commits an offset, pops and acks them for a
-second group, runs a committed and an aborted transaction and reads the typed status.
+second group, drains 250 jobs with a consumer loop of bulk pops and acks, runs a committed and an
+aborted transaction and reads the typed status.
 What it printed is checked against what the daemon holds, through the Python client."""
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
     assert steps["commit"] == {"step": "commit", "found": True, "offset": "2"}
     assert steps["pop"] == {"step": "pop", "bodies": ["hello from node", "delayed from node"],
                             "delivery_counts": [1, 1], "not_acked": 0}
+    loop = steps["consume_loop"]  # every job once, 100 at most a pop, one ack call a pop, none refused
+    assert (loop["consumed"], loop["distinct"], loop["refused"]) == (250, 250, 0) and 3 <= loop["pops"] <= 250, loop
     assert steps["status"]["role"] == "ROLE_MASTER" and steps["status"]["epoch"] == 1
     assert steps["read_committed"] == {"step": "read_committed", "bodies": ["node-tx-ok 1", "node-tx-ok 2"],
                                        "offsets": ["0", "1"], "next_offset": "4", "uncommitted": 4}

@@ -1,7 +1,7 @@
 // A Tidemark client in Node.js, written from proto/tidemark.proto alone: no record format, no
 // CRC, no Tidemark library. It creates a topic, sends a plain and a delayed message, pulls them
 // back decoded, commits an offset, reads it back, pops them for a second group and acks them
-// (pop mode), runs two transactions on queue 1 (one committed with a consumer offset, one aborted)
+// (pop mode), drains 250 jobs with a consumer loop of bulk pops and acks, runs two transactions on queue 1 (one committed with a consumer offset, one aborted)
 // and one in a single call on queue 0, reads queue 1 read_committed, and prints the node's typed status.
 //
 //   npm ci && node client.js 127.0.0.1:7600 [topic]
@@ -110,6 +110,39 @@ async function main() {
     delivery_counts: popped.messages.map((m) => m.delivery_count),
     not_acked: acked.results.length,
   });
+
+  // A consumer loop in pop mode, in bulk: each Pop long-polls for up to 100 messages (decoded, from
+  // every queue), one Ack per Pop ends all its leases; consumers' pops (and acks) that reach the
+  // master together share one record. The loop ends when a Pop finds nothing within its wait.
+  const jobsTopic = `${topic}-jobs`;
+  try {
+    await call('CreateTopic', { name: jobsTopic, queues: 4 });
+  } catch (err) {
+    if (err.code !== grpc.status.ALREADY_EXISTS) throw err;
+  }
+  const jobs = [];
+  for (let i = 0; i < 250; i++) jobs.push({ topic: jobsTopic, key: `job-${i}`, body: Buffer.from(`job ${i}`) });
+  await call('Send', { ack: 'ACK_FLUSH', messages: jobs });
+  const workers = `${group}-workers`;
+  const done = new Set();
+  let consumed = 0;
+  let pops = 0;
+  let refused = 0;
+  for (;;) {
+    const batch = await call('Pop', {
+      group: workers, topic: jobsTopic, max_messages: 100, invisible_ms: 30000, max_wait_ms: 300, start_earliest: true,
+      decode: true,
+    });
+    if (batch.messages.length === 0) break;
+    pops += 1;
+    for (const m of batch.messages) {
+      consumed += 1; // the work of a message goes here
+      done.add(m.body.toString());
+    }
+    const ended = await call('Ack', { group: workers, receipt_handles: batch.messages.map((m) => m.receipt_handle) });
+    refused += ended.results.length;
+  }
+  print('consume_loop', { consumed, distinct: done.size, pops, refused });
 
   // Transactions: the first Send begins one (SendRequest.begin; BeginTransaction does it alone),
   // later sends name it (SendRequest.transaction), EndTransaction ends it. A read_committed pull
