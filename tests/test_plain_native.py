@@ -16,7 +16,10 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from broker.daemon import plain
+from broker.daemon.rpc.pops import _popped_wire
 from broker.errors import BrokerError
+from broker.groups import receipts
+from broker.groups.pops import as_messages
 from broker.logformat import batch as bf
 from broker.ports import BatchReceipt
 from proto import tidemark_pb2 as pb
@@ -246,3 +249,34 @@ def test_a_large_decode_lets_go_of_the_lock_and_answers_alike() -> None:
     assert sum(map(len, blobs)) > 4 << 20
     expected = pb.PullResponse(messages=plain.decode(blobs, 5, 5990))
     assert pb.PullResponse.FromString(plain.decode_wire(blobs, 5, 5990) or b"-") == expected
+
+
+def test_the_c_popped_answer_is_what_python_builds() -> None:
+    """PopResponse.messages of leased runs, with records or decoded (``decode``), as the Python path
+    builds them: per message its handle, the run's queue and delivery count, the batch's offset."""
+    rng = random.Random(42)
+    taken = 0
+    for _ in range(400):
+        runs = []
+        for q in range(rng.randrange(1, 4)):
+            blobs, total, base = [], 0, rng.randrange(1 << 30)
+            for _ in range(rng.randrange(1, 3)):
+                n = rng.randrange(1, 6)
+                items = [(rng.randbytes(rng.randrange(9)), _key(rng), _props(rng)) for _ in range(n)]
+                blobs.append(_batch(rng.randrange(1 << 40), base + total, items))
+                total += n
+            skip = rng.randrange(total)
+            count = rng.randrange(1, total - skip + 1)
+            prefix = receipts.lease_prefix(0, 3, rng.randrange(1, 1 << 62), q)
+            runs.append(pb.PoppedRun(queue_id=q, first_offset=base + skip, count=count, delivery_count=rng.randrange(1, 4),
+                                     receipt_handle=receipts.run_handle(prefix, base + skip, count, "orders"),
+                                     batches=blobs, skip_first=skip))
+        records = _popped_wire(runs, False)
+        assert records is not None  # records need no decoding: always taken
+        assert pb.PopResponse.FromString(records) == pb.PopResponse(messages=as_messages(runs))
+        decoded = _popped_wire(runs, True)
+        if decoded is None:
+            continue
+        taken += 1
+        assert pb.PopResponse.FromString(decoded) == pb.PopResponse(messages=plain.decode_popped(runs, as_messages(runs)))
+    assert taken > 150, taken

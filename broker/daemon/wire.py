@@ -50,8 +50,8 @@ def _passthrough(data: bytes) -> bytes:
     return data
 
 
-# Methods that answer either a message or its wire bytes (Send: the C path's message receipts)
-_MAYBE_BYTES = frozenset({"Send"})
+# Methods that answer either a message or its wire bytes (the C path's message receipts, popped messages)
+_MAYBE_BYTES = frozenset({"Send", "Pop"})
 
 
 def _bytes_or(serialize: Callable[[Any], bytes]) -> Callable[[Any], bytes]:

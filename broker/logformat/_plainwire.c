@@ -48,6 +48,13 @@
  *     properties that do not fill their length, a timer field of more than 19 digits or past
  *     int64, a store time past int64. From RELEASE_LOCK_BYTES of batches on, it walks and
  *     copies without the interpreter lock.
+ *
+ * popped(batches, skip_first, count, queue_id, delivery_count, lease, topic, decode) -> bytes | None
+ *
+ *     The PopResponse field ``messages`` (number 1) for one leased run: each message with its
+ *     run's queue and delivery count, the batch's commit offset and its own receipt handle
+ *     (``lease.<offset in hex>.topic``), and either its encoded record or (``decode``) its key,
+ *     body, properties and timer fields as ``decode_pulled`` reads them; None as it says.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -664,60 +671,120 @@ static uint64_t field_number(const unsigned char *s, Py_ssize_t n) {
     return v;
 }
 
-/* One PulledMessage (with its field 7 tag and length) of the record at ``r`` of a batch whose
- * header is at ``h``; written at w when set. -1: not taken here. */
-static Py_ssize_t put_pulled(unsigned char *w, const unsigned char *h, const unsigned char *r, uint64_t queue_offset,
-                             uint64_t commit_offset) {
+/* The tags (field << 3 | wire type) of a message's fields in its answer; 0: the message has no such field. */
+struct shape {
+    unsigned char outer; /* the message in its response */
+    unsigned char queue_id, queue_offset, commit_offset, store_time, record, handle, delivery, key, body, props,
+        deliver_at, timer_offset;
+    int batch_commit_offset; /* commit_offset is the batch's (a popped message's), not the record's */
+};
+
+/* PullResponse.messages (7): PulledMessage. PopResponse.messages (1): PoppedMessage, decoded or with its record. */
+static const struct shape PULLED = {0x3A, 0, 0x08, 0x10, 0x18, 0, 0, 0, 0x22, 0x2A, 0x32, 0x38, 0x40, 0};
+static const struct shape POPPED_DECODED = {0x0A, 0x08, 0x10, 0x18, 0x20, 0, 0x32, 0x38, 0x42, 0x4A, 0x52, 0x58, 0x60, 1};
+static const struct shape POPPED_RECORD = {0x0A, 0x08, 0x10, 0x18, 0x20, 0x2A, 0x32, 0x38, 0, 0, 0, 0, 0, 1};
+
+/* What a popped message carries beside its record: its run's queue and delivery count, and its
+ * receipt handle ``lease.<offset in hex>.topic`` (broker/groups/receipts.py run_handle, one message). */
+struct run_extra {
+    uint64_t queue_id, delivery_count;
+    const unsigned char *lease, *topic;
+    Py_ssize_t lease_len, topic_len;
+};
+
+static Py_ssize_t put_handle(unsigned char *w, unsigned char tag, const struct run_extra *x, uint64_t offset) {
+    char hex[17];
+    int digits = snprintf(hex, sizeof(hex), "%llx", (unsigned long long)offset);
+    Py_ssize_t n = x->lease_len + 1 + digits + 1 + x->topic_len;
+    Py_ssize_t at = 1 + put_varint(w ? w + 1 : NULL, (uint64_t)n);
+    if (w == NULL)
+        return at + n;
+    w[0] = tag;
+    memcpy(w + at, x->lease, (size_t)x->lease_len);
+    at += x->lease_len;
+    w[at++] = '.';
+    memcpy(w + at, hex, (size_t)digits);
+    at += digits;
+    w[at++] = '.';
+    memcpy(w + at, x->topic, (size_t)x->topic_len);
+    return at + x->topic_len;
+}
+
+/* One message (with its outer tag and length) of the record at ``r`` of a batch whose header is at
+ * ``h``, in ``shape``; written at w when set. -1: not taken here. */
+static Py_ssize_t put_message(unsigned char *w, const struct shape *sh, const struct run_extra *x, const unsigned char *h,
+                              const unsigned char *r, uint64_t queue_offset, uint64_t commit_offset) {
     uint32_t size = le32(r), key_len = le16(r + 4), props_len = le16(r + 6);
     const unsigned char *key = r + RECORD_HEAD_BYTES, *props = key + key_len, *body = props + props_len;
     Py_ssize_t body_len = (Py_ssize_t)size + 4 - RECORD_HEAD_BYTES - key_len - props_len;
-    if (!utf8_ok(key, key_len))
-        return -1;
     const unsigned char *deliver_at = NULL, *timer_offset = NULL;
     Py_ssize_t deliver_at_len = 0, timer_offset_len = 0, entries = 0;
-    for (uint32_t at = 0; at < props_len;) {
-        if (props_len - at < 4)
+    if (sh->key) { /* decoded: every key, name and value UTF-8, the timer fields read out */
+        if (!utf8_ok(key, key_len))
             return -1;
-        uint32_t n = le16(props + at);
-        if (props_len - at - 4 < n)
-            return -1;
-        const unsigned char *name = props + at + 2;
-        uint32_t v = le16(props + at + 2 + n);
-        if (props_len - at - 4 - n < v)
-            return -1;
-        const unsigned char *value = name + n + 2;
-        at += 4 + n + v;
-        if (!utf8_ok(name, n) || !utf8_ok(value, v))
-            return -1;
-        if (named(name, n, DELIVER_AT)) {
-            deliver_at = value;
-            deliver_at_len = v;
-        } else if (named(name, n, TIMER_OFFSET)) {
-            timer_offset = value;
-            timer_offset_len = v;
-        } else if (!named(name, n, TARGET_TOPIC) && !named(name, n, TARGET_QUEUE)) {
-            Py_ssize_t entry = put_bytes_field(NULL, 0x0A, name, n, 1) + put_bytes_field(NULL, 0x12, value, v, 1);
-            entries += 1 + put_varint(NULL, (uint64_t)entry) + entry;
+        for (uint32_t at = 0; at < props_len;) {
+            if (props_len - at < 4)
+                return -1;
+            uint32_t n = le16(props + at);
+            if (props_len - at - 4 < n)
+                return -1;
+            const unsigned char *name = props + at + 2;
+            uint32_t v = le16(props + at + 2 + n);
+            if (props_len - at - 4 - n < v)
+                return -1;
+            const unsigned char *value = name + n + 2;
+            at += 4 + n + v;
+            if (!utf8_ok(name, n) || !utf8_ok(value, v))
+                return -1;
+            if (named(name, n, DELIVER_AT)) {
+                deliver_at = value;
+                deliver_at_len = v;
+            } else if (named(name, n, TIMER_OFFSET)) {
+                timer_offset = value;
+                timer_offset_len = v;
+            } else if (!named(name, n, TARGET_TOPIC) && !named(name, n, TARGET_QUEUE)) {
+                Py_ssize_t entry = put_bytes_field(NULL, 0x0A, name, n, 1) + put_bytes_field(NULL, 0x12, value, v, 1);
+                entries += 1 + put_varint(NULL, (uint64_t)entry) + entry;
+            }
         }
     }
     uint64_t deliver_at_ms = field_number(deliver_at, deliver_at_len), offset = field_number(timer_offset, timer_offset_len);
     if (deliver_at_ms > (uint64_t)INT64_MAX)
         return -1;
     uint64_t store_time_ms = le64(h + 32);
-    Py_ssize_t inner = put_uint_field(NULL, 0x08, queue_offset) + put_uint_field(NULL, 0x10, commit_offset) +
-                       put_uint_field(NULL, 0x18, store_time_ms) + put_bytes_field(NULL, 0x22, key, key_len, 0) +
-                       put_bytes_field(NULL, 0x2A, body, body_len, 0) + entries +
-                       put_uint_field(NULL, 0x38, deliver_at_ms) + put_uint_field(NULL, 0x40, offset);
+    if (sh->batch_commit_offset)
+        commit_offset = le64(h + 16);
+    Py_ssize_t inner = (sh->queue_id ? put_uint_field(NULL, sh->queue_id, x->queue_id) : 0) +
+                       put_uint_field(NULL, sh->queue_offset, queue_offset) +
+                       put_uint_field(NULL, sh->commit_offset, commit_offset) +
+                       put_uint_field(NULL, sh->store_time, store_time_ms) +
+                       (sh->record ? put_bytes_field(NULL, sh->record, r, (Py_ssize_t)size + 4, 0) : 0) +
+                       (sh->handle ? put_handle(NULL, sh->handle, x, queue_offset) : 0) +
+                       (sh->delivery ? put_uint_field(NULL, sh->delivery, x->delivery_count) : 0);
+    if (sh->key)
+        inner += put_bytes_field(NULL, sh->key, key, key_len, 0) + put_bytes_field(NULL, sh->body, body, body_len, 0) +
+                 entries + put_uint_field(NULL, sh->deliver_at, deliver_at_ms) +
+                 put_uint_field(NULL, sh->timer_offset, offset);
     Py_ssize_t head = 1 + put_varint(NULL, (uint64_t)inner);
     if (w == NULL)
         return head + inner;
-    w[0] = 0x3A;
+    w[0] = sh->outer;
     Py_ssize_t at = 1 + put_varint(w + 1, (uint64_t)inner);
-    at += put_uint_field(w + at, 0x08, queue_offset);
-    at += put_uint_field(w + at, 0x10, commit_offset);
-    at += put_uint_field(w + at, 0x18, store_time_ms);
-    at += put_bytes_field(w + at, 0x22, key, key_len, 0);
-    at += put_bytes_field(w + at, 0x2A, body, body_len, 0);
+    if (sh->queue_id)
+        at += put_uint_field(w + at, sh->queue_id, x->queue_id);
+    at += put_uint_field(w + at, sh->queue_offset, queue_offset);
+    at += put_uint_field(w + at, sh->commit_offset, commit_offset);
+    at += put_uint_field(w + at, sh->store_time, store_time_ms);
+    if (sh->record)
+        at += put_bytes_field(w + at, sh->record, r, (Py_ssize_t)size + 4, 0);
+    if (sh->handle)
+        at += put_handle(w + at, sh->handle, x, queue_offset);
+    if (sh->delivery)
+        at += put_uint_field(w + at, sh->delivery, x->delivery_count);
+    if (!sh->key)
+        return at;
+    at += put_bytes_field(w + at, sh->key, key, key_len, 0);
+    at += put_bytes_field(w + at, sh->body, body, body_len, 0);
     for (uint32_t p = 0; p < props_len;) {
         uint32_t n = le16(props + p);
         const unsigned char *name = props + p + 2;
@@ -728,13 +795,13 @@ static Py_ssize_t put_pulled(unsigned char *w, const unsigned char *h, const uns
             named(name, n, TARGET_QUEUE))
             continue;
         Py_ssize_t entry = put_bytes_field(NULL, 0x0A, name, n, 1) + put_bytes_field(NULL, 0x12, value, v, 1);
-        w[at] = 0x32;
+        w[at] = sh->props;
         at += 1 + put_varint(w + at + 1, (uint64_t)entry);
         at += put_bytes_field(w + at, 0x0A, name, n, 1);
         at += put_bytes_field(w + at, 0x12, value, v, 1);
     }
-    at += put_uint_field(w + at, 0x38, deliver_at_ms);
-    at += put_uint_field(w + at, 0x40, offset);
+    at += put_uint_field(w + at, sh->deliver_at, deliver_at_ms);
+    at += put_uint_field(w + at, sh->timer_offset, offset);
     return at;
 }
 
@@ -745,8 +812,8 @@ struct blob {
 
 /* Walks the records the answer holds; with w unset it only measures. -1: not taken here. Touches no
  * Python object: it may run without the interpreter lock. */
-static Py_ssize_t put_pulled_all(unsigned char *w, const struct blob *blobs, Py_ssize_t nblobs, Py_ssize_t skip_first,
-                                 Py_ssize_t count) {
+static Py_ssize_t put_pulled_all(unsigned char *w, const struct shape *sh, const struct run_extra *x,
+                                 const struct blob *blobs, Py_ssize_t nblobs, Py_ssize_t skip_first, Py_ssize_t count) {
     Py_ssize_t total = 0, done = 0, skip = skip_first;
     for (Py_ssize_t i = 0; i < nblobs && done < count; i++) {
         const unsigned char *buf = blobs[i].buf;
@@ -769,7 +836,7 @@ static Py_ssize_t put_pulled_all(unsigned char *w, const struct blob *blobs, Py_
                 if (skip > 0) {
                     skip--;
                 } else {
-                    Py_ssize_t n = put_pulled(w ? w + total : NULL, h, h + r, queue_offset, base_offset + r);
+                    Py_ssize_t n = put_message(w ? w + total : NULL, sh, x, h, h + r, queue_offset, base_offset + r);
                     if (n < 0)
                         return -1;
                     total += n;
@@ -783,17 +850,15 @@ static Py_ssize_t put_pulled_all(unsigned char *w, const struct blob *blobs, Py_
     return total;
 }
 
-static PyObject *decode_pulled(PyObject *self, PyObject *args) {
-    PyObject *batches;
-    Py_ssize_t skip_first, count;
-    Py_buffer head;
-    (void)self;
-    if (!PyArg_ParseTuple(args, "O!nny*:decode_pulled", &PyList_Type, &batches, &skip_first, &count, &head))
-        return NULL;
+/* ``head`` and the messages of ``batches`` (skip_first, count) in ``sh``; None when not taken here. */
+static PyObject *answer(PyObject *batches, Py_ssize_t skip_first, Py_ssize_t count, const Py_buffer *head,
+                        const struct shape *sh, const struct run_extra *x) {
     /* a tuple of its own holds every blob while the walks run, whatever happens to the list */
     PyObject *held = PyList_AsTuple(batches), *out = NULL;
     Py_ssize_t nblobs = held != NULL ? PyTuple_GET_SIZE(held) : 0, bytes = 0;
     struct blob *blobs = held != NULL ? calloc((size_t)(nblobs ? nblobs : 1), sizeof(*blobs)) : NULL;
+    Py_ssize_t total, wrote;
+    int release;
     if (held != NULL && blobs == NULL)
         PyErr_NoMemory();
     if (blobs == NULL)
@@ -808,40 +873,68 @@ static PyObject *decode_pulled(PyObject *self, PyObject *args) {
         blobs[i].len = PyBytes_GET_SIZE(blob);
         bytes += blobs[i].len;
     }
-    int release = bytes >= RELEASE_LOCK_BYTES;
-    Py_ssize_t total;
+    release = bytes >= RELEASE_LOCK_BYTES;
     if (release) {
         Py_BEGIN_ALLOW_THREADS
-        total = put_pulled_all(NULL, blobs, nblobs, skip_first, count);
+        total = put_pulled_all(NULL, sh, x, blobs, nblobs, skip_first, count);
         Py_END_ALLOW_THREADS
     } else {
-        total = put_pulled_all(NULL, blobs, nblobs, skip_first, count);
+        total = put_pulled_all(NULL, sh, x, blobs, nblobs, skip_first, count);
     }
     if (total < 0) {
         out = Py_NewRef(Py_None);
         goto done;
     }
-    out = PyBytes_FromStringAndSize(NULL, head.len + total);
+    out = PyBytes_FromStringAndSize(NULL, head->len + total);
     if (out == NULL)
         goto done;
     unsigned char *w = (unsigned char *)PyBytes_AS_STRING(out);
-    memcpy(w, head.buf, (size_t)head.len);
-    Py_ssize_t wrote;
+    memcpy(w, head->buf, (size_t)head->len);
     if (release) {
         Py_BEGIN_ALLOW_THREADS
-        wrote = put_pulled_all(w + head.len, blobs, nblobs, skip_first, count);
+        wrote = put_pulled_all(w + head->len, sh, x, blobs, nblobs, skip_first, count);
         Py_END_ALLOW_THREADS
     } else {
-        wrote = put_pulled_all(w + head.len, blobs, nblobs, skip_first, count);
+        wrote = put_pulled_all(w + head->len, sh, x, blobs, nblobs, skip_first, count);
     }
     if (wrote != total) {
         Py_CLEAR(out);
-        PyErr_SetString(PyExc_RuntimeError, "decode_pulled wrote other than it measured");
+        PyErr_SetString(PyExc_RuntimeError, "the answer's walks wrote other than they measured");
     }
 done:
     free(blobs);
     Py_XDECREF(held);
+    return out;
+}
+
+static PyObject *decode_pulled(PyObject *self, PyObject *args) {
+    PyObject *batches;
+    Py_ssize_t skip_first, count;
+    Py_buffer head;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!nny*:decode_pulled", &PyList_Type, &batches, &skip_first, &count, &head))
+        return NULL;
+    PyObject *out = answer(batches, skip_first, count, &head, &PULLED, NULL);
     PyBuffer_Release(&head);
+    return out;
+}
+
+static PyObject *popped(PyObject *self, PyObject *args) {
+    PyObject *batches;
+    Py_ssize_t skip_first, count;
+    unsigned long long queue_id, delivery_count;
+    Py_buffer lease, topic;
+    int decode;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "O!nnKKy*y*p:popped", &PyList_Type, &batches, &skip_first, &count, &queue_id,
+                          &delivery_count, &lease, &topic, &decode))
+        return NULL;
+    struct run_extra x = {queue_id, delivery_count, lease.buf, topic.buf, lease.len, topic.len};
+    Py_buffer none = {0};
+    none.buf = "";
+    PyObject *out = answer(batches, skip_first, count, &none, decode ? &POPPED_DECODED : &POPPED_RECORD, &x);
+    PyBuffer_Release(&lease);
+    PyBuffer_Release(&topic);
     return out;
 }
 
@@ -849,6 +942,9 @@ static PyMethodDef methods[] = {
     {"encode_plain", encode_plain, METH_VARARGS,
      "encode_plain(request, queues_of, key_crc, rotation, producer_id, yield_every) -> (groups, layout) | None."},
     {"receipts", receipts, METH_VARARGS, "receipts(layout, groups) -> SendResponse.message_receipts as wire bytes."},
+    {"popped", popped, METH_VARARGS,
+     "popped(batches, skip_first, count, queue_id, delivery_count, lease, topic, decode) -> PopResponse.messages "
+     "of one run as wire bytes | None."},
     {"decode_pulled", decode_pulled, METH_VARARGS,
      "decode_pulled(batches, skip_first, count, head) -> head + PullResponse.messages as wire bytes | None."},
     {NULL, NULL, 0, NULL},

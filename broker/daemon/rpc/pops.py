@@ -14,12 +14,14 @@ from broker.daemon.combine import Combiner
 from broker.daemon.longpoll import ANY_QUEUE
 from broker.daemon.rpc.common import (
     MESSAGES_ON_LOOP_MAX,
+    SEND_ON_LOOP_BYTES_MAX,
     Context,
     Rpcs,
     handle,
     handle_async,
 )
 from broker.errors import BrokerError
+from broker.groups import receipts
 from broker.groups.pops import as_messages
 from broker.security.auth import current_caller
 from proto import tidemark_pb2 as pb
@@ -59,10 +61,10 @@ class PopRpcs(Rpcs):
         self._acks: Combiner[str, list[str], list[tuple[str, int, str]] | BrokerError] = Combiner(self._ack_many,
                                                                                                    ACKS_COMBINED_MAX)
 
-    async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse:
+    async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse | bytes:
         return await handle_async(context, lambda: self._pop(request))
 
-    async def _pop(self, request: pb.PopRequest) -> pb.PopResponse:
+    async def _pop(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
         ``max_wait_ms``. The answer is built in the read pool (decoding is a Python loop per message)."""
@@ -89,11 +91,21 @@ class PopRpcs(Rpcs):
                         continue  # the pops served with this one took what was found: look again at once
                 left = deadline - loop.time()
                 if got or wait_s <= 0 or left <= 0 or self.store.closing:
-                    small = sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX
-                    return await self._heavy(request.as_runs or small, _pop_response, request, got)
+                    return await self._pop_answer(request, got)
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
+
+    async def _pop_answer(self, request: pb.PopRequest, got: list[pb.PoppedRun]) -> pb.PopResponse | bytes:
+        """The answer: runs as they are, or messages written by the C path (on the loop, for at most
+        ``SEND_ON_LOOP_BYTES_MAX`` of batches; else in a pool thread), or by Python (``_heavy``)."""
+        if request.as_runs:
+            return pb.PopResponse(runs=got)
+        small = sum(len(b) for run in got for b in run.batches) <= SEND_ON_LOOP_BYTES_MAX
+        wire = await self._heavy(small, _popped_wire, got, request.decode)
+        if wire is not None:
+            return wire
+        return await self._heavy(sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX, _pop_response, request, got)
 
     async def _pop_many(self, t: PopTerms, asks: list[int]) -> list[Popped]:
         metrics.POP_RUNS.labels("pop").inc()
@@ -137,8 +149,24 @@ class PopRpcs(Rpcs):
             request.group, request.receipt_handle, request.invisible_ms)))
 
 
+def _popped_wire(runs: list[pb.PoppedRun], decode: bool) -> bytes | None:
+    """``PopResponse.messages`` as wire bytes by the C path (``_plainwire.popped``, a run at a
+    time); None when it leaves them to ``as_messages`` / ``plain.decode_popped``."""
+    if plain.native is None:
+        return None
+    parts = []
+    for r in runs:
+        lease, topic = receipts.lease_of(r.receipt_handle), r.receipt_handle.split(".", 2)[2]
+        part = plain.native.popped(list(r.batches), r.skip_first, r.count, r.queue_id, r.delivery_count, lease.encode(),
+                                   topic.encode(), decode)
+        if part is None:
+            return None
+        parts.append(part)
+    return b"".join(parts)
+
+
 def _pop_response(request: pb.PopRequest, runs: list[pb.PoppedRun]) -> pb.PopResponse:
-    """Runs as leased (as_runs), or one message each: encoded records, or decoded (decode)."""
+    """Runs as leased (as_runs), or one message each: encoded records, or decoded (decode); in Python."""
     if request.as_runs:
         return pb.PopResponse(runs=runs)
     messages = as_messages(runs)
