@@ -114,6 +114,9 @@ def test_a_send_retried_across_the_move_is_stored_once(spawn: Spawn, etcd: EtcdP
         assert not nxt.duplicate and nxt.queue_offset == first[2].queue_offset + 1
         bodies = [m.body for r in c.iter_pull("t", q, 0) for m in r]
         assert [b for b in bodies if b.startswith(b"p")] == [b"p0", b"p1", b"p2", b"p3"]
+        # the writer's segment starts at the cut (describe_topic); the queue's earliest offset is its first's
+        row = next(r for r in c.describe_topic("t")["queues"] if r["queue_id"] == q)
+        assert row["min_offset"] > 0 and c.earliest_offset("t", q) == 0
 
 
 def test_timers_due_after_the_move_fire_once_on_the_new_shard(spawn: Spawn, etcd: EtcdProcess) -> None:

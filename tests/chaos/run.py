@@ -227,9 +227,15 @@ def _read_all(c: BrokerClient, topic: str, queues: int, unreadable: list[list[An
     """(queue, offset, message) of every record a read_committed reader sees in ``topic``. A queue
     whose start no read reaches any more (retention with tiered storage keeps every offset
     readable) is read from where it can be, and goes into ``unreadable`` as [topic, queue, min
-    offset] for the ``readable`` checker: one verdict, not a run without any."""
+    offset] for the ``readable`` checker: one verdict, not a run without any. A moved queue's start
+    is its first segment's (``describe_topic`` gives the writer's segment's)."""
     out: list[Any] = []
-    lows = {q["queue_id"]: q["min_offset"] for q in c.describe_topic(topic)["queues"]}
+    lows = {}
+    for row in c.describe_topic(topic)["queues"]:
+        lows[row["queue_id"]] = row["min_offset"]
+        if len(row.get("segments", ())) > 1:  # moved: the writer's segment starts where the move cut it;
+            # the earliest offset is its oldest segment's, told by the shard that wrote it
+            lows[row["queue_id"]] = c.earliest_offset(topic, row["queue_id"])
     for q in range(queues):
         if lows.get(q, 0):
             unreadable.append([topic, q, lows[q]])
