@@ -697,7 +697,7 @@ class HeartbeatResponse(_message.Message):
     def __init__(self, member_id: _Optional[str] = ..., assigned: _Optional[_Iterable[_Union[QueueRef, _Mapping]]] = ..., heartbeat_interval_ms: _Optional[int] = ..., generation: _Optional[int] = ...) -> None: ...
 
 class PopRequest(_message.Message):
-    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs", "decode", "isolation")
+    __slots__ = ("group", "topic", "max_messages", "invisible_ms", "max_wait_ms", "start_earliest", "as_runs", "decode", "isolation", "ack_receipt_handles")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     TOPIC_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -707,6 +707,7 @@ class PopRequest(_message.Message):
     AS_RUNS_FIELD_NUMBER: _ClassVar[int]
     DECODE_FIELD_NUMBER: _ClassVar[int]
     ISOLATION_FIELD_NUMBER: _ClassVar[int]
+    ACK_RECEIPT_HANDLES_FIELD_NUMBER: _ClassVar[int]
     group: str
     topic: str
     max_messages: int
@@ -716,7 +717,8 @@ class PopRequest(_message.Message):
     as_runs: bool
     decode: bool
     isolation: Isolation
-    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ..., decode: _Optional[bool] = ..., isolation: _Optional[_Union[Isolation, str]] = ...) -> None: ...
+    ack_receipt_handles: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, group: _Optional[str] = ..., topic: _Optional[str] = ..., max_messages: _Optional[int] = ..., invisible_ms: _Optional[int] = ..., max_wait_ms: _Optional[int] = ..., start_earliest: _Optional[bool] = ..., as_runs: _Optional[bool] = ..., decode: _Optional[bool] = ..., isolation: _Optional[_Union[Isolation, str]] = ..., ack_receipt_handles: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PoppedMessage(_message.Message):
     __slots__ = ("queue_id", "queue_offset", "commit_offset", "store_time_ms", "record", "receipt_handle", "delivery_count", "key", "body", "properties", "deliver_at_ms", "timer_offset")
@@ -772,12 +774,14 @@ class PoppedRun(_message.Message):
     def __init__(self, queue_id: _Optional[int] = ..., first_offset: _Optional[int] = ..., count: _Optional[int] = ..., delivery_count: _Optional[int] = ..., receipt_handle: _Optional[str] = ..., batches: _Optional[_Iterable[bytes]] = ..., skip_first: _Optional[int] = ...) -> None: ...
 
 class PopResponse(_message.Message):
-    __slots__ = ("messages", "runs")
+    __slots__ = ("messages", "runs", "ack_results")
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
     RUNS_FIELD_NUMBER: _ClassVar[int]
+    ACK_RESULTS_FIELD_NUMBER: _ClassVar[int]
     messages: _containers.RepeatedCompositeFieldContainer[PoppedMessage]
     runs: _containers.RepeatedCompositeFieldContainer[PoppedRun]
-    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[PoppedRun, _Mapping]]] = ...) -> None: ...
+    ack_results: _containers.RepeatedCompositeFieldContainer[HandleResult]
+    def __init__(self, messages: _Optional[_Iterable[_Union[PoppedMessage, _Mapping]]] = ..., runs: _Optional[_Iterable[_Union[PoppedRun, _Mapping]]] = ..., ack_results: _Optional[_Iterable[_Union[HandleResult, _Mapping]]] = ...) -> None: ...
 
 class HandleResult(_message.Message):
     __slots__ = ("receipt_handle", "code", "message")

@@ -16,10 +16,10 @@ import pytest
 from google.protobuf.message import DecodeError
 
 from broker.daemon import plain
-from broker.daemon.rpc.pops import _popped_wire
+from broker.daemon.rpc.pops import _popped_wire, _runs_wire
 from broker.errors import BrokerError
 from broker.groups import receipts
-from broker.groups.pops import as_messages
+from broker.groups.pops import LeasedRun, as_messages
 from broker.logformat import batch as bf
 from broker.ports import BatchReceipt
 from proto import tidemark_pb2 as pb
@@ -253,7 +253,8 @@ def test_a_large_decode_lets_go_of_the_lock_and_answers_alike() -> None:
 
 def test_the_c_popped_answer_is_what_python_builds() -> None:
     """PopResponse.messages of leased runs, with records or decoded (``decode``), as the Python path
-    builds them: per message its handle, the run's queue and delivery count, the batch's offset."""
+    builds them: per message its handle, the run's queue and delivery count, the batch's offset;
+    and PopResponse.runs written by hand as protobuf writes them."""
     rng = random.Random(42)
     taken = 0
     for _ in range(400):
@@ -268,9 +269,12 @@ def test_the_c_popped_answer_is_what_python_builds() -> None:
             skip = rng.randrange(total)
             count = rng.randrange(1, total - skip + 1)
             prefix = receipts.lease_prefix(0, 3, rng.randrange(1, 1 << 62), q)
-            runs.append(pb.PoppedRun(queue_id=q, first_offset=base + skip, count=count, delivery_count=rng.randrange(1, 4),
-                                     receipt_handle=receipts.run_handle(prefix, base + skip, count, "orders"),
-                                     batches=blobs, skip_first=skip))
+            runs.append(LeasedRun(q, base + skip, count, rng.randrange(1, 4),
+                                  receipts.run_handle(prefix, base + skip, count, "orders"), blobs, skip))
+        as_runs = pb.PopResponse(runs=[pb.PoppedRun(queue_id=r.queue_id, first_offset=r.first_offset, count=r.count,
+                                                    delivery_count=r.delivery_count, receipt_handle=r.receipt_handle,
+                                                    batches=r.batches, skip_first=r.skip_first) for r in runs])
+        assert pb.PopResponse.FromString(_runs_wire(runs)) == as_runs  # runs joined in once, as protobuf writes them
         records = _popped_wire(runs, False)
         assert records is not None  # records need no decoding: always taken
         assert pb.PopResponse.FromString(records) == pb.PopResponse(messages=as_messages(runs))

@@ -153,3 +153,31 @@ def test_many_consumers_popping_at_once_share_records_and_get_each_message_once(
         assert outcomes == [{}] * 8 + ["INVALID_ARGUMENT"]
         assert len(c.pop("g", "t", max_wait_ms=0)) == 0
         assert sum(q["in_flight"] for q in c.describe_group("g")["queues"]) == 0
+
+
+def test_a_consumer_loop_carrying_its_acks_in_the_next_pop(spawn: Callable[..., DaemonProcess]) -> None:
+    """``pop(ack=previous)``: one call acks the last batch and leases the next; every message once,
+    nothing left in flight after the last ack; a malformed handle fails the carried acks alone."""
+    d = spawn("node")
+    with BrokerClient(d.address) as c:
+        c.create_topic("t", queues=3)
+        c.send("t", [Message(b"m%d" % i, key=str(i)) for i in range(1000)], ack="flush")
+        seen: list[bytes] = []
+        previous = None
+        while True:
+            got = c.pop("g", "t", max_messages=64, invisible_ms=60_000, max_wait_ms=300, start="earliest", ack=previous)
+            assert got.ack_failures == {}
+            if not got:
+                break
+            assert all(m.delivery_count == 1 for m in got)
+            seen += got.bodies()
+            previous = got
+        assert Counter(seen) == Counter(b"m%d" % i for i in range(1000))
+        assert sum(q["in_flight"] for q in c.describe_group("g")["queues"]) == 0  # the last pop carried the last ack
+        c.send("t", [Message(b"x")], ack="flush")
+        again = c.pop("g", "t", max_messages=8, max_wait_ms=2000, ack=["not-a-handle"])
+        assert again.bodies() == [b"x"] and list(again.ack_failures) == ["not-a-handle"]
+        assert again.ack_results[0].code == 3  # INVALID_ARGUMENT
+        twice = c.pop("g", "t", max_messages=8, ack=again)
+        assert len(twice) == 0 and twice.ack_failures == {}
+        assert "acked" in c.ack("g", again)[again.receipt_handles()[0]]  # the pop acked it already

@@ -219,6 +219,8 @@ class PopResult(Sequence[PoppedMessage]):
     def __init__(self, topic: str, response: pb.PopResponse) -> None:
         self.topic = topic
         self._runs = list(response.runs)
+        self.ack_results = list(response.ack_results)  # for the acks the pop carried (``pop(ack=...)``)
+        self.ack_failures: dict[str, str] = {}  # those not acked, with why (as ``ack`` returns them)
         self._count = sum(r.count for r in self._runs)
         self._messages: list[PoppedMessage] | None = None
 

@@ -22,6 +22,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import crc32c
 
@@ -262,7 +263,18 @@ def decode(batches: Iterable[bytes], skip_first: int, count: int) -> list[pb.Pul
     return out
 
 
-def decode_popped(runs: Sequence[pb.PoppedRun], messages: Sequence[pb.PoppedMessage]) -> list[pb.PoppedMessage]:
+class _Run(Protocol):
+    """What ``decode_popped`` reads of a leased run (``PoppedRun``, ``groups.pops.LeasedRun``)."""
+
+    @property
+    def batches(self) -> Sequence[bytes]: ...
+    @property
+    def skip_first(self) -> int: ...
+    @property
+    def count(self) -> int: ...
+
+
+def decode_popped(runs: Sequence[_Run], messages: Sequence[pb.PoppedMessage]) -> list[pb.PoppedMessage]:
     """``messages`` (one per message of ``runs``, in order) with key, body, properties and timer
     fields in place of their encoded records (PopRequest.decode)."""
     out: list[pb.PoppedMessage] = []

@@ -53,6 +53,21 @@ from proto import tidemark_pb2 as pb
 RUN_BUDGETS = 4
 
 
+@dataclass(frozen=True, slots=True)
+class LeasedRun:
+    """A run of adjacent messages leased together, as ``PoppedRun`` carries it (the same fields),
+    its batches the bytes the read returned: written to the answer once, never copied into a
+    protobuf message first (``rpc/pops.py``)."""
+
+    queue_id: int
+    first_offset: int
+    count: int
+    delivery_count: int
+    receipt_handle: str
+    batches: list[bytes]  # runs of whole, adjacent batches
+    skip_first: int  # records of the first batch before ``first_offset``
+
+
 @dataclass(slots=True)
 class _Pick:
     """What one pop takes from one queue."""
@@ -98,14 +113,14 @@ class PopService(LeaseEnds, PopReports):
     # -- pop ---------------------------------------------------------------------------------------
     def pop(self, group: str, topic: str, max_messages: int, invisible_ms: int,
             start_earliest: bool, may_create_dlq: bool = True,
-            committed: bool = True) -> tuple[list[pb.PoppedRun], int | None]:
+            committed: bool = True) -> tuple[list[LeasedRun], int | None]:
         """One pop's runs (``pop_many`` of one)."""
         outs, wake = self.pop_many(group, topic, [max_messages], invisible_ms, start_earliest, may_create_dlq, committed)
         return outs[0], wake
 
     def pop_many(self, group: str, topic: str, asks: list[int], invisible_ms: int,
                  start_earliest: bool, may_create_dlq: bool = True,
-                 committed: bool = True) -> tuple[list[list[pb.PoppedRun]], int | None]:
+                 committed: bool = True) -> tuple[list[list[LeasedRun]], int | None]:
         """Pops of one group and topic that arrived together (``asks``: each one's ``max_messages``),
         leased in one pass and one record: each gets its own runs (what was picked, dealt out in
         order, each read within its own byte budget and all within ``RUN_BUDGETS`` of them; a pop
@@ -128,7 +143,7 @@ class PopService(LeaseEnds, PopReports):
             raise invalid("max_messages must be positive")
         asks = [min(ask, self.config["groups.pop_messages_max"]) for ask in asks]
         max_messages = sum(asks)
-        nothing: list[list[pb.PoppedRun]] = [[] for _ in asks]
+        nothing: list[list[LeasedRun]] = [[] for _ in asks]
         idle, wake_at = self.idle(group, topic)
         if idle:
             return nothing, wake_at
@@ -145,7 +160,7 @@ class PopService(LeaseEnds, PopReports):
         wake: int | None = None
         busy: list[QueueKey] = []
         held: list[threading.Lock] = []
-        leased: tuple[list[list[pb.PoppedRun]], int, int] | None = None
+        leased: tuple[list[list[LeasedRun]], int, int] | None = None
         try:
             picks: list[_Pick] = []
             left = max_messages
@@ -199,7 +214,7 @@ class PopService(LeaseEnds, PopReports):
         return outs, wake  # (for a pop answered empty: when a lease ends)
 
     def _lease(self, group: str, topic: str, picks: list[_Pick], invisible_ms: int,
-               now: int, may_create_dlq: bool, asks: list[int]) -> tuple[list[list[pb.PoppedRun]], int, int]:
+               now: int, may_create_dlq: bool, asks: list[int]) -> tuple[list[list[LeasedRun]], int, int]:
         """With the picked queues' locks held: read, append the lease record (and dead letters in
         the same append); return each pop's runs (``asks``: how many each takes of the picks, in
         order), the record's end and the number of dead letters. Dead messages whose DLQ cannot
@@ -210,7 +225,7 @@ class PopService(LeaseEnds, PopReports):
         epoch, cluster = self.store.epoch, self.cluster
         pull_bytes = self.config["limits.pull_bytes_max"]
         total_budget = pull_bytes * RUN_BUDGETS
-        outs: list[list[pb.PoppedRun]] = [[] for _ in asks]
+        outs: list[list[LeasedRun]] = [[] for _ in asks]
         read: list[tuple[list[np.ndarray], list[np.ndarray]]] = [([], []) for _ in picks]  # per pick: got, gone
         i = at = 0  # the picks are dealt out in order: what one pop leaves, the next one takes
         for who, ask in enumerate(asks):
@@ -231,10 +246,8 @@ class PopService(LeaseEnds, PopReports):
                 left -= int(got.size)
                 prefix = receipts.lease_prefix(cluster, epoch, tag, p.queue_id)
                 for first, count, delivery, batches, skip in runs:
-                    outs[who].append(pb.PoppedRun(
-                        queue_id=p.queue_id, first_offset=first, count=count, delivery_count=delivery,
-                        receipt_handle=receipts.run_handle(prefix, first, count, topic), batches=batches,
-                        skip_first=skip))
+                    outs[who].append(LeasedRun(p.queue_id, first, count, delivery,
+                                               receipts.run_handle(prefix, first, count, topic), batches, skip))
                 read[i][0].append(got)
                 read[i][1].append(gone)
         dlq: list[tuple[bytes, bytes, bytes]] = []
@@ -410,7 +423,7 @@ def run_records(first: int, count: int, batches: Iterable[bytes]) -> Iterator[Ru
             return
 
 
-def as_messages(runs: list[pb.PoppedRun]) -> list[pb.PoppedMessage]:
+def as_messages(runs: list[LeasedRun]) -> list[pb.PoppedMessage]:
     """One PoppedMessage each (for clients that ask for them: PopRequest.as_runs unset)."""
     out = []
     for r in runs:

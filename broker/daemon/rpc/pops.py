@@ -20,9 +20,10 @@ from broker.daemon.rpc.common import (
     handle,
     handle_async,
 )
+from broker.daemon.wire import varint
 from broker.errors import BrokerError
 from broker.groups import receipts
-from broker.groups.pops import as_messages
+from broker.groups.pops import LeasedRun, as_messages
 from broker.security.auth import current_caller
 from proto import tidemark_pb2 as pb
 
@@ -34,7 +35,7 @@ ACKS_COMBINED_MAX = 64
 class Popped(NamedTuple):
     """One pop's part of a combined run."""
 
-    runs: list[pb.PoppedRun]
+    runs: list[LeasedRun]
     wake_ms: int | None  # answered empty: when a lease ends
     others_got: bool  # the run leased messages (to other pops, if this one has none)
 
@@ -65,6 +66,36 @@ class PopRpcs(Rpcs):
         return await handle_async(context, lambda: self._pop(request))
 
     async def _pop(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
+        """A pop, and the acks it carries (``ack_receipt_handles``): ended beside it (their record
+        shares fsyncs with its lease record), both durable before it answers."""
+        if not request.ack_receipt_handles:
+            return await self._pop_leases(request)
+        self.pops.check_group(request.group)
+        acking = asyncio.ensure_future(self._carried_acks(request.group, list(request.ack_receipt_handles)))
+        acking.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed pop: retried whole
+        answer = await self._pop_leases(request)
+        results = await acking
+        if not results:
+            return answer
+        if isinstance(answer, bytes):  # a parser takes fields in any order
+            return answer + pb.PopResponse(ack_results=results).SerializeToString()
+        answer.ack_results.extend(results)
+        return answer
+
+    async def _carried_acks(self, group: str, handles: list[str]) -> list[pb.HandleResult]:
+        """A pop's acks, served with the group's other acks; a malformed handle refuses them all
+        (INVALID_ARGUMENT each), as it would refuse an Ack call, without failing the pop."""
+        try:
+            refused = await self._acks.call(group, handles)
+        except BrokerError as exc:
+            if exc.code != "INVALID_ARGUMENT":
+                raise
+            return [pb.HandleResult(receipt_handle=h, code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
+                                    message=exc.message) for h in handles]
+        assert not isinstance(refused, BrokerError)  # the combiner raises a call's own error
+        return _handle_results(refused)
+
+    async def _pop_leases(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
         ``max_wait_ms``. The answer is built in the read pool (decoding is a Python loop per message)."""
@@ -83,7 +114,7 @@ class PopRpcs(Rpcs):
         while True:
             async with self.longpolls.parking(key, wait_s > 0) as parked:
                 idle, wake_ms = self.pops.idle(request.group, request.topic)
-                got: list[pb.PoppedRun] = []
+                got: list[LeasedRun] = []
                 if not idle:
                     got, wake_ms, others_got = await self._pops.call(terms, max_messages)
                     if not got and others_got and (loop.time() < deadline or not looked_again):
@@ -96,11 +127,11 @@ class PopRpcs(Rpcs):
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
 
-    async def _pop_answer(self, request: pb.PopRequest, got: list[pb.PoppedRun]) -> pb.PopResponse | bytes:
+    async def _pop_answer(self, request: pb.PopRequest, got: list[LeasedRun]) -> pb.PopResponse | bytes:
         """The answer: runs as they are, or messages written by the C path (on the loop, for at most
         ``SEND_ON_LOOP_BYTES_MAX`` of batches; else in a pool thread), or by Python (``_heavy``)."""
         if request.as_runs:
-            return pb.PopResponse(runs=got)
+            return _runs_wire(got)
         small = sum(len(b) for run in got for b in run.batches) <= SEND_ON_LOOP_BYTES_MAX
         wire = await self._heavy(small, _popped_wire, got, request.decode)
         if wire is not None:
@@ -128,8 +159,7 @@ class PopRpcs(Rpcs):
         async def run() -> pb.AckResponse:
             self.pops.check_group(request.group)
             refused = await self._acks.call(request.group, list(request.receipt_handles))
-            if isinstance(refused, BrokerError):
-                raise refused
+            assert not isinstance(refused, BrokerError)  # the combiner raises a call's own error
             return pb.AckResponse(results=_handle_results(refused))
         return await handle_async(context, run)
 
@@ -149,7 +179,27 @@ class PopRpcs(Rpcs):
             request.group, request.receipt_handle, request.invisible_ms)))
 
 
-def _popped_wire(runs: list[pb.PoppedRun], decode: bool) -> bytes | None:
+def _runs_wire(runs: list[LeasedRun]) -> bytes:
+    """``PopResponse.runs`` as wire bytes, each run's batches joined in once (as ``pull_response_bytes``
+    does for a pull): no copy into a ``PoppedRun`` and another into the response first."""
+    parts: list[bytes] = []
+    for r in runs:
+        head = pb.PoppedRun(queue_id=r.queue_id, first_offset=r.first_offset, count=r.count,
+                            delivery_count=r.delivery_count, receipt_handle=r.receipt_handle,
+                            skip_first=r.skip_first).SerializeToString()
+        sizes = [varint(len(b)) for b in r.batches]
+        parts += (_RUNS_TAG, varint(len(head) + sum(1 + len(n) + len(b) for n, b in zip(sizes, r.batches, strict=True))),
+                  head)
+        for n, b in zip(sizes, r.batches, strict=True):
+            parts += (_BATCH_TAG, n, b)
+    return b"".join(parts)
+
+
+_RUNS_TAG = b"\x12"  # PopResponse.runs: field 2, length-delimited
+_BATCH_TAG = b"\x32"  # PoppedRun.batches: field 6, length-delimited
+
+
+def _popped_wire(runs: list[LeasedRun], decode: bool) -> bytes | None:
     """``PopResponse.messages`` as wire bytes by the C path (``_plainwire.popped``, a run at a
     time); None when it leaves them to ``as_messages`` / ``plain.decode_popped``."""
     if plain.native is None:
@@ -165,10 +215,8 @@ def _popped_wire(runs: list[pb.PoppedRun], decode: bool) -> bytes | None:
     return b"".join(parts)
 
 
-def _pop_response(request: pb.PopRequest, runs: list[pb.PoppedRun]) -> pb.PopResponse:
-    """Runs as leased (as_runs), or one message each: encoded records, or decoded (decode); in Python."""
-    if request.as_runs:
-        return pb.PopResponse(runs=runs)
+def _pop_response(request: pb.PopRequest, runs: list[LeasedRun]) -> pb.PopResponse:
+    """One message each: encoded records, or decoded (decode); in Python."""
     messages = as_messages(runs)
     return pb.PopResponse(messages=plain.decode_popped(runs, messages) if request.decode else messages)
 
