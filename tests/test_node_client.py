@@ -53,7 +53,7 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
     assert steps["commit"] == {"step": "commit", "found": True, "offset": "2"}
     assert steps["pop"] == {"step": "pop", "bodies": ["hello from node", "delayed from node"],
                             "delivery_counts": [1, 1], "not_acked": 0}
-    loop = steps["consume_loop"]  # every job once, 100 at most a pop, one ack call a pop, none refused
+    loop = steps["consume_loop"]  # every job once, 100 at most a pop, each pop acking the batch before, none refused
     assert (loop["consumed"], loop["distinct"], loop["refused"]) == (250, 250, 0) and 3 <= loop["pops"] <= 250, loop
     assert steps["status"]["role"] == "ROLE_MASTER" and steps["status"]["epoch"] == 1
     assert steps["read_committed"] == {"step": "read_committed", "bodies": ["node-tx-ok 1", "node-tx-ok 2"],
@@ -71,6 +71,7 @@ def test_the_node_example_sends_pulls_commits_and_reads_status(node: str, spawn:
         assert c.committed_offset("node-example", "orders", 0) == 2
         assert c.committed_offset("node-example-tx", "orders", 0) == 2  # committed with the transaction
         assert sum(int(q["in_flight"]) for q in c.describe_group("node-example-pop")["queues"]) == 0  # acked
+        assert sum(int(q["in_flight"]) for q in c.describe_group("node-example-workers")["queues"]) == 0
         assert int(steps["status"]["max_offset"]) <= c.status()["max_offset"]
 
 
