@@ -61,20 +61,31 @@ class PopRpcs(Rpcs):
         self._pops: Combiner[PopTerms, int, Popped] = Combiner(self._pop_many, POPS_COMBINED_MAX, self._give_back)
         self._acks: Combiner[str, list[str], list[tuple[str, int, str]] | BrokerError] = Combiner(self._ack_many,
                                                                                                    ACKS_COMBINED_MAX)
+        self._orphans: set[asyncio.Task[None]] = set()  # give-backs of callers gone, referenced until done
 
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse | bytes:
         return await handle_async(context, lambda: self._pop(request))
 
     async def _pop(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
         """A pop, and the acks it carries (``ack_receipt_handles``): ended beside it (their record
-        shares fsyncs with its lease record), both durable before it answers."""
+        shares fsyncs with its lease record), both durable before it answers. The acks' failures
+        are theirs (``ack_results``): the pop's leases are answered whatever happened to them."""
         if not request.ack_receipt_handles:
-            return await self._pop_leases(request)
+            return (await self._pop_leases(request))[0]
         self.pops.check_group(request.group)
+        self.pops.topic_queues(request.topic)  # a pop refused at once carries no ack out
+        self.store.check_writable()
         acking = asyncio.ensure_future(self._carried_acks(request.group, list(request.ack_receipt_handles)))
-        acking.add_done_callback(lambda f: f.cancelled() or f.exception())  # a failed pop: retried whole
-        answer = await self._pop_leases(request)
-        results = await acking
+        acking.add_done_callback(lambda f: f.cancelled() or f.exception())  # a pop failed meanwhile: retried whole
+        answer, got = await self._pop_leases(request)
+        try:
+            results = await acking
+            if not got and request.max_wait_ms:  # the acks may have made room (groups.pop_window_max): look once more
+                answer, got = await self._pop_leases(request, wait=False)
+        except asyncio.CancelledError:  # the caller is gone: what was leased for it is given back now
+            if got:
+                self._give_back_later(request.group, got)
+            raise
         if not results:
             return answer
         if isinstance(answer, bytes):  # a parser takes fields in any order
@@ -83,26 +94,33 @@ class PopRpcs(Rpcs):
         return answer
 
     async def _carried_acks(self, group: str, handles: list[str]) -> list[pb.HandleResult]:
-        """A pop's acks, served with the group's other acks; a malformed handle refuses them all
-        (INVALID_ARGUMENT each), as it would refuse an Ack call, without failing the pop."""
+        """A pop's acks, served with the group's other acks. A malformed handle refuses them all
+        (INVALID_ARGUMENT each), as it would refuse an Ack call; any other failure (a replica too
+        slow, a master stepping down) is each handle's too, with its code: retry them."""
         try:
             refused = await self._acks.call(group, handles)
         except BrokerError as exc:
-            if exc.code != "INVALID_ARGUMENT":
-                raise
-            return [pb.HandleResult(receipt_handle=h, code=grpc.StatusCode.INVALID_ARGUMENT.value[0],
-                                    message=exc.message) for h in handles]
+            code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNAVAILABLE).value[0]
+            why = exc.message if exc.code == "INVALID_ARGUMENT" else f"not known to be acked ({exc.message}); retry"
+            return [pb.HandleResult(receipt_handle=h, code=code, message=why) for h in handles]
         assert not isinstance(refused, BrokerError)  # the combiner raises a call's own error
         return _handle_results(refused)
 
-    async def _pop_leases(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
+    def _give_back_later(self, group: str, runs: list[LeasedRun]) -> None:
+        task = asyncio.get_running_loop().create_task(self._give_back(PopTerms(group, "", 0, False, False, True),
+                                                                      [Popped(runs, None, True)]))
+        self._orphans.add(task)
+        task.add_done_callback(self._orphans.discard)
+
+    async def _pop_leases(self, request: pb.PopRequest, wait: bool = True) -> tuple[pb.PopResponse | bytes,
+                                                                                 list[LeasedRun]]:
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
-        ``max_wait_ms``. The answer is built in the read pool (decoding is a Python loop per message)."""
+        ``max_wait_ms``. The answer, and the runs it holds."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
         self.pops.topic_queues(request.topic)
-        wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
+        wait_s = min(request.max_wait_ms if wait else 0, self.config["limits.pull_wait_ms_max"]) / 1000.0
         max_messages = request.max_messages or 32
         if request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
@@ -122,7 +140,7 @@ class PopRpcs(Rpcs):
                         continue  # the pops served with this one took what was found: look again at once
                 left = deadline - loop.time()
                 if got or wait_s <= 0 or left <= 0 or self.store.closing:
-                    return await self._pop_answer(request, got)
+                    return await self._pop_answer(request, got), got
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
