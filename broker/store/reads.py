@@ -27,7 +27,7 @@ from broker.store.watermarks import Watermarks
 from broker.views.consume_queue import Entry, QueueFile
 
 PULL_ENTRIES_PER_READ = 256
-PULL_ENTRIES_FIRST_READ = 4  # then 16, 64, 256: a pull of one batch of 1,000 made 256 entries to use one
+PULL_ENTRIES_FIRST_READ = 16  # then 256: a pull or pop within one batch of 1,000 made 256 entries to use one
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,7 +329,7 @@ def _entries(qf: QueueFile, offset: int, max_messages: int, max_bytes: int) -> l
     per_read = PULL_ENTRIES_FIRST_READ  # most pulls need a batch or two: read more only when they do not
     while index < qf.entries:
         chunk = qf.entries_from(index, per_read)
-        per_read = min(per_read * 4, PULL_ENTRIES_PER_READ)
+        per_read = PULL_ENTRIES_PER_READ
         if not chunk:
             break
         for e in chunk:
