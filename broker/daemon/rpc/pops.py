@@ -107,8 +107,7 @@ class PopRpcs(Rpcs):
         return _handle_results(refused)
 
     def _give_back_later(self, group: str, runs: list[LeasedRun]) -> None:
-        task = asyncio.get_running_loop().create_task(self._give_back(PopTerms(group, "", 0, False, False, True),
-                                                                      [Popped(runs, None, True)]))
+        task = asyncio.get_running_loop().create_task(self._nack_now(group, runs))
         self._orphans.add(task)
         task.add_done_callback(self._orphans.discard)
 
@@ -169,9 +168,13 @@ class PopRpcs(Rpcs):
         """Leases of pops whose callers gave up while they were served end at once (a nack, no
         delay): their messages are delivered again now, not after ``invisible_ms``."""
         for popped in unclaimed:  # one call each: each is within a call's limits
-            handles = [run.receipt_handle for run in popped.runs]
-            if handles:
-                await asyncio.get_running_loop().run_in_executor(self.ctx.ends_pool, self.pops.nack, t.group, handles, 0)
+            await self._nack_now(t.group, popped.runs)
+
+    async def _nack_now(self, group: str, runs: list[LeasedRun]) -> None:
+        """End these leases at once (a nack, no delay): delivered again now."""
+        handles = [run.receipt_handle for run in runs]
+        if handles:
+            await asyncio.get_running_loop().run_in_executor(self.ctx.ends_pool, self.pops.nack, group, handles, 0)
 
     async def Ack(self, request: pb.AckRequest, context: grpc.aio.ServicerContext) -> pb.AckResponse:
         async def run() -> pb.AckResponse:
