@@ -14,7 +14,8 @@
 // the topic, the records; PullResponse.batches holds runs of whole batches back to back.
 'use strict';
 
-const { crc32c } = require('@node-rs/crc32');
+const { crc32c } = require('@node-rs/crc32'); // native: 4-5 GB/s, ~0.4 us a call of fixed cost
+const CRC32C = require('crc-32/crc32c'); // JavaScript: ~1 GB/s, ~40 ns for a short key's UTF-8
 
 const RECORD_HEAD_BYTES = 8;
 const BATCH_HEADER_BYTES = 64;
@@ -168,9 +169,10 @@ function encodeSendRequest(batchesOfQueues, ack = 'ACK_REPLICA', timeoutMs = 0, 
 }
 
 // The queue a keyed message goes to: crc32c(key) % queues, as the server and the Python client
-// pick it (a keyless message may go to any queue).
+// pick it (a keyless message may go to any queue). A key is short: hashed in JavaScript, its
+// string read as UTF-8 in place, which costs a tenth of a call into the native library.
 function queueFor(key, queues) {
-  return (crc32c(key) >>> 0) % queues; // a string is hashed as its UTF-8 bytes
+  return (CRC32C.str(key) >>> 0) % queues;
 }
 
 function u64(buf, at) {
