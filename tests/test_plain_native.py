@@ -17,6 +17,7 @@ from google.protobuf.message import DecodeError
 
 from broker.daemon import plain
 from broker.daemon.rpc.pops import _popped_wire, _runs_wire
+from broker.daemon.send_wire import PlainMessages, SendRequestView, parse_send
 from broker.errors import BrokerError
 from broker.groups import receipts
 from broker.groups.pops import LeasedRun, as_messages
@@ -139,6 +140,65 @@ def test_the_c_encoder_frames_what_the_python_one_does() -> None:
         reference = pb.SendResponse(message_receipts=plain.receipts(expected, receipts, request.messages))
         assert pb.SendResponse.FromString(wire) == reference
     assert valid > 2000 and taken > 0.9 * valid, (taken, valid)
+
+
+def _not_utf8(rng: random.Random, data: bytes) -> bytes:
+    """A request whose topic, key, property name or value (one of them) is not UTF-8: a marker
+    string of the same length put in and replaced by bytes protobuf refuses in a string."""
+    m = pb.PlainMessage(topic="a", body=b"b")
+    where = rng.randrange(4)
+    if where == 0:
+        m.topic = "MARK"
+    elif where == 1:
+        m.key = "MARK"
+    else:
+        m.properties.update({"MARK": "v"} if where == 2 else {"n": "MARK"})
+    bad = rng.choice((b"\xff\xfeAB", b"A\xc0\x80B", b"\xed\xa0\x80A", b"AB\xe2\x82"))
+    return data + pb.SendRequest(messages=[m]).SerializeToString().replace(b"MARK", bad)
+
+
+def test_split_plain_vouches_only_for_what_protobuf_takes() -> None:
+    """``split_plain``: whatever it answers, protobuf parses the whole request alike (its count of
+    messages, its other fields); what protobuf refuses (cut, flipped, not UTF-8), it leaves to it."""
+    rng = random.Random(41)
+    vouched = refused = 0
+    for i in range(4000):
+        data, _ = _request(rng)
+        if i % 3 == 0:
+            data = mutated(rng, data, scalars=(2, 3, 5, 6), unknown=(9, 15, 4))
+        elif i % 3 == 1 and rng.random() < 0.5:
+            data = _not_utf8(rng, data)
+        split = plain.native.split_plain(data)
+        try:
+            whole = pb.SendRequest.FromString(data)
+        except DecodeError:
+            refused += 1
+            assert split is None, data  # never vouched for what protobuf refuses
+            continue
+        if split is None:
+            continue
+        vouched += 1
+        rest, count = split
+        assert count == len(whole.messages)
+        whole.ClearField("messages")
+        assert pb.SendRequest.FromString(rest) == whole
+    assert vouched > 2000 and refused > 300, (vouched, refused)
+
+
+def test_a_plain_send_is_parsed_only_when_read() -> None:
+    """The daemon's reader keeps a plain request's messages unparsed (``PlainMessages``) and parses
+    them when something reads them; a request it cannot vouch for is parsed whole."""
+    request = pb.SendRequest(ack=pb.ACK_FLUSH, timeout_ms=9, producer_id=5,
+                             messages=[pb.PlainMessage(topic="a", key=str(i), body=b"x" * i) for i in range(50)])
+    view = parse_send(request.SerializeToString())
+    assert isinstance(view, SendRequestView) and isinstance(view.messages, PlainMessages)
+    assert (view.ack, view.timeout_ms, view.producer_id, len(view.messages)) == (pb.ACK_FLUSH, 9, 5, 50)
+    assert view.messages._parsed is None  # nothing read them yet
+    assert [m.key for m in view.messages] == [str(i) for i in range(50)] and view.messages[7].body == b"x" * 7
+    odd = request.SerializeToString() + b"\x22\x02\x48\x01"  # a message with field 9: left to protobuf
+    view = parse_send(odd)
+    assert isinstance(view, SendRequestView) and not isinstance(view.messages, PlainMessages)
+    assert len(view.messages) == 51
 
 
 def test_what_the_c_encoder_leaves_to_python() -> None:

@@ -14,16 +14,26 @@ wire type other than the field's, a varint longer than 10 bytes, a field running
 message, a topic that is not UTF-8. So every request gets the answer the protobuf parser would
 give it (scalars: the last occurrence wins; integers cut to their type's width as protobuf does).
 
-A request with plain messages (field 4, the any-language API) is parsed by protobuf (which checks
-every string is UTF-8) and kept with its wire bytes (``SendRequestView.wire``): the C twin of
-``plain.encode`` reads the messages from those, with no Python object per message.
+A request with plain messages (field 4, the any-language API) is kept with its wire bytes
+(``SendRequestView.wire``): the C twin of ``plain.encode`` reads the messages from those, with no
+Python object per message. The C module's ``split_plain`` checks the messages as protobuf would
+(every string UTF-8, every field of the right type) and hands protobuf the other fields alone:
+the messages are parsed only if something reads them (``PlainMessages``: the Python path that
+frames what the C one leaves to it). Parsing them all cost 0.35-1 ms a request of 1,000 x 1 KiB,
+most of it the copy of every body into fresh memory; what ``split_plain`` does not vouch for is
+parsed whole, as before.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
+from google.protobuf.message import DecodeError
+
+from broker.daemon import plain
+from broker.errors import invalid
 from broker.protowire import LEN, U32, NotFast, fields
 from proto import tidemark_pb2 as pb
 
@@ -120,14 +130,53 @@ class _Plain(Exception):
     """The request has plain messages."""
 
 
+class PlainMessages(Sequence[pb.PlainMessage]):
+    """A request's plain messages, checked by ``split_plain`` and parsed by protobuf when first read."""
+
+    def __init__(self, wire: bytes, count: int) -> None:
+        self._wire = wire
+        self._count = count
+        self._parsed: Sequence[pb.PlainMessage] | None = None
+
+    def _messages(self) -> Sequence[pb.PlainMessage]:
+        if self._parsed is None:
+            try:
+                self._parsed = pb.SendRequest.FromString(self._wire).messages
+            except DecodeError as exc:  # not expected: split_plain answers only for what protobuf takes
+                raise invalid(f"the request cannot be decoded: {str(exc)[:200]}") from None
+        return self._parsed
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, i: int) -> pb.PlainMessage: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[pb.PlainMessage]: ...
+    def __getitem__(self, i: int | slice) -> pb.PlainMessage | Sequence[pb.PlainMessage]:
+        return self._messages()[i]
+
+    def __iter__(self) -> Iterator[pb.PlainMessage]:
+        return iter(self._messages())
+
+
 def _with_plain(data: bytes) -> SendRequestView:
-    """A request with plain messages, read by protobuf, its wire bytes kept."""
-    parsed = pb.SendRequest.FromString(data)
+    """A request with plain messages, its wire bytes kept: the messages checked by the C module and
+    parsed when read, the other fields by protobuf (all of it by protobuf without the C module, or
+    when the C module does not vouch for the messages)."""
+    split = plain.native.split_plain(data) if plain.native is not None else None
+    if split is None:
+        parsed = pb.SendRequest.FromString(data)
+        messages: Sequence[pb.PlainMessage] = parsed.messages
+    else:
+        rest, count = split
+        parsed = pb.SendRequest.FromString(rest)
+        messages = PlainMessages(data, count)
     return SendRequestView(
         batches=[SendBatchView(b.topic, b.queue_id, b.producer_id, b.base_sequence, b.record_count, b.records_crc,
                                b.records, b.delayed) for b in parsed.batches],
         ack=parsed.ack, timeout_ms=parsed.timeout_ms, producer_id=parsed.producer_id, transaction=parsed.transaction,
-        messages=parsed.messages, wire_bytes=len(data), wire=data,
+        messages=messages, wire_bytes=len(data), wire=data,
         begin=parsed.begin if parsed.HasField("begin") else None,
         commit=parsed.commit if parsed.HasField("commit") else None)
 

@@ -29,6 +29,17 @@
  *     name a queue and a sequence following the previous one of its queue, anything unexpected.
  *     Every ``yield_every`` messages (0: never) it lets other threads take the interpreter lock.
  *
+ * split_plain(request) -> (rest, count) | None
+ *
+ *     A SendRequest's plain messages checked as the protobuf parser would check them, without
+ *     parsing them: ``count`` of them (field 4), and ``rest`` the request's other fields, byte
+ *     for byte, for the parser (a 1 MiB request of 1,000 messages took the parser 0.35-1 ms,
+ *     most of it copying the bodies into fresh memory). Each message's fields: topic and key
+ *     strings in UTF-8, queue_id, deliver_at_ms and sequence varints, body bytes, properties map
+ *     entries of two UTF-8 strings. None (the parser reads it all) for anything else: a field or
+ *     wire type not in that list, a tag longer than 5 bytes, a varint past 64 bits, a field
+ *     running past its message. So whatever it answers, the parser accepts.
+ *
  * receipts(layout, groups) -> bytes
  *
  *     The SendResponse field ``message_receipts`` (number 2), one MessageReceipt per message in
@@ -938,9 +949,115 @@ static PyObject *popped(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- plain messages checked without the parser ---- */
+
+/* The field at *pos as next_field reads it, refusing what the parser might not take as this
+ * reader does: a tag longer than 5 bytes (upb refuses it), a varint of 10 bytes past 64 bits. */
+static int checked_field(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, struct field *f) {
+    Py_ssize_t tag_at = *pos, tag_end = *pos;
+    while (tag_end < end && (b[tag_end] & 0x80))
+        tag_end++;
+    if (tag_end - tag_at >= 5 || !next_field(b, pos, end, f))
+        return 0;
+    if (f->wire == VARINT && *pos - (tag_end + 1) == 10 && b[*pos - 1] > 1)
+        return 0;
+    return 1;
+}
+
+static int utf8_field(const unsigned char *b, const struct field *f) {
+    return f->wire == LEN && utf8_ok(b + f->a, f->z - f->a);
+}
+
+/* A properties map entry: a name (1) and a value (2), both UTF-8 strings. */
+static int map_entry_ok(const unsigned char *b, Py_ssize_t at, Py_ssize_t end) {
+    for (Py_ssize_t pos = at; pos < end;) {
+        struct field f;
+        if (!checked_field(b, &pos, end, &f) || (f.number != 1 && f.number != 2) || !utf8_field(b, &f))
+            return 0;
+    }
+    return 1;
+}
+
+static int plain_message_ok(const unsigned char *b, Py_ssize_t at, Py_ssize_t end) {
+    for (Py_ssize_t pos = at; pos < end;) {
+        struct field f;
+        if (!checked_field(b, &pos, end, &f))
+            return 0;
+        switch (f.number) {
+        case 1: /* topic */
+        case 3: /* key */
+            if (!utf8_field(b, &f))
+                return 0;
+            break;
+        case 4: /* body */
+            if (f.wire != LEN)
+                return 0;
+            break;
+        case 2: /* queue_id */
+        case 6: /* deliver_at_ms */
+        case 7: /* sequence */
+            if (f.wire != VARINT)
+                return 0;
+            break;
+        case 5: /* properties */
+            if (f.wire != LEN || !map_entry_ok(b, f.a, f.z))
+                return 0;
+            break;
+        default:
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static PyObject *split_plain(PyObject *self, PyObject *args) {
+    Py_buffer request;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*:split_plain", &request))
+        return NULL;
+    const unsigned char *b = (const unsigned char *)request.buf;
+    Py_ssize_t end = request.len, rest_bytes = 0, count = 0, pos = 0;
+    int ok = 1;
+    while (pos < end && ok) {
+        struct field f;
+        Py_ssize_t at = pos;
+        if (!checked_field(b, &pos, end, &f))
+            ok = 0;
+        else if (f.number != 4)
+            rest_bytes += pos - at;
+        else if (f.wire != LEN || !plain_message_ok(b, f.a, f.z))
+            ok = 0;
+        else
+            count++;
+    }
+    PyObject *result = NULL;
+    if (!ok) {
+        result = Py_NewRef(Py_None);
+    } else {
+        PyObject *rest = PyBytes_FromStringAndSize(NULL, rest_bytes);
+        if (rest != NULL) {
+            unsigned char *w = (unsigned char *)PyBytes_AS_STRING(rest);
+            for (pos = 0; pos < end;) {
+                struct field f;
+                Py_ssize_t at = pos;
+                checked_field(b, &pos, end, &f); /* read once above: it holds */
+                if (f.number != 4) {
+                    memcpy(w, b + at, (size_t)(pos - at));
+                    w += pos - at;
+                }
+            }
+            result = Py_BuildValue("(Nn)", rest, count);
+        }
+    }
+    PyBuffer_Release(&request);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"encode_plain", encode_plain, METH_VARARGS,
      "encode_plain(request, queues_of, key_crc, rotation, producer_id, yield_every) -> (groups, layout) | None."},
+    {"split_plain", split_plain, METH_VARARGS,
+     "split_plain(request) -> (the request's fields but its plain messages, how many) | None."},
     {"receipts", receipts, METH_VARARGS, "receipts(layout, groups) -> SendResponse.message_receipts as wire bytes."},
     {"popped", popped, METH_VARARGS,
      "popped(batches, skip_first, count, queue_id, delivery_count, lease, topic, decode) -> PopResponse.messages "
