@@ -96,11 +96,13 @@ def rate(results: list[dict[str, float]]) -> float:
 
 
 def node_ready() -> tuple[str | None, str]:
-    """The ``node`` binary with the example's packages installed (``npm ci`` if missing), or why not."""
+    """The ``node`` binary with the example's packages installed from its lockfile (``npm ci`` when
+    missing or older than the lockfile), or why not."""
     node, npm = shutil.which("node"), shutil.which("npm")
     if node is None:
         return None, "node not found (Debian: nodejs)"
-    if not (NODE_EXAMPLE / "node_modules" / "@grpc" / "grpc-js").exists():
+    marker, lock = NODE_EXAMPLE / "node_modules" / ".package-lock.json", NODE_EXAMPLE / "package-lock.json"
+    if not marker.exists() or marker.stat().st_mtime < lock.stat().st_mtime:
         if npm is None:
             return None, "npm not found (Debian: npm)"
         r = subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--prefer-offline"], cwd=NODE_EXAMPLE,

@@ -10,6 +10,7 @@ import json
 import os
 import random
 import subprocess
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,7 @@ def test_the_wire_is_protobufs_and_the_records_are_the_python_clients(node: str)
     got = _run(node, messages, "encode")
     wire, other, reused = (pb.SendRequest.FromString(bytes.fromhex(got[k])) for k in ("wire", "protobufjs", "encoder"))
     assert wire == other == reused and got["wire"] == got["encoder"]
+    assert got["smaller"] == got["smaller_fresh"] and got["same_buffer"]  # written over the bigger one's bytes
     assert wire.ack == pb.ACK_FLUSH and wire.timeout_ms == 2500 and len(wire.batches) == len(set(got["queues"]))
     for i, batch in enumerate(wire.batches):
         idxs = [j for j, m in enumerate(messages) if _queue_of(m, QUEUES) == batch.queue_id]
@@ -91,11 +93,20 @@ def test_node_decodes_pulled_batches_as_our_client_does(node: str, spawn: Callab
         c.create_topic("orders", queues=QUEUES)
         for start in range(0, len(messages), 9):  # several batches, pulled 7 at a time: runs start mid-batch
             c.send("orders", messages[start:start + 9], ack="flush")
+        due = int(time.time() * 1000) + 300  # a fired timer: its fields read out of its properties
+        c.send("orders", [Message(b"due", key="k1", properties={"p": "v"}, deliver_at_ms=due)], ack="flush")
+        timer_queue = _queue_of(Message(b"", key="k1"), QUEUES)
+        deadline = time.monotonic() + 10
+        while not any(m.deliver_at_ms == due for m in c.pull("orders", timer_queue, 0, max_messages=1000)):
+            assert time.monotonic() < deadline, "the timer fired"
+            time.sleep(0.1)
         got = _run(node, [], "pull", d.address, "orders", str(QUEUES))
+        assert got["cut_refused"] and all(got["cut_refused"]), got["cut_refused"]
         for q in range(QUEUES):
             ours = list(c.pull("orders", q, 0, max_messages=1000))
             assert ours, "every queue holds messages"
             theirs = got[str(q)]
             assert [(m["queue_offset"], m["commit_offset"], m["store_time_ms"], m["key"], m["properties"],
-                     base64.b64decode(m["body"]), m["same_body"]) for m in theirs] == \
-                [(m.queue_offset, m.commit_offset, m.store_time_ms, m.key or "", m.properties, m.body, True) for m in ours]
+                     base64.b64decode(m["body"]), m["same_body"], m["deliver_at_ms"], m["timer_offset"]) for m in theirs] == \
+                [(m.queue_offset, m.commit_offset, m.store_time_ms, m.key or "", m.properties, m.body, True,
+                  m.deliver_at_ms or 0, m.timer_offset or 0) for m in ours]

@@ -110,18 +110,51 @@ function writeVarint(out, pos, v) {
 }
 
 const ACKS = { ACK_LEADER: 1, ACK_FLUSH: 2, ACK_REPLICA: 3 };
+const U32_MAX = 0xffffffff;
+const SEQUENCE_MAX = 0x7fffffff;
+const U64_MAX = 0xffffffffffffffffn;
+
+function checkInteger(v, low, high, what) {
+  const ok = typeof v === 'bigint' ? v >= BigInt(low) && v <= BigInt(high) : Number.isSafeInteger(v) && v >= low && v <= high;
+  if (!ok) throw new RangeError(`${what} must be an integer from ${low} to ${high}, got ${v}`);
+}
+
+// What the server would refuse (or read otherwise), refused here with the reason: a batch's
+// numbers in range, at least one message, each a Buffer body with string properties.
+function checkBatch(b) {
+  if (typeof b.topic !== 'string' || !b.topic) throw new TypeError('a batch needs its topic');
+  checkInteger(b.queue_id, 0, U32_MAX, 'queue_id');
+  checkInteger(b.producer_id === undefined ? 0 : b.producer_id, 0, U64_MAX, 'producer_id');
+  checkInteger(b.base_sequence === undefined ? -1 : b.base_sequence, -1, SEQUENCE_MAX, 'base_sequence');
+  if (!Array.isArray(b.messages) || b.messages.length === 0) throw new RangeError('a batch needs at least one message');
+  for (const m of b.messages) {
+    if (!Buffer.isBuffer(m.body)) throw new TypeError('a message body must be a Buffer');
+    if (m.key !== undefined && m.key !== null && typeof m.key !== 'string') throw new TypeError('a key must be a string');
+    const props = m.properties;
+    if (props === undefined || props === null) continue;
+    if (Object.getPrototypeOf(props) !== Object.prototype) throw new TypeError('properties must be a plain object');
+    for (const value of Object.values(props)) {
+      if (typeof value !== 'string') throw new TypeError('a property value must be a string');
+    }
+  }
+}
 
 // A whole SendRequest on the wire, written in one Buffer with each batch's records encoded in
 // place (no copy of them through protobufjs): hand it to gRPC with an identity serializer
-// (bench.js's sendWire). batches: [{ topic, queue_id, producer_id (BigInt, 0n: not idempotent),
-// base_sequence (-1: not idempotent), messages }]; ack: 'ACK_FLUSH' and so on. `into`: a Buffer to
-// write in when it is large enough (the answer is then a view of it), else a new one is made.
+// (bench.js's sendWire). batches: [{ topic, queue_id, producer_id (BigInt or Number; 0 or absent:
+// not idempotent), base_sequence (-1 or absent: not idempotent), messages }] with messages as
+// encodeRecords takes them; ack: 'ACK_FLUSH' and so on. `into`: a Buffer to write in when it is
+// large enough (the answer is then a view of it), else a new one is made. Anything the server
+// would refuse (a number out of range, an empty batch, a body that is not a Buffer) throws here.
 function encodeSendRequest(batchesOfQueues, ack = 'ACK_REPLICA', timeoutMs = 0, into = null) {
-  if (!ACKS[ack]) throw new RangeError(`ack must be one of ${Object.keys(ACKS).join(', ')}`);
+  if (!Object.hasOwn(ACKS, ack)) throw new RangeError(`ack must be one of ${Object.keys(ACKS).join(', ')}`);
+  checkInteger(timeoutMs, 0, U32_MAX, 'timeoutMs');
+  batchesOfQueues.forEach(checkBatch);
   const plans = batchesOfQueues.map((b) => {
     const { sizes, total } = measure(b.messages);
     const topicBytes = utf8(b.topic);
-    const sequence = b.base_sequence < 0 ? 0xffffffffffffffffn : BigInt(b.base_sequence); // int64 -1: ten bytes
+    const base = b.base_sequence === undefined ? -1 : b.base_sequence;
+    const sequence = base < 0 ? U64_MAX : BigInt(base); // int64 -1: ten bytes
     const fields = 1 + varintBytes(topicBytes) + topicBytes + 1 + varintBytes(b.queue_id)
       + (b.producer_id ? 1 + varintBytes(BigInt(b.producer_id)) : 0) + (sequence ? 1 + varintBytes(sequence) : 0)
       + 1 + varintBytes(b.messages.length) + 1 + 5 + 1 + varintBytes(total) + total;
@@ -171,28 +204,43 @@ function encodeSendRequest(batchesOfQueues, ack = 'ACK_REPLICA', timeoutMs = 0, 
 // The queue a keyed message goes to: crc32c(key) % queues, as the server and the Python client
 // pick it (a keyless message may go to any queue). A key is short: hashed in JavaScript, its
 // string read as UTF-8 in place, which costs a tenth of a call into the native library.
+// A key with a lone surrogate is stored as U+FFFD (Buffer's UTF-8): hashed as those bytes.
+const LONE_SURROGATE = /[\uD800-\uDFFF]/;
 function queueFor(key, queues) {
-  return (CRC32C.str(key) >>> 0) % queues;
+  const crc = LONE_SURROGATE.test(key) && !key.isWellFormed() ? crc32c(Buffer.from(key, 'utf8')) : CRC32C.str(key);
+  return (crc >>> 0) % queues;
 }
 
 function u64(buf, at) {
   return buf.readUInt32LE(at) + buf.readUInt32LE(at + 4) * 0x100000000; // exact below 2^53
 }
 
+function cut(what) {
+  return new RangeError(`pulled batches cut or bent: ${what}`);
+}
+
 // Calls visit(buf, recordAt, keyBytes, propsBytes, bodyEnd, batchAt, index) for `count` records
-// after the first `skip` of the first batch, in one pass over the runs of batches.
+// after the first `skip` of the first batch, in one pass over the runs of batches. Throws on
+// framing that does not hold (a batch or record running past its bytes, a run not ending on a
+// batch), as the Python client's walk does.
 function walk(runs, skip, count, visit) {
   let remaining = count;
   for (const buf of runs) {
     let at = 0;
-    while (at + BATCH_HEADER_BYTES <= buf.length && remaining > 0) {
+    while (at < buf.length && remaining > 0) {
+      if (at + BATCH_HEADER_BYTES > buf.length) throw cut(`a batch header at ${at} of ${buf.length} bytes`);
       const batchBytes = buf.readUInt32LE(at);
       const end = at + batchBytes;
       let pos = at + BATCH_HEADER_BYTES + buf[at + 58];
+      if (pos > end || end > buf.length) throw cut(`a batch of ${batchBytes} bytes at ${at} of ${buf.length}`);
       for (let i = 0; pos < end && remaining > 0; i++) {
+        if (pos + RECORD_HEAD_BYTES > end) throw cut(`a record head at ${pos} past its batch's end ${end}`);
         const size = buf.readUInt32LE(pos);
+        const kl = buf.readUInt16LE(pos + 4);
+        const pl = buf.readUInt16LE(pos + 6);
+        if (pos + 4 + size > end || 4 + kl + pl > size) throw cut(`a record of ${size} bytes at ${pos}`);
         if (i >= skip) {
-          visit(buf, pos, buf.readUInt16LE(pos + 4), buf.readUInt16LE(pos + 6), pos + 4 + size, at, i);
+          visit(buf, pos, kl, pl, pos + 4 + size, at, i);
           remaining--;
         }
         pos += 4 + size;
@@ -226,37 +274,62 @@ function properties(buf, from, to) {
   return props;
 }
 
+// A fired timer message's fields: read into their own fields, the four left out of properties
+// (docs/formats/timer-records.md), as the server's decode does.
+const TIMER_PROPERTIES = ['__deliver_at_ms', '__timer_offset', '__topic', '__queue'];
+
+// A timer field's number: 1-19 ASCII digits, else 0 (absent), as every reader takes it.
+function fieldNumber(text) {
+  return text !== undefined && /^[0-9]{1,19}$/.test(text) ? Number(text) : 0;
+}
+
 // One object per record, as PulledMessage has them (offsets as Numbers: exact below 2^53).
 function decode(runs, skip, count) {
   const out = [];
   walk(runs, skip, count, (buf, pos, kl, pl, end, batchAt, i) => {
     const keyAt = pos + RECORD_HEAD_BYTES;
+    const props = pl ? properties(buf, keyAt + kl, keyAt + kl + pl) : {};
+    const deliverAt = fieldNumber(props.__deliver_at_ms);
+    const timerOffset = fieldNumber(props.__timer_offset);
+    for (const name of TIMER_PROPERTIES) delete props[name];
     out.push({
       queue_offset: u64(buf, batchAt + 24) + i,
       commit_offset: u64(buf, batchAt + 16) + (pos - batchAt),
       store_time_ms: u64(buf, batchAt + 32),
       key: kl ? buf.toString('utf8', keyAt, keyAt + kl) : '',
-      properties: pl ? properties(buf, keyAt + kl, keyAt + kl + pl) : {},
+      properties: props,
       body: buf.subarray(keyAt + kl + pl, end),
+      deliver_at_ms: deliverAt,
+      timer_offset: timerOffset,
     });
   });
   return out;
 }
 
-// Encodes every Send of one caller in one Buffer, grown when a request needs more: a large
-// Buffer made per call costs more in V8's garbage collection than its encoding (a send of 1 MiB:
-// 2.4 ms of collection per call with a new Buffer, 0.8 ms with this). The bytes of an encode are
-// valid until the next: gRPC copies them into its frame before a call can be answered, so a caller
-// that encodes its next request after the answer to the last never overwrites bytes in flight.
+// Encodes the Sends of one caller in one Buffer, kept from call to call: a large Buffer made per
+// call costs more in V8's garbage collection than its encoding (a send of 1 MiB: 2.4 ms of
+// collection per call with a new Buffer, 0.8 ms with this). grpc-js copies a request into its
+// frame only later, on a microtask (or once its channel is ready), so the bytes of an encode are
+// the call's until the call is answered: `done(wire)` says so, and only then does an encode write
+// in the same Buffer again. An encode before that (two calls in flight) gets a Buffer of its own:
+// forgetting `done` costs the reuse, never a request's bytes.
 class SendEncoder {
   constructor() {
     this.buffer = Buffer.alloc(0);
+    this.lent = null; // the bytes of the encoder's Buffer a call still holds
   }
 
   encode(batchesOfQueues, ack = 'ACK_REPLICA', timeoutMs = 0) {
+    if (this.lent !== null) return encodeSendRequest(batchesOfQueues, ack, timeoutMs);
     const wire = encodeSendRequest(batchesOfQueues, ack, timeoutMs, this.buffer);
-    if (wire.length > this.buffer.length) this.buffer = wire; // a new one was made: kept for the next
+    if (wire.length > this.buffer.length) this.buffer = wire; // too small, so a new one was made: kept
+    this.lent = wire;
     return wire;
+  }
+
+  // The call that sent `wire` was answered (or failed): its bytes may be written over.
+  done(wire) {
+    if (wire === this.lent) this.lent = null;
   }
 }
 

@@ -21,7 +21,7 @@ const path = require('path');
 const grpc = require('@grpc/grpc-js');
 const protoLoader = require('@grpc/proto-loader');
 const crypto = require('crypto');
-const batches = require('./batches');
+let batches; // ./batches (the record format: CRC32C libraries) only for the modes that use it
 
 const PROTO = process.env.TIDEMARK_PROTO || path.join(__dirname, '..', '..', 'proto', 'tidemark.proto');
 const [address, mode, topic, ...rest] = process.argv.slice(2);
@@ -92,7 +92,9 @@ function batchSender(calls, perCall, body, queues) {
       }
       const request = [...byQueue].map(([q, group]) => ({ topic, queue_id: q, producer_id: producerId,
         base_sequence: sequences[q], messages: group }));
-      const response = await sendWire(encoder.encode(request, 'ACK_FLUSH'));
+      const wire = encoder.encode(request, 'ACK_FLUSH');
+      const response = await sendWire(wire);
+      encoder.done(wire);
       request.forEach((b, i) => { sequences[b.queue_id] += response.receipts[i].record_count; });
     }
     return calls * perCall;
@@ -138,7 +140,8 @@ const MODES = {
 };
 
 async function main() {
-  if (!MODES[mode]) throw new Error(`mode must be one of ${Object.keys(MODES).join(', ')}`);
+  if (!Object.hasOwn(MODES, mode)) throw new Error(`mode must be one of ${Object.keys(MODES).join(', ')}`);
+  if (mode.endsWith('-batch')) batches = require('./batches');
   const result = await MODES[mode](...rest);
   console.log(JSON.stringify(result));
   broker.close();
