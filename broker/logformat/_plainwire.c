@@ -952,7 +952,8 @@ static PyObject *popped(PyObject *self, PyObject *args) {
 /* ---- plain messages checked without the parser ---- */
 
 /* The field at *pos as next_field reads it, refusing what the parser might not take as this
- * reader does: a tag longer than 5 bytes (upb refuses it), a varint of 10 bytes past 64 bits. */
+ * reader does: a tag or a length longer than 5 bytes (upb refuses both, where next_field reads up
+ * to 10), a varint of 10 bytes past 64 bits. */
 static int checked_field(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end, struct field *f) {
     Py_ssize_t tag_at = *pos, tag_end = *pos;
     while (tag_end < end && (b[tag_end] & 0x80))
@@ -960,6 +961,8 @@ static int checked_field(const unsigned char *b, Py_ssize_t *pos, Py_ssize_t end
     if (tag_end - tag_at >= 5 || !next_field(b, pos, end, f))
         return 0;
     if (f->wire == VARINT && *pos - (tag_end + 1) == 10 && b[*pos - 1] > 1)
+        return 0;
+    if (f->wire == LEN && f->a - (tag_end + 1) > 5)
         return 0;
     return 1;
 }
@@ -1036,17 +1039,23 @@ static PyObject *split_plain(PyObject *self, PyObject *args) {
     } else {
         PyObject *rest = PyBytes_FromStringAndSize(NULL, rest_bytes);
         if (rest != NULL) {
-            unsigned char *w = (unsigned char *)PyBytes_AS_STRING(rest);
-            for (pos = 0; pos < end;) {
+            unsigned char *start = (unsigned char *)PyBytes_AS_STRING(rest), *w = start;
+            for (pos = 0; pos < end;) { /* the same walk as above (the bytes are immutable): it holds */
                 struct field f;
                 Py_ssize_t at = pos;
-                checked_field(b, &pos, end, &f); /* read once above: it holds */
+                if (!checked_field(b, &pos, end, &f) || (f.number != 4 && w - start + (pos - at) > rest_bytes))
+                    break;
                 if (f.number != 4) {
                     memcpy(w, b + at, (size_t)(pos - at));
                     w += pos - at;
                 }
             }
-            result = Py_BuildValue("(Nn)", rest, count);
+            if (pos != end || w - start != rest_bytes) {
+                Py_DECREF(rest);
+                PyErr_SetString(PyExc_RuntimeError, "split_plain's second walk differs from its first");
+            } else {
+                result = Py_BuildValue("(Nn)", rest, count);
+            }
         }
     }
     PyBuffer_Release(&request);
