@@ -8,7 +8,7 @@ import functools
 import itertools
 import random
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import crc32c
@@ -86,6 +86,19 @@ def _request(rng: random.Random) -> tuple[bytes, int]:
     return pb.SendRequest(messages=messages, batches=batches).SerializeToString(), (77 if idempotent else 0)
 
 
+def _bent_requests(rng: random.Random, count: int,
+                   more: Callable[[random.Random, bytes], bytes] | None = None) -> Iterator[tuple[bytes, int]]:
+    """``count`` random requests (and their producer ids): a third of them ``mutated``, another third
+    bent by ``more`` if given."""
+    for i in range(count):
+        data, producer_id = _request(rng)
+        if i % 3 == 0:
+            data = mutated(rng, data, scalars=(2, 3, 5, 6), unknown=(9, 15, 4))
+        elif i % 3 == 1 and more is not None:
+            data = more(rng, data)
+        yield data, producer_id
+
+
 def _records(b: Any) -> list[tuple[bytes, dict[str, str], bytes]]:
     """A batch's records with their properties as a map (protobuf's map order is its own)."""
     data = bytes(b.records)
@@ -110,10 +123,7 @@ def _python(fn: Callable[[], plain.Encoded], rotation: int) -> Any:
 def test_the_c_encoder_frames_what_the_python_one_does() -> None:
     rng = random.Random(40)
     taken = valid = 0
-    for i in range(4000):
-        data, producer_id = _request(rng)
-        if i % 3 == 0:
-            data = mutated(rng, data, scalars=(2, 3, 5, 6), unknown=(9, 15, 4))
+    for data, producer_id in _bent_requests(rng, 4000):
         try:
             request = pb.SendRequest.FromString(data)
         except DecodeError:
@@ -189,12 +199,10 @@ def test_split_plain_vouches_only_for_what_protobuf_takes() -> None:
     messages, its other fields); what protobuf refuses (cut, flipped, not UTF-8), it leaves to it."""
     rng = random.Random(41)
     vouched = refused = 0
-    for i in range(4000):
-        data, _ = _request(rng)
-        if i % 3 == 0:
-            data = mutated(rng, data, scalars=(2, 3, 5, 6), unknown=(9, 15, 4))
-        elif i % 3 == 1:
-            data = _not_utf8(rng, data) if rng.random() < 0.5 else _padded(rng, data)
+    def odd(rng: random.Random, data: bytes) -> bytes:
+        return _not_utf8(rng, data) if rng.random() < 0.5 else _padded(rng, data)
+
+    for data, _ in _bent_requests(rng, 4000, odd):
         split = plain.native.split_plain(data)
         try:
             whole = pb.SendRequest.FromString(data)

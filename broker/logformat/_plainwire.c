@@ -37,8 +37,8 @@
  *     most of it copying the bodies into fresh memory). Each message's fields: topic and key
  *     strings in UTF-8, queue_id, deliver_at_ms and sequence varints, body bytes, properties map
  *     entries of two UTF-8 strings. None (the parser reads it all) for anything else: a field or
- *     wire type not in that list, a tag longer than 5 bytes, a varint past 64 bits, a field
- *     running past its message. So whatever it answers, the parser accepts.
+ *     wire type not in that list, a tag or length longer than 5 bytes, a varint past 64 bits,
+ *     a field running past its message. So whatever it answers, the parser accepts.
  *
  * receipts(layout, groups) -> bytes
  *
