@@ -77,10 +77,11 @@ POP_DLQ = Counter("tidemark_pop_dlq", "Pop-mode messages moved to their group's 
 POP_DLQ_HELD = Counter("tidemark_pop_dlq_held", "Pops that found dead letters whose DLQ topic is missing and "
                        "could not create it (the caller lacks admin): those messages wait, undelivered",
                        registry=REGISTRY)
-POP_RUNS = Counter("tidemark_pop_runs", "Passes of the pop service, each one __pop record at most, by kind (pop, ack): "
-                   "calls of one group that arrive together share one", ["kind"], registry=REGISTRY)
+POP_RUNS = Counter("tidemark_pop_runs", "Passes of the pop service, each one write of __pop records at most, by kind "
+                   "(pop, ack): calls of one group that arrive together share one", ["kind"], registry=REGISTRY)
 POP_RUN_CALLS = Counter("tidemark_pop_run_calls", "Pop and ack calls served by those passes, by kind (calls / runs: "
-                        "how many shared one)", ["kind"], registry=REGISTRY)
+                        "how many shared one); a pop carrying acks counts as an ack call served by its pop pass",
+                        ["kind"], registry=REGISTRY)
 POP_IN_FLIGHT = Gauge("tidemark_pop_in_flight", "Pop-mode messages delivered and not yet acked, all groups",
                       registry=REGISTRY)
 LONG_POLLS_REFUSED = Counter("tidemark_long_polls_refused", "Pulls and pops refused because limits.parked_waits_max "

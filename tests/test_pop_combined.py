@@ -157,8 +157,10 @@ def test_many_consumers_popping_at_once_share_records_and_get_each_message_once(
 
 def test_a_consumer_loop_carrying_its_acks_in_the_next_pop(spawn: Callable[..., DaemonProcess]) -> None:
     """``pop(ack=previous)``: one call acks the last batch and leases the next; every message once,
-    nothing left in flight after the last ack; a malformed handle fails the carried acks alone."""
-    d = spawn("node")
+    nothing left in flight after the last ack; a malformed handle fails the carried acks alone.
+    The acks ride the pop's own pass (no ack pass of their own), found nothing to lease or not."""
+    port = free_port()
+    d = spawn("node", config={"node.metrics_listen": f"127.0.0.1:{port}"})
     with BrokerClient(d.address) as c:
         c.create_topic("t", queues=3)
         c.send("t", [Message(b"m%d" % i, key=str(i)) for i in range(1000)], ack="flush")
@@ -174,6 +176,7 @@ def test_a_consumer_loop_carrying_its_acks_in_the_next_pop(spawn: Callable[..., 
             previous = got
         assert Counter(seen) == Counter(b"m%d" % i for i in range(1000))
         assert sum(q["in_flight"] for q in c.describe_group("g")["queues"]) == 0  # the last pop carried the last ack
+        assert _metric(port, "tidemark_pop_run_calls", "ack") >= 1000 / 64 and _metric(port, "tidemark_pop_runs", "ack") == 0
         c.send("t", [Message(b"x")], ack="flush")
         again = c.pop("g", "t", max_messages=8, max_wait_ms=2000, ack=["not-a-handle"])
         assert again.bodies() == [b"x"] and list(again.ack_failures) == ["not-a-handle"]
@@ -181,3 +184,26 @@ def test_a_consumer_loop_carrying_its_acks_in_the_next_pop(spawn: Callable[..., 
         twice = c.pop("g", "t", max_messages=8, ack=again)
         assert len(twice) == 0 and twice.ack_failures == {}
         assert "acked" in c.ack("g", again)[again.receipt_handles()[0]]  # the pop acked it already
+
+
+def test_carried_acks_make_room_at_once_and_may_name_another_topic(spawn: Callable[..., DaemonProcess]) -> None:
+    """A pop whose group's window is full (``groups.pop_window_max``) carrying the acks that empty
+    it leases the next messages in the same call, not after its long poll; a pop of one topic may
+    carry the acks of another's leases."""
+    d = spawn("node", config={"groups.pop_window_max": 1000})
+    with BrokerClient(d.address) as c:
+        for topic in ("t", "u"):
+            c.create_topic(topic, queues=1)
+            c.send(topic, [Message(b"%s%d" % (topic.encode(), i)) for i in range(2500)], ack="flush")
+        first = c.pop("g", "t", max_messages=1000, invisible_ms=60_000, start="earliest")
+        assert len(first) == 1000
+        assert len(c.pop("g", "t", max_messages=10, start="earliest")) == 0  # the window is full
+        elsewhere = c.pop("g", "u", max_messages=7, invisible_ms=60_000, start="earliest")
+        assert len(elsewhere) == 7
+        second = c.pop("g", "t", max_messages=1000, invisible_ms=60_000, max_wait_ms=30_000, ack=first)
+        assert second.ack_failures == {}
+        assert second.bodies() == [b"t%d" % i for i in range(1000, 2000)]  # at once: the lease ends at 60 s
+        third = c.pop("g", "t", max_messages=10, ack=elsewhere)  # t's window is full again: nothing leased
+        assert len(third) == 0 and third.ack_failures == {}
+        queues = {q["topic"]: q for q in c.describe_group("g")["queues"]}
+        assert queues["t"]["in_flight"] == 1000 and queues["u"]["in_flight"] == 0

@@ -5,14 +5,30 @@ is or will be delivered again)."""
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 
 from broker.errors import BrokerError, invalid, shown
 from broker.groups import receipts
+from broker.groups.pop_locks import QueueKey
 from broker.groups.pop_parts import FAILED_PRECONDITION, REASONS, TWICE, PopParts, now_ms, record_batch
 from broker.logformat import pop_records as pr
+from broker.ports import IncomingBatch
 from broker.views.pop_leases import ENDED, NOT_LEASED
+
+
+@dataclass(slots=True)
+class Ends:
+    """Calls' handles to end, decoded (``LeaseEnds.resolve_ends``)."""
+
+    calls: list[list[str]]
+    results: list[list[tuple[str, int, str]] | BrokerError]  # per call: its refusals so far, or its error
+    resolved: list[receipts.Handle]
+    owner: list[tuple[int, int]]  # per resolved handle: its call and its place in it
+
+    def keys(self, group: str) -> list[QueueKey]:
+        return [(group, h.topic, h.queue_id) for h in self.resolved]
 
 
 class LeaseEnds(PopParts):
@@ -90,50 +106,67 @@ class LeaseEnds(PopParts):
                   delay_ms: int = 0) -> list[list[tuple[str, int, str]] | BrokerError]:
         """``_end`` for several calls' handles in one record; each call gets its own refusals, or
         its own error (a malformed handle refuses its call alone, before anything changes)."""
+        ends = self.resolve_ends(group, calls)
+        if not ends.resolved:
+            return ends.results
+        end = 0
+        with self.locks.holding(ends.keys(group)):
+            batch, touched = self.ends_record(group, ends, kind, now_ms(), delay_ms)
+            if batch is not None:
+                end = self._append([batch])
+                self.locks.appended(touched, end)
+        if end:
+            self._durable(end)
+        return ends.results
+
+    def resolve_ends(self, group: str, calls: list[list[str]], *, empty_ok: bool = False) -> Ends:
+        """Every call's handles decoded (no lock held): a call with a malformed one gets its error
+        as its result; a handle repeated from an earlier call is refused (ended already).
+        ``empty_ok``: a call without handles (a pop carrying no acks) ends nothing, unrefused."""
         self.check_group(group)
-        results: list[list[tuple[str, int, str]] | BrokerError] = []
-        resolved: list[receipts.Handle] = []
-        owner: list[tuple[int, int]] = []  # per resolved handle: its call and its place in it
+        ends = Ends(calls, [], [], [])
         earlier: set[str] = set()  # handles of the calls before: a repeat in a later call ends nothing more
         for c, handles in enumerate(calls):
+            if not handles and empty_ok:
+                ends.results.append([])
+                continue
             try:
                 mine = self._resolve(group, handles)
             except BrokerError as exc:
-                results.append(exc)
+                ends.results.append(exc)
                 continue
             repeats: list[tuple[str, int, str]] = []
             for j, h in enumerate(mine):
                 if handles[j] in earlier:
                     repeats.append((handles[j], FAILED_PRECONDITION, REASONS[ENDED]))
                 else:
-                    resolved.append(h)
-                    owner.append((c, j))
+                    ends.resolved.append(h)
+                    ends.owner.append((c, j))
             earlier.update(handles)
-            results.append(repeats)
-        if not resolved:
-            return results
-        keys = [(group, h.topic, h.queue_id) for h in resolved]
-        with self.locks.holding(keys):
-            now = now_ms()
-            with self.view.lock:
-                ok, refused = self._current(group, resolved, now)
-            if ok:
-                items = [[t, q, pr.to_runs(offs)] for (t, q), offs in sorted(ok.items())]
-                record: dict[str, object]
-                if kind == pr.ACK:
-                    record = {"g": group, "acks": items}
-                else:
-                    record = {"g": group, "nacks": items, "until": now + delay_ms}
-                end = self._append([record_batch(kind, record)])
-                self.locks.appended([(group, t, q) for t, q in ok], end)
-        if ok:
-            self._durable(end)
+            ends.results.append(repeats)
+        return ends
+
+    def ends_record(self, group: str, ends: Ends, kind: str, now: int,
+                    delay_ms: int = 0) -> tuple[IncomingBatch | None, list[QueueKey]]:
+        """With the locks of ``ends.keys`` held: the record ending the leases the handles still
+        name (None: none does) and the queues it touches; every other handle's refusal is added to
+        its call's result."""
+        with self.view.lock:
+            ok, refused = self._current(group, ends.resolved, now)
         for i, why in refused:
-            c, j = owner[i]
-            call_result = results[c]
+            c, j = ends.owner[i]
+            call_result = ends.results[c]
             assert isinstance(call_result, list)
-            call_result.append((calls[c][j], FAILED_PRECONDITION, why))
-        return results
+            call_result.append((ends.calls[c][j], FAILED_PRECONDITION, why))
+        if not ok:
+            return None, []
+        items = [[t, q, pr.to_runs(offs)] for (t, q), offs in sorted(ok.items())]
+        record: dict[str, object]
+        if kind == pr.ACK:
+            record = {"g": group, "acks": items}
+        else:
+            record = {"g": group, "nacks": items, "until": now + delay_ms}
+        return record_batch(kind, record), [(group, t, q) for t, q in ok]
 
     def ack_many(self, group: str, calls: list[list[str]]) -> list[list[tuple[str, int, str]] | BrokerError]:
         """Acks of several calls in one record (``_end_many``)."""

@@ -37,13 +37,14 @@ from broker import metrics
 from broker.errors import BrokerError, invalid
 from broker.groups import receipts
 from broker.groups.dead_letters import DeadLetters
-from broker.groups.lease_ends import LeaseEnds
+from broker.groups.lease_ends import Ends, LeaseEnds
 from broker.groups.pop_idle import IdlePops
 from broker.groups.pop_locks import KEYS_MAX, QueueKey, QueueLocks
 from broker.groups.pop_parts import log, now_ms, record_batch
 from broker.groups.pop_reports import PopReports
 from broker.logformat import batch as bf
 from broker.logformat import pop_records as pr
+from broker.ports import IncomingBatch
 from broker.store import Store
 from broker.views.pop_leases import PopQueue
 from proto import tidemark_pb2 as pb
@@ -66,6 +67,26 @@ class LeasedRun:
     receipt_handle: str
     batches: list[bytes]  # runs of whole, adjacent batches
     skip_first: int  # records of the first batch before ``first_offset``
+
+
+class PopPass(NamedTuple):
+    """What one pass of combined pops answers."""
+
+    outs: list[list[LeasedRun]]  # per pop: its runs
+    wake_ms: int | None  # when the next lease ends (for pops answered empty)
+    acked: list[list[tuple[str, int, str]] | BrokerError]  # per pop: its carried acks' refusals, or its error
+
+
+class _Terms(NamedTuple):
+    """What the pops of one pass share, and each one's ``max_messages``."""
+
+    group: str
+    topic: str
+    asks: list[int]
+    invisible_ms: int
+    start_earliest: bool
+    may_create_dlq: bool
+    committed: bool
 
 
 @dataclass(slots=True)
@@ -115,17 +136,18 @@ class PopService(LeaseEnds, PopReports):
             start_earliest: bool, may_create_dlq: bool = True,
             committed: bool = True) -> tuple[list[LeasedRun], int | None]:
         """One pop's runs (``pop_many`` of one)."""
-        outs, wake = self.pop_many(group, topic, [max_messages], invisible_ms, start_earliest, may_create_dlq, committed)
-        return outs[0], wake
+        done = self.pop_many(group, topic, [max_messages], invisible_ms, start_earliest, may_create_dlq, committed)
+        return done.outs[0], done.wake_ms
 
     def pop_many(self, group: str, topic: str, asks: list[int], invisible_ms: int,
-                 start_earliest: bool, may_create_dlq: bool = True,
-                 committed: bool = True) -> tuple[list[list[LeasedRun]], int | None]:
+                 start_earliest: bool, may_create_dlq: bool = True, committed: bool = True,
+                 acks: list[list[str]] | None = None) -> PopPass:
         """Pops of one group and topic that arrived together (``asks``: each one's ``max_messages``),
         leased in one pass and one record: each gets its own runs (what was picked, dealt out in
         order, each read within its own byte budget and all within ``RUN_BUDGETS`` of them; a pop
         left with nothing is answered empty and may ask again at once), all under the record's
-        one tag. As one pop each:
+        one tag. ``acks``: the receipt handles each pop carries, ended in the same pass (their
+        record is appended with the lease record: one write, one durable wait). As one pop each:
 
         Lease up to ``max_messages``; return them as runs of adjacent messages with the log
         batches that hold them (at most ``limits.pull_bytes_max`` and one batch), or no run and when
@@ -135,20 +157,16 @@ class PopService(LeaseEnds, PopReports):
 
         Calls of one group on different queues run side by side (their records share fsyncs): a
         pop takes the queues that no other call holds, from a rotating start; only when every queue
-        is busy or empty does it wait for one, then the next."""
+        is busy or empty does it wait for one, then the next. A pass that ends leases holds every
+        queue it touches instead (``_pop_acking``)."""
         self.check_group(group)
         queues = self.topic_queues(topic)
         self._check_duration("invisible_ms", invisible_ms)
         if min(asks) <= 0:
             raise invalid("max_messages must be positive")
+        ends = self.resolve_ends(group, acks, empty_ok=True) if acks is not None else None
+        acked = ends.results if ends is not None else []
         asks = [min(ask, self.config["groups.pop_messages_max"]) for ask in asks]
-        max_messages = sum(asks)
-        nothing: list[list[LeasedRun]] = [[] for _ in asks]
-        idle, wake_at = self.idle(group, topic)
-        if idle:
-            return nothing, wake_at
-        state = self.idle_pops.state(group, topic)
-        found = False
         with self._rotation_lock:
             first = self._rotation.get((group, topic), 0)
             self._rotation[(group, topic)] = (first + 1) % queues
@@ -157,6 +175,23 @@ class PopService(LeaseEnds, PopReports):
         order = [(group, topic, (first + i) % queues) for i in range(queues)]
         if self.store.placement is not None:  # a cluster of shards: pop leases stay with the segment's shard
             order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
+        terms = _Terms(group, topic, asks, invisible_ms, start_earliest, may_create_dlq, committed)
+        if ends is not None and ends.resolved:
+            outs, wake = self._pop_acking(terms, order, ends)
+        else:
+            outs, wake = self._pop_side_by_side(terms, order)
+        return PopPass(outs, wake, acked)
+
+    def _pop_side_by_side(self, t: _Terms, order: list[QueueKey]) -> tuple[list[list[LeasedRun]], int | None]:
+        """A pass without acks: the queues nobody else holds first, then each busy one in turn."""
+        group, topic, asks = t.group, t.topic, t.asks
+        max_messages = sum(asks)
+        nothing: list[list[LeasedRun]] = [[] for _ in asks]
+        idle, wake_at = self.idle(group, topic)
+        if idle:
+            return nothing, wake_at
+        state = self.idle_pops.state(group, topic)
+        found = False
         wake: int | None = None
         busy: list[QueueKey] = []
         held: list[threading.Lock] = []
@@ -174,14 +209,14 @@ class PopService(LeaseEnds, PopReports):
                     continue
                 held.append(lock)
                 self.locks.settle([key])
-                pick, nxt = self._pick(key, left, start_earliest, now, committed)
+                pick, nxt = self._pick(key, left, t.start_earliest, now, t.committed)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
                     picks.append(pick)
                     left -= int(pick.offsets.size)
                     found = True
             if picks:
-                leased = self._lease(group, topic, picks, invisible_ms, now, may_create_dlq, asks)
+                leased = self._lease(t, picks, now)
         finally:
             for lock in held:
                 lock.release()
@@ -191,37 +226,72 @@ class PopService(LeaseEnds, PopReports):
                 return nothing, wake_at
             with self.locks.holding([key]):
                 now = now_ms()
-                pick, nxt = self._pick(key, max_messages, start_earliest, now, committed)
+                pick, nxt = self._pick(key, max_messages, t.start_earliest, now, t.committed)
                 wake = _earliest(wake, nxt)
                 if pick is not None:
                     found = True
-                    leased = self._lease(group, topic, [pick], invisible_ms, now, may_create_dlq, asks)
+                    leased = self._lease(t, [pick], now)
                     break
         if leased is None:
             if not found:  # every queue visited, under its lock
                 self.idle_pops.remember(group, topic, state, wake)
             return nothing, wake
+        return self._leased(t, leased), wake  # (for a pop answered empty: when a lease ends)
+
+    def _pop_acking(self, t: _Terms, order: list[QueueKey], ends: Ends) -> tuple[list[list[LeasedRun]], int | None]:
+        """A pass that also ends leases: every queue of the topic and every acked one held at
+        once (in stripe order, settled), the acks decided first, their record and the lease
+        record appended together. The pick reads the state before the acks: an acked message is
+        still leased there (its lease holds past ``now``), so it is never picked again; the room
+        the acks make in a window (``groups.pop_window_max``) counts from the next pass."""
+        nothing: list[list[LeasedRun]] = [[] for _ in t.asks]
+        wake: int | None = None
+        leased: tuple[list[list[LeasedRun]], int, int] | None = None
+        with self.locks.holding([*order, *ends.keys(t.group)]):
+            now = now_ms()
+            acked, acked_keys = self.ends_record(t.group, ends, pr.ACK, now)
+            picks: list[_Pick] = []
+            left = sum(t.asks)
+            for key in order:
+                if left <= 0 and not self._new_queue(key):
+                    continue
+                pick, nxt = self._pick(key, left, t.start_earliest, now, t.committed)
+                wake = _earliest(wake, nxt)
+                if pick is not None:
+                    picks.append(pick)
+                    left -= int(pick.offsets.size)
+            if picks or acked is not None:
+                leased = self._lease(t, picks, now, [acked] if acked is not None else [], acked_keys)
+        if leased is None:
+            return nothing, wake
+        return self._leased(t, leased), wake
+
+    def _leased(self, t: _Terms, leased: tuple[list[list[LeasedRun]], int, int]) -> list[list[LeasedRun]]:
+        """Once the pass's record is durable and applied: its runs (counted)."""
         outs, end, dead = leased
         if not end:
-            return outs, wake
+            return outs
         self._durable(end)
         redelivered = sum(r.count for out in outs for r in out if r.delivery_count > 1)
         if redelivered:
             metrics.POP_REDELIVERIES.inc(redelivered)
         if dead:
             metrics.POP_DLQ.inc(dead)
-            log.info("pop_dead_letters", group=group, topic=topic, count=dead)
-        return outs, wake  # (for a pop answered empty: when a lease ends)
+            log.info("pop_dead_letters", group=t.group, topic=t.topic, count=dead)
+        return outs
 
-    def _lease(self, group: str, topic: str, picks: list[_Pick], invisible_ms: int,
-               now: int, may_create_dlq: bool, asks: list[int]) -> tuple[list[list[LeasedRun]], int, int]:
+    def _lease(self, t: _Terms, picks: list[_Pick], now: int, before: list[IncomingBatch] | None = None,
+               before_keys: list[QueueKey] | None = None) -> tuple[list[list[LeasedRun]], int, int]:
         """With the picked queues' locks held: read, append the lease record (and dead letters in
-        the same append); return each pop's runs (``asks``: how many each takes of the picks, in
-        order), the record's end and the number of dead letters. Dead messages whose DLQ cannot
-        take them (``_dlq_ready``) stay where they are, neither leased nor dead: no consumer gets
-        them again, and the next pop tries once more."""
+        the same append, and ``before``: the pass's ack record, touching ``before_keys``); return
+        each pop's runs (``t.asks``: how many each takes of the picks, in order), the record's end
+        and the number of dead letters. Dead messages whose DLQ cannot take them (``_dlq_ready``)
+        stay where they are, neither leased nor dead: no consumer gets them again, and the next pop
+        tries once more."""
+        group, topic, asks = t.group, t.topic, t.asks
+        before, before_keys = before or [], before_keys or []
         tag = secrets.randbits(63) + 1
-        dlq_ready = any(p.dead.size for p in picks) and self.dead.ready(group, may_create_dlq)
+        dlq_ready = any(p.dead.size for p in picks) and self.dead.ready(group, t.may_create_dlq)
         epoch, cluster = self.store.epoch, self.cluster
         pull_bytes = self.config["limits.pull_bytes_max"]
         total_budget = pull_bytes * RUN_BUDGETS
@@ -266,15 +336,16 @@ class PopService(LeaseEnds, PopReports):
                 entry["from"] = p.start
             entries.append(entry)
             touched.append(p.queue_id)
-        if not entries:
+        if not entries and not before:
             return outs, 0, 0  # no record: a pop that only found dead letters held back writes nothing
-        batches_out = []
+        batches_out = list(before)
         if dlq:
             batches_out.append(self.dead.batch(group, dlq))
-        batches_out.append(record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + invisible_ms, "tag": tag,
-                                                    "queues": entries}))
+        if entries:
+            batches_out.append(record_batch(pr.LEASE, {"g": group, "t": topic, "until": now + t.invisible_ms,
+                                                        "tag": tag, "queues": entries}))
         end = self._append(batches_out)
-        self.locks.appended([(group, topic, q) for q in touched], end)
+        self.locks.appended([*before_keys, *((group, topic, q) for q in touched)], end)
         return outs, end, len(dlq)
 
     def _new_queue(self, key: QueueKey) -> bool:

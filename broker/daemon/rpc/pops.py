@@ -32,12 +32,16 @@ POPS_COMBINED_MAX = 64
 ACKS_COMBINED_MAX = 64
 
 
+Acked = list[tuple[str, int, str]] | BrokerError  # a call's acks: the refused handles, or why all were
+
+
 class Popped(NamedTuple):
     """One pop's part of a combined run."""
 
     runs: list[LeasedRun]
     wake_ms: int | None  # answered empty: when a lease ends
     others_got: bool  # the run leased messages (to other pops, if this one has none)
+    acked: Acked  # what the acks it carried got
 
 
 class PopTerms(NamedTuple):
@@ -58,34 +62,26 @@ class PopRpcs(Rpcs):
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
-        self._pops: Combiner[PopTerms, int, Popped] = Combiner(self._pop_many, POPS_COMBINED_MAX, self._give_back)
+        self._pops: Combiner[PopTerms, tuple[int, list[str] | None], Popped] = Combiner(self._pop_many, POPS_COMBINED_MAX, self._give_back)
         self._acks: Combiner[str, list[str], list[tuple[str, int, str]] | BrokerError] = Combiner(self._ack_many,
                                                                                                    ACKS_COMBINED_MAX)
-        self._orphans: set[asyncio.Task[None]] = set()  # give-backs of callers gone, referenced until done
 
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse | bytes:
         return await handle_async(context, lambda: self._pop(request))
 
     async def _pop(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
-        """A pop, and the acks it carries (``ack_receipt_handles``): ended beside it (their record
-        shares fsyncs with its lease record), both durable before it answers. The acks' failures
-        are theirs (``ack_results``): the pop's leases are answered whatever happened to them."""
+        """A pop, and the acks it carries (``ack_receipt_handles``): ended in the pop's own pass
+        (their record is appended with its lease record, one durable wait for both), or alone
+        when the pop finds nothing to lease; durable before it answers. The acks' failures are
+        theirs (``ack_results``): the pop's leases are answered whatever happened to them."""
         if not request.ack_receipt_handles:
             return (await self._pop_leases(request))[0]
         self.pops.check_group(request.group)
         self.pops.topic_queues(request.topic)  # a pop refused at once carries no ack out
         self.store.check_writable()
-        acking = asyncio.ensure_future(self._carried_acks(request.group, list(request.ack_receipt_handles)))
-        acking.add_done_callback(lambda f: f.cancelled() or f.exception())  # a pop failed meanwhile: retried whole
-        answer, got = await self._pop_leases(request)
-        try:
-            results = await acking
-            if not got and request.max_wait_ms:  # the acks may have made room (groups.pop_window_max): look once more
-                answer, got = await self._pop_leases(request, wait=False)
-        except asyncio.CancelledError:  # the caller is gone: what was leased for it is given back now
-            if got:
-                self._give_back_later(request.group, got)
-            raise
+        handles = list(request.ack_receipt_handles)
+        answer, _, acked = await self._pop_leases(request, handles)
+        results = _ack_results(handles, acked)
         if not results:
             return answer
         if isinstance(answer, bytes):  # a parser takes fields in any order
@@ -93,33 +89,16 @@ class PopRpcs(Rpcs):
         answer.ack_results.extend(results)
         return answer
 
-    async def _carried_acks(self, group: str, handles: list[str]) -> list[pb.HandleResult]:
-        """A pop's acks, served with the group's other acks. A malformed handle refuses them all
-        (INVALID_ARGUMENT each), as it would refuse an Ack call; any other failure (a replica too
-        slow, a master stepping down) is each handle's too, with its code: retry them."""
-        try:
-            refused = await self._acks.call(group, handles)
-        except BrokerError as exc:
-            code = getattr(grpc.StatusCode, exc.code, grpc.StatusCode.UNAVAILABLE).value[0]
-            why = exc.message if exc.code == "INVALID_ARGUMENT" else f"not known to be acked ({exc.message}); retry"
-            return [pb.HandleResult(receipt_handle=h, code=code, message=why) for h in handles]
-        assert not isinstance(refused, BrokerError)  # the combiner raises a call's own error
-        return _handle_results(refused)
-
-    def _give_back_later(self, group: str, runs: list[LeasedRun]) -> None:
-        task = asyncio.get_running_loop().create_task(self._nack_now(group, runs))
-        self._orphans.add(task)
-        task.add_done_callback(self._orphans.discard)
-
-    async def _pop_leases(self, request: pb.PopRequest, wait: bool = True) -> tuple[pb.PopResponse | bytes,
-                                                                                 list[LeasedRun]]:
+    async def _pop_leases(self, request: pb.PopRequest, carried: list[str] | None = None
+                          ) -> tuple[pb.PopResponse | bytes, list[LeasedRun], Acked]:
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
-        ``max_wait_ms``. The answer, and the runs it holds."""
+        ``max_wait_ms``. ``carried``: acks ended by the first pass (or alone, before any wait,
+        when the topic is idle). The answer, the runs it holds, and what the acks got."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
         self.pops.topic_queues(request.topic)
-        wait_s = min(request.max_wait_ms if wait else 0, self.config["limits.pull_wait_ms_max"]) / 1000.0
+        wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         max_messages = request.max_messages or 32
         if request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
@@ -128,18 +107,25 @@ class PopRpcs(Rpcs):
         deadline = loop.time() + wait_s
         looked_again = False
         key = (request.topic, ANY_QUEUE)
+        acked: Acked = []
         while True:
             async with self.longpolls.parking(key, wait_s > 0) as parked:
                 idle, wake_ms = self.pops.idle(request.group, request.topic)
                 got: list[LeasedRun] = []
-                if not idle:
-                    got, wake_ms, others_got = await self._pops.call(terms, max_messages)
+                if not idle or carried:
+                    popped = await self._pops.call(terms, (max_messages, carried))
+                    got, wake_ms, others_got = popped.runs, popped.wake_ms, popped.others_got
+                    if carried:
+                        acked, carried = popped.acked, None
+                        if not got and wait_s > 0 and not looked_again:
+                            looked_again = True  # the acks may have made room (groups.pop_window_max)
+                            continue
                     if not got and others_got and (loop.time() < deadline or not looked_again):
                         looked_again = True
                         continue  # the pops served with this one took what was found: look again at once
                 left = deadline - loop.time()
                 if got or wait_s <= 0 or left <= 0 or self.store.closing:
-                    return await self._pop_answer(request, got), got
+                    return await self._pop_answer(request, got), got, acked
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
@@ -155,14 +141,19 @@ class PopRpcs(Rpcs):
             return wire
         return await self._heavy(sum(run.count for run in got) <= MESSAGES_ON_LOOP_MAX, _pop_response, request, got)
 
-    async def _pop_many(self, t: PopTerms, asks: list[int]) -> list[Popped]:
+    async def _pop_many(self, t: PopTerms, asks: list[tuple[int, list[str] | None]]) -> list[Popped]:
         metrics.POP_RUNS.labels("pop").inc()
         metrics.POP_RUN_CALLS.labels("pop").inc(len(asks))
-        outs, wake_ms = await asyncio.get_running_loop().run_in_executor(
-            self.read_pool, functools.partial(self.pops.pop_many, t.group, t.topic, asks, t.invisible_ms,
-                                              t.start_earliest, t.may_create_dlq, t.committed))
-        some = any(outs)
-        return [Popped(out, wake_ms, some) for out in outs]
+        carrying = sum(1 for _, handles in asks if handles)
+        if carrying:
+            metrics.POP_RUN_CALLS.labels("ack").inc(carrying)
+        done = await asyncio.get_running_loop().run_in_executor(
+            self.read_pool, functools.partial(self.pops.pop_many, t.group, t.topic, [n for n, _ in asks], t.invisible_ms,
+                                              t.start_earliest, t.may_create_dlq, t.committed,
+                                              [h or [] for _, h in asks] if carrying else None))
+        some = any(done.outs)
+        acked = done.acked or [[] for _ in asks]
+        return [Popped(out, done.wake_ms, some, a) for out, a in zip(done.outs, acked, strict=True)]
 
     async def _give_back(self, t: PopTerms, unclaimed: list[Popped]) -> None:
         """Leases of pops whose callers gave up while they were served end at once (a nack, no
@@ -240,6 +231,17 @@ def _pop_response(request: pb.PopRequest, runs: list[LeasedRun]) -> pb.PopRespon
     """One message each: encoded records, or decoded (decode); in Python."""
     messages = as_messages(runs)
     return pb.PopResponse(messages=plain.decode_popped(runs, messages) if request.decode else messages)
+
+
+def _ack_results(handles: list[str], acked: Acked) -> list[pb.HandleResult]:
+    """A pop's carried acks' results. A malformed handle refuses them all (INVALID_ARGUMENT each),
+    as it would refuse an Ack call; any other failure (a replica too slow, a master stepping
+    down) is each handle's too, with its code: retry them."""
+    if not isinstance(acked, BrokerError):
+        return _handle_results(acked)
+    code = getattr(grpc.StatusCode, acked.code, grpc.StatusCode.UNAVAILABLE).value[0]
+    why = acked.message if acked.code == "INVALID_ARGUMENT" else f"not known to be acked ({acked.message}); retry"
+    return [pb.HandleResult(receipt_handle=h, code=code, message=why) for h in handles]
 
 
 def _handle_results(results: list[tuple[str, int, str]]) -> list[pb.HandleResult]:
