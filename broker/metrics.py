@@ -80,7 +80,7 @@ POP_DLQ_HELD = Counter("tidemark_pop_dlq_held", "Pops that found dead letters wh
 POP_RUNS = Counter("tidemark_pop_runs", "Passes of the pop service, each one write of __pop records at most, by kind "
                    "(pop, ack): calls of one group that arrive together share one", ["kind"], registry=REGISTRY)
 POP_RUN_CALLS = Counter("tidemark_pop_run_calls", "Pop and ack calls served by those passes, by kind (calls / runs: "
-                        "how many shared one); a pop carrying acks counts as an ack call served by its pop pass",
+                        "how many shared one); carried: pops carrying acks, which their pop pass ends",
                         ["kind"], registry=REGISTRY)
 POP_IN_FLIGHT = Gauge("tidemark_pop_in_flight", "Pop-mode messages delivered and not yet acked, all groups",
                       registry=REGISTRY)

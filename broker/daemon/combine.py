@@ -4,7 +4,8 @@ A pop or an ack is one ``__pop`` record, and the next call on its queue waits un
 applied it (``broker/groups/pop_locks.py``): an fsync and a view round per call and queue, each
 with its thread hand-overs. Eight consumers popping 500 messages at a time spent ~25 ms a call
 there. Calls of one key (a group and topic, with the same lease terms) that arrive while a run of
-that key is under way wait for it to end and are then served by one run: one pass, one record.
+that key is under way wait for it to end and are then served by one run: one pass, one record
+(or one append of two: the acks pops carry, and their leases).
 A call that finds no run under way starts one at once, so a lone call waits for nothing.
 
 A run goes on when its callers give up meanwhile (a deadline): what it got for them is handed

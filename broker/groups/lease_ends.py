@@ -111,10 +111,10 @@ class LeaseEnds(PopParts):
             return ends.results
         end = 0
         with self.locks.holding(ends.keys(group)):
-            batch, touched = self.ends_record(group, ends, kind, now_ms(), delay_ms)
+            batch, ended = self.ends_record(group, ends, kind, now_ms(), delay_ms)
             if batch is not None:
                 end = self._append([batch])
-                self.locks.appended(touched, end)
+                self.locks.appended([(group, t, q) for t, q in ended], end)
         if end:
             self._durable(end)
         return ends.results
@@ -147,10 +147,10 @@ class LeaseEnds(PopParts):
         return ends
 
     def ends_record(self, group: str, ends: Ends, kind: str, now: int,
-                    delay_ms: int = 0) -> tuple[IncomingBatch | None, list[QueueKey]]:
+                    delay_ms: int = 0) -> tuple[IncomingBatch | None, dict[tuple[str, int], np.ndarray]]:
         """With the locks of ``ends.keys`` held: the record ending the leases the handles still
-        name (None: none does) and the queues it touches; every other handle's refusal is added to
-        its call's result."""
+        name (None: none does) and the offsets it ends per (topic, queue); every other handle's
+        refusal is added to its call's result."""
         with self.view.lock:
             ok, refused = self._current(group, ends.resolved, now)
         for i, why in refused:
@@ -159,14 +159,14 @@ class LeaseEnds(PopParts):
             assert isinstance(call_result, list)
             call_result.append((ends.calls[c][j], FAILED_PRECONDITION, why))
         if not ok:
-            return None, []
+            return None, ok
         items = [[t, q, pr.to_runs(offs)] for (t, q), offs in sorted(ok.items())]
         record: dict[str, object]
         if kind == pr.ACK:
             record = {"g": group, "acks": items}
         else:
             record = {"g": group, "nacks": items, "until": now + delay_ms}
-        return record_batch(kind, record), [(group, t, q) for t, q in ok]
+        return record_batch(kind, record), ok
 
     def ack_many(self, group: str, calls: list[list[str]]) -> list[list[tuple[str, int, str]] | BrokerError]:
         """Acks of several calls in one record (``_end_many``)."""

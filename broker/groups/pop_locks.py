@@ -34,20 +34,25 @@ class QueueLocks:
         self._last_end: dict[QueueKey, tuple[int, int]] = {}  # (epoch, end of our last record)
 
     def lock(self, key: QueueKey) -> threading.Lock:
-        return self._stripes[hash(key) % LOCK_STRIPES]
+        return self._stripes[self.stripe(key)]
+
+    @staticmethod
+    def stripe(key: QueueKey) -> int:
+        return hash(key) % LOCK_STRIPES
 
     @contextlib.contextmanager
-    def holding(self, keys: Iterable[QueueKey]) -> Iterator[None]:
-        """Hold the locks of these queues (each stripe once, in stripe order: no deadlock), settled."""
+    def holding(self, keys: Iterable[QueueKey]) -> Iterator[set[int]]:
+        """Hold the locks of these queues (each stripe once, in stripe order: no deadlock), settled;
+        yields the stripes held (another queue of one of them is held too, but not settled)."""
         keys = set(keys)
-        locks = [self._stripes[i] for i in sorted({hash(k) % LOCK_STRIPES for k in keys})]
+        stripes = {self.stripe(k) for k in keys}
         taken: list[threading.Lock] = []
         try:
-            for lock in locks:
-                lock.acquire()
-                taken.append(lock)
+            for i in sorted(stripes):
+                self._stripes[i].acquire()
+                taken.append(self._stripes[i])
             self.settle(sorted(keys))
-            yield
+            yield stripes
         finally:
             for lock in reversed(taken):
                 lock.release()

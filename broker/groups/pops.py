@@ -1,7 +1,8 @@
 """Pop mode on the master (DESIGN §12): lease messages, end leases, move dead ones to the DLQ.
 
 Every change is one ``__pop`` record per call, or per pass of calls that arrived together
-(``broker/daemon/combine.py``; ``broker/logformat/pop_records.py``), applied by
+(``broker/daemon/combine.py``; ``broker/logformat/pop_records.py``; a pass of pops carrying acks
+writes its ack record and its lease record in one append), applied by
 the pop view like any other view, so leases replicate, survive kill -9 and failover, and restart
 is bounded by the view's checkpoint. The master decides under a lock per (group, topic, queue):
 it first waits until the view has applied its own last record that touched the queue (the whole
@@ -25,6 +26,7 @@ same request as the record that ends it. Acks name leases by receipt handle
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import threading
 from collections.abc import Iterable, Iterator
@@ -75,6 +77,9 @@ class PopPass(NamedTuple):
     outs: list[list[LeasedRun]]  # per pop: its runs
     wake_ms: int | None  # when the next lease ends (for pops answered empty)
     acked: list[list[tuple[str, int, str]] | BrokerError]  # per pop: its carried acks' refusals, or its error
+
+
+_Leased = tuple[list[list[LeasedRun]], int, int]  # per pop its runs; where the pass's records end; dead letters
 
 
 class _Terms(NamedTuple):
@@ -157,8 +162,7 @@ class PopService(LeaseEnds, PopReports):
 
         Calls of one group on different queues run side by side (their records share fsyncs): a
         pop takes the queues that no other call holds, from a rotating start; only when every queue
-        is busy or empty does it wait for one, then the next. A pass that ends leases holds every
-        queue it touches instead (``_pop_acking``)."""
+        is busy or empty does it wait for one, then the next."""
         self.check_group(group)
         queues = self.topic_queues(topic)
         self._check_duration("invisible_ms", invisible_ms)
@@ -166,107 +170,98 @@ class PopService(LeaseEnds, PopReports):
             raise invalid("max_messages must be positive")
         ends = self.resolve_ends(group, acks, empty_ok=True) if acks is not None else None
         acked = ends.results if ends is not None else []
+        if ends is not None and not ends.resolved:
+            ends = None  # nothing to end: a pass like any other
+        idle, wake_at = self.idle(group, topic)
+        if idle and ends is not None and any(h.topic == topic for h in ends.resolved):
+            idle = False  # the acks may make room in the topic's windows (groups.pop_window_max)
+        if idle and ends is None:
+            return PopPass([[] for _ in asks], wake_at, acked)
+        order: list[QueueKey] = []
+        if not idle:
+            with self._rotation_lock:
+                first = self._rotation.get((group, topic), 0)
+                self._rotation[(group, topic)] = (first + 1) % queues
+                if len(self._rotation) > KEYS_MAX:
+                    self._rotation.clear()
+            order = [(group, topic, (first + i) % queues) for i in range(queues)]
+            if self.store.placement is not None:  # a cluster of shards: pop leases stay with the segment's shard
+                order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
         asks = [min(ask, self.config["groups.pop_messages_max"]) for ask in asks]
-        with self._rotation_lock:
-            first = self._rotation.get((group, topic), 0)
-            self._rotation[(group, topic)] = (first + 1) % queues
-            if len(self._rotation) > KEYS_MAX:
-                self._rotation.clear()
-        order = [(group, topic, (first + i) % queues) for i in range(queues)]
-        if self.store.placement is not None:  # a cluster of shards: pop leases stay with the segment's shard
-            order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
-        terms = _Terms(group, topic, asks, invisible_ms, start_earliest, may_create_dlq, committed)
-        if ends is not None and ends.resolved:
-            outs, wake = self._pop_acking(terms, order, ends)
-        else:
-            outs, wake = self._pop_side_by_side(terms, order)
-        return PopPass(outs, wake, acked)
+        outs, wake = self._pass(_Terms(group, topic, asks, invisible_ms, start_earliest, may_create_dlq, committed),
+                                order, ends)
+        return PopPass(outs, wake if order else wake_at, acked)
 
-    def _pop_side_by_side(self, t: _Terms, order: list[QueueKey]) -> tuple[list[list[LeasedRun]], int | None]:
-        """A pass without acks: the queues nobody else holds first, then each busy one in turn."""
+    def _pass(self, t: _Terms, order: list[QueueKey], ends: Ends | None) -> tuple[list[list[LeasedRun]], int | None]:
+        """One pass over ``order`` (the topic's queues here, from a rotating start; none when the
+        topic is idle and the pass only ends leases): the queues nobody else holds first; only if
+        they gave nothing, each busy one in turn. With ``ends``: their queues are held first (in
+        stripe order, settled), the acks decided, and their record appended with the lease record.
+        The pick reads the state before the acks: an acked message is still leased there (its
+        lease holds past ``now``, the ``now`` of the ack's check), so it is never picked again; the
+        room the acks make in a window (``groups.pop_window_max``) is counted at once."""
         group, topic, asks = t.group, t.topic, t.asks
         max_messages = sum(asks)
         nothing: list[list[LeasedRun]] = [[] for _ in asks]
-        idle, wake_at = self.idle(group, topic)
-        if idle:
-            return nothing, wake_at
         state = self.idle_pops.state(group, topic)
         found = False
         wake: int | None = None
         busy: list[QueueKey] = []
-        held: list[threading.Lock] = []
-        leased: tuple[list[list[LeasedRun]], int, int] | None = None
-        try:
-            picks: list[_Pick] = []
-            left = max_messages
-            now = now_ms()
-            for key in order:  # first pass: the queues nobody else holds
-                if left <= 0 and not self._new_queue(key):
-                    continue  # (a queue new to the group is visited anyway: its state starts now)
-                lock = self.locks.lock(key)
-                if not lock.acquire(blocking=False):  # busy (or a stripe this call already holds)
-                    busy.append(key)
-                    continue
-                held.append(lock)
-                self.locks.settle([key])
-                pick, nxt = self._pick(key, left, t.start_earliest, now, t.committed)
-                wake = _earliest(wake, nxt)
-                if pick is not None:
-                    picks.append(pick)
-                    left -= int(pick.offsets.size)
-                    found = True
-            if picks:
-                leased = self._lease(t, picks, now)
-        finally:
-            for lock in held:
-                lock.release()
-        for key in busy if leased is None else ():  # second pass: wait for each busy queue, one at a time
-            idle, wake_at = self.idle(group, topic)
-            if idle:  # another pop walked every queue since this one began, and found nothing
-                return nothing, wake_at
-            with self.locks.holding([key]):
+        leased: _Leased | None = None
+        holding = self.locks.holding(ends.keys(group)) if ends is not None else contextlib.nullcontext(set[int]())
+        with holding as mine:
+            held: list[threading.Lock] = []
+            try:
                 now = now_ms()
-                pick, nxt = self._pick(key, max_messages, t.start_earliest, now, t.committed)
-                wake = _earliest(wake, nxt)
-                if pick is not None:
-                    found = True
-                    leased = self._lease(t, [pick], now)
-                    break
+                acked: list[IncomingBatch] = []
+                finished: dict[tuple[str, int], np.ndarray] = {}
+                if ends is not None:
+                    record, finished = self.ends_record(group, ends, pr.ACK, now)
+                    acked = [record] if record is not None else []
+                picks: list[_Pick] = []
+                left = max_messages
+                for key in order:  # first pass: the queues nobody else holds
+                    if left <= 0 and not self._new_queue(key):
+                        continue  # (a queue new to the group is visited anyway: its state starts now)
+                    if self.locks.stripe(key) not in mine:  # (a stripe the acks hold is this pass's already)
+                        lock = self.locks.lock(key)
+                        if not lock.acquire(blocking=False):  # busy (or a stripe this call already holds)
+                            busy.append(key)
+                            continue
+                        held.append(lock)
+                    self.locks.settle([key])
+                    pick, nxt = self._pick(key, left, t.start_earliest, now, t.committed, finished.get((topic, key[2])))
+                    wake = _earliest(wake, nxt)
+                    if pick is not None:
+                        picks.append(pick)
+                        left -= int(pick.offsets.size)
+                        found = True
+                if picks or acked:
+                    leased = self._lease(t, picks, now, acked, [(group, tq[0], tq[1]) for tq in finished])
+            finally:
+                for lock in held:
+                    lock.release()
+        if leased is None or not any(leased[0]):  # second pass: wait for each busy queue, one at a time
+            for key in busy:
+                idle, wake_at = self.idle(group, topic)
+                if idle:  # another pop walked every queue since this one began, and found nothing
+                    return (self._leased(t, leased) if leased is not None else nothing), wake_at
+                with self.locks.holding([key]):
+                    now = now_ms()
+                    pick, nxt = self._pick(key, max_messages, t.start_earliest, now, t.committed)
+                    wake = _earliest(wake, nxt)
+                    if pick is not None:
+                        found = True
+                        got = self._lease(t, [pick], now)
+                        leased = got if leased is None else (got[0], max(leased[1], got[1]), leased[2] + got[2])
+                        break
         if leased is None:
-            if not found:  # every queue visited, under its lock
+            if not found and order:  # every queue visited, under its lock
                 self.idle_pops.remember(group, topic, state, wake)
             return nothing, wake
         return self._leased(t, leased), wake  # (for a pop answered empty: when a lease ends)
 
-    def _pop_acking(self, t: _Terms, order: list[QueueKey], ends: Ends) -> tuple[list[list[LeasedRun]], int | None]:
-        """A pass that also ends leases: every queue of the topic and every acked one held at
-        once (in stripe order, settled), the acks decided first, their record and the lease
-        record appended together. The pick reads the state before the acks: an acked message is
-        still leased there (its lease holds past ``now``), so it is never picked again; the room
-        the acks make in a window (``groups.pop_window_max``) counts from the next pass."""
-        nothing: list[list[LeasedRun]] = [[] for _ in t.asks]
-        wake: int | None = None
-        leased: tuple[list[list[LeasedRun]], int, int] | None = None
-        with self.locks.holding([*order, *ends.keys(t.group)]):
-            now = now_ms()
-            acked, acked_keys = self.ends_record(t.group, ends, pr.ACK, now)
-            picks: list[_Pick] = []
-            left = sum(t.asks)
-            for key in order:
-                if left <= 0 and not self._new_queue(key):
-                    continue
-                pick, nxt = self._pick(key, left, t.start_earliest, now, t.committed)
-                wake = _earliest(wake, nxt)
-                if pick is not None:
-                    picks.append(pick)
-                    left -= int(pick.offsets.size)
-            if picks or acked is not None:
-                leased = self._lease(t, picks, now, [acked] if acked is not None else [], acked_keys)
-        if leased is None:
-            return nothing, wake
-        return self._leased(t, leased), wake
-
-    def _leased(self, t: _Terms, leased: tuple[list[list[LeasedRun]], int, int]) -> list[list[LeasedRun]]:
+    def _leased(self, t: _Terms, leased: _Leased) -> list[list[LeasedRun]]:
         """Once the pass's record is durable and applied: its runs (counted)."""
         outs, end, dead = leased
         if not end:
@@ -281,7 +276,7 @@ class PopService(LeaseEnds, PopReports):
         return outs
 
     def _lease(self, t: _Terms, picks: list[_Pick], now: int, before: list[IncomingBatch] | None = None,
-               before_keys: list[QueueKey] | None = None) -> tuple[list[list[LeasedRun]], int, int]:
+               before_keys: list[QueueKey] | None = None) -> _Leased:
         """With the picked queues' locks held: read, append the lease record (and dead letters in
         the same append, and ``before``: the pass's ack record, touching ``before_keys``); return
         each pop's runs (``t.asks``: how many each takes of the picks, in order), the record's end
@@ -352,11 +347,12 @@ class PopService(LeaseEnds, PopReports):
         with self.view.lock:
             return self.view.queue(*key) is None
 
-    def _pick(self, key: QueueKey, left: int, start_earliest: bool, now: int,
-              committed: bool = True) -> tuple[_Pick | None, int | None]:
+    def _pick(self, key: QueueKey, left: int, start_earliest: bool, now: int, committed: bool = True,
+              finished: np.ndarray | None = None) -> tuple[_Pick | None, int | None]:
         """With the queue's lock held: what a pop of up to ``left`` messages takes from it, and
         when its next lease ends. ``committed``: fresh messages stop at the queue's LSO, and those
-        of aborted transactions are ended as ``gone`` (never leased, never delivered)."""
+        of aborted transactions are ended as ``gone`` (never leased, never delivered).
+        ``finished``: offsets whose leases this pass ends (acks): the window's room counts them."""
         group, topic, q = key
         max_deliveries = self.config["groups.max_deliveries"]
         window_max = self.config["groups.pop_window_max"]
@@ -390,7 +386,8 @@ class PopService(LeaseEnds, PopReports):
                 ask = left + int(dead.size) + int(gone.size)
             offs, counts = offs[:left], counts[:left]
             fresh_from = max(pq.cursor, low)
-            n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - pq.base)))
+            base = pq.base_after(finished) if finished is not None else pq.base
+            n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - base)))
             if n_fresh:
                 fresh = np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)
                 if committed:

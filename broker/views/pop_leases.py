@@ -133,6 +133,13 @@ class PopQueue:
         idx = np.flatnonzero(~self.done[:n] & (self.until[:n] <= now_ms))[:limit]
         return idx + self.base, self.count[idx].astype(np.int64)
 
+    def base_after(self, finished: np.ndarray) -> int:
+        """Where ``base`` will be once ``finished`` (offsets whose leases end) are done too."""
+        n = self.window
+        open_ = ~self.done[:n]
+        open_[self._index(finished)] = False
+        return self.base + (int(np.argmax(open_)) if open_.any() else n)
+
     def next_visible_ms(self) -> int | None:
         """When the next leased message becomes available again (None: nothing leased)."""
         n = self.window

@@ -58,7 +58,8 @@ class PopTerms(NamedTuple):
 class PopRpcs(Rpcs):
     """Pop mode: leases, acks, nacks, changed leases (DESIGN §12). Pops of one group and topic
     with the same lease terms, and acks of one group, that arrive while one runs are served
-    together by the next (``combine.py``): one pass and one ``__pop`` record for all of them."""
+    together by the next (``combine.py``): one pass and one ``__pop`` record for all of them
+    (pops carrying acks: one ``pop.ack`` and one ``pop.lease`` record, in one append)."""
 
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
@@ -71,9 +72,11 @@ class PopRpcs(Rpcs):
 
     async def _pop(self, request: pb.PopRequest) -> pb.PopResponse | bytes:
         """A pop, and the acks it carries (``ack_receipt_handles``): ended in the pop's own pass
-        (their record is appended with its lease record, one durable wait for both), or alone
-        when the pop finds nothing to lease; durable before it answers. The acks' failures are
-        theirs (``ack_results``): the pop's leases are answered whatever happened to them."""
+        (their record is appended with its lease record, one durable wait for both; on an idle
+        topic, alone), durable before it answers. Handles refused (a lease that ended, or a
+        malformed one: INVALID_ARGUMENT for all) are in ``ack_results``, beside the pop's
+        messages; a pass that fails fails the pop and its acks alike (retry both: an ack done
+        already answers FAILED_PRECONDITION, acked)."""
         if not request.ack_receipt_handles:
             return (await self._pop_leases(request))[0]
         self.pops.check_group(request.group)
@@ -93,8 +96,8 @@ class PopRpcs(Rpcs):
                           ) -> tuple[pb.PopResponse | bytes, list[LeasedRun], Acked]:
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
-        ``max_wait_ms``. ``carried``: acks ended by the first pass (or alone, before any wait,
-        when the topic is idle). The answer, the runs it holds, and what the acks got."""
+        ``max_wait_ms``. ``carried``: acks ended by the first pass, before any wait. The answer,
+        the runs it holds, and what the acks got."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
         self.pops.topic_queues(request.topic)
@@ -117,9 +120,6 @@ class PopRpcs(Rpcs):
                     got, wake_ms, others_got = popped.runs, popped.wake_ms, popped.others_got
                     if carried:
                         acked, carried = popped.acked, None
-                        if not got and wait_s > 0 and not looked_again:
-                            looked_again = True  # the acks may have made room (groups.pop_window_max)
-                            continue
                     if not got and others_got and (loop.time() < deadline or not looked_again):
                         looked_again = True
                         continue  # the pops served with this one took what was found: look again at once
@@ -146,7 +146,7 @@ class PopRpcs(Rpcs):
         metrics.POP_RUN_CALLS.labels("pop").inc(len(asks))
         carrying = sum(1 for _, handles in asks if handles)
         if carrying:
-            metrics.POP_RUN_CALLS.labels("ack").inc(carrying)
+            metrics.POP_RUN_CALLS.labels("carried").inc(carrying)
         done = await asyncio.get_running_loop().run_in_executor(
             self.read_pool, functools.partial(self.pops.pop_many, t.group, t.topic, [n for n, _ in asks], t.invisible_ms,
                                               t.start_earliest, t.may_create_dlq, t.committed,
@@ -234,14 +234,12 @@ def _pop_response(request: pb.PopRequest, runs: list[LeasedRun]) -> pb.PopRespon
 
 
 def _ack_results(handles: list[str], acked: Acked) -> list[pb.HandleResult]:
-    """A pop's carried acks' results. A malformed handle refuses them all (INVALID_ARGUMENT each),
-    as it would refuse an Ack call; any other failure (a replica too slow, a master stepping
-    down) is each handle's too, with its code: retry them."""
+    """A pop's carried acks' results: the refused handles, or, when a handle was malformed, every
+    handle with that refusal (INVALID_ARGUMENT), as it would refuse an Ack call."""
     if not isinstance(acked, BrokerError):
         return _handle_results(acked)
-    code = getattr(grpc.StatusCode, acked.code, grpc.StatusCode.UNAVAILABLE).value[0]
-    why = acked.message if acked.code == "INVALID_ARGUMENT" else f"not known to be acked ({acked.message}); retry"
-    return [pb.HandleResult(receipt_handle=h, code=code, message=why) for h in handles]
+    code = getattr(grpc.StatusCode, acked.code, grpc.StatusCode.INVALID_ARGUMENT).value[0]
+    return [pb.HandleResult(receipt_handle=h, code=code, message=acked.message) for h in handles]
 
 
 def _handle_results(results: list[tuple[str, int, str]]) -> list[pb.HandleResult]:
