@@ -5,16 +5,21 @@ at once; several pops' acks in one pass each get their own outcome."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 
+from broker.errors import BrokerError
 from broker.groups import pops as pops_module
 from broker.groups import receipts
 from broker.groups.pop_parts import FAILED_PRECONDITION
 from broker.groups.pops import LeasedRun, PopService
 from broker.store import Store
+from broker.views.pop_leases import PopQueue
 from tests.storeutil import create_topic, open_store, send
 
 T0 = 1_900_000_000_000  # the test's clock (epoch ms)
@@ -28,8 +33,11 @@ def store(tmp_path: Path) -> Iterator[Store]:
     s.stop()
 
 
-def _at(monkeypatch: pytest.MonkeyPatch, now: int) -> None:
-    monkeypatch.setattr(pops_module, "now_ms", lambda: now)
+def _at(monkeypatch: pytest.MonkeyPatch, now: int) -> list[int]:
+    """The pops' clock, set to ``now`` (the list's one item: change it to move the clock)."""
+    clock = [now]
+    monkeypatch.setattr(pops_module, "now_ms", lambda: clock[0])
+    return clock
 
 
 def _each(runs: list[LeasedRun]) -> dict[int, str]:
@@ -51,14 +59,24 @@ def test_at_the_edge_of_a_lease_an_accepted_ack_is_never_leased_again(store: Sto
     pops = PopService(store)
     send(store, "t", [b"m%d" % i for i in range(4)])
     _at(monkeypatch, T0)
-    first = pops.pop_many("g", "t", [10], 1_000, True)
-    handles = _each(first.outs[0])
+    handles = _each(pops.pop_many("g", "t", [2], 500, True).outs[0])  # 0 and 1 until T0 + 500
+    handles.update(_each(pops.pop_many("g", "t", [2], 1_000, True).outs[0]))  # 2 and 3 until T0 + 1,000
     assert sorted(handles) == [0, 1, 2, 3]
 
-    _at(monkeypatch, T0 + 999)  # the lease's last millisecond: acks of 0 and 1 hold, 2 and 3 stay leased
+    # the last millisecond of 0 and 1's lease: their acks hold, and the pass picks at that same
+    # millisecond (the clock moves on once the acks are decided: read again, it finds them expired)
+    clock = _at(monkeypatch, T0 + 499)
+    decide = pops.ends_record
+
+    def then_later(*args: Any, **kwargs: Any) -> Any:
+        out = decide(*args, **kwargs)
+        clock[0] = T0 + 500
+        return out
+    monkeypatch.setattr(pops, "ends_record", then_later)
     done = pops.pop_many("g", "t", [10], 1_000, True, acks=[[handles[0], handles[1]]])
     assert done.acked == [[]] and done.outs == [[]]
-
+    assert done.wake_ms == T0 + 1_000  # when 2 and 3 come back: the acked leases' end does not count
+    monkeypatch.setattr(pops, "ends_record", decide)
     _at(monkeypatch, T0 + 1_000)  # the lease ended: the ack of 2 is refused, and 2 and 3 come back
     done = pops.pop_many("g", "t", [10], 1_000, True, acks=[[handles[2]]])
     assert done.acked == [[(handles[2], FAILED_PRECONDITION, "the lease expired: the message will be delivered again")]]
@@ -83,3 +101,57 @@ def test_acks_of_several_pops_in_one_pass_each_get_their_own_outcome(store: Stor
     queue = pops.view.queue("g", "t", 0)
     assert queue is not None
     assert queue.base == 2 and bool(queue.done[3 - 2]) and bool(queue.done[4 - 2]) and not queue.done[0]  # 2 kept
+
+
+def test_acks_are_kept_when_only_a_busy_queue_has_messages(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The acks' queue has nothing; the other queue is busy: the pass appends the acks, then waits
+    for that queue and leases from it (a second record). If that wait fails, the pop is answered
+    empty and the acks stand, durable, instead of the call failing."""
+    create_topic(store, "two", queues=2)
+    pops = PopService(store)
+    send(store, "two", [b"a0"], queue=0)
+    send(store, "two", [b"b%d" % i for i in range(5)], queue=1)
+    _at(monkeypatch, T0)
+    first = pops.pop_many("g", "two", [1], 60_000, True).outs[0]  # the rotation starts at queue 0
+    assert [r.queue_id for r in first] == [0]
+    busy = pops.locks.lock(("g", "two", 1))
+    assert busy is not pops.locks.lock(("g", "two", 0))
+    busy.acquire()
+    threading.Timer(0.3, busy.release).start()
+    done = pops.pop_many("g", "two", [10], 60_000, True, acks=[[first[0].receipt_handle]])
+    assert done.acked == [[]] and [(r.queue_id, r.first_offset, r.count) for r in done.outs[0]] == [(1, 0, 5)]
+    queue0 = pops.view.queue("g", "two", 0)
+    assert queue0 is not None and queue0.base == 1  # the ack is applied
+
+    again = pops.pop_many("g", "two", [10], 60_000, True)  # nothing left: lease ends at +60 s
+    assert again.outs == [[]]
+    send(store, "two", [b"a1"], queue=0)
+    send(store, "two", [b"b5"], queue=1)
+    lease = [r for r in pops.pop_many("g", "two", [2], 60_000, True).outs[0] if r.queue_id == 0]
+    assert len(lease) == 1
+    real_settle = pops.locks.settle
+
+    def settle(keys: list[tuple[str, str, int]]) -> None:
+        if ("g", "two", 1) in list(keys):
+            raise BrokerError("UNAVAILABLE", "the test's settle fails")
+        real_settle(keys)
+    monkeypatch.setattr(pops.locks, "settle", settle)
+    busy.acquire()
+    threading.Timer(0.3, busy.release).start()
+    done = pops.pop_many("g", "two", [10], 60_000, True, acks=[[lease[0].receipt_handle]])
+    assert done.acked == [[]] and done.outs == [[]]  # answered empty, the ack kept
+    assert queue0.base == 2 and store.watermarks.confirm_offset >= store.log.max_offset
+
+
+def test_base_after_and_next_visible_leave_out_the_leases_that_end() -> None:
+    q = PopQueue(10)
+    assert q.base_after(np.array([10, 11], np.int64)) == 10  # an empty window: nothing moves
+    q.lease(np.arange(10, 16, dtype=np.int64), 5_000, 7)
+    q.lease(np.array([16], np.int64), 3_000, 8)
+    q.finish(np.array([12], np.int64))
+    assert q.base == 10
+    assert q.base_after(np.array([11, 10, 10, 99, 3], np.int64)) == 13  # 12 was done; duplicates and strays ignored
+    assert q.base_after(np.arange(10, 17, dtype=np.int64)) == 17  # everything done: the window's end
+    assert q.next_visible_ms() == 3_000
+    assert q.next_visible_ms(np.array([16], np.int64)) == 5_000
+    assert q.next_visible_ms(np.arange(10, 17, dtype=np.int64)) is None

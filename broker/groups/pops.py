@@ -173,12 +173,14 @@ class PopService(LeaseEnds, PopReports):
         if ends is not None and not ends.resolved:
             ends = None  # nothing to end: a pass like any other
         idle, wake_at = self.idle(group, topic)
-        if idle and ends is not None and any(h.topic == topic for h in ends.resolved):
-            idle = False  # the acks may make room in the topic's windows (groups.pop_window_max)
         if idle and ends is None:
             return PopPass([[] for _ in asks], wake_at, acked)
         order: list[QueueKey] = []
-        if not idle:
+        if idle and ends is not None:  # only the queues the acks touch changed: they may have room now
+            order = sorted({(group, topic, h.queue_id) for h in ends.resolved if h.topic == topic})
+            if self.store.placement is not None:
+                order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
+        else:
             with self._rotation_lock:
                 first = self._rotation.get((group, topic), 0)
                 self._rotation[(group, topic)] = (first + 1) % queues
@@ -189,13 +191,14 @@ class PopService(LeaseEnds, PopReports):
                 order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
         asks = [min(ask, self.config["groups.pop_messages_max"]) for ask in asks]
         outs, wake = self._pass(_Terms(group, topic, asks, invisible_ms, start_earliest, may_create_dlq, committed),
-                                order, ends)
-        return PopPass(outs, wake if order else wake_at, acked)
+                                order, ends, whole=not idle)
+        return PopPass(outs, wake if not idle else _earliest(wake, wake_at), acked)
 
-    def _pass(self, t: _Terms, order: list[QueueKey], ends: Ends | None) -> tuple[list[list[LeasedRun]], int | None]:
-        """One pass over ``order`` (the topic's queues here, from a rotating start; none when the
-        topic is idle and the pass only ends leases): the queues nobody else holds first; only if
-        they gave nothing, each busy one in turn. With ``ends``: their queues are held first (in
+    def _pass(self, t: _Terms, order: list[QueueKey], ends: Ends | None,
+              whole: bool) -> tuple[list[list[LeasedRun]], int | None]:
+        """One pass over ``order`` (``whole``: the topic's queues here, from a rotating start; else,
+        the topic being idle, those of its queues that the acks touch): the queues nobody else
+        holds first; only if they gave nothing, each busy one in turn. With ``ends``: their queues are held first (in
         stripe order, settled), the acks decided, and their record appended with the lease record.
         The pick reads the state before the acks: an acked message is still leased there (its
         lease holds past ``now``, the ``now`` of the ack's check), so it is never picked again; the
@@ -208,7 +211,8 @@ class PopService(LeaseEnds, PopReports):
         wake: int | None = None
         busy: list[QueueKey] = []
         leased: _Leased | None = None
-        holding = self.locks.holding(ends.keys(group)) if ends is not None else contextlib.nullcontext(set[int]())
+        settled = set(ends.keys(group)) if ends is not None else set()  # (by holding)
+        holding = self.locks.holding(settled) if ends is not None else contextlib.nullcontext(set[int]())
         with holding as mine:
             held: list[threading.Lock] = []
             try:
@@ -229,7 +233,8 @@ class PopService(LeaseEnds, PopReports):
                             busy.append(key)
                             continue
                         held.append(lock)
-                    self.locks.settle([key])
+                    if key not in settled:
+                        self.locks.settle([key])
                     pick, nxt = self._pick(key, left, t.start_earliest, now, t.committed, finished.get((topic, key[2])))
                     wake = _earliest(wake, nxt)
                     if pick is not None:
@@ -241,22 +246,29 @@ class PopService(LeaseEnds, PopReports):
             finally:
                 for lock in held:
                     lock.release()
-        if leased is None or not any(leased[0]):  # second pass: wait for each busy queue, one at a time
-            for key in busy:
-                idle, wake_at = self.idle(group, topic)
-                if idle:  # another pop walked every queue since this one began, and found nothing
-                    return (self._leased(t, leased) if leased is not None else nothing), wake_at
-                with self.locks.holding([key]):
-                    now = now_ms()
-                    pick, nxt = self._pick(key, max_messages, t.start_earliest, now, t.committed)
-                    wake = _earliest(wake, nxt)
-                    if pick is not None:
-                        found = True
-                        got = self._lease(t, [pick], now)
-                        leased = got if leased is None else (got[0], max(leased[1], got[1]), leased[2] + got[2])
-                        break
+        try:
+            if leased is None or not any(leased[0]):  # second pass: wait for each busy queue, one at a time
+                for key in busy:
+                    idle, wake_at = self.idle(group, topic)
+                    if idle:  # another pop walked every queue since this one began, and found nothing
+                        return (self._leased(t, leased) if leased is not None else nothing), wake_at
+                    with self.locks.holding([key]):
+                        now = now_ms()
+                        pick, nxt = self._pick(key, max_messages, t.start_earliest, now, t.committed)
+                        wake = _earliest(wake, nxt)
+                        if pick is not None:
+                            found = True
+                            got = self._lease(t, [pick], now)
+                            leased = got if leased is None else (got[0], max(leased[1], got[1]), leased[2] + got[2])
+                            break
+        except BrokerError as exc:
+            if leased is None:
+                raise
+            # the first pass wrote a record (the acks, a queue's start) that nothing leased yet: answer
+            # it, empty, once it is durable (failing the call would hide acks done from the retry)
+            log.warning("pop_second_pass_failed", group=group, topic=topic, error=str(exc)[:300])
         if leased is None:
-            if not found and order:  # every queue visited, under its lock
+            if not found and whole:  # every queue visited, under its lock
                 self.idle_pops.remember(group, topic, state, wake)
             return nothing, wake
         return self._leased(t, leased), wake  # (for a pop answered empty: when a lease ends)
@@ -395,7 +407,7 @@ class PopService(LeaseEnds, PopReports):
                     fresh, gone = fresh[~aborted], np.union1d(gone, fresh[aborted])
                 offs = np.concatenate((offs, fresh))
                 counts = np.concatenate((counts, np.zeros(fresh.size, dtype=np.int64)))
-            nxt = pq.next_visible_ms()
+            nxt = pq.next_visible_ms(finished)
             wake = nxt if nxt is not None and nxt > now else None
             if offs.size or dead.size or gone.size or start is not None:
                 return _Pick(q, start, offs, counts, dead, gone), wake

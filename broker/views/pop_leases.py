@@ -140,10 +140,14 @@ class PopQueue:
         open_[self._index(finished)] = False
         return self.base + (int(np.argmax(open_)) if open_.any() else n)
 
-    def next_visible_ms(self) -> int | None:
-        """When the next leased message becomes available again (None: nothing leased)."""
+    def next_visible_ms(self, finished: np.ndarray | None = None) -> int | None:
+        """When the next leased message becomes available again (None: nothing leased), not
+        counting ``finished`` (offsets whose leases end now)."""
         n = self.window
-        live = self.until[:n][~self.done[:n]]
+        open_ = ~self.done[:n]
+        if finished is not None:
+            open_[self._index(finished)] = False
+        live = self.until[:n][open_]
         return int(live.min()) if live.size else None
 
     def check(self, offsets: np.ndarray, tag: int, now_ms: int) -> np.ndarray:

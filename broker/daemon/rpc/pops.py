@@ -53,6 +53,7 @@ class PopTerms(NamedTuple):
     start_earliest: bool
     may_create_dlq: bool
     committed: bool
+    carrying: bool  # acks: a pop carrying none never waits on (or fails with) another's acks
 
 
 class PopRpcs(Rpcs):
@@ -106,7 +107,7 @@ class PopRpcs(Rpcs):
         if request.decode:
             max_messages = min(max_messages, self.config["limits.pull_decoded_messages_max"])
         terms = PopTerms(request.group, request.topic, request.invisible_ms or 30_000, request.start_earliest,
-                         current_caller().may("admin"), request.isolation != pb.ISOLATION_READ_UNCOMMITTED)
+                         current_caller().may("admin"), request.isolation != pb.ISOLATION_READ_UNCOMMITTED, bool(carried))
         deadline = loop.time() + wait_s
         looked_again = False
         key = (request.topic, ANY_QUEUE)
@@ -119,7 +120,7 @@ class PopRpcs(Rpcs):
                     popped = await self._pops.call(terms, (max_messages, carried))
                     got, wake_ms, others_got = popped.runs, popped.wake_ms, popped.others_got
                     if carried:
-                        acked, carried = popped.acked, None
+                        acked, carried, terms = popped.acked, None, terms._replace(carrying=False)
                     if not got and others_got and (loop.time() < deadline or not looked_again):
                         looked_again = True
                         continue  # the pops served with this one took what was found: look again at once
