@@ -5,8 +5,8 @@ at once; several pops' acks in one pass each get their own outcome."""
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
+import contextlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +21,7 @@ from broker.groups.pops import LeasedRun, PopService
 from broker.store import Store
 from broker.views.pop_leases import PopQueue
 from tests.storeutil import create_topic, open_store, send
+from tests.waits import wait_until
 
 T0 = 1_900_000_000_000  # the test's clock (epoch ms)
 
@@ -109,36 +110,44 @@ def test_acks_are_kept_when_only_a_busy_queue_has_messages(store: Store, monkeyp
     empty and the acks stand, durable, instead of the call failing."""
     create_topic(store, "two", queues=2)
     pops = PopService(store)
+    monkeypatch.setattr(pops.locks, "stripe", lambda key: key[2])  # queue 0 and 1: two stripes
+    busy = pops.locks.lock(("g", "two", 1))
+    failing = [False]
+    real_holding = pops.locks.holding
+
+    @contextlib.contextmanager
+    def holding(keys: Iterable[tuple[str, str, int]]) -> Iterator[set[int]]:
+        keys = list(keys)
+        if keys == [("g", "two", 1)] and busy.locked():  # the second pass waits: the test lets go
+            busy.release()
+            if failing[0]:
+                raise BrokerError("UNAVAILABLE", "the test's wait for the queue fails")
+        with real_holding(keys) as held:
+            yield held
+    monkeypatch.setattr(pops.locks, "holding", holding)
+
     send(store, "two", [b"a0"], queue=0)
     send(store, "two", [b"b%d" % i for i in range(5)], queue=1)
     _at(monkeypatch, T0)
     first = pops.pop_many("g", "two", [1], 60_000, True).outs[0]  # the rotation starts at queue 0
     assert [r.queue_id for r in first] == [0]
-    busy = pops.locks.lock(("g", "two", 1))
-    assert busy is not pops.locks.lock(("g", "two", 0))
     busy.acquire()
-    threading.Timer(0.3, busy.release).start()
     done = pops.pop_many("g", "two", [10], 60_000, True, acks=[[first[0].receipt_handle]])
+    assert not busy.locked()  # the second pass took queue 1
     assert done.acked == [[]] and [(r.queue_id, r.first_offset, r.count) for r in done.outs[0]] == [(1, 0, 5)]
     queue0 = pops.view.queue("g", "two", 0)
     assert queue0 is not None and queue0.base == 1  # the ack is applied
 
-    again = pops.pop_many("g", "two", [10], 60_000, True)  # nothing left: lease ends at +60 s
-    assert again.outs == [[]]
+    assert pops.pop_many("g", "two", [10], 60_000, True).outs == [[]]  # nothing left: the topic is idle
     send(store, "two", [b"a1"], queue=0)
     send(store, "two", [b"b5"], queue=1)
+    wait_until(lambda: not pops.idle("g", "two")[0], 5, "the dispatcher's word that the queues grew")
     lease = [r for r in pops.pop_many("g", "two", [2], 60_000, True).outs[0] if r.queue_id == 0]
     assert len(lease) == 1
-    real_settle = pops.locks.settle
-
-    def settle(keys: list[tuple[str, str, int]]) -> None:
-        if ("g", "two", 1) in list(keys):
-            raise BrokerError("UNAVAILABLE", "the test's settle fails")
-        real_settle(keys)
-    monkeypatch.setattr(pops.locks, "settle", settle)
+    failing[0] = True
     busy.acquire()
-    threading.Timer(0.3, busy.release).start()
     done = pops.pop_many("g", "two", [10], 60_000, True, acks=[[lease[0].receipt_handle]])
+    assert not busy.locked()
     assert done.acked == [[]] and done.outs == [[]]  # answered empty, the ack kept
     assert queue0.base == 2 and store.watermarks.confirm_offset >= store.log.max_offset
 

@@ -177,7 +177,7 @@ class PopService(LeaseEnds, PopReports):
             return PopPass([[] for _ in asks], wake_at, acked)
         order: list[QueueKey] = []
         if idle and ends is not None:  # only the queues the acks touch changed: they may have room now
-            order = sorted({(group, topic, h.queue_id) for h in ends.resolved if h.topic == topic})
+            order = sorted({(group, topic, h.queue_id) for h in ends.resolved if h.topic == topic and h.queue_id < queues})
             if self.store.placement is not None:
                 order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
         else:
@@ -222,6 +222,8 @@ class PopService(LeaseEnds, PopReports):
                 if ends is not None:
                     record, finished = self.ends_record(group, ends, pr.ACK, now)
                     acked = [record] if record is not None else []
+                    if not whole:  # an idle topic: only the queues whose leases end here may have room
+                        order = [key for key in order if (key[1], key[2]) in finished]
                 picks: list[_Pick] = []
                 left = max_messages
                 for key in order:  # first pass: the queues nobody else holds
@@ -246,12 +248,14 @@ class PopService(LeaseEnds, PopReports):
             finally:
                 for lock in held:
                     lock.release()
+        idle = False
         try:
             if leased is None or not any(leased[0]):  # second pass: wait for each busy queue, one at a time
                 for key in busy:
                     idle, wake_at = self.idle(group, topic)
                     if idle:  # another pop walked every queue since this one began, and found nothing
-                        return (self._leased(t, leased) if leased is not None else nothing), wake_at
+                        wake = wake_at
+                        break
                     with self.locks.holding([key]):
                         now = now_ms()
                         pick, nxt = self._pick(key, max_messages, t.start_earliest, now, t.committed)
@@ -262,13 +266,13 @@ class PopService(LeaseEnds, PopReports):
                             leased = got if leased is None else (got[0], max(leased[1], got[1]), leased[2] + got[2])
                             break
         except BrokerError as exc:
-            if leased is None:
+            if leased is None or not leased[1]:
                 raise
             # the first pass wrote a record (the acks, a queue's start) that nothing leased yet: answer
             # it, empty, once it is durable (failing the call would hide acks done from the retry)
             log.warning("pop_second_pass_failed", group=group, topic=topic, error=str(exc)[:300])
         if leased is None:
-            if not found and whole:  # every queue visited, under its lock
+            if not found and whole and not idle:  # every queue visited, under its lock
                 self.idle_pops.remember(group, topic, state, wake)
             return nothing, wake
         return self._leased(t, leased), wake  # (for a pop answered empty: when a lease ends)

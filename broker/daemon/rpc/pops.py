@@ -76,8 +76,8 @@ class PopRpcs(Rpcs):
         (their record is appended with its lease record, one durable wait for both; on an idle
         topic, alone), durable before it answers. Handles refused (a lease that ended, or a
         malformed one: INVALID_ARGUMENT for all) are in ``ack_results``, beside the pop's
-        messages; a pass that fails fails the pop and its acks alike (retry both: an ack done
-        already answers FAILED_PRECONDITION, acked)."""
+        messages; a pass that fails before the acks are written fails the pop and its acks alike
+        (retry both: an ack done already answers FAILED_PRECONDITION, acked)."""
         if not request.ack_receipt_handles:
             return (await self._pop_leases(request))[0]
         self.pops.check_group(request.group)
