@@ -44,7 +44,7 @@ from tests.chaos.history import Recorder, client_ops, load, now_ms, write_json
 from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, TXN_QUEUES, TXN_TOPIC, body_id
 
 CLIENTS = (("producer", "p1"), ("producer", "p2"), ("subscriber", "s1"), ("subscriber", "s2"), ("popper", "q1"),
-           ("popper", "q2"), ("creator", "c1"), ("sampler", "sampler"), ("transactor", "t1"), ("txreader", "r1"))
+           ("carrier", "q2"), ("creator", "c1"), ("sampler", "sampler"), ("transactor", "t1"), ("txreader", "r1"))
 CONVERGE_S = 120.0
 ROOT = Path(workload.__file__).resolve().parents[2]
 

@@ -2,6 +2,7 @@
 
 Roles: ``producer`` (ack=replica sends; some keyed for the order check, some delayed), ``subscriber``
 (a subscribe-mode member that commits its offsets), ``popper`` (pop mode, acks what it got),
+``carrier`` (pop mode, each pop carrying the acks of the one before),
 ``creator`` (topic creates), ``sampler`` (each node's status every ~100 ms), ``transactor``
 (transactions over the queues of a second topic, some aborted) and ``txreader`` (a read_committed
 reader of that topic). Each writes its
@@ -163,6 +164,34 @@ def popper(rec: Recorder, client: BrokerClient, rng: random.Random, args: argpar
         attempt(rec, "ack", {**value, "msgs": rows}, functools.partial(_ack, client, messages))
 
 
+def carrier(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
+    """Pop mode as a consumer loop: each pop carries the acks of the messages it got before
+    (``pop(ack=...)``), recorded as an ``ack`` op with the pop's outcome (a pop that failed: the acks
+    may or may not be done; they are carried again by the next one)."""
+    value = {"group": POP_GROUP, "topic": TOPIC}
+    previous: list[PoppedMessage] = []
+    while not stopping.is_set():
+        t0 = now_ms()
+        by_handle = {m.receipt_handle: (m.queue_id, m.queue_offset) for m in previous}
+        acked = {**value, "msgs": [[m.queue_id, m.queue_offset, body_id(m.body)] for m in previous]}
+        try:
+            got = client.pop(POP_GROUP, TOPIC, max_messages=rng.randint(1, 200), invisible_ms=args.invisible_ms,
+                             max_wait_ms=500, start="earliest", ack=previous or None)
+        except Exception as exc:  # recorded; the next pop carries the same acks again
+            rec.record("pop", value, outcome_of(exc), t0, error=repr(exc))
+            if previous:
+                rec.record("ack", acked, outcome_of(exc), t0, error=repr(exc))
+            stopping.wait(0.1)
+            continue
+        messages = list(got)
+        rec.record("pop", value, "ok", t0, result={"msgs": [[m.queue_id, m.queue_offset, body_id(m.body),
+                                                             m.delivery_count] for m in messages]})
+        if previous:
+            refused = [list(by_handle[h]) for h in got.ack_failures if h in by_handle]
+            rec.record("ack", acked, "ok", t0, result={"refused": refused})
+        previous = messages
+
+
 def _ack(client: BrokerClient, messages: list[PoppedMessage]) -> dict[str, Any]:
     """Ack by each message's own handle: a refusal names the message whose lease had ended."""
     by_handle = {m.receipt_handle: (m.queue_id, m.queue_offset) for m in messages}
@@ -310,7 +339,8 @@ def _status(c: BrokerClient) -> dict[str, Any]:
 
 
 ROLES: dict[str, Callable[[Recorder, BrokerClient, random.Random, argparse.Namespace], None]] = {
-    "producer": producer, "subscriber": subscriber, "popper": popper, "creator": creator, "sampler": sampler,
+    "producer": producer, "subscriber": subscriber, "popper": popper, "carrier": carrier, "creator": creator,
+    "sampler": sampler,
     "transactor": transactor, "txreader": txreader}
 
 
