@@ -198,11 +198,12 @@ class PopService(LeaseEnds, PopReports):
               whole: bool) -> tuple[list[list[LeasedRun]], int | None]:
         """One pass over ``order`` (``whole``: the topic's queues here, from a rotating start; else,
         the topic being idle, those of its queues that the acks touch): the queues nobody else
-        holds first; only if they gave nothing, each busy one in turn. With ``ends``: their queues are held first (in
-        stripe order, settled), the acks decided, and their record appended with the lease record.
-        The pick reads the state before the acks: an acked message is still leased there (its
-        lease holds past ``now``, the ``now`` of the ack's check), so it is never picked again; the
-        room the acks make in a window (``groups.pop_window_max``) is counted at once."""
+        holds first; only if they gave nothing, each busy one in turn. With ``ends``: their queues
+        are held first (in stripe order, settled), the acks decided, and their record appended
+        with the lease record. The pick reads the state before the acks: an acked message is still
+        leased there (its lease holds past ``now``, the ``now`` of the ack's check), so it is never
+        picked again; the room the acks make in a window (``groups.pop_window_max``) is counted at
+        once."""
         group, topic, asks = t.group, t.topic, t.asks
         max_messages = sum(asks)
         nothing: list[list[LeasedRun]] = [[] for _ in asks]
