@@ -17,13 +17,15 @@ from broker.logformat import pop_records as pr
 from broker.ports import IncomingBatch
 from broker.views.pop_leases import ENDED, NOT_LEASED
 
+EndResult = list[tuple[str, int, str]] | BrokerError  # a call's ends: (handle, code, why) of each refused, or its error
+
 
 @dataclass(slots=True)
 class Ends:
     """Calls' handles to end, decoded (``LeaseEnds.resolve_ends``)."""
 
     calls: list[list[str]]
-    results: list[list[tuple[str, int, str]] | BrokerError]  # per call: its refusals so far, or its error
+    results: list[EndResult]  # per call: its refusals so far, or its error
     resolved: list[receipts.Handle]
     owner: list[tuple[int, int]]  # per resolved handle: its call and its place in it
 
@@ -103,7 +105,7 @@ class LeaseEnds(PopParts):
         return result
 
     def _end_many(self, group: str, calls: list[list[str]], kind: str,
-                  delay_ms: int = 0) -> list[list[tuple[str, int, str]] | BrokerError]:
+                  delay_ms: int = 0) -> list[EndResult]:
         """``_end`` for several calls' handles in one record; each call gets its own refusals, or
         its own error (a malformed handle refuses its call alone, before anything changes)."""
         ends = self.resolve_ends(group, calls)
@@ -168,7 +170,7 @@ class LeaseEnds(PopParts):
             record = {"g": group, "nacks": items, "until": now + delay_ms}
         return record_batch(kind, record), ok
 
-    def ack_many(self, group: str, calls: list[list[str]]) -> list[list[tuple[str, int, str]] | BrokerError]:
+    def ack_many(self, group: str, calls: list[list[str]]) -> list[EndResult]:
         """Acks of several calls in one record (``_end_many``)."""
         return self._end_many(group, calls, pr.ACK)
 

@@ -39,7 +39,7 @@ from broker import metrics
 from broker.errors import BrokerError, invalid
 from broker.groups import receipts
 from broker.groups.dead_letters import DeadLetters
-from broker.groups.lease_ends import Ends, LeaseEnds
+from broker.groups.lease_ends import EndResult, Ends, LeaseEnds
 from broker.groups.pop_idle import IdlePops
 from broker.groups.pop_locks import KEYS_MAX, QueueKey, QueueLocks
 from broker.groups.pop_parts import log, now_ms, record_batch
@@ -76,7 +76,7 @@ class PopPass(NamedTuple):
 
     outs: list[list[LeasedRun]]  # per pop: its runs
     wake_ms: int | None  # when the next lease ends (for pops answered empty)
-    acked: list[list[tuple[str, int, str]] | BrokerError]  # per pop: its carried acks' refusals, or its error
+    acked: list[EndResult]  # per pop: its carried acks' refusals, or its error
 
 
 _Leased = tuple[list[list[LeasedRun]], int, int]  # per pop its runs; where the pass's records end; dead letters
@@ -178,8 +178,6 @@ class PopService(LeaseEnds, PopReports):
         order: list[QueueKey] = []
         if idle and ends is not None:  # only the queues the acks touch changed: they may have room now
             order = sorted({(group, topic, h.queue_id) for h in ends.resolved if h.topic == topic and h.queue_id < queues})
-            if self.store.placement is not None:
-                order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
         else:
             with self._rotation_lock:
                 first = self._rotation.get((group, topic), 0)
@@ -187,8 +185,8 @@ class PopService(LeaseEnds, PopReports):
                 if len(self._rotation) > KEYS_MAX:
                     self._rotation.clear()
             order = [(group, topic, (first + i) % queues) for i in range(queues)]
-            if self.store.placement is not None:  # a cluster of shards: pop leases stay with the segment's shard
-                order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
+        if self.store.placement is not None:  # a cluster of shards: pop leases stay with the segment's shard
+            order = [key for key in order if self.store.placement.segment_here(topic, key[2]) is not None]
         asks = [min(ask, self.config["groups.pop_messages_max"]) for ask in asks]
         outs, wake = self._pass(_Terms(group, topic, asks, invisible_ms, start_earliest, may_create_dlq, committed),
                                 order, ends, whole=not idle)

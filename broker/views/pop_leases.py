@@ -133,21 +133,22 @@ class PopQueue:
         idx = np.flatnonzero(~self.done[:n] & (self.until[:n] <= now_ms))[:limit]
         return idx + self.base, self.count[idx].astype(np.int64)
 
+    def _open(self, finished: np.ndarray | None) -> np.ndarray:
+        """Per window index: not done, nor among ``finished`` (offsets whose leases end now)."""
+        open_ = ~self.done[: self.window]
+        if finished is not None:
+            open_[self._index(finished)] = False
+        return open_
+
     def base_after(self, finished: np.ndarray) -> int:
-        """Where ``base`` will be once ``finished`` (offsets whose leases end) are done too."""
-        n = self.window
-        open_ = ~self.done[:n]
-        open_[self._index(finished)] = False
-        return self.base + (int(np.argmax(open_)) if open_.any() else n)
+        """Where ``base`` will be once ``finished`` are done too."""
+        open_ = self._open(finished)
+        return self.base + (int(np.argmax(open_)) if open_.any() else self.window)
 
     def next_visible_ms(self, finished: np.ndarray | None = None) -> int | None:
         """When the next leased message becomes available again (None: nothing leased), not
-        counting ``finished`` (offsets whose leases end now)."""
-        n = self.window
-        open_ = ~self.done[:n]
-        if finished is not None:
-            open_[self._index(finished)] = False
-        live = self.until[:n][open_]
+        counting ``finished``."""
+        live = self.until[: self.window][self._open(finished)]
         return int(live.min()) if live.size else None
 
     def check(self, offsets: np.ndarray, tag: int, now_ms: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from broker.daemon.rpc.common import (
 from broker.daemon.wire import varint
 from broker.errors import BrokerError
 from broker.groups import receipts
+from broker.groups.lease_ends import EndResult
 from broker.groups.pops import LeasedRun, as_messages
 from broker.security.auth import current_caller
 from proto import tidemark_pb2 as pb
@@ -32,16 +33,13 @@ POPS_COMBINED_MAX = 64
 ACKS_COMBINED_MAX = 64
 
 
-Acked = list[tuple[str, int, str]] | BrokerError  # a call's acks: the refused handles, or why all were
-
-
 class Popped(NamedTuple):
     """One pop's part of a combined run."""
 
     runs: list[LeasedRun]
     wake_ms: int | None  # answered empty: when a lease ends
     others_got: bool  # the run leased messages (to other pops, if this one has none)
-    acked: Acked  # what the acks it carried got
+    acked: EndResult  # what the acks it carried got
 
 
 class PopTerms(NamedTuple):
@@ -65,7 +63,7 @@ class PopRpcs(Rpcs):
     def __init__(self, ctx: Context) -> None:
         super().__init__(ctx)
         self._pops: Combiner[PopTerms, tuple[int, list[str] | None], Popped] = Combiner(self._pop_many, POPS_COMBINED_MAX, self._give_back)
-        self._acks: Combiner[str, list[str], list[tuple[str, int, str]] | BrokerError] = Combiner(self._ack_many,
+        self._acks: Combiner[str, list[str], EndResult] = Combiner(self._ack_many,
                                                                                                    ACKS_COMBINED_MAX)
 
     async def Pop(self, request: pb.PopRequest, context: grpc.aio.ServicerContext) -> pb.PopResponse | bytes:
@@ -94,7 +92,7 @@ class PopRpcs(Rpcs):
         return answer
 
     async def _pop_leases(self, request: pb.PopRequest, carried: list[str] | None = None
-                          ) -> tuple[pb.PopResponse | bytes, list[LeasedRun], Acked]:
+                          ) -> tuple[pb.PopResponse | bytes, list[LeasedRun], EndResult]:
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
         ``max_wait_ms``. ``carried``: acks ended by the first pass, before any wait. The answer,
@@ -111,7 +109,7 @@ class PopRpcs(Rpcs):
         deadline = loop.time() + wait_s
         looked_again = False
         key = (request.topic, ANY_QUEUE)
-        acked: Acked = []
+        acked: EndResult = []
         while True:
             async with self.longpolls.parking(key, wait_s > 0) as parked:
                 idle, wake_ms = self.pops.idle(request.group, request.topic)
@@ -145,13 +143,12 @@ class PopRpcs(Rpcs):
     async def _pop_many(self, t: PopTerms, asks: list[tuple[int, list[str] | None]]) -> list[Popped]:
         metrics.POP_RUNS.labels("pop").inc()
         metrics.POP_RUN_CALLS.labels("pop").inc(len(asks))
-        carrying = sum(1 for _, handles in asks if handles)
-        if carrying:
-            metrics.POP_RUN_CALLS.labels("carried").inc(carrying)
+        if t.carrying:  # (every pop of the run carries acks, or none does)
+            metrics.POP_RUN_CALLS.labels("carried").inc(len(asks))
         done = await asyncio.get_running_loop().run_in_executor(
             self.read_pool, functools.partial(self.pops.pop_many, t.group, t.topic, [n for n, _ in asks], t.invisible_ms,
                                               t.start_earliest, t.may_create_dlq, t.committed,
-                                              [h or [] for _, h in asks] if carrying else None))
+                                              [h or [] for _, h in asks] if t.carrying else None))
         some = any(done.outs)
         acked = done.acked or [[] for _ in asks]
         return [Popped(out, done.wake_ms, some, a) for out, a in zip(done.outs, acked, strict=True)]
@@ -176,7 +173,7 @@ class PopRpcs(Rpcs):
             return pb.AckResponse(results=_handle_results(refused))
         return await handle_async(context, run)
 
-    async def _ack_many(self, group: str, calls: list[list[str]]) -> list[list[tuple[str, int, str]] | BrokerError]:
+    async def _ack_many(self, group: str, calls: list[list[str]]) -> list[EndResult]:
         """Acks of one group in one record; each call gets the refusals of its own handles."""
         metrics.POP_RUNS.labels("ack").inc()
         metrics.POP_RUN_CALLS.labels("ack").inc(len(calls))
@@ -234,7 +231,7 @@ def _pop_response(request: pb.PopRequest, runs: list[LeasedRun]) -> pb.PopRespon
     return pb.PopResponse(messages=plain.decode_popped(runs, messages) if request.decode else messages)
 
 
-def _ack_results(handles: list[str], acked: Acked) -> list[pb.HandleResult]:
+def _ack_results(handles: list[str], acked: EndResult) -> list[pb.HandleResult]:
     """A pop's carried acks' results: the refused handles, or, when a handle was malformed, every
     handle with that refusal (INVALID_ARGUMENT), as it would refuse an Ack call."""
     if not isinstance(acked, BrokerError):
