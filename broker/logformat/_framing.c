@@ -528,6 +528,45 @@ done:
     return PyLong_FromSsize_t(at);
 }
 
+/* span(batch, start, end, skip, count) -> (begin, stop) | None
+ *
+ * batch.record_span: where record ``skip`` (0-based) of ``batch[start:end]`` (a batch's records)
+ * begins and where the ``count`` records from it end, as positions in ``batch``. None when the
+ * framing does not hold that many records (a record without its head, or ending past ``end``). */
+static PyObject *span(PyObject *self, PyObject *args) {
+    Py_buffer view;
+    Py_ssize_t start, end, skip, count;
+    (void)self;
+    if (!PyArg_ParseTuple(args, "y*nnnn:span", &view, &start, &end, &skip, &count))
+        return NULL;
+    const unsigned char *buf = (const unsigned char *)view.buf;
+    PyObject *result = Py_None;
+    if (start >= 0 && end <= view.len && start <= end && skip >= 0 && count >= 0) {
+        Py_ssize_t pos = start, begin = -1, i = 0, total = skip + count;
+        while (i < total) {
+            if (i == skip)
+                begin = pos;
+            if (end - pos < RECORD_HEAD_BYTES)
+                break;
+            uint32_t size = le32(buf + pos);
+            if (size < 4 + le16(buf + pos + 4) + le16(buf + pos + 6) || (uint64_t)size > (uint64_t)(end - pos - 4))
+                break;
+            pos += 4 + (Py_ssize_t)size;
+            i++;
+        }
+        if (i == total) {
+            if (begin < 0) /* count == 0 */
+                begin = pos;
+            result = Py_BuildValue("(nn)", begin, pos);
+            PyBuffer_Release(&view);
+            return result;
+        }
+    }
+    PyBuffer_Release(&view);
+    Py_INCREF(result);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"check", check, METH_VARARGS, "check(records, expected_count): raise ValueError on bad record framing."},
     {"check_contents", check_contents, METH_VARARGS, "check_contents(records, leading_reserved): raise ValueError on a "
@@ -535,6 +574,7 @@ static PyMethodDef methods[] = {
     {"scheduled_ok", scheduled_ok, METH_VARARGS, "scheduled_ok(records, name, target, latest_ms) -> bool."},
     {"leading_ints", leading_ints, METH_VARARGS, "leading_ints(batch, start, end, name, skip, count) -> (positions, values) | None."},
     {"encode_records", encode_records, METH_O, "encode_records(items) -> (records, positions) | None."},
+    {"span", span, METH_VARARGS, "span(batch, start, end, skip, count) -> (begin, stop) | None: a run of records' bytes."},
     {"gather", gather, METH_VARARGS, "gather(blob, positions, piece, out, out_at) -> end: one piece of each record, back to back."},
     {NULL, NULL, 0, NULL},
 };

@@ -25,6 +25,7 @@ from broker.errors import BrokerError
 from broker.groups import receipts
 from broker.groups.lease_ends import EndResult
 from broker.groups.pops import LeasedRun, as_messages
+from broker.logformat.cut import cut_run
 from broker.security.auth import current_caller
 from proto import tidemark_pb2 as pb
 
@@ -191,17 +192,19 @@ class PopRpcs(Rpcs):
 
 def _runs_wire(runs: list[LeasedRun]) -> bytes:
     """``PopResponse.runs`` as wire bytes, each run's batches joined in once (as ``pull_response_bytes``
-    does for a pull): no copy into a ``PoppedRun`` and another into the response first."""
-    parts: list[bytes] = []
+    does for a pull): no copy into a ``PoppedRun`` and another into the response first. Each run
+    carries only its records: its first and last batches cut to them (``cut_run``)."""
+    parts: list[bytes | memoryview] = []
     for r in runs:
+        blobs, skip_first = cut_run(r.batches, r.skip_first, r.count)
         head = pb.PoppedRun(queue_id=r.queue_id, first_offset=r.first_offset, count=r.count,
                             delivery_count=r.delivery_count, receipt_handle=r.receipt_handle,
-                            skip_first=r.skip_first).SerializeToString()
-        sizes = [varint(len(b)) for b in r.batches]
-        parts += (_RUNS_TAG, varint(len(head) + sum(1 + len(n) + len(b) for n, b in zip(sizes, r.batches, strict=True))),
-                  head)
-        for n, b in zip(sizes, r.batches, strict=True):
-            parts += (_BATCH_TAG, n, b)
+                            skip_first=skip_first).SerializeToString()
+        lengths = [sum(len(piece) for piece in blob) for blob in blobs]
+        sizes = [varint(n) for n in lengths]
+        parts += (_RUNS_TAG, varint(len(head) + sum(1 + len(s) + n for s, n in zip(sizes, lengths, strict=True))), head)
+        for s, blob in zip(sizes, blobs, strict=True):
+            parts += (_BATCH_TAG, s, *blob)
     return b"".join(parts)
 
 
