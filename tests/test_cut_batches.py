@@ -121,27 +121,37 @@ def test_native_and_python_spans_agree(monkeypatch: pytest.MonkeyPatch) -> None:
     assert sum(r is not None for r in python_results) > 150 and None in python_results
 
 
-def test_a_pop_answers_only_its_records(spawn: Callable[..., DaemonProcess]) -> None:
-    """Pops of 300 from batches of 1,000: each answer carries little more than its messages'
-    bytes (not the whole batch), and every message, offset and handle is right."""
+def test_pulls_and_pops_answer_only_their_records(spawn: Callable[..., DaemonProcess]) -> None:
+    """Pulls of 150 and pops of 300 from batches of 1,000: each answer carries little more than its
+    messages' bytes (not the whole batch), and every message, offset and commit offset is right."""
     d = spawn("node")
+    body = b"y" * 1000
+    per_message = len(body) + 40  # a record's head, the index in its body; two cut heads at most per answer
     with BrokerClient(d.address) as c:
-        c.create_topic("t", queues=1)
-        body = b"y" * 1000
+        for topic in ("pulled", "popped"):
+            c.create_topic(topic, queues=1)
+        sent = [Message(body + b"%05d" % i) for i in range(2000)]
+        receipts = [r for k in range(2) for r in c.send("pulled", sent[k * 1000:(k + 1) * 1000], ack="flush")]
         for k in range(2):
-            c.send("t", [Message(body + b"%05d" % (k * 1000 + i)) for i in range(1000)], ack="flush")
+            c.send("popped", sent[k * 1000:(k + 1) * 1000], ack="flush")
+        offset, pulled = 0, []
+        while offset < 2000:
+            r = c.pull("pulled", 0, offset, max_messages=150)
+            blobs, skip = r.raw_batches()
+            assert skip == 0 and sum(len(b) for b in blobs) < len(r) * per_message + 2 * 200
+            pulled += [(m.queue_offset, m.commit_offset, m.body) for m in r]
+            offset = r.next_offset
+        assert pulled == [(x.queue_offset, x.commit_offset, m.body) for x, m in zip(receipts, sent, strict=True)]
         seen: list[bytes] = []
         offsets: list[int] = []
         while True:
-            got = c.pop("g", "t", max_messages=300, invisible_ms=60_000, max_wait_ms=0, start="earliest")
+            got = c.pop("g", "popped", max_messages=300, invisible_ms=60_000, max_wait_ms=0, start="earliest")
             if not got:
                 break
             answered = sum(len(b) for r in got._runs for b in r.batches)
-            assert answered < 300 * (len(body) + 40) + 2 * 200, answered  # two cut heads at most
+            assert answered < len(got) * per_message + 2 * 200, answered
             seen += got.bodies()
             offsets += [m.queue_offset for m in got]
             assert [m.body for m in got] == got.bodies()
             assert c.ack("g", got) == {}
-        assert seen == [body + b"%05d" % i for i in range(2000)]
-        assert offsets == list(range(2000))
-        assert c.pull("t", 0, 0, max_messages=2000).bodies() == seen  # the log as it was
+        assert seen == [m.body for m in sent] and offsets == list(range(2000))

@@ -132,8 +132,9 @@ class PoppedMessage(PulledMessage):
 class PullResult(Sequence[PulledMessage]):
     """The messages of one pull, decoded lazily; ``next_offset`` is where to continue.
 
-    The response holds runs of whole log batches; ``skip_first`` records of the first batch are
-    before the requested offset and ``count`` records are returned in all.
+    The response holds runs of log batches (the first and last cut to the records answered,
+    docs/formats/commitlog.md); ``skip_first`` records of the first batch are before the requested
+    offset (0 once cut) and ``count`` records are returned in all.
     """
 
     def __init__(self, response: pb.PullResponse | PullResponseView | LocalPullResponse) -> None:
@@ -184,8 +185,9 @@ class PullResult(Sequence[PulledMessage]):
                              h.store_time_ms)
 
     def raw_batches(self) -> tuple[list[bytes] | list[memoryview], int]:
-        """The pulled log bytes (runs of whole batches, docs/formats/commitlog.md) and how many
-        records of the first batch lie before the requested offset; ``len(self)`` records follow.
+        """The pulled log bytes (runs of batches, the first and last cut to the records answered:
+        docs/formats/commitlog.md) and how many records of the first batch lie before the requested
+        offset; ``len(self)`` records follow.
         For columnar readers (the Spark connector) that decode without per-record objects: views
         of the received response when ``pull_wire`` read it, else ``bytes``."""
         response = self._response

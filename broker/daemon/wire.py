@@ -10,7 +10,7 @@ wire type 2: tag ``0x0a``, varint length, bytes). Protobuf parsers accept fields
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
@@ -34,15 +34,25 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
+Pieces = tuple[bytes | memoryview, ...]  # one bytes field written in pieces (a cut batch: its head, its records)
+
+
+def field_parts(tag: bytes, value: bytes | memoryview | Pieces) -> list[bytes | memoryview]:
+    """A length-delimited field: its tag, its length as a varint, its value (pieces back to back)."""
+    pieces = value if isinstance(value, tuple) else (value,)
+    return [tag, varint(sum(len(p) for p in pieces)), *pieces]
+
+
 def pull_response_bytes(
-    batches: list[bytes], *, skip_first: int, count: int, next_offset: int, min_offset: int, max_offset: int
+    batches: Sequence[bytes | memoryview | Pieces], *, skip_first: int, count: int, next_offset: int, min_offset: int,
+    max_offset: int
 ) -> bytes:
     """Wire bytes of a ``PullResponse`` holding ``batches`` and the given scalar fields."""
     head = pb.PullResponse(skip_first=skip_first, count=count, next_offset=next_offset, min_offset=min_offset,
                            max_offset=max_offset)
-    parts = [head.SerializeToString()]
+    parts: list[bytes | memoryview] = [head.SerializeToString()]
     for blob in batches:
-        parts += (_BATCHES_TAG, varint(len(blob)), blob)
+        parts += field_parts(_BATCHES_TAG, blob)
     return b"".join(parts)
 
 

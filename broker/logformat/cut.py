@@ -1,7 +1,7 @@
 """A run of records cut out of the batches a read returned (docs/formats/commitlog.md, "Cut batches").
 
-A read returns whole batches: a pop of 500 messages from batches of 1,000 would carry twice the
-bytes it answers, and a run that straddles two batches three times. ``cut_run`` keeps only the
+A read returns whole batches: a pull of 100 messages from batches of 1,000 would carry ten times
+the bytes it answers, and a pop's run of 500 that straddles two batches four times. ``cut_run`` keeps only the
 run's records: the first and last batches are cut to them, each with a header of its own (record
 count, offsets, sequence and both CRCs of what it holds), the batches between stay as they are.
 A cut batch holds records exactly as the log does and says where they are in it, so every reader

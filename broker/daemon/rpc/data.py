@@ -32,6 +32,7 @@ from broker.daemon.wire import pull_response_bytes
 from broker.errors import BrokerError, UnknownTopic, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
+from broker.logformat.cut import cut_run
 from broker.logformat.txn_records import TXN_PID_BIT, is_txn_pid
 from broker.ports import BatchReceipt, IncomingBatch
 from broker.storage.failpoints import failpoint
@@ -324,7 +325,8 @@ class DataRpcs(Rpcs):
             return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
                                    next_offset=r.next_offset, min_offset=r.min_offset,
                                    max_offset=r.max_offset, count=r.count).SerializeToString()
-        return pull_response_bytes(r.batches, skip_first=r.skip_first, count=r.count, next_offset=r.next_offset,
+        blobs, skip_first = cut_run(r.batches, r.skip_first, r.count)  # only the records answered
+        return pull_response_bytes(blobs, skip_first=skip_first, count=r.count, next_offset=r.next_offset,
                                    min_offset=r.min_offset, max_offset=r.max_offset)
 
     async def _read_your_writes(self, topic: str, queue_id: int, offset: int, max_messages: int,

@@ -20,7 +20,7 @@ from broker.daemon.rpc.common import (
     handle,
     handle_async,
 )
-from broker.daemon.wire import varint
+from broker.daemon.wire import field_parts, varint
 from broker.errors import BrokerError
 from broker.groups import receipts
 from broker.groups.lease_ends import EndResult
@@ -200,11 +200,10 @@ def _runs_wire(runs: list[LeasedRun]) -> bytes:
         head = pb.PoppedRun(queue_id=r.queue_id, first_offset=r.first_offset, count=r.count,
                             delivery_count=r.delivery_count, receipt_handle=r.receipt_handle,
                             skip_first=skip_first).SerializeToString()
-        lengths = [sum(len(piece) for piece in blob) for blob in blobs]
-        sizes = [varint(n) for n in lengths]
-        parts += (_RUNS_TAG, varint(len(head) + sum(1 + len(s) + n for s, n in zip(sizes, lengths, strict=True))), head)
-        for s, blob in zip(sizes, blobs, strict=True):
-            parts += (_BATCH_TAG, s, *blob)
+        fields = [head]
+        for blob in blobs:
+            fields += field_parts(_BATCH_TAG, blob)
+        parts += (_RUNS_TAG, varint(sum(len(f) for f in fields)), *fields)
     return b"".join(parts)
 
 
