@@ -17,7 +17,8 @@ SEND_SECONDS = Histogram("tidemark_send_seconds", "Send requests answered OK: ti
                          "mode (leader, flush, replica)", ["ack"], registry=REGISTRY,
                          buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0))
 PULL_MESSAGES = Counter("tidemark_pull_messages", "Messages returned by pull requests", registry=REGISTRY)
-PULL_BYTES = Counter("tidemark_pull_bytes", "Bytes returned by pull requests", registry=REGISTRY)
+PULL_BYTES = Counter("tidemark_pull_bytes", "Bytes of log batches read by pull requests (answers carry only the records "
+                     "asked for: docs/formats/commitlog.md, Cut batches)", registry=REGISTRY)
 FSYNC_SECONDS = Histogram(
     "tidemark_fsync_seconds", "Commit-log fdatasync latency", registry=REGISTRY,
     buckets=(0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032, 0.064, 0.128, 0.5, 2.0),

@@ -9,9 +9,11 @@ from collections.abc import Callable
 
 import crc32c
 import pytest
+from structlog.testing import capture_logs
 
 from broker.client import BrokerClient, Message
 from broker.client.messages import _walk
+from broker.daemon import wire
 from broker.logformat import batch as bf
 from broker.logformat.cut import cut_run
 from broker.logformat.scan import Mode, scan_bytes
@@ -70,8 +72,8 @@ def test_every_run_reads_back_as_the_log_holds_it(sequence: bool) -> None:
     total = sum(sizes)
     for skip in range(sizes[0]):
         for count in range(1, total - skip + 1):
-            cut, skip_after = cut_run(blobs, skip, count)
-            assert skip_after == 0
+            cut, skip_after, why = cut_run(blobs, skip, count)
+            assert skip_after == 0 and why is None
             got = _read(_joined(cut), 0, 1 << 30)
             assert got == records[skip:skip + count], (skip, count)
             # the same records as the client's walk of the whole batches finds
@@ -91,12 +93,12 @@ def test_a_batch_that_does_not_check_is_sent_whole() -> None:
     for where in (first - 3, 20, first + 30, len(blob) - 1):
         bad = bytearray(blob)
         bad[where] ^= 0x40
-        cut, skip = cut_run([bytes(bad)], 2, 7)
-        assert skip == 2 and _joined(cut) == [bytes(bad)]
-    cut, skip = cut_run([blob[:-1]], 1, 11)  # the second batch truncated
-    assert skip == 1 and _joined(cut) == [blob[:-1]]
-    cut, skip = cut_run([blob], 3, 20)  # more records named than held
-    assert skip == 3 and _joined(cut) == [blob]
+        cut, skip, why = cut_run([bytes(bad)], 2, 7)
+        assert skip == 2 and _joined(cut) == [bytes(bad)] and why
+    cut, skip, why = cut_run([blob[:-1]], 1, 11)  # the second batch truncated
+    assert skip == 1 and _joined(cut) == [blob[:-1]] and why
+    cut, skip, why = cut_run([blob], 3, 20)  # more records named than held
+    assert skip == 3 and _joined(cut) == [blob] and why == "11 records fewer than the answer names"
 
 
 def test_native_and_python_spans_agree(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -111,7 +113,8 @@ def test_native_and_python_spans_agree(monkeypatch: pytest.MonkeyPatch) -> None:
             batch[rng.randrange(bf.HEADER_BYTES + len(TOPIC), len(batch))] = rng.randrange(256)
         start = bf.HEADER_BYTES + len(TOPIC)
         cases.append((bytes(batch), start, len(batch), rng.randrange(n + 1), rng.randrange(n + 2)))
-    cases += [(b"", 0, 0, 0, 0), (b"abc", 5, 3, 0, 1), (b"abc", 0, 9, 0, 1), (b"abc", 0, 3, -1, 1)]
+    cases += [(b"", 0, 0, 0, 0), (b"abc", 5, 3, 0, 1), (b"abc", 0, 9, 0, 1), (b"abc", 0, 3, -1, 1),
+              (b"x" * 64, 0, 64, 2**62, 2**62), (b"x" * 64, 0, 64, 0, 2**63 - 1)]  # never an overflow in C
     native = importlib.import_module("broker.logformat._framing")
     assert bf.native is native
     native_results = [bf.record_span(*c) for c in cases]
@@ -155,3 +158,18 @@ def test_pulls_and_pops_answer_only_their_records(spawn: Callable[..., DaemonPro
             assert [m.body for m in got] == got.bodies()
             assert c.ack("g", got) == {}
         assert seen == [m.body for m in sent] and offsets == list(range(2000))
+
+
+def test_an_answer_sent_uncut_is_logged_at_most_once_a_minute(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A damaged batch is answered as read and named in the log, once a minute however often it is read."""
+    blob, _ = _batches([4])
+    bad = bytearray(blob)
+    bad[-1] ^= 1
+    monkeypatch.setattr(wire, "_uncut_logged", [0.0])
+    with capture_logs() as logs:
+        for _ in range(3):
+            blobs, skip = wire.cut_answer([bytes(bad)], 1, 2, "orders", 2)
+            assert skip == 1 and _joined(blobs) == [bytes(bad)]
+        assert wire.cut_answer([blob], 1, 2, "orders", 2)[1] == 0
+    assert [(e["event"], e["topic"], e["queue_id"]) for e in logs] == [("answer_sent_uncut", "orders", 2)]
+    assert "CRCs" in logs[0]["why"]

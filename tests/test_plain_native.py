@@ -23,6 +23,7 @@ from broker.errors import BrokerError
 from broker.groups import receipts
 from broker.groups.pops import LeasedRun, as_messages
 from broker.logformat import batch as bf
+from broker.logformat.cut import cut_run
 from broker.ports import BatchReceipt
 from proto import tidemark_pb2 as pb
 from tests.wirefuzz import mutated
@@ -368,10 +369,12 @@ def test_the_c_popped_answer_is_what_python_builds() -> None:
             prefix = receipts.lease_prefix(0, 3, rng.randrange(1, 1 << 62), q)
             runs.append(LeasedRun(q, base + skip, count, rng.randrange(1, 4),
                                   receipts.run_handle(prefix, base + skip, count, "orders"), blobs, skip))
+        cuts = [cut_run(r.batches, r.skip_first, r.count) for r in runs]  # only the runs' records (test_cut_batches)
         as_runs = pb.PopResponse(runs=[pb.PoppedRun(queue_id=r.queue_id, first_offset=r.first_offset, count=r.count,
                                                     delivery_count=r.delivery_count, receipt_handle=r.receipt_handle,
-                                                    batches=r.batches, skip_first=r.skip_first) for r in runs])
-        assert pb.PopResponse.FromString(_runs_wire(runs)) == as_runs  # runs joined in once, as protobuf writes them
+                                                    batches=[b"".join(pieces) for pieces in blobs], skip_first=skip)
+                                       for r, (blobs, skip, _) in zip(runs, cuts, strict=True)])
+        assert pb.PopResponse.FromString(_runs_wire("orders", runs)) == as_runs  # joined in once, as protobuf writes them
         records = _popped_wire(runs, False)
         assert records is not None  # records need no decoding: always taken
         assert pb.PopResponse.FromString(records) == pb.PopResponse(messages=as_messages(runs))

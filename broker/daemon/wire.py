@@ -10,17 +10,21 @@ wire type 2: tag ``0x0a``, varint length, bytes). Protobuf parsers accept fields
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import grpc
+import structlog
 from google.protobuf.message import DecodeError
 
 from broker.daemon.failures import REQUEST, refuse
 from broker.daemon.send_wire import parse_send
 from broker.errors import MESSAGE_MAX, BrokerError
+from broker.logformat.cut import cut_run
 from proto import tidemark_pb2 as pb
 
+log = structlog.get_logger("wire")
 _BATCHES_TAG = b"\x0a"
 SERVICE = pb.DESCRIPTOR.services_by_name["Broker"]
 
@@ -41,6 +45,23 @@ def field_parts(tag: bytes, value: bytes | memoryview | Pieces) -> list[bytes | 
     """A length-delimited field: its tag, its length as a varint, its value (pieces back to back)."""
     pieces = value if isinstance(value, tuple) else (value,)
     return [tag, varint(sum(len(p) for p in pieces)), *pieces]
+
+
+_UNCUT_LOG_S = 60.0  # an answer sent uncut is logged at most this often (a damaged batch is read again and again)
+_uncut_logged = [0.0]
+
+
+def cut_answer(batches: Sequence[bytes], skip_first: int, count: int, topic: str, queue_id: int) -> tuple[list[Pieces], int]:
+    """``batches`` cut to the ``count`` records they answer after ``skip_first`` (``cut_run``), or
+    as read, with a warning, when one of them does not check (a reader that checks the body CRC
+    finds it too; ours and the Node example check the headers only)."""
+    blobs, skip, why = cut_run(batches, skip_first, count)
+    if why is not None:
+        now = time.monotonic()
+        if now - _uncut_logged[0] >= _UNCUT_LOG_S:
+            _uncut_logged[0] = now
+            log.warning("answer_sent_uncut", topic=topic, queue_id=queue_id, why=why)
+    return blobs, skip
 
 
 def pull_response_bytes(

@@ -541,7 +541,9 @@ static PyObject *span(PyObject *self, PyObject *args) {
         return NULL;
     const unsigned char *buf = (const unsigned char *)view.buf;
     PyObject *result = Py_None;
-    if (start >= 0 && end <= view.len && start <= end && skip >= 0 && count >= 0) {
+    /* at most one record per RECORD_HEAD_BYTES: no larger skip or count can be met (nor overflow) */
+    Py_ssize_t most = (end - start) / RECORD_HEAD_BYTES + 1;
+    if (start >= 0 && end <= view.len && start <= end && skip >= 0 && count >= 0 && skip <= most && count <= most) {
         Py_ssize_t pos = start, begin = -1, i = 0, total = skip + count;
         while (i < total) {
             if (i == skip)

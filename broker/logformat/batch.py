@@ -209,8 +209,9 @@ def record_span(batch: bytes | memoryview, start: int, end: int, skip: int, coun
     """Where record ``skip`` (0-based) of ``batch[start:end]`` (a batch's records) begins and
     where the ``count`` records from it end, as positions in ``batch``; None when the framing does
     not hold that many records. In C when built (``_framing.span``)."""
-    if native is not None:
-        return native.span(batch, start, end, skip, count)
+    span = getattr(native, "span", None)  # (a module built before span: the Python walk)
+    if span is not None:
+        return span(batch, start, end, skip, count)  # type: ignore[no-any-return]
     if start < 0 or end > len(batch) or start > end or skip < 0 or count < 0:
         return None
     pos, begin = start, start

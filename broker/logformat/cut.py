@@ -1,12 +1,13 @@
 """A run of records cut out of the batches a read returned (docs/formats/commitlog.md, "Cut batches").
 
 A read returns whole batches: a pull of 100 messages from batches of 1,000 would carry ten times
-the bytes it answers, and a pop's run of 500 that straddles two batches four times. ``cut_run`` keeps only the
-run's records: the first and last batches are cut to them, each with a header of its own (record
-count, offsets, sequence and both CRCs of what it holds), the batches between stay as they are.
-A cut batch holds records exactly as the log does and says where they are in it, so every reader
-of batches reads it unchanged. The log's CRCs are checked before a batch is cut, so a cut never
-passes on bytes that changed since they were written: a batch that does not check is left whole.
+the bytes it answers, and a pop's run of 500 that straddles two such batches four times.
+``cut_run`` keeps only the answered records: the first and last batches are cut to them, each
+with a header of its own (record count, offsets, sequence and both CRCs of what it holds), and
+the batches between stay as they are. A cut batch holds records exactly as the log does and says
+where they are in it, so every reader of batches reads it unchanged. The log's CRCs are checked
+before a batch is cut, so a cut never puts a fresh CRC on bytes that changed since they were
+written: an answer with a batch that does not check is sent as read, and the caller logs why.
 """
 
 from __future__ import annotations
@@ -24,11 +25,14 @@ _SEQUENCE_MAX = 0x7FFFFFFF
 Blob = tuple[bytes | memoryview, ...]  # one blob of batches, in pieces to write one after another
 
 
-def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[Blob], int]:
+def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[Blob], int, str | None]:
     """``blobs`` (runs of whole, adjacent batches) holding ``count`` records after the first
-    ``skip_first``, as blobs of batches that hold just those, and the records to skip in them (0).
-    Nothing after the run's last record is kept. When a batch's length, CRCs or framing do not
-    check, every blob is answered as read, with ``skip_first``: the reader finds what is wrong."""
+    ``skip_first``, as blobs of batches that hold just those, the records to skip in them (0), and
+    None. Nothing after the run's last record is kept. When a batch's length, CRCs or framing do
+    not check, every blob as read, ``skip_first``, and what did not check (for the caller's log).
+
+    Its cost, on the thread that answers: the CRC of each batch it cuts, about half of copying
+    it, while the answer then copies only the records kept; whole batches are not checked here."""
     out: list[Blob] = []
     skip, left = skip_first, count
     for blob in blobs:
@@ -38,10 +42,11 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
         pos = whole = 0
         while pos < len(mv) and left > 0:
             if len(mv) - pos < HEADER_BYTES:
-                return [(b,) for b in blobs], skip_first
+                return [(b,) for b in blobs], skip_first, "a batch header cut short"
             size, records = _U32.unpack_from(mv, pos)[0], _U32.unpack_from(mv, pos + 12)[0]
             if size < HEADER_BYTES or size > len(mv) - pos or skip >= records:
-                return [(b,) for b in blobs], skip_first
+                why = f"a batch length ({size}) or record count ({records}) that does not fit"
+                return [(b,) for b in blobs], skip_first, why
             if skip == 0 and records <= left:  # the whole batch is the run's
                 left -= records
                 pos += size
@@ -49,7 +54,7 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
             keep = min(records - skip, left)
             cut = cut_batch(mv[pos : pos + size], skip, keep)
             if cut is None:
-                return [(b,) for b in blobs], skip_first
+                return [(b,) for b in blobs], skip_first, "a batch whose magic, CRCs or framing do not check"
             if pos > whole:
                 out.append((mv[whole:pos],))
             out.append(cut)
@@ -59,9 +64,9 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
             whole = pos
         if pos > whole:
             out.append((mv[whole:pos],))
-    if left > 0:  # fewer records than the run names: as read
-        return [(b,) for b in blobs], skip_first
-    return out, 0
+    if left > 0:
+        return [(b,) for b in blobs], skip_first, f"{left} records fewer than the answer names"
+    return out, 0, None
 
 
 def cut_batch(batch: memoryview, skip: int, keep: int) -> tuple[bytes, memoryview] | None:

@@ -11,7 +11,8 @@
 //
 // A record: u32 record_bytes (bytes after this field), u16 key_len, u16 props_len, key, props
 // (repeated u16 name_len, name, u16 value_len, value; UTF-8), body. A batch: a 64-byte header,
-// the topic, the records; PullResponse.batches holds runs of whole batches back to back.
+// the topic, the records; PullResponse.batches holds runs of batches back to back, the first and
+// last cut by the server to the records answered (docs/formats/commitlog.md, "Cut batches").
 'use strict';
 
 const { crc32c } = require('@node-rs/crc32'); // native: 4-5 GB/s, ~0.4 us a call of fixed cost
@@ -216,7 +217,7 @@ function u64(buf, at) {
 }
 
 function cut(what) {
-  return new RangeError(`pulled batches cut or bent: ${what}`);
+  return new RangeError(`pulled batches truncated or bent: ${what}`);
 }
 
 // Calls visit(buf, recordAt, keyBytes, propsBytes, bodyEnd, batchAt, index) for `count` records

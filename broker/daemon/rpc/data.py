@@ -28,11 +28,10 @@ from broker.daemon.rpc.common import (
 )
 from broker.daemon.rpc.transactions import begun_response, ended_response
 from broker.daemon.send_wire import SendRequestView, begin_of, commit_of
-from broker.daemon.wire import pull_response_bytes
+from broker.daemon.wire import cut_answer, pull_response_bytes
 from broker.errors import BrokerError, UnknownTopic, invalid, shown
 from broker.logformat import batch as bf
 from broker.logformat import system_records
-from broker.logformat.cut import cut_run
 from broker.logformat.txn_records import TXN_PID_BIT, is_txn_pid
 from broker.ports import BatchReceipt, IncomingBatch
 from broker.storage.failpoints import failpoint
@@ -325,7 +324,7 @@ class DataRpcs(Rpcs):
             return pb.PullResponse(messages=plain.decode(r.batches, r.skip_first, r.count),
                                    next_offset=r.next_offset, min_offset=r.min_offset,
                                    max_offset=r.max_offset, count=r.count).SerializeToString()
-        blobs, skip_first = cut_run(r.batches, r.skip_first, r.count)  # only the records answered
+        blobs, skip_first = cut_answer(r.batches, r.skip_first, r.count, request.topic, request.queue_id)
         return pull_response_bytes(blobs, skip_first=skip_first, count=r.count, next_offset=r.next_offset,
                                    min_offset=r.min_offset, max_offset=r.max_offset)
 

@@ -20,12 +20,11 @@ from broker.daemon.rpc.common import (
     handle,
     handle_async,
 )
-from broker.daemon.wire import field_parts, varint
+from broker.daemon.wire import cut_answer, field_parts, varint
 from broker.errors import BrokerError
 from broker.groups import receipts
 from broker.groups.lease_ends import EndResult
 from broker.groups.pops import LeasedRun, as_messages
-from broker.logformat.cut import cut_run
 from broker.security.auth import current_caller
 from proto import tidemark_pb2 as pb
 
@@ -134,7 +133,7 @@ class PopRpcs(Rpcs):
         """The answer: runs as they are, or messages written by the C path (on the loop, for at most
         ``SEND_ON_LOOP_BYTES_MAX`` of batches; else in a pool thread), or by Python (``_heavy``)."""
         if request.as_runs:
-            return _runs_wire(got)
+            return _runs_wire(request.topic, got)
         small = sum(len(b) for run in got for b in run.batches) <= SEND_ON_LOOP_BYTES_MAX
         wire = await self._heavy(small, _popped_wire, got, request.decode)
         if wire is not None:
@@ -190,13 +189,13 @@ class PopRpcs(Rpcs):
             request.group, request.receipt_handle, request.invisible_ms)))
 
 
-def _runs_wire(runs: list[LeasedRun]) -> bytes:
+def _runs_wire(topic: str, runs: list[LeasedRun]) -> bytes:
     """``PopResponse.runs`` as wire bytes, each run's batches joined in once (as ``pull_response_bytes``
     does for a pull): no copy into a ``PoppedRun`` and another into the response first. Each run
     carries only its records: its first and last batches cut to them (``cut_run``)."""
     parts: list[bytes | memoryview] = []
     for r in runs:
-        blobs, skip_first = cut_run(r.batches, r.skip_first, r.count)
+        blobs, skip_first = cut_answer(r.batches, r.skip_first, r.count, topic, r.queue_id)
         head = pb.PoppedRun(queue_id=r.queue_id, first_offset=r.first_offset, count=r.count,
                             delivery_count=r.delivery_count, receipt_handle=r.receipt_handle,
                             skip_first=skip_first).SerializeToString()
