@@ -11,7 +11,13 @@ coroutine). The daemon's ack=flush send rate (``send_throughput.py``) compares a
 it is what the machine's 2 cores give one Python gRPC process receiving these bytes, with the
 clients on the same cores.
 
-Usage: .venv/bin/python bench/grpc_floor.py [--seconds 10] [--producers 4]
+Then the floor under a call's cost to the client (issue 38's routing cost): two such servers, and
+one client in this process, one call at a time. Its CPU (``time.process_time``: gRPC's threads
+included) per tiny call, per call of 1 MiB, and per pair of 512 KiB calls to the two servers side
+by side (``future`` for one, the other blocking: what a keyed send spanning two shards makes),
+against one 1 MiB call to one server (what the same send makes to a single pair).
+
+Usage: .venv/bin/python bench/grpc_floor.py [--seconds 10] [--producers 4] [--calls 2000]
 """
 
 from __future__ import annotations
@@ -123,10 +129,50 @@ def measure(in_pool: bool, producers: int, seconds: float) -> tuple[float, float
         server.kill()
 
 
+def _start_server() -> tuple[mp.Process, int]:
+    ports: Any = mp.Queue()
+    server = mp.Process(target=serve, args=(ports, False), daemon=True)
+    server.start()
+    return server, ports.get(timeout=30)
+
+
+def call_costs(calls: int) -> dict[str, float]:
+    """Client CPU in us per call (or pair of calls) against two do-nothing servers."""
+    servers = [_start_server() for _ in range(2)]
+    options = [("grpc.max_send_message_length", LIMIT)]
+    channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=options) for _, port in servers]
+    try:
+        one, other = (ch.unary_unary(METHOD) for ch in channels)
+        tiny, whole, half = b"x" * 16, os.urandom(BLOCK), os.urandom(BLOCK // 2)
+
+        def side_by_side() -> None:
+            pending = other.future(half)
+            one(half)
+            pending.result()
+
+        shapes = {"tiny": lambda: one(tiny), "whole": lambda: one(whole), "halves": side_by_side}
+        costs: dict[str, list[float]] = {name: [] for name in shapes}
+        for _ in range(3):  # interleaved rounds: the machine drifts; the median of each
+            for name, fn in shapes.items():
+                for _ in range(20):
+                    fn()
+                cpu0 = time.process_time()
+                for _ in range(calls):
+                    fn()
+                costs[name].append((time.process_time() - cpu0) / calls * 1e6)
+        return {name: sorted(v)[1] for name, v in costs.items()}
+    finally:
+        for ch in channels:
+            ch.close()
+        for server, _ in servers:
+            server.kill()
+
+
 def main() -> int:
     p = common.base_parser(__doc__ or "")
     p.add_argument("--seconds", type=float, default=10.0)
     p.add_argument("--producers", type=int, default=4)
+    p.add_argument("--calls", type=int, default=2000, help="calls per shape and round of the call-cost part")
     a = p.parse_args()
     seconds = 3.0 if a.quick else a.seconds
     res = Results("grpc_floor", a.results)
@@ -136,6 +182,14 @@ def main() -> int:
         log(f"{name}: {rate:,.0f} MB/s, server CPU {cpu:.2f} cores")
         res.add(f"null gRPC server, {name}: 1 MiB requests received", rate, "MB/s",
                 note=f"{a.producers} producers one call at a time; server CPU {cpu:.2f} cores; raw bytes, no parse")
+    costs = call_costs(200 if a.quick else a.calls)
+    log(f"client CPU per call: {costs}")
+    res.add("client CPU per unary call, 16 B request", costs["tiny"], "us", note="grpc sync stub, median of 3 rounds")
+    res.add("client CPU per 1 MiB call to one server", costs["whole"], "us")
+    res.add("client CPU per two 512 KiB calls to two servers side by side", costs["halves"], "us",
+            note="a keyed send spanning two shards, gRPC's part only")
+    res.add("two calls side by side / one call, the same bytes", costs["halves"] / costs["whole"], "x",
+            note="the floor under the routing cost of a split send (issue 38)")
     res.print_table()
     return 0
 
