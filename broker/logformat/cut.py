@@ -42,7 +42,7 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
         pos = whole = 0
         while pos < len(mv) and left > 0:
             if len(mv) - pos < HEADER_BYTES:
-                return [(b,) for b in blobs], skip_first, "a batch header cut short"
+                return [(b,) for b in blobs], skip_first, "a batch header shorter than 64 bytes"
             size, records = _U32.unpack_from(mv, pos)[0], _U32.unpack_from(mv, pos + 12)[0]
             if size < HEADER_BYTES or size > len(mv) - pos or skip >= records:
                 why = f"a batch length ({size}) or record count ({records}) that does not fit"
