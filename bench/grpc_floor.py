@@ -108,13 +108,18 @@ def produce(port: int, seconds: float, out: Any) -> None:
     out.put(sent)
 
 
-def measure(in_pool: bool, producers: int, seconds: float) -> tuple[float, float]:
-    """(MB/s received, server CPU in cores) over one window."""
+def _start_server(in_pool: bool) -> tuple[mp.Process, int]:
+    """A ``serve`` process and its port."""
     ports: Any = mp.Queue()
     server = mp.Process(target=serve, args=(ports, in_pool), daemon=True)
     server.start()
+    return server, ports.get(timeout=30)
+
+
+def measure(in_pool: bool, producers: int, seconds: float) -> tuple[float, float]:
+    """(MB/s received, server CPU in cores) over one window."""
+    server, port = _start_server(in_pool)
     try:
-        port = ports.get(timeout=30)
         out: Any = mp.Queue()
         procs = [mp.Process(target=produce, args=(port, seconds, out)) for _ in range(producers)]
         cpu0, t0 = common.cpu_seconds_of(server.pid or 0), time.monotonic()
@@ -129,16 +134,9 @@ def measure(in_pool: bool, producers: int, seconds: float) -> tuple[float, float
         server.kill()
 
 
-def _start_server() -> tuple[mp.Process, int]:
-    ports: Any = mp.Queue()
-    server = mp.Process(target=serve, args=(ports, False), daemon=True)
-    server.start()
-    return server, ports.get(timeout=30)
-
-
 def call_costs(calls: int) -> dict[str, float]:
     """Client CPU in us per call (or pair of calls) against two do-nothing servers."""
-    servers = [_start_server() for _ in range(2)]
+    servers = [_start_server(False) for _ in range(2)]
     options = [("grpc.max_send_message_length", LIMIT)]
     channels = [grpc.insecure_channel(f"127.0.0.1:{port}", options=options) for _, port in servers]
     try:

@@ -21,7 +21,7 @@ from google.protobuf.message import DecodeError
 from broker.daemon.failures import REQUEST, refuse
 from broker.daemon.send_wire import parse_send
 from broker.errors import MESSAGE_MAX, BrokerError
-from broker.logformat.cut import cut_run
+from broker.logformat.cut import Blob, cut_run
 from proto import tidemark_pb2 as pb
 
 log = structlog.get_logger("wire")
@@ -38,10 +38,7 @@ def varint(n: int) -> bytes:
     return bytes(out)
 
 
-Pieces = tuple[bytes | memoryview, ...]  # one bytes field written in pieces (a cut batch: its head, its records)
-
-
-def field_parts(tag: bytes, value: bytes | memoryview | Pieces) -> list[bytes | memoryview]:
+def field_parts(tag: bytes, value: bytes | memoryview | Blob) -> list[bytes | memoryview]:
     """A length-delimited field: its tag, its length as a varint, its value (pieces back to back)."""
     pieces = value if isinstance(value, tuple) else (value,)
     return [tag, varint(sum(len(p) for p in pieces)), *pieces]
@@ -51,7 +48,7 @@ _UNCUT_LOG_S = 60.0  # an answer sent uncut is logged at most this often (a dama
 _uncut_logged = [0.0]
 
 
-def cut_answer(batches: Sequence[bytes], skip_first: int, count: int, topic: str, queue_id: int) -> tuple[list[Pieces], int]:
+def cut_answer(batches: Sequence[bytes], skip_first: int, count: int, topic: str, queue_id: int) -> tuple[list[Blob], int]:
     """``batches`` cut to the ``count`` records they answer after ``skip_first`` (``cut_run``), or
     as read, with a warning, when one of them does not check (a reader that checks the body CRC
     finds it too; ours and the Node example check the headers only)."""
@@ -65,7 +62,7 @@ def cut_answer(batches: Sequence[bytes], skip_first: int, count: int, topic: str
 
 
 def pull_response_bytes(
-    batches: Sequence[bytes | memoryview | Pieces], *, skip_first: int, count: int, next_offset: int, min_offset: int,
+    batches: Sequence[bytes | memoryview | Blob], *, skip_first: int, count: int, next_offset: int, min_offset: int,
     max_offset: int
 ) -> bytes:
     """Wire bytes of a ``PullResponse`` holding ``batches`` and the given scalar fields."""

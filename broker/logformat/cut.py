@@ -17,12 +17,18 @@ from collections.abc import Sequence
 
 import crc32c
 
-from broker.logformat.batch import HEADER, HEADER_BYTES, MAGIC, VERSION, build_header, record_span
+from broker.logformat.batch import HEADER_BYTES, build_header, peek_batch_bytes, record_span, verify_batch
+from broker.logformat.errors import CorruptionError
 
 _U32 = struct.Struct("<I")
+_COUNT_AT = 12  # a batch header's record_count (u32)
 _SEQUENCE_MAX = 0x7FFFFFFF
 
 Blob = tuple[bytes | memoryview, ...]  # one blob of batches, in pieces to write one after another
+
+
+class _Uncut(Exception):
+    """What did not check: the answer goes as read."""
 
 
 def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[Blob], int, str | None]:
@@ -33,8 +39,14 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
 
     Its cost, on the thread that answers: the CRC of each batch it cuts, about half of copying
     it, while the answer then copies only the records kept; whole batches are not checked here."""
+    try:
+        return _cut(blobs, skip_first, count), 0, None
+    except _Uncut as exc:
+        return [(b,) for b in blobs], skip_first, str(exc)
+
+
+def _cut(blobs: Sequence[bytes], skip: int, left: int) -> list[Blob]:
     out: list[Blob] = []
-    skip, left = skip_first, count
     for blob in blobs:
         if left <= 0:
             break
@@ -42,22 +54,18 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
         pos = whole = 0
         while pos < len(mv) and left > 0:
             if len(mv) - pos < HEADER_BYTES:
-                return [(b,) for b in blobs], skip_first, "a batch header shorter than 64 bytes"
-            size, records = _U32.unpack_from(mv, pos)[0], _U32.unpack_from(mv, pos + 12)[0]
+                raise _Uncut("a batch header shorter than 64 bytes")
+            size, records = peek_batch_bytes(mv, pos), _U32.unpack_from(mv, pos + _COUNT_AT)[0]
             if size < HEADER_BYTES or size > len(mv) - pos or skip >= records:
-                why = f"a batch length ({size}) or record count ({records}) that does not fit"
-                return [(b,) for b in blobs], skip_first, why
+                raise _Uncut(f"a batch length ({size}) or record count ({records}) that does not fit")
             if skip == 0 and records <= left:  # the whole batch is the run's
                 left -= records
                 pos += size
                 continue
             keep = min(records - skip, left)
-            cut = cut_batch(mv[pos : pos + size], skip, keep)
-            if cut is None:
-                return [(b,) for b in blobs], skip_first, "a batch whose magic, CRCs or framing do not check"
             if pos > whole:
                 out.append((mv[whole:pos],))
-            out.append(cut)
+            out.append(cut_batch(mv[pos : pos + size], skip, keep))
             left -= keep
             skip = 0
             pos += size
@@ -65,29 +73,29 @@ def cut_run(blobs: Sequence[bytes], skip_first: int, count: int) -> tuple[list[B
         if pos > whole:
             out.append((mv[whole:pos],))
     if left > 0:
-        return [(b,) for b in blobs], skip_first, f"{left} records fewer than the answer names"
-    return out, 0, None
+        raise _Uncut(f"{left} records fewer than the answer names")
+    return out
 
 
-def cut_batch(batch: memoryview, skip: int, keep: int) -> tuple[bytes, memoryview] | None:
+def cut_batch(batch: memoryview, skip: int, keep: int) -> Blob:
     """The ``keep`` records of ``batch`` after its first ``skip`` as a batch of their own: a new
-    header (and topic), then the records as they lie in ``batch``. None when the batch does not
-    check (magic, version, either CRC, framing) or the cut's first sequence would not fit."""
-    (batch_bytes, header_crc, magic, version, flags, _count, base_offset, base_queue_offset, store_time_ms,
-     producer_id, base_sequence, epoch, queue_id, topic_len, _reserved, body_crc) = HEADER.unpack_from(batch, 0)
-    records_at = HEADER_BYTES + topic_len
-    if magic != MAGIC or version != VERSION or batch_bytes != len(batch) or records_at > batch_bytes:
-        return None
-    if crc32c.crc32c(batch[8:records_at]) != header_crc or crc32c.crc32c(batch[records_at:]) != body_crc:
-        return None
-    span = record_span(batch, records_at, batch_bytes, skip, keep)
-    if span is None or (base_sequence >= 0 and base_sequence + skip > _SEQUENCE_MAX):
-        return None
+    header (and topic), then the records as they lie in ``batch``. ``_Uncut`` when the batch does
+    not check (``verify_batch``: magic, version, both CRCs; the framing) or the cut's first
+    sequence would not fit."""
+    try:
+        h = verify_batch(batch, 0)
+    except CorruptionError as exc:
+        raise _Uncut(f"a batch whose magic, CRCs or lengths do not check ({exc})") from None
+    records_at = h.records_at
+    span = record_span(batch, records_at, h.batch_bytes, skip, keep)
+    if span is None or h.batch_bytes != len(batch) or (h.base_sequence >= 0 and h.base_sequence + skip > _SEQUENCE_MAX):
+        raise _Uncut("a batch whose framing, length or sequence does not hold the cut")
     begin, stop = span
     records = batch[begin:stop]
     head = build_header(
-        batch_bytes=records_at + stop - begin, record_count=keep, base_offset=base_offset + begin - records_at,
-        base_queue_offset=base_queue_offset + skip, store_time_ms=store_time_ms, producer_id=producer_id,
-        base_sequence=base_sequence + skip if base_sequence >= 0 else base_sequence, epoch=epoch, queue_id=queue_id,
-        topic_raw=bytes(batch[HEADER_BYTES:records_at]), body_crc=crc32c.crc32c(records), flags=flags)
+        batch_bytes=records_at + stop - begin, record_count=keep, base_offset=h.base_offset + begin - records_at,
+        base_queue_offset=h.base_queue_offset + skip, store_time_ms=h.store_time_ms, producer_id=h.producer_id,
+        base_sequence=h.base_sequence + skip if h.base_sequence >= 0 else h.base_sequence, epoch=h.epoch,
+        queue_id=h.queue_id, topic_raw=bytes(batch[HEADER_BYTES:records_at]), body_crc=crc32c.crc32c(records),
+        flags=h.flags)
     return head, records
