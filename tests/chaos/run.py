@@ -177,7 +177,9 @@ def _stop_clients(clients: dict[str, subprocess.Popen[bytes]], names: tuple[str,
         try:
             clients[name].wait(30)
         except subprocess.TimeoutExpired:
-            log(f"client {name} did not stop on SIGTERM; killed")
+            clients[name].send_signal(signal.SIGUSR1)  # its threads' stacks go to its log
+            time.sleep(1.0)
+            log(f"client {name} did not stop on SIGTERM; killed (its threads' stacks are in client-{name}.log)")
             clients[name].kill()
             clients[name].wait()
 

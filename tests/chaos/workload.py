@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import functools
 import random
 import signal
@@ -358,6 +359,7 @@ def main() -> None:
     p.add_argument("--invisible-ms", type=int, default=5000)
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the harness asks before it kills a client that hangs
     rec = Recorder(args.run, args.name)
     rng = random.Random(f"{args.seed}-{args.name}")
     client = BrokerClient(args.addresses.split(","), timeout_s=TIMEOUT_S)
