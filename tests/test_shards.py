@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -20,6 +21,7 @@ from broker.cli.etcd_process import EtcdProcess
 from broker.client import (
     AlreadyExists,
     BrokerClient,
+    BrokerError,
     FailedPrecondition,
     InvalidArgument,
     Message,
@@ -348,6 +350,63 @@ def test_one_shard_failing_over_leaves_the_other_serving(spawn: Spawn, etcd: Etc
         assert served_s < 15, "the failed shard's queue served again after its failover"
         bodies = [m.body for r in c.iter_pull("t", failed_q, 0) for m in r]
         assert bodies[-1] == b"after-failover"
+
+
+def test_a_send_behind_one_stuck_on_its_shard_gives_up_in_its_own_time(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """Sends to one shard take turns (a lock per shard). With both nodes of that shard frozen (a
+    call there retries over them until its deadline), a send waiting behind one stuck there gives
+    up at its own deadline (the client's timeout_s over the whole operation, its wait for the turn
+    included), not sent; the other shard is not held up."""
+    s1 = _pair(spawn, etcd, "s1", ("a", "c"))
+    _settled(s1)
+    s2 = _single(spawn, etcd, "s2", "b")
+    timeout_s = 3.0
+    with BrokerClient(s2.address, timeout_s=timeout_s) as c:
+        c.create_topic("t", queues=2)
+        owners = [q["shard"] for q in c.describe_topic("t")["queues"]]
+        frozen_key, live_key = _key_for(c, "t", owners.index("s1")), _key_for(c, "t", owners.index("s2"))
+        wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe", key=k) for k in (frozen_key, live_key)]), 15,
+                   "both queues created")
+        first: list[BaseException] = []
+
+        def stuck() -> None:
+            try:
+                c.send("t", [Message(b"first", key=frozen_key)], ack="replica")
+            except BrokerError as exc:
+                first.append(exc)
+
+        for node in s1:
+            assert node.proc is not None
+            node.proc.send_signal(signal.SIGSTOP)
+        try:
+            ahead = threading.Thread(target=stuck)
+            ahead.start()
+            time.sleep(0.5)  # the first send holds s1's turn
+            t0 = time.monotonic()
+            with pytest.raises(BrokerError):
+                c.send("t", [Message(b"second", key=frozen_key)], ack="replica")
+            waited_s = time.monotonic() - t0
+            t0 = time.monotonic()
+            c.send("t", [Message(b"live", key=live_key)], ack="replica")
+            live_s = time.monotonic() - t0
+            ahead.join(30)
+        finally:
+            for node in s1:
+                assert node.proc is not None
+                node.proc.send_signal(signal.SIGCONT)
+        assert first, "the send to the frozen shard failed"
+        # before the deadline covered the wait for the turn: 2.5 s of it, then a whole timeout_s more (5.5 s)
+        assert waited_s < timeout_s + 1.3, f"the second send took {waited_s:.2f} s with timeout_s {timeout_s}"
+        assert live_s < 1.0, f"a send to the other shard took {live_s:.2f} s"
+
+        def sent_again() -> bool:
+            try:
+                c.send("t", [Message(b"again", key=frozen_key)], ack="replica")
+            except BrokerError:
+                return False
+            return True
+
+        wait_until(sent_again, 30, "s1 serving again, its turns free")
 
 
 def _key_for(c: BrokerClient, topic: str, queue: int) -> str:

@@ -4,11 +4,13 @@ The public ``BrokerClient`` (client.py) is this plus one class per area of the A
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -46,6 +48,9 @@ MESSAGE_BYTES_MAX = 256 << 20
 FAN_OUT_THREADS = 8  # a send spanning shards: requests to this many shards at once
 ROUTE_HOPS_MAX = 3  # refusals naming another owner followed by one call (routes in flux: then it fails)
 T = TypeVar("T")
+# One operation's deadline (monotonic seconds) over every call it makes, on every shard: set by
+# ``ClientCore.within``, read by ``_call`` (and carried into the fan-out pool's threads)
+CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("tidemark_call_deadline", default=None)
 
 
 @dataclass
@@ -221,6 +226,9 @@ class ClientCore:
         and keepalive pings end a call on a node that falls silent within about a second; failures
         in ``retryable`` are retried until the deadline (with one address: ``RETRIES_MAX`` times)."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        outer = CALL_DEADLINE.get()
+        if outer is not None:  # a call of a longer operation: within what is left of it
+            deadline = min(deadline, outer)
         delay = BACKOFF_MIN_S
         failures = 0  # retryable failures; refusals by a node that is not the master do not count
         redirects = 0
@@ -269,6 +277,22 @@ class ClientCore:
                     self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
                 delay = min(delay * 2, BACKOFF_MAX_S)
+
+    @contextlib.contextmanager
+    def within(self, timeout_s: float | None = None) -> Iterator[float]:
+        """One operation of several calls (a send over shards: its parts, route requests, hops),
+        all within ``timeout_s`` (the client's) overall; inside another, the outer deadline holds.
+        Yields the deadline (``time.monotonic()`` seconds)."""
+        outer = CALL_DEADLINE.get()
+        if outer is not None:
+            yield outer
+            return
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        token = CALL_DEADLINE.set(deadline)
+        try:
+            yield deadline
+        finally:
+            CALL_DEADLINE.reset(token)
 
     # -- a cluster of shards (docs/shards.md): each queue's calls go to its shard ------------------
     @property

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -12,6 +15,7 @@ import grpc
 
 from broker.client.core import (
     ACKS,
+    CALL_DEADLINE,
     COLD_PULLS_REMOTE,
     ROUTE_HOPS_MAX,
     SEND_RETRYABLE,
@@ -86,6 +90,20 @@ def _sent(by_queue: dict[int, list[int]], delayed: dict[int, list[int]], part: P
         delayed.pop(q)
 
 
+@contextlib.contextmanager
+def _held(lock: threading.Lock, shard: str | None) -> Iterator[None]:
+    """A shard's send lock, waited for no later than the operation's deadline (``CALL_DEADLINE``):
+    a send behind another one stuck on that shard gives up in its own time, not sent."""
+    deadline = CALL_DEADLINE.get()
+    if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+        raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"not sent: another send to shard {shard!r} held it up "
+                        "until this call's deadline")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _outcome(fn: Callable[[str | None], list[SendGroup]], shard: str | None) -> list[SendGroup] | BrokerError:
     """``fn(shard)``'s groups, or the ``BrokerError`` it raised."""
     try:
@@ -157,6 +175,13 @@ class DataAPI(TopicsAPI):
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
             return Receipts(topic, 0, [])
+        with self.within() as deadline:
+            return self._send_sharded_within(topic, messages, ack, timeout_ms, deadline)
+
+    def _send_sharded_within(self, topic: str, messages: Sequence[Message], ack: str, timeout_ms: int | None,
+                             deadline: float) -> Sequence[Receipt]:
+        """``_send_sharded`` with every call inside ``deadline`` (``within``): its parts, the pool's
+        included, wait for a shard's send lock no later than that, and no hop starts after it."""
         queues = self._queue_count(topic)
         by_queue, delayed = _grouped(messages, queues, self._sticky_queue(topic, queues))
         done: list[SendGroup] = []
@@ -170,7 +195,8 @@ class DataAPI(TopicsAPI):
                 outcomes: list[tuple[str | None, list[SendGroup] | BrokerError]] = [(shard, _outcome(to_shard, shard))]
             else:  # the others' parts on the pool, the first on this thread (one hand-off fewer)
                 first, *others = parts
-                futures = [(shard, self._fan_out().submit(_outcome, to_shard, shard)) for shard in others]
+                futures = [(shard, self._fan_out().submit(contextvars.copy_context().run, _outcome, to_shard, shard))
+                           for shard in others]  # (each in a copy of this context: the deadline goes along)
                 outcomes = [(first, _outcome(to_shard, first)), *((shard, f.result()) for shard, f in futures)]
             refused: BrokerError | None = None
             for shard, outcome in outcomes:
@@ -189,8 +215,10 @@ class DataAPI(TopicsAPI):
                 _sent(by_queue, delayed, parts[shard])
             if refused is None:
                 return _receipts(topic, len(messages), done)
-            if hop < ROUTE_HOPS_MAX:
+            if hop < ROUTE_HOPS_MAX and time.monotonic() < deadline:
                 self._learn_routes([topic])
+            else:
+                break
         assert refused is not None
         raise refused
 
@@ -200,7 +228,7 @@ class DataAPI(TopicsAPI):
         ``carried``: with the producer a refused attempt used), under its lock."""
         by_queue, delayed = parts[shard]
         key = shard or ""
-        with self._shard_lock(key):
+        with _held(self._shard_lock(key), shard):
             producer = self._shard_producers.get(key)
             if producer is None or any(v > SEQUENCE_MAX for v in producer.sequences.values()):
                 producer = self._shard_producers[key] = _Producer()
