@@ -22,6 +22,7 @@ from broker.client import (
     AlreadyExists,
     BrokerClient,
     BrokerError,
+    DeadlineExceeded,
     FailedPrecondition,
     InvalidArgument,
     Message,
@@ -353,10 +354,10 @@ def test_one_shard_failing_over_leaves_the_other_serving(spawn: Spawn, etcd: Etc
 
 
 def test_a_send_behind_one_stuck_on_its_shard_gives_up_in_its_own_time(spawn: Spawn, etcd: EtcdProcess) -> None:
-    """Sends to one shard take turns (a lock per shard). With both nodes of that shard frozen (a
-    call there retries over them until its deadline), a send waiting behind one stuck there gives
-    up at its own deadline (the client's timeout_s over the whole operation, its wait for the turn
-    included), not sent; the other shard is not held up."""
+    """Sends to one shard take turns (a lock per shard), and a send keeps within the client's
+    timeout_s as a whole. A send whose turn does not come before its deadline fails unsent; with
+    both nodes of a shard frozen (a call there retries over them until its deadline), a send
+    queued behind one stuck there gives up at its own deadline; the other shard is not held up."""
     s1 = _pair(spawn, etcd, "s1", ("a", "c"))
     _settled(s1)
     s2 = _single(spawn, etcd, "s2", "b")
@@ -364,10 +365,34 @@ def test_a_send_behind_one_stuck_on_its_shard_gives_up_in_its_own_time(spawn: Sp
     with BrokerClient(s2.address, timeout_s=timeout_s) as c:
         c.create_topic("t", queues=2)
         owners = [q["shard"] for q in c.describe_topic("t")["queues"]]
-        frozen_key, live_key = _key_for(c, "t", owners.index("s1")), _key_for(c, "t", owners.index("s2"))
+        frozen_q = owners.index("s1")
+        frozen_key, live_key = _key_for(c, "t", frozen_q), _key_for(c, "t", owners.index("s2"))
         wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe", key=k) for k in (frozen_key, live_key)]), 15,
                    "both queues created")
-        first: list[BaseException] = []
+        end = c.describe_topic("t")["queues"][frozen_q]["max_offset"]
+
+        refused: list[tuple[BrokerError, float]] = []
+
+        def behind() -> None:
+            t0 = time.monotonic()
+            try:
+                c.send("t", [Message(b"never", key=frozen_key)], ack="replica")
+            except BrokerError as exc:
+                refused.append((exc, time.monotonic() - t0))
+
+        waiting = threading.Thread(target=behind)
+        with c._shard_lock("s1"):  # s1's turn held (as by a send that never ends)
+            waiting.start()
+            waiting.join(timeout_s + 2.0)
+            gave_up = not waiting.is_alive()
+        waiting.join(30)
+        assert gave_up and refused, "a send waited for its turn past its deadline"
+        error, waited_s = refused[0]
+        assert isinstance(error, DeadlineExceeded) and "was not sent" in error.details, error
+        assert timeout_s - 0.1 < waited_s < timeout_s + 1.0, f"gave up after {waited_s:.2f} s"
+        assert c.describe_topic("t")["queues"][frozen_q]["max_offset"] == end, "a send refused unsent stored nothing"
+
+        first: list[BrokerError] = []
 
         def stuck() -> None:
             try:
@@ -375,11 +400,11 @@ def test_a_send_behind_one_stuck_on_its_shard_gives_up_in_its_own_time(spawn: Sp
             except BrokerError as exc:
                 first.append(exc)
 
-        for node in s1:
-            assert node.proc is not None
-            node.proc.send_signal(signal.SIGSTOP)
+        ahead = threading.Thread(target=stuck)
         try:
-            ahead = threading.Thread(target=stuck)
+            for node in s1:
+                assert node.proc is not None
+                node.proc.send_signal(signal.SIGSTOP)
             ahead.start()
             time.sleep(0.5)  # the first send holds s1's turn
             t0 = time.monotonic()
@@ -394,7 +419,7 @@ def test_a_send_behind_one_stuck_on_its_shard_gives_up_in_its_own_time(spawn: Sp
             for node in s1:
                 assert node.proc is not None
                 node.proc.send_signal(signal.SIGCONT)
-        assert first, "the send to the frozen shard failed"
+        assert not ahead.is_alive() and first, "the send stuck on the frozen shard did not fail"
         # before the deadline covered the wait for the turn: 2.5 s of it, then a whole timeout_s more (5.5 s)
         assert waited_s < timeout_s + 1.3, f"the second send took {waited_s:.2f} s with timeout_s {timeout_s}"
         assert live_s < 1.0, f"a send to the other shard took {live_s:.2f} s"

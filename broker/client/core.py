@@ -11,7 +11,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -51,6 +51,7 @@ T = TypeVar("T")
 # One operation's deadline (monotonic seconds) over every call it makes, on every shard: set by
 # ``ClientCore.within``, read by ``_call`` (and carried into the fan-out pool's threads)
 CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("tidemark_call_deadline", default=None)
+TURN_LEFT_MIN_S = 0.05  # a send part that gets its shard's turn with less left than this is not sent
 
 
 @dataclass
@@ -228,6 +229,9 @@ class ClientCore:
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         outer = CALL_DEADLINE.get()
         if outer is not None:  # a call of a longer operation: within what is left of it
+            if outer <= time.monotonic():
+                raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method} was not made: the deadline of the "
+                                "operation it belongs to had passed")
             deadline = min(deadline, outer)
         delay = BACKOFF_MIN_S
         failures = 0  # retryable failures; refusals by a node that is not the master do not count
@@ -281,13 +285,11 @@ class ClientCore:
     @contextlib.contextmanager
     def within(self, timeout_s: float | None = None) -> Iterator[float]:
         """One operation of several calls (a send over shards: its parts, route requests, hops),
-        all within ``timeout_s`` (the client's) overall; inside another, the outer deadline holds.
-        Yields the deadline (``time.monotonic()`` seconds)."""
+        all within ``timeout_s`` (the client's) overall; inside another, the earlier of the two
+        deadlines holds. Yields the deadline (``time.monotonic()`` seconds)."""
         outer = CALL_DEADLINE.get()
-        if outer is not None:
-            yield outer
-            return
-        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        mine = time.monotonic() + (timeout_s or self.timeout_s)
+        deadline = mine if outer is None else min(outer, mine) if timeout_s else outer
         token = CALL_DEADLINE.set(deadline)
         try:
             yield deadline
@@ -364,6 +366,11 @@ class ClientCore:
             if lock is None:
                 lock = self._send_locks[shard] = threading.Lock()
             return lock
+
+    def _submit(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """``fn(*args)`` on the fan-out pool, in a copy of the caller's context (the deadline of the
+        operation it belongs to goes along; a pool thread keeps none of its own)."""
+        return self._fan_out().submit(contextvars.copy_context().run, fn, *args)
 
     def _fan_out(self) -> ThreadPoolExecutor:
         with self._shards_lock:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import threading
 import time
@@ -20,6 +19,7 @@ from broker.client.core import (
     ROUTE_HOPS_MAX,
     SEND_RETRYABLE,
     SEQUENCE_MAX,
+    TURN_LEFT_MIN_S,
     ClientCore,
     _local_request,
     _Producer,
@@ -93,15 +93,20 @@ def _sent(by_queue: dict[int, list[int]], delayed: dict[int, list[int]], part: P
 @contextlib.contextmanager
 def _held(lock: threading.Lock, shard: str | None) -> Iterator[None]:
     """A shard's send lock, waited for no later than the operation's deadline (``CALL_DEADLINE``):
-    a send behind another one stuck on that shard gives up in its own time, not sent."""
+    a send behind another one stuck on that shard gives up in its own time. Taken with less than
+    ``TURN_LEFT_MIN_S`` left, it is given back: a request sent with no time to be answered would
+    end with its outcome unknown (the producer id given up, the node doubted) for nothing."""
     deadline = CALL_DEADLINE.get()
-    if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
-        raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"not sent: another send to shard {shard!r} held it up "
-                        "until this call's deadline")
-    try:
-        yield
-    finally:
+    if lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+        if deadline is None or deadline - time.monotonic() >= TURN_LEFT_MIN_S:
+            try:
+                yield
+            finally:
+                lock.release()
+            return
         lock.release()
+    raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"this send's part for shard {shard!r} was not sent: another "
+                    "send to that shard held it up until the deadline (parts for other shards may be stored)")
 
 
 def _outcome(fn: Callable[[str | None], list[SendGroup]], shard: str | None) -> list[SendGroup] | BrokerError:
@@ -131,8 +136,9 @@ class DataAPI(TopicsAPI):
              timeout_ms: int | None = None) -> Sequence[Receipt]:
         """Send in one request: one batch per queue. Keyless messages of one call share a queue
         (the next in round-robin order), so a call makes one batch, not one per message."""
-        if self.sharded:  # a producer and a lock per shard: a shard failing over holds up only its own sends
-            return self._send_sharded(topic, messages, ack, timeout_ms)
+        with self.within() as deadline:  # over shards: every call of the send within the client's timeout_s
+            if self.sharded:  # a producer and a lock per shard: a shard failing over holds up only its own sends
+                return self._send_sharded(topic, messages, ack, timeout_ms, deadline)
         with self._lock:
             if any(v > SEQUENCE_MAX for v in self._producer.sequences.values()):
                 self._producer = _Producer()
@@ -164,24 +170,19 @@ class DataAPI(TopicsAPI):
             producer, topic, messages, self, by_queue, delayed, ack=ack, timeout_ms=timeout_ms, transaction=transaction,
             begin=begin, begun=begun, commit=commit, ended=ended))
 
-    def _send_sharded(self, topic: str, messages: Sequence[Message], ack: str,
-                      timeout_ms: int | None) -> Sequence[Receipt]:
+    def _send_sharded(self, topic: str, messages: Sequence[Message], ack: str, timeout_ms: int | None,
+                      deadline: float) -> Sequence[Receipt]:
         """``send`` in a cluster of shards: one request per shard (side by side when a call spans
         several), each with that shard's producer under that shard's lock. A refusal naming another
         owner was not executed: the topic's routes are asked for again and those queues sent there.
         A call spanning shards can fail on one after another stored its part (no atomicity across
-        shards without a transaction): the error is raised, the stored part stays."""
+        shards without a transaction): the error is raised, the stored part stays. Every call of it
+        is made within ``deadline`` (``within``): its parts, on the pool's threads too, wait for a
+        shard's turn no later than that, and no hop starts after it."""
         if ack not in ACKS:
             raise ValueError(f"ack must be one of {', '.join(ACKS)}")
         if not messages:
             return Receipts(topic, 0, [])
-        with self.within() as deadline:
-            return self._send_sharded_within(topic, messages, ack, timeout_ms, deadline)
-
-    def _send_sharded_within(self, topic: str, messages: Sequence[Message], ack: str, timeout_ms: int | None,
-                             deadline: float) -> Sequence[Receipt]:
-        """``_send_sharded`` with every call inside ``deadline`` (``within``): its parts, the pool's
-        included, wait for a shard's send lock no later than that, and no hop starts after it."""
         queues = self._queue_count(topic)
         by_queue, delayed = _grouped(messages, queues, self._sticky_queue(topic, queues))
         done: list[SendGroup] = []
@@ -195,8 +196,7 @@ class DataAPI(TopicsAPI):
                 outcomes: list[tuple[str | None, list[SendGroup] | BrokerError]] = [(shard, _outcome(to_shard, shard))]
             else:  # the others' parts on the pool, the first on this thread (one hand-off fewer)
                 first, *others = parts
-                futures = [(shard, self._fan_out().submit(contextvars.copy_context().run, _outcome, to_shard, shard))
-                           for shard in others]  # (each in a copy of this context: the deadline goes along)
+                futures = [(shard, self._submit(_outcome, to_shard, shard)) for shard in others]
                 outcomes = [(first, _outcome(to_shard, first)), *((shard, f.result()) for shard, f in futures)]
             refused: BrokerError | None = None
             for shard, outcome in outcomes:

@@ -152,7 +152,7 @@ class ShardedTransaction(TransactionBase):
                 assert shard is not None
                 return self._send_part(topic, messages, ack, timeout_ms, shard, parts[shard])
             first, *others = parts
-            futures = [(shard, client._fan_out().submit(_outcome, send, shard)) for shard in others]
+            futures = [(shard, client._submit(_outcome, send, shard)) for shard in others]
             outcomes = [(first, _outcome(send, first)), *((shard, f.result()) for shard, f in futures)]
             refused: BrokerError | None = None
             failed: list[BrokerError] = []
