@@ -23,8 +23,6 @@ Usage: .venv/bin/python bench/pop.py [--quick] [--messages 200000] [--inflight 1
 
 from __future__ import annotations
 
-import functools
-import operator
 import sys
 import time
 from dataclasses import dataclass
@@ -85,9 +83,7 @@ def popper(address: str, topic: str, group: str, batch: int, invisible_ms: int, 
 
 def throughput(res: Results, a: Any, work: str) -> None:
     with common.running_daemon(work, "tp") as d, BrokerClient(d.address) as c:
-        c.create_topic(TOPIC, queues=QUEUES)
-        load.fill(d.address, TOPIC, load.halves(a.messages), 1000, a.body)
-        common.wait_applied(c)
+        filled(c, d.address, TOPIC, a)
         ends = c.list_topics()[TOPIC]["max_offsets"]
         total = sum(ends)
         pull_rate = pull_phase(d.address, ends)
@@ -99,16 +95,9 @@ def throughput(res: Results, a: Any, work: str) -> None:
         if not a.small_pop:
             return
         # how far a smaller batch falls: per call costs (one RPC, one record each way)
-        topic = f"{TOPIC}-small"
-        c.create_topic(topic, queues=QUEUES)
-        load.fill(d.address, topic, load.halves(a.messages), 1000, a.body)
-        common.wait_applied(c)
-        small = pop_phase(res, a, d.address, topic, total, a.small_pop).rate
+        small = pop_phase(res, a, d.address, filled(c, d.address, f"{TOPIC}-small", a), total, a.small_pop).rate
         res.add(f"pop + ack / plain pull, {a.small_pop} per pop, one Ack call per pop", small / pull_rate, "x")
-        topic = f"{TOPIC}-small-carried"
-        c.create_topic(topic, queues=QUEUES)
-        load.fill(d.address, topic, load.halves(a.messages), 1000, a.body)
-        common.wait_applied(c)
+        topic = filled(c, d.address, f"{TOPIC}-small-carried", a)
         rounds: list[tuple[float, Drained]] = []
         for i in range(a.rounds):  # each round: pulls again, then a fresh group drains the topic
             pulls = pull_phase(d.address, ends)
@@ -116,13 +105,20 @@ def throughput(res: Results, a: Any, work: str) -> None:
             rounds.append((pulls, pops))
             log(f"round {i + 1}: plain pulls {pulls:,.0f} msg/s, carried pops {pops.rate:,.0f} msg/s "
                 f"= {pops.rate / pulls:.2f}x")
-        add_rows(res, a, functools.reduce(operator.add, (pops for _, pops in rounds)), a.small_pop, True,
-                 f", all {len(rounds)} rounds")
+        add_rows(res, a, [pops for _, pops in rounds], a.small_pop, True)
         ratio = float(np.median([pops.rate / pulls for pulls, pops in rounds]))
         target, ok = common.at_least(ratio, 0.30)
         res.add(f"pop + ack / plain pull, {a.small_pop} per pop, acks carried by the next pop", ratio, "x",
                 target=target, ok=ok, note=f"median of {len(rounds)} rounds (pops/pulls msg/s): " + ", ".join(
                     f"{pops.rate:,.0f}/{pulls:,.0f}" for pulls, pops in rounds))
+
+
+def filled(c: BrokerClient, address: str, topic: str, a: Any) -> str:
+    """``topic`` created with ``QUEUES`` queues and ``a.messages`` messages, every view applied."""
+    c.create_topic(topic, queues=QUEUES)
+    load.fill(address, topic, load.halves(a.messages), 1000, a.body)
+    common.wait_applied(c)
+    return topic
 
 
 def pull_phase(address: str, ends: list[int]) -> float:
@@ -143,11 +139,6 @@ class Drained:
     refused: int  # acks refused
     counted: bool  # the consumers' message counts agree with the runs they reported
 
-    def __add__(self, other: Drained) -> Drained:
-        """The counts of both phases (no rate: 0)."""
-        return Drained(0.0, self.lost + other.lost, self.dups + other.dups, self.redelivered + other.redelivered,
-                       self.refused + other.refused, self.counted and other.counted)
-
 
 def pop_phase(res: Results | None, a: Any, address: str, topic: str, total: int, batch: int, carry: bool = False,
               group: str = GROUP) -> Drained:
@@ -164,19 +155,24 @@ def pop_phase(res: Results | None, a: Any, address: str, topic: str, total: int,
                   sum(n for _, _, n, count in runs if count > 1), sum(r["refused"] for r in rs),
                   sum(r["messages"] for r in rs) == seen.size)
     if res is not None:
-        add_rows(res, a, got, batch, carry)
+        add_rows(res, a, [got], batch, carry)
     return got
 
 
-def add_rows(res: Results, a: Any, got: Drained, batch: int, carry: bool, phases: str = "") -> None:
-    how = ("acks carried by the next pop" if carry else "one Ack call per pop") + phases
-    res.add(f"lost (never acked), {batch} per pop, {how}", got.lost, "msgs", target="0",
-            ok=got.lost == 0 and got.counted)
-    res.add(f"delivered twice, {batch} per pop, {how}", got.dups, "msgs", note=f"redelivered after a lease expired: "
-            f"{got.redelivered}; refused acks: {got.refused}", target="only after an expiry",
-            ok=got.dups <= got.redelivered)
-    if not phases:
-        res.add(f"pop + ack, {a.consumers} consumers on {QUEUES} queues, {how}", got.rate, "msg/s",
+def add_rows(res: Results, a: Any, phases: list[Drained], batch: int, carry: bool) -> None:
+    """The rows of one pop phase, or the counts of several summed (rounds: their rates are in the
+    note of their ratio)."""
+    how = ("acks carried by the next pop" if carry else "one Ack call per pop") + (
+        f", all {len(phases)} rounds" if len(phases) > 1 else "")
+    lost, dups = sum(p.lost for p in phases), sum(p.dups for p in phases)
+    redelivered = sum(p.redelivered for p in phases)
+    res.add(f"lost (never acked), {batch} per pop, {how}", lost, "msgs", target="0",
+            ok=lost == 0 and all(p.counted for p in phases))
+    res.add(f"delivered twice, {batch} per pop, {how}", dups, "msgs", note=f"redelivered after a lease expired: "
+            f"{redelivered}; refused acks: {sum(p.refused for p in phases)}", target="only after an expiry",
+            ok=dups <= redelivered)
+    if len(phases) == 1:
+        res.add(f"pop + ack, {a.consumers} consumers on {QUEUES} queues, {how}", phases[0].rate, "msg/s",
                 note=f"{batch} per pop, bodies read, one handle a run")
 
 

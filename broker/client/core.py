@@ -288,8 +288,9 @@ class ClientCore:
         all within ``timeout_s`` (the client's) overall; inside another, the earlier of the two
         deadlines holds. Yields the deadline (``time.monotonic()`` seconds)."""
         outer = CALL_DEADLINE.get()
-        mine = time.monotonic() + (timeout_s or self.timeout_s)
-        deadline = mine if outer is None else min(outer, mine) if timeout_s else outer
+        deadline = time.monotonic() + (timeout_s or self.timeout_s)
+        if outer is not None and (outer < deadline or not timeout_s):  # no own timeout: the outer one's
+            deadline = outer
         token = CALL_DEADLINE.set(deadline)
         try:
             yield deadline

@@ -97,16 +97,19 @@ def _held(lock: threading.Lock, shard: str | None) -> Iterator[None]:
     ``TURN_LEFT_MIN_S`` left, it is given back: a request sent with no time to be answered would
     end with its outcome unknown (the producer id given up, the node doubted) for nothing."""
     deadline = CALL_DEADLINE.get()
-    if lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
-        if deadline is None or deadline - time.monotonic() >= TURN_LEFT_MIN_S:
-            try:
-                yield
-            finally:
-                lock.release()
-            return
+    if not lock.acquire(timeout=-1 if deadline is None else max(0.0, deadline - time.monotonic())):
+        raise _not_sent(shard)
+    try:
+        if deadline is not None and deadline - time.monotonic() < TURN_LEFT_MIN_S:
+            raise _not_sent(shard)
+        yield
+    finally:
         lock.release()
-    raise error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"this send's part for shard {shard!r} was not sent: another "
-                    "send to that shard held it up until the deadline (parts for other shards may be stored)")
+
+
+def _not_sent(shard: str | None) -> BrokerError:
+    return error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"this send's part for shard {shard!r} was not sent: another "
+                     "send to that shard held it up until the deadline (parts for other shards may be stored)")
 
 
 def _outcome(fn: Callable[[str | None], list[SendGroup]], shard: str | None) -> list[SendGroup] | BrokerError:
