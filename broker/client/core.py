@@ -447,9 +447,11 @@ class ClientCore:
         """With several addresses: the current node did not take a connection within ``wait_s``."""
         if self._checked or len(self.addresses) < 2 or wait_s <= 0:
             return False
+        ready = grpc.channel_ready_future(self._channel)
         try:
-            grpc.channel_ready_future(self._channel).result(timeout=wait_s)
+            ready.result(timeout=wait_s)
         except grpc.FutureTimeoutError:
+            ready.cancel()  # its poller stops now: left on, it polls the channel after we close it and raises
             return True
         self._checked = True
         return False
