@@ -434,6 +434,45 @@ def test_a_send_behind_one_stuck_on_its_shard_gives_up_in_its_own_time(spawn: Sp
         wait_until(sent_again, 30, "s1 serving again, its turns free")
 
 
+def test_a_pull_or_group_call_over_shards_keeps_within_its_timeout(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A pull or a group's call over shards is one operation within the client's timeout_s: the
+    route request, the hop a refusal names and the call there share it. A fresh client whose first
+    address is a frozen node spends CONNECT_S (1 s) on it before another node answers; the call on
+    a frozen shard then has what is left, not a whole timeout_s of its own."""
+    s1 = _pair(spawn, etcd, "s1", ("a", "c"))
+    _settled(s1)
+    s2 = _single(spawn, etcd, "s2", "b")
+    timeout_s = 3.0
+    with BrokerClient(s2.address) as c:
+        c.create_topic("t", queues=2)
+        frozen_q = [q["shard"] for q in c.describe_topic("t")["queues"]].index("s1")
+        groups = [f"g{i}" for i in range(8)]
+        for g in groups:
+            c.commit_offset(g, "t", frozen_q, 0)
+        frozen_group = next(g for g in groups if json.loads(_etcd_get(etcd, f"/tidemark/{CLUSTER}/slots/{slot_of(g)}")
+                                                            or b"{}").get("shard") == "s1")
+    took: dict[str, float] = {}
+    calls = {"pull": lambda c: c.pull("t", frozen_q, 0),
+             "committed_offset": lambda c: c.committed_offset(frozen_group, "t", frozen_q)}
+    for name, call in calls.items():  # each on s1 just frozen (its leases in etcd still held)
+        _settled(s1)
+        with BrokerClient([s1[0].address, s2.address], timeout_s=timeout_s) as fresh:
+            try:
+                for node in s1:
+                    assert node.proc is not None
+                    node.proc.send_signal(signal.SIGSTOP)
+                t0 = time.monotonic()
+                with pytest.raises(BrokerError):
+                    call(fresh)
+                took[name] = time.monotonic() - t0
+            finally:
+                for node in s1:
+                    assert node.proc is not None
+                    node.proc.send_signal(signal.SIGCONT)
+    # before the deadline covered the whole operation: 1 s on the frozen first address, then timeout_s more
+    assert max(took.values()) < timeout_s + 0.5, f"with timeout_s {timeout_s} they took {took} s"
+
+
 def _key_for(c: BrokerClient, topic: str, queue: int) -> str:
     """A key that maps to ``queue`` (crc32c(key) % queues)."""
     queues = c._queue_count(topic)

@@ -41,7 +41,7 @@ class BrokerClient(Protocol):
     def pull_future(self, topic: str, queue_id: int, offset: int, max_messages: int, max_wait_ms: int,
                     isolation: str = ...) -> Any: ...
     def _call(self, method: str, request: Any, *, retry: bool = ..., timeout_s: float | None = ...) -> Any: ...
-    def _coordinated(self, group: str, call: Callable[[Any], Any]) -> Any: ...
+    def _coordinated(self, group: str, call: Callable[[Any], Any], timeout_s: float | None = ...) -> Any: ...
     def close(self) -> None: ...
 
 QueueKey = tuple[str, int]
@@ -55,6 +55,7 @@ RESETS = ("latest", "earliest")
 IDLE_WAIT_MS = 1000  # a poll that found nothing long-polls one queue up to this long, then looks again
 WAKE_CHECK_S = 0.02  # while it waits, how often it looks for a change of assignment
 FAILURE_BACKOFF_S = 0.2
+LEAVE_TIMEOUT_S = 5.0  # leaving the group at close, hops included (the session expires anyway)
 
 
 class Consumer:
@@ -145,7 +146,8 @@ class Consumer:
                 with contextlib.suppress(Exception):  # leaving is a courtesy: the session expires anyway
                     leave = pb.HeartbeatRequest(group=self.group, member_id=self.member_id, leave=True)
                     self._hb._coordinated(self.group, lambda core: core._call("Heartbeat", leave, retry=False,
-                                                                              timeout_s=5.0))
+                                                                              timeout_s=LEAVE_TIMEOUT_S),
+                                          LEAVE_TIMEOUT_S)
             self._thread.join(self._hb.timeout_s)
             self._hb.close()
 
@@ -271,8 +273,8 @@ class Consumer:
                                           session_timeout_ms=self.session_timeout_ms, max_wait_ms=wait_ms,
                                           client_id=self.client_id)
             try:
-                resp = self._hb._coordinated(self.group, functools.partial(
-                    _heartbeat, request, self.session_timeout_ms / 1000.0 + wait_ms / 1000.0))
+                parked_s = self.session_timeout_ms / 1000.0 + wait_ms / 1000.0
+                resp = self._hb._coordinated(self.group, functools.partial(_heartbeat, request, parked_s), parked_s)
             except BrokerError as exc:
                 self.error = exc
                 if self._closed.is_set():

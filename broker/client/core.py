@@ -379,47 +379,52 @@ class ClientCore:
                 self._pool = ThreadPoolExecutor(max_workers=FAN_OUT_THREADS, thread_name_prefix="tidemark-shards")
             return self._pool
 
-    def _routed(self, topic: str, queue: int, call: Callable[[ClientCore], T], offset: int | None = None) -> T:
+    def _routed(self, topic: str, queue: int, call: Callable[[ClientCore], T], offset: int | None = None,
+                timeout_s: float | None = None) -> T:
         """``call`` on the connection to the shard writing ``queue`` (given ``offset``: holding it); a
-        refusal naming another shard updates the routes and goes there (no other round trip to etcd)."""
+        refusal naming another shard updates the routes and goes there (no other round trip to etcd).
+        Route requests, hops and calls all within ``timeout_s`` (the client's; a long-poll passes its own)."""
         hops = 0
         named: str | None = None
-        while True:
-            shard = named if named is not None else self._shard_of(topic, queue, offset)
-            try:
-                return call(self._shard_core(shard))
-            except BrokerError as exc:
-                if isinstance(exc, (Unavailable, DeadlineExceeded)) and shard is not None:
-                    self._routes.doubt(shard)
-                if exc.owner is None or hops >= ROUTE_HOPS_MAX:
-                    raise
-                hops += 1
-                self._named_elsewhere(topic, queue, exc.owner, offset)
-                named = exc.owner.shard
+        with self.within(timeout_s) as deadline:
+            while True:
+                shard = named if named is not None else self._shard_of(topic, queue, offset)
+                try:
+                    return call(self._shard_core(shard))
+                except BrokerError as exc:
+                    if isinstance(exc, (Unavailable, DeadlineExceeded)) and shard is not None:
+                        self._routes.doubt(shard)
+                    if exc.owner is None or hops >= ROUTE_HOPS_MAX or time.monotonic() >= deadline:
+                        raise
+                    hops += 1
+                    self._named_elsewhere(topic, queue, exc.owner, offset)
+                    named = exc.owner.shard
 
-    def _coordinated(self, group: str, call: Callable[[ClientCore], T]) -> T:
+    def _coordinated(self, group: str, call: Callable[[ClientCore], T], timeout_s: float | None = None) -> T:
         """``call`` on the connection to the shard coordinating ``group`` (this one outside a cluster
-        of shards); the first goes to any node, whose refusal names the coordinator."""
-        if not self.sharded:
-            return call(self)
-        hops = 0
-        while True:
-            shard = self._routes.group_shard(group)
-            try:
-                core = self._shard_core(shard)
-            except BrokerError:  # a shard no node of which holds a lease now (removed?): any node names the coordinator
-                if shard is None or hops >= ROUTE_HOPS_MAX:
-                    raise
-                hops += 1
-                self._routes.forget_group(group)
-                continue
-            try:
-                return call(core)
-            except BrokerError as exc:
-                if exc.owner is None or hops >= ROUTE_HOPS_MAX:
-                    raise
-                hops += 1
-                self._routes.group_moved(group, exc.owner.shard, exc.owner.master)
+        of shards); the first goes to any node, whose refusal names the coordinator. Hops and calls
+        all within ``timeout_s`` (the client's; a parked heartbeat passes its own)."""
+        with self.within(timeout_s) as deadline:
+            if not self.sharded:
+                return call(self)
+            hops = 0
+            while True:
+                shard = self._routes.group_shard(group)
+                try:
+                    core = self._shard_core(shard)
+                except BrokerError:  # no node of the shard holds a lease now (removed?): any node names the coordinator
+                    if shard is None or hops >= ROUTE_HOPS_MAX or time.monotonic() >= deadline:
+                        raise
+                    hops += 1
+                    self._routes.forget_group(group)
+                    continue
+                try:
+                    return call(core)
+                except BrokerError as exc:
+                    if exc.owner is None or hops >= ROUTE_HOPS_MAX or time.monotonic() >= deadline:
+                        raise
+                    hops += 1
+                    self._routes.group_moved(group, exc.owner.shard, exc.owner.master)
 
     @property
     def current_address(self) -> str:

@@ -326,7 +326,8 @@ class DataAPI(TopicsAPI):
         req = _request(pb.PullRequest, topic=topic, queue_id=queue_id, offset=offset, max_messages=max_messages,
                        max_wait_ms=max_wait_ms, max_bytes=max_bytes, isolation=isolation_of(isolation))
         timeout_s = self.timeout_s + max_wait_ms / 1000.0
-        return self._routed(topic, queue_id, lambda core: self._pull_on(core, req, timeout_s, local_reads), offset)
+        return self._routed(topic, queue_id, lambda core: self._pull_on(core, req, timeout_s, local_reads), offset,
+                            timeout_s)
 
     def _pull_on(self, core: ClientCore, req: pb.PullRequest, timeout_s: float, local_reads: bool) -> PullResult:
         if local_reads and not_local(core.current_address) is None:
