@@ -204,6 +204,18 @@ class Placement(Protocol):
         new pop windows at its start."""
         ...
 
+    def pop_window_start(self, topic: str, queue: int, group: str) -> int | None:
+        """Where ``group``, with no pop window on ``queue`` here yet and not asking for the earliest,
+        begins one on this shard: 0 where it asked (a queue that never moved here); a segment's
+        start (the writable segment a move began, or an older one here whose move carried the
+        group's window: ``Segment.begins_pops_of``); None: no window begins here."""
+        ...
+
+    def pop_gaps(self, topic: str, queue: int) -> list[tuple[int, int]]:
+        """The logical ranges [start, end) between this shard's segments of ``queue`` that other
+        shards hold (a queue that moved away and back): never leased here."""
+        ...
+
     def queue_count(self, topic: str) -> int | None:
         """The topic's queues over every shard; None when it is not placed."""
         ...

@@ -194,7 +194,8 @@ class QueueMoves:
         if raw is None or pl.decode(raw).last(queue) != seg:
             return  # changed meanwhile (deleted): the next round sees what it is now
         producers = self.store.appender.producers_of(topic, queue, PRODUCERS_CARRIED_MAX)
-        record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers))
+        pop_groups = self.store.views.pops.groups_of(topic, queue)
+        record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers, pop_groups))
         pl.decode(record)  # never write a record no node could read
         revision = self._written(functools.partial(_replace, topic, raw, record, leader_revision))
         if revision:
@@ -248,7 +249,7 @@ class QueueMoves:
             for q in done:
                 last = settled.last(q)
                 if last.shard == self.shard and last.state == "rw":  # still ours as etcd holds it now
-                    settled = settled.with_last(q, pl.Segment(last.shard, last.logical_start, last.state))
+                    settled = settled.with_last(q, last.unlisted())
             try:
                 self._written(functools.partial(_replace, topic, raw, pl.encode(settled), leader_revision))
             except BrokerError as exc:

@@ -308,6 +308,27 @@ class ShardPlacement:
         last = p.last(queue)
         return (True, last.logical_start) if last.shard == self.shard else (False, mine[-1].logical_start)
 
+    def pop_window_start(self, topic: str, queue: int, group: str) -> int | None:
+        p = self.cluster.placement(topic)
+        if p is None or not 0 <= queue < p.queues:
+            return 0
+        segs = p.segments[queue]
+        for seg in segs:  # oldest first: the earliest segment here the group reads from
+            if seg.shard == self.shard and (seg is segs[-1] or seg.begins_pops_of(group)):
+                return seg.logical_start
+        return None
+
+    def pop_gaps(self, topic: str, queue: int) -> list[tuple[int, int]]:
+        p = self.cluster.placement(topic)
+        if p is None or not 0 <= queue < p.queues:
+            return []
+        segs = p.segments[queue]
+        mine = [i for i, seg in enumerate(segs) if seg.shard == self.shard]
+        if len(mine) < 2:
+            return []
+        return [(seg.logical_start, seg.end) for seg in segs[mine[0]:mine[-1]]
+                if seg.shard != self.shard and seg.end is not None and seg.end > seg.logical_start]
+
     def queue_count(self, topic: str) -> int | None:
         p = self.cluster.placement(topic)
         return p.queues if p is not None else None

@@ -28,7 +28,8 @@ def test_a_placement_round_trips_and_a_bad_one_is_never_trusted() -> None:
     assert back == p and back.owner(1) == "s2" and back.shards() == {"s1", "s2"}
     for raw in (b"not json", b'{"queues": 2, "segments": [[{"shard": "s1", "logical_start": 0, "state": "rw"}]]}',
                 b'{"queues": 1, "segments": [[{"shard": "s1", "logical_start": 0, "state": "gone"}]]}',
-                b'{"queues": 1, "segments": [[]]}', b'{"queues": 1}'):
+                b'{"queues": 1, "segments": [[]]}', b'{"queues": 1}',
+                b'{"queues": 1, "segments": [[{"shard": "s1", "logical_start": 0, "state": "rw", "pop_groups": "g"}]]}'):
         with pytest.raises(RecordError):
             pl.decode(raw)
 
@@ -62,6 +63,26 @@ def test_a_move_seals_the_last_segment_then_continues_on_the_target() -> None:
                                                                            ("s1", 200, None)]
     # reads go to the segment holding the offset; past every end, to the writable one
     assert [back.segment_at(0, o).shard for o in (0, 119, 120, 199, 200, 10**9)] == ["s1", "s1", "s3", "s3", "s1", "s1"]
+
+
+def test_a_move_carries_the_queues_pop_groups_to_its_segment_and_keeps_them_there() -> None:
+    p = pl.Placement(((pl.Segment("s1"),),))
+    away = pl.switched(pl.sealing(p, 0, "s2"), 0, 120, None, ["g2", "g1"])
+    assert away.segments[0][1].pop_groups == ("g1", "g2") and pl.decode(pl.encode(away)) == away
+    # back: the sealed segment's groups and the windows on its shard; the earlier segments keep theirs
+    back = pl.switched(pl.sealing(away, 0, "s1"), 0, 200, [[7, 0, 1, 199, 199]], ["g3", "g1"])
+    first, there, home = back.segments[0]
+    assert there.pop_groups == ("g1", "g2") and home.pop_groups == ("g1", "g2", "g3") and not home.pop_all
+    assert pl.decode(pl.encode(back)) == back
+    assert there.begins_pops_of("g1") and not there.begins_pops_of("g3") and not first.begins_pops_of("g1")
+    settled = back.with_last(0, home.unlisted())
+    assert settled.last(0).producers == () and settled.last(0).pop_groups == home.pop_groups
+    # more than can be listed: every group new to the segment begins at its start, and so on after
+    many = pl.switched(pl.sealing(p, 0, "s2"), 0, 50, None, [f"g{i}" for i in range(pl.POP_GROUPS_CARRIED_MAX + 1)])
+    crowded = many.segments[0][1]
+    assert crowded.pop_all and crowded.pop_groups == () and crowded.begins_pops_of("anyone")
+    assert pl.switched(pl.sealing(many, 0, "s3"), 0, 60).segments[0][2].pop_all
+    assert len(pl.encode(many)) < 200, "a crowded segment lists no names"
 
 
 @pytest.mark.parametrize("segments", [

@@ -17,7 +17,7 @@ from broker.errors import BrokerError
 from broker.groups import pops as pops_module
 from broker.groups import receipts
 from broker.groups.pop_parts import FAILED_PRECONDITION
-from broker.groups.pops import LeasedRun, PopService
+from broker.groups.pops import LeasedRun, PopService, _here
 from broker.store import Store
 from broker.views.pop_leases import PopQueue
 from tests.storeutil import create_topic, open_store, send
@@ -164,3 +164,21 @@ def test_base_after_and_next_visible_leave_out_the_leases_that_end() -> None:
     assert q.next_visible_ms() == 3_000
     assert q.next_visible_ms(np.array([16], np.int64)) == 5_000
     assert q.next_visible_ms(np.arange(10, 17, dtype=np.int64)) is None
+
+
+def test_an_empty_window_begins_again_past_a_gap_and_fresh_offsets_skip_other_shards_segments() -> None:
+    """A queue moved away and back (docs/shards.md): the fresh offsets a shard leases skip the other
+    shards' segments; a window with nothing open jumps over one at no cost (no array spans it),
+    one with leases open below it counts the gap against its room."""
+    gaps = [(100, 10_000_000), (10_000_050, 10_000_060)]
+    assert _here(40, 10_000_100, gaps) == (40, 100), "up to the gap"
+    assert _here(100, 10_000_100, gaps) == (10_000_000, 10_000_050), "past it, up to the next"
+    assert _here(10_000_055, 10_000_100, gaps) == (10_000_060, 10_000_100)
+    assert _here(10_000_060, 10_000_040, []) == (10_000_060, 10_000_060), "never a negative range"
+    q = PopQueue(90)
+    q.lease(np.arange(90, 100, dtype=np.int64), 5_000, 7)
+    q.finish(np.arange(90, 100, dtype=np.int64))
+    assert (q.base, q.cursor) == (100, 100)
+    q.lease(np.arange(10_000_000, 10_000_010, dtype=np.int64), 5_000, 8)
+    assert (q.base, q.cursor) == (10_000_000, 10_000_010) and q.until.size < 1000, "no array spans the gap"
+    assert q.in_flight() == 10

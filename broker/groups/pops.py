@@ -376,14 +376,17 @@ class PopService(LeaseEnds, PopReports):
             high = self.store.reads.stable_end(topic, q, end, committed)
             pq = self.view.queue(group, topic, q)
             start = None
+            placement = self.store.placement
             if pq is None:
-                segment = self.store.placement.segment_here(topic, q) if self.store.placement is not None else None
-                if segment is not None and not segment[0] and not start_earliest:
-                    return None, None  # an old segment of a queue that moved: only windows begun here go on
-                # (a new group from the earliest: its window here begins at the old segment's low)
-                # the segment a move began here: from its start, whatever the group asked for (an existing
-                # group's messages since the move must not be skipped; docs/shards.md)
-                start = low if start_earliest or (segment is not None and segment[1] > 0) else high
+                # a queue that moved (docs/shards.md): the writable segment a move began here, or an
+                # old one whose move carried the group's window, begins it at its start, whatever the
+                # group asked for (an existing group's messages since the move must not be skipped);
+                # other old segments go on only with windows begun on them (a new group from the
+                # earliest: its window begins at their low)
+                begin = 0 if placement is None or start_earliest else placement.pop_window_start(topic, q, group)
+                if begin is None:
+                    return None, None
+                start = low if start_earliest else max(low, begin) if begin else high
                 pq = PopQueue(start)
             none = np.empty(0, np.int64)
             ask = left
@@ -400,9 +403,12 @@ class PopService(LeaseEnds, PopReports):
                     break
                 ask = left + int(dead.size) + int(gone.size)
             offs, counts = offs[:left], counts[:left]
-            fresh_from = max(pq.cursor, low)
+            fresh_from, fresh_end = _here(max(pq.cursor, low), high,
+                                          placement.pop_gaps(topic, q) if placement is not None else [])
             base = pq.base_after(finished) if finished is not None else pq.base
-            n_fresh = max(0, min(left - len(offs), high - fresh_from, window_max - (fresh_from - base)))
+            if base >= pq.cursor:  # nothing open: the window starts again where the fresh ones do
+                base = fresh_from
+            n_fresh = max(0, min(left - len(offs), fresh_end - fresh_from, window_max - (fresh_from - base)))
             if n_fresh:
                 fresh = np.arange(fresh_from, fresh_from + n_fresh, dtype=np.int64)
                 if committed:
@@ -471,6 +477,19 @@ class PopService(LeaseEnds, PopReports):
 
 def _earliest(a: int | None, b: int | None) -> int | None:
     return b if a is None else a if b is None else min(a, b)
+
+
+def _here(start: int, end: int, gaps: list[tuple[int, int]]) -> tuple[int, int]:
+    """The fresh offsets [start, end) this shard may lease: from ``start``, or past the other
+    shards' segments (``gaps``, in order) it lies in, up to the next of them."""
+    for gap_start, gap_end in gaps:
+        if start >= gap_end:
+            continue
+        if start >= gap_start:
+            start = gap_end
+            continue
+        return start, min(end, gap_start)
+    return start, max(start, end)
 
 
 def _equal_runs(offsets: np.ndarray, counts: np.ndarray) -> list[tuple[int, int, int]]:

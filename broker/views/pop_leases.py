@@ -84,6 +84,8 @@ class PopQueue:
         top = int(offsets.max()) + 1
         if top > self.cursor:
             fresh_from = int(offsets[offsets >= self.cursor].min())
+            if self.base == self.cursor:  # an empty window begins again at the fresh ones (past a gap at no cost)
+                self.base = self.cursor = fresh_from
             self._grow(top)
             if fresh_from > self.cursor:  # skipped (removed by retention before the first delivery)
                 self.done[self.window : fresh_from - self.base] = True
@@ -186,6 +188,11 @@ class PopLeaseView(View):
     def queue(self, group: str, topic: str, queue_id: int) -> PopQueue | None:
         g = self.groups.get(group)
         return g.queues.get((topic, queue_id)) if g else None
+
+    def groups_of(self, topic: str, queue_id: int) -> list[str]:
+        """The groups with a window on one queue (a move carries them: docs/shards.md)."""
+        with self.lock:
+            return sorted(name for name, g in self.groups.items() if (topic, queue_id) in g.queues)
 
     def in_flight_total(self) -> int:
         with self.lock:

@@ -15,12 +15,16 @@ from __future__ import annotations
 
 import itertools
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from replication.coordination.records import FORMAT_VERSION, RecordError
 
 STATES = ("rw", "sealing", "ro")
+# pop groups a segment a move began lists by name (more: it begins every new group's window at its
+# start): at most 64 names of at most 123 bytes, 8 KB of the topic's record a move
+POP_GROUPS_CARRIED_MAX = 64
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,12 @@ class Segment:
     # across the move is stored once
     producers: tuple[tuple[int, ...], ...] = ()
     fresh: bool = False  # a segment a move began whose shard has not started it in its log yet
+    # a segment a move began: the pop groups with a window on the queue before it (on the sealed
+    # shard, or carried by the segment sealed), which begin a window here at its start even once it
+    # is old, so a queue moved away and back loses no message to them; pop_all: more than could be
+    # listed: every group new to it begins at its start (more deliveries rather than a loss)
+    pop_groups: tuple[str, ...] = ()
+    pop_all: bool = False
 
     def holds(self, offset: int) -> bool:
         """Whether a read at logical ``offset`` belongs to this segment (an open one: any past its start)."""
@@ -50,7 +60,21 @@ class Segment:
             out["producers"] = [list(p) for p in self.producers]
         if self.fresh:
             out["fresh"] = True
+        if self.pop_groups:
+            out["pop_groups"] = list(self.pop_groups)
+        if self.pop_all:
+            out["pop_all"] = True
         return out
+
+    def begins_pops_of(self, group: str) -> bool:
+        """Whether ``group``, new to this segment's shard, begins a pop window at its start."""
+        return self.logical_start > 0 and (self.pop_all or group in self.pop_groups)
+
+    def unlisted(self) -> Segment:
+        """This segment as an earlier one keeps it: without the producers and the fresh mark only
+        the writable one needs (its pop groups stay)."""
+        return Segment(self.shard, self.logical_start, self.state, self.end, pop_groups=self.pop_groups,
+                       pop_all=self.pop_all)
 
 
 @dataclass(frozen=True)
@@ -98,20 +122,28 @@ class Placement:
 def sealing(p: Placement, queue: int, to: str) -> Placement:
     """A move's first step: the queue's writable segment marked sealing, toward ``to``."""
     last = p.last(queue)
-    return p.with_last(queue, Segment(last.shard, last.logical_start, "sealing", to=to, producers=last.producers))
+    return p.with_last(queue, Segment(last.shard, last.logical_start, "sealing", to=to, producers=last.producers,
+                                      pop_groups=last.pop_groups, pop_all=last.pop_all))
 
 
-def switched(p: Placement, queue: int, end: int, producers: list[list[int]] | None = None) -> Placement:
+def switched(p: Placement, queue: int, end: int, producers: list[list[int]] | None = None,
+             pop_groups: Iterable[str] = ()) -> Placement:
     """A move's second step (its owner's master, once the segment is confirmed up to ``end``): the
     sealing segment read-only at ``end``, a writable one on its target from there, carrying the
-    queue's ``producers`` (their last batches). Earlier segments forget theirs: only the writable
-    one's matter."""
+    queue's ``producers`` (their last batches) and the pop groups with a window on the queue
+    (``pop_groups``, those of the sealed segment's shard; with the ones the sealed segment carries,
+    at most ``POP_GROUPS_CARRIED_MAX``, else ``pop_all``). Earlier segments forget their producers:
+    only the writable one's matter."""
     segs = p.segments[queue]
     last = segs[-1]
-    done = [Segment(s.shard, s.logical_start, s.state, s.end) for s in segs[:-1]]
+    done = [s.unlisted() for s in segs[:-1]]
+    groups = sorted({*last.pop_groups, *pop_groups})
+    carried_all = last.pop_all or len(groups) > POP_GROUPS_CARRIED_MAX
     per_queue = list(p.segments)
-    per_queue[queue] = (*done, Segment(last.shard, last.logical_start, "ro", end=end),
-                        Segment(last.to, end, producers=tuple(tuple(r) for r in producers or ()), fresh=True))
+    per_queue[queue] = (*done, Segment(last.shard, last.logical_start, "ro", end=end, pop_groups=last.pop_groups,
+                                       pop_all=last.pop_all),
+                        Segment(last.to, end, producers=tuple(tuple(r) for r in producers or ()), fresh=True,
+                                pop_groups=() if carried_all else tuple(groups), pop_all=carried_all))
     return Placement(tuple(per_queue), p.deleted)
 
 
@@ -129,7 +161,8 @@ def decode(raw: bytes) -> Placement:
         queues = int(body["queues"])
         segments = tuple(tuple(Segment(str(s["shard"]), int(s["logical_start"]), str(s["state"]),
                                        int(s["end"]) if s.get("end") is not None else None, str(s.get("to", "")),
-                                       tuple(_producer(r) for r in s.get("producers", ())), s.get("fresh") is True)
+                                       tuple(_producer(r) for r in s.get("producers", ())), s.get("fresh") is True,
+                                       _names(s.get("pop_groups", [])), s.get("pop_all") is True)
                                for s in q) for q in body["segments"])
         deleted = body.get("deleted", False) is True
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -139,6 +172,12 @@ def decode(raw: bytes) -> Placement:
     for q in segments:
         _check_segments(q)
     return Placement(segments, deleted)
+
+
+def _names(rows: Any) -> tuple[str, ...]:
+    if not isinstance(rows, list) or not all(isinstance(r, str) for r in rows):
+        raise ValueError("pop_groups is not a list of names")
+    return tuple(rows)
 
 
 def _producer(row: Any) -> tuple[int, ...]:
