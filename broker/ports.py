@@ -78,6 +78,10 @@ class ShardRoute:
     read_only: int = 0  # read-only segments of queues that moved away, still in its log
 
 
+# Placement.pop_window_start: a group new to a queue here begins where it asked (latest: the end)
+POP_AS_ASKED = -1
+
+
 @dataclass(frozen=True)
 class SegmentRoute:
     """One segment of a queue that moved: its shard, where it starts, where it ends once sealed
@@ -206,9 +210,11 @@ class Placement(Protocol):
 
     def pop_window_start(self, topic: str, queue: int, group: str) -> int | None:
         """Where ``group``, with no pop window on ``queue`` here yet and not asking for the earliest,
-        begins one on this shard: 0 where it asked (a queue that never moved here); a segment's
-        start (the writable segment a move began, or an older one here whose move carried the
-        group's window: ``Segment.begins_pops_of``); None: no window begins here."""
+        begins one on this shard: ``POP_AS_ASKED`` (a queue that never moved); a segment's start
+        (the writable segment a move began, or an older one here whose move carried the group's
+        window: ``Segment.begins_pops_of``); None: no window begins here (only other old segments,
+        or the writable one is being sealed: the group begins on the target). UNAVAILABLE until
+        the node has loaded etcd's placements (``pop_gaps`` too)."""
         ...
 
     def pop_gaps(self, topic: str, queue: int) -> list[tuple[int, int]]:

@@ -194,6 +194,11 @@ class QueueMoves:
         if raw is None or pl.decode(raw).last(queue) != seg:
             return  # changed meanwhile (deleted): the next round sees what it is now
         producers = self.store.appender.producers_of(topic, queue, PRODUCERS_CARRIED_MAX)
+        # every pop window begun before the seal is in the view (a group new to the sealing segment
+        # after it begins on the target: pop_window_start)
+        if not self.store.dispatcher.wait_applied(self.store.views.pops, at, SEAL_CONFIRM_MS / 1000.0):
+            log.warning("queue_seal_views_behind", topic=topic, queue=queue, note="tried again at the next round")
+            return
         pop_groups = self.store.views.pops.groups_of(topic, queue)
         record = pl.encode(pl.switched(pl.decode(raw), queue, end, producers, pop_groups))
         pl.decode(record)  # never write a record no node could read

@@ -41,7 +41,7 @@ import structlog
 from broker import metrics
 from broker.errors import MOVING, OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
-from broker.ports import MoveDone, Routes, SegmentRoute, ShardRoute
+from broker.ports import POP_AS_ASKED, MoveDone, Routes, SegmentRoute, ShardRoute
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
@@ -309,17 +309,21 @@ class ShardPlacement:
         return (True, last.logical_start) if last.shard == self.shard else (False, mine[-1].logical_start)
 
     def pop_window_start(self, topic: str, queue: int, group: str) -> int | None:
-        p = self.cluster.placement(topic)
+        p = self._placed_for_pops(topic)
         if p is None or not 0 <= queue < p.queues:
-            return 0
+            return POP_AS_ASKED
         segs = p.segments[queue]
-        for seg in segs:  # oldest first: the earliest segment here the group reads from
-            if seg.shard == self.shard and (seg is segs[-1] or seg.begins_pops_of(group)):
+        for i, seg in enumerate(segs):  # oldest first: the earliest segment here the group reads from
+            if seg.shard != self.shard:
+                continue
+            if i == len(segs) - 1:  # the writable one (sealing: the group begins on the target)
+                return None if seg.state == "sealing" else POP_AS_ASKED if i == 0 else seg.logical_start
+            if i > 0 and seg.begins_pops_of(group):
                 return seg.logical_start
         return None
 
     def pop_gaps(self, topic: str, queue: int) -> list[tuple[int, int]]:
-        p = self.cluster.placement(topic)
+        p = self._placed_for_pops(topic)
         if p is None or not 0 <= queue < p.queues:
             return []
         segs = p.segments[queue]
@@ -328,6 +332,13 @@ class ShardPlacement:
             return []
         return [(seg.logical_start, seg.end) for seg in segs[mine[0]:mine[-1]]
                 if seg.shard != self.shard and seg.end is not None and seg.end > seg.logical_start]
+
+    def _placed_for_pops(self, topic: str) -> pl.Placement | None:
+        """The topic's placement, once this node has loaded etcd's (a pop before that could lease
+        across another shard's segment)."""
+        if not self.cluster.revision:
+            raise BrokerError("UNAVAILABLE", "this node has not loaded the cluster's placements from etcd yet; retry")
+        return self.cluster.placement(topic)
 
     def queue_count(self, topic: str) -> int | None:
         p = self.cluster.placement(topic)

@@ -85,6 +85,18 @@ def test_a_move_carries_the_queues_pop_groups_to_its_segment_and_keeps_them_ther
     assert len(pl.encode(many)) < 200, "a crowded segment lists no names"
 
 
+def test_the_pop_group_names_of_a_record_stay_bounded_over_many_moves() -> None:
+    p = pl.Placement(((pl.Segment("s1"),), (pl.Segment("s2"),)))
+    names = [f"{i:03d}-" + "g" * 100 for i in range(pl.POP_GROUPS_CARRIED_MAX)]
+    for move in range(40):  # queue 0 back and forth, each move carrying 64 long names
+        p = pl.switched(pl.sealing(p, 0, "s2" if move % 2 == 0 else "s1"), 0, 10 * (move + 1), None, names)
+    segs = p.segments[0]
+    assert len(segs) == 41 and len(pl.encode(p)) < pl.POP_NAMES_BYTES_MAX + 16 * 1024
+    assert segs[-1].pop_groups == tuple(names), "the newest segments keep their lists"
+    assert segs[1].pop_all and segs[1].pop_groups == (), "the oldest lists became pop_all: never a loss"
+    assert not segs[0].pop_all, "the queue's first segment never begins a group by a move"
+
+
 @pytest.mark.parametrize("segments", [
     [{"shard": "a", "logical_start": 0, "state": "rw"}, {"shard": "b", "logical_start": 5, "state": "rw"}],
     [{"shard": "a", "logical_start": 0, "state": "ro"}],

@@ -182,3 +182,18 @@ def test_an_empty_window_begins_again_past_a_gap_and_fresh_offsets_skip_other_sh
     q.lease(np.arange(10_000_000, 10_000_010, dtype=np.int64), 5_000, 8)
     assert (q.base, q.cursor) == (10_000_000, 10_000_010) and q.until.size < 1000, "no array spans the gap"
     assert q.in_flight() == 10
+
+
+def test_offsets_gone_before_their_first_delivery_move_the_cursor_past_them() -> None:
+    """Aborted (or removed) offsets at the cursor, leased by no one: the cursor passes over the run
+    of them that starts at it, never over a fresh offset beyond a hole in that run."""
+    q = PopQueue(0)
+    q.lease(np.arange(0, 5, dtype=np.int64), 5_000, 7)
+    q.finish(np.array([5, 6, 7, 9], np.int64))  # 8 is not gone: the cursor stops there
+    assert (q.base, q.cursor) == (0, 8) and q.in_flight() == 5
+    q.finish(np.arange(0, 5, dtype=np.int64))
+    assert (q.base, q.cursor) == (8, 8)
+    q.finish(np.arange(8, 20, dtype=np.int64))  # an empty window: begins again past them
+    assert (q.base, q.cursor) == (20, 20) and q.window == 0
+    q.finish(np.array([30], np.int64))  # not at the cursor: nothing moves
+    assert (q.base, q.cursor) == (20, 20)

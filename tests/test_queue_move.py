@@ -280,12 +280,12 @@ def test_a_timer_scheduled_before_the_move_is_cancelled_by_its_receipt_after_it(
         assert bodies == [b"late-1"], "the cancelled one never fired; the other was forwarded"
 
 
-def _drain(c: BrokerClient, group: str, start: str, want: int, limit_s: float = 30) -> list[bytes]:
+def _drain(c: BrokerClient, group: str, start: str, want: int, topic: str = "t", limit_s: float = 30) -> list[bytes]:
     """Pop and ack ``group``'s messages until ``want`` are acked and a pop finds nothing more."""
     acked: list[bytes] = []
     deadline = time.monotonic() + limit_s
     while time.monotonic() < deadline:
-        got = c.pop(group, "t", max_messages=50, invisible_ms=60_000, max_wait_ms=200, start=start)
+        got = c.pop(group, topic, max_messages=50, invisible_ms=60_000, max_wait_ms=200, start=start)
         if not len(got):
             if len(acked) >= want:
                 break
@@ -295,33 +295,63 @@ def _drain(c: BrokerClient, group: str, start: str, want: int, limit_s: float = 
     return acked
 
 
+def _popped_once(c: BrokerClient, group: str, topic: str) -> bool:
+    """A pop of a placed topic; False while a shard's log does not hold it yet."""
+    try:
+        c.pop(group, topic, max_messages=1, invisible_ms=60_000, start="earliest")
+    except BrokerError as exc:
+        if exc.code.name != "UNAVAILABLE":
+            raise
+        return False
+    return True
+
+
 def test_pops_on_a_queue_moved_away_and_back_skip_the_other_shards_segment(spawn: Spawn, etcd: EtcdProcess) -> None:
     """A queue moves s1 -> s2 -> s1: s1 holds two segments with s2's between them. A group's
     window begun on the first segment goes on over the third (the second's offsets are s2's
-    to lease, never s1's), leases taken before both moves are acked after them; a group that
-    began on s2's segment (from the latest) goes on over s1's new segment, never the first one;
-    a new group from the earliest reads every segment; every message acked once."""
+    to lease, never s1's), leases taken before both moves still open when it crosses the gap;
+    s2 begins that group's window at its segment's start although it never popped there while
+    the queue was there (the move carried its name), also for a queue empty when it first moved;
+    a group that began on s2's segment (from the latest) goes on over s1's new segment, never the
+    first one; a new group from the earliest reads every segment; every message acked once."""
     nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
     with BrokerClient(nodes["s1"].address) as c:
         c.create_topic("t", queues=1)
+        c.create_topic("e", queues=1)
         wait_until(lambda: sent_once_placed(c, "t", [Message(b"probe")]), 15, "the queue created")
+        wait_until(lambda: _popped_once(c, "g", "e"), 15, "e's queue created, g's window on it begun (empty)")
         home = _owners(c, "t")[0]
         away = "s2" if home == "s1" else "s1"
+        e_home = _owners(c, "e")[0]
+        e_away = "s2" if e_home == "s1" else "s1"
         old = [f"old-{i}".encode() for i in range(60)]
         c.send("t", [Message(b) for b in old], ack="replica")
         first = c.pop("g", "t", max_messages=20, invisible_ms=60_000, start="earliest")
         assert len(first) == 20
         c.move_queue("t", 0, away)
+        assert c.move_queue("e", 0, e_away)[-1]["logical_start"] == 0, "e moved empty"
         assert not len(c.pop("m", "t", max_messages=50, invisible_ms=60_000)), "m begins on the away segment"
         mid = [f"mid-{i}".encode() for i in range(40)]
         c.send("t", [Message(b) for b in mid], ack="replica")
+        c.send("e", [Message(b) for b in mid[:10]], ack="replica")
         c.move_queue("t", 0, home)
+        c.move_queue("e", 0, e_home)
         new = [f"new-{i}".encode() for i in range(30)]
         c.send("t", [Message(b) for b in new], ack="replica")
-        assert not c.ack("g", first), "leases taken before both moves, acked after them"
+        c.send("e", [Message(b) for b in new[:5]], ack="replica")
         everything = sorted([b"probe", *old, *mid, *new])
-        acked = [m.body for m in first] + _drain(c, "g", "latest", len(everything) - len(first))
+        acked = [m.body for m in first]
+        while len(acked) < len(everything):  # the leases taken before both moves still open
+            more = c.pop("g", "t", max_messages=100, invisible_ms=60_000)
+            if not len(more):
+                break
+            assert not c.ack("g", more)
+            acked += [m.body for m in more]
+        assert not c.ack("g", first), "leases taken before both moves, acked after them"
+        acked += _drain(c, "g", "latest", 0)
         assert sorted(acked) == everything, "every message acked once"
+        assert sorted(_drain(c, "g", "latest", 15, "e")) == sorted([*mid[:10], *new[:5]]), \
+            "a queue empty when it first moved: its away segment is read too"
         assert sorted(_drain(c, "m", "latest", len(mid) + len(new))) == sorted([*mid, *new]), \
             "a group begun on the away segment reads on over the home one, never the first"
         assert sorted(_drain(c, "late", "earliest", len(everything))) == everything, \

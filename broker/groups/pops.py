@@ -46,7 +46,7 @@ from broker.groups.pop_parts import log, now_ms, record_batch
 from broker.groups.pop_reports import PopReports
 from broker.logformat import batch as bf
 from broker.logformat import pop_records as pr
-from broker.ports import IncomingBatch
+from broker.ports import POP_AS_ASKED, IncomingBatch
 from broker.store import Store
 from broker.views.pop_leases import PopQueue
 from proto import tidemark_pb2 as pb
@@ -383,10 +383,10 @@ class PopService(LeaseEnds, PopReports):
                 # group asked for (an existing group's messages since the move must not be skipped);
                 # other old segments go on only with windows begun on them (a new group from the
                 # earliest: its window begins at their low)
-                begin = 0 if placement is None or start_earliest else placement.pop_window_start(topic, q, group)
+                begin = POP_AS_ASKED if placement is None or start_earliest else placement.pop_window_start(topic, q, group)
                 if begin is None:
                     return None, None
-                start = low if start_earliest else max(low, begin) if begin else high
+                start = low if start_earliest else high if begin == POP_AS_ASKED else max(low, begin)
                 pq = PopQueue(start)
             none = np.empty(0, np.int64)
             ask = left

@@ -102,7 +102,24 @@ class PopQueue:
         idx = self._index(offsets)
         self.done[idx] = True
         self.tag[idx] = 0
+        self._pass_over(offsets)
         self._advance()
+
+    def _pass_over(self, offsets: np.ndarray) -> None:
+        """Offsets gone before their first delivery (aborted, removed by retention) from ``cursor``
+        on: the cursor passes over the run of them that starts at it (else a pick ending at the next
+        shard's segment would ask for the same ones for good)."""
+        ahead = np.unique(offsets[offsets >= self.cursor])
+        if not ahead.size or int(ahead[0]) != self.cursor:
+            return
+        apart = np.flatnonzero(ahead != np.arange(self.cursor, self.cursor + ahead.size))
+        end = self.cursor + (int(apart[0]) if apart.size else int(ahead.size))
+        if self.base == self.cursor:  # an empty window begins again past them
+            self.base = self.cursor = end
+            return
+        self._grow(end)
+        self.done[self.window : end - self.base] = True
+        self.cursor = end
 
     def make_visible(self, offsets: np.ndarray, at_ms: int) -> None:
         """Nacked: no handle is valid any more; available again at ``at_ms``."""

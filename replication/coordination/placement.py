@@ -13,6 +13,7 @@ topic from its log, and no master ever adopts it back as unplaced.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 from collections.abc import Iterable
@@ -23,8 +24,10 @@ from replication.coordination.records import FORMAT_VERSION, RecordError
 
 STATES = ("rw", "sealing", "ro")
 # pop groups a segment a move began lists by name (more: it begins every new group's window at its
-# start): at most 64 names of at most 123 bytes, 8 KB of the topic's record a move
+# start): at most 64 names of at most 123 bytes, 8 KB of the topic's record a move; and at most
+# POP_NAMES_BYTES_MAX of names in the whole record (the oldest lists beyond it become pop_all)
 POP_GROUPS_CARRIED_MAX = 64
+POP_NAMES_BYTES_MAX = 128 * 1024
 
 
 @dataclass(frozen=True)
@@ -67,8 +70,9 @@ class Segment:
         return out
 
     def begins_pops_of(self, group: str) -> bool:
-        """Whether ``group``, new to this segment's shard, begins a pop window at its start."""
-        return self.logical_start > 0 and (self.pop_all or group in self.pop_groups)
+        """Whether ``group``, new to this segment's shard, begins a pop window at its start (for a
+        segment a move began: any but a queue's first)."""
+        return self.pop_all or group in self.pop_groups
 
     def unlisted(self) -> Segment:
         """This segment as an earlier one keeps it: without the producers and the fresh mark only
@@ -144,7 +148,24 @@ def switched(p: Placement, queue: int, end: int, producers: list[list[int]] | No
                                        pop_all=last.pop_all),
                         Segment(last.to, end, producers=tuple(tuple(r) for r in producers or ()), fresh=True,
                                 pop_groups=() if carried_all else tuple(groups), pop_all=carried_all))
-    return Placement(tuple(per_queue), p.deleted)
+    return _names_bounded(Placement(tuple(per_queue), p.deleted))
+
+
+def _names_bounded(p: Placement) -> Placement:
+    """``p`` with at most ``POP_NAMES_BYTES_MAX`` of pop group names: beyond it, the oldest
+    segments' lists (queue by queue, oldest first) become ``pop_all`` (more deliveries to groups
+    new to those segments, never a loss), so the record does not grow for good with moves."""
+    total = sum(len(g) + 3 for q in p.segments for s in q for g in s.pop_groups)
+    if total <= POP_NAMES_BYTES_MAX:
+        return p
+    per_queue = [list(q) for q in p.segments]
+    for depth in range(max(len(q) for q in per_queue)):  # the oldest segments of every queue first
+        for segs in per_queue:
+            if depth < len(segs) - 1 and segs[depth].pop_groups and total > POP_NAMES_BYTES_MAX:
+                seg = segs[depth]
+                total -= sum(len(g) + 3 for g in seg.pop_groups)
+                segs[depth] = dataclasses.replace(seg, pop_groups=(), pop_all=True)
+    return Placement(tuple(tuple(q) for q in per_queue), p.deleted)
 
 
 def encode(p: Placement) -> bytes:
