@@ -13,6 +13,10 @@ The rules, and why they hold:
 - ``offsets_monotonic``: a member taking a queue starts at or above every offset committed ok for
   it before (committed offsets are durable).
 - ``pop_acked_not_redelivered``: a message acked ok is never popped again.
+- ``pops_complete``: every message a pop group's topic holds at the end (read_committed: never an
+  aborted transaction's) was leased to the group by a pop answered ok at least once, and nothing
+  else was (leases stay with each segment's shard as queues move away and back; a lease that
+  expires comes back until it is acked; the run waits for the groups to catch up).
 - ``split_brain``: never two writable masters (role master, not fenced, a write permit left) in
   one epoch, nor two seen at once.
 - ``tiered_bound``: the tiered uploaded offset never passes the confirm offset.
@@ -225,6 +229,27 @@ def pop_acked_not_redelivered(ops: list[Op], final: Final) -> Verdict:
             elif count > 1:
                 v.counts["redelivered_allowed"] += 1
     v.ok = v.counts["redelivered_after_ack"] == 0
+    return v
+
+
+def pops_complete(ops: list[Op], final: Final) -> Verdict:
+    v = Verdict("pops_complete", True, {"groups": 0, "stored": 0, "popped": 0, "never_popped": 0,
+                                        "popped_not_stored": 0})
+    held = {"messages": {(int(m[1]), int(m[2])) for m in final.get("messages", [])},
+            "txn_messages": {(int(m[0]), int(m[1])) for m in final.get("txn_messages", [])}}
+    popped: dict[str, set[tuple[int, int]]] = defaultdict(set)
+    for o in _ops(ops, "pop", "ok"):
+        popped[o["value"]["group"]].update((int(m[0]), int(m[1])) for m in o.get("result", {}).get("msgs", []))
+    for group, of in sorted((final.get("pop_groups") or {}).items()):
+        stored, got = held[of], popped[group]
+        v.counts["groups"] += 1
+        v.counts["stored"] += len(stored)
+        v.counts["popped"] += len(got)
+        for what, offsets in (("never_popped", stored - got), ("popped_not_stored", got - stored)):
+            v.counts[what] += len(offsets)
+            for q, off in sorted(offsets)[:3]:
+                v.example(f"{group}: {q}/{off} {what.replace('_', ' ')}")
+    v.ok = v.counts["never_popped"] == 0 and v.counts["popped_not_stored"] == 0
     return v
 
 
@@ -513,7 +538,8 @@ def queue_moves(ops: list[Op], final: Final) -> Verdict:
 
 
 CHECKERS: tuple[Callable[[list[Op], Final], Verdict], ...] = (
-    lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, split_brain, tiered_bound,
+    lost, duplicates, key_order, timers, offsets_monotonic, pop_acked_not_redelivered, pops_complete, split_brain,
+    tiered_bound,
     convergence, latency, transactions, clients, readable, node_exits, queue_moves)
 
 

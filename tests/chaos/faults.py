@@ -28,8 +28,9 @@ KINDS = ("kill9", "sigstop", "isolate", "link_delay", "disk_full", "power_loss",
 NODE_KINDS = {"kill9", "sigstop", "isolate", "disk_full", "power_loss", "clock_jump"}
 # kinds only a cluster of shards has, drawn only there (so a pair's seeds replay as before):
 # ``queue_move`` moves a queue of the transactions' topic to another shard (docs/shards.md), in the
-# background, so that the faults after it may strike the move itself. The pop group's topic is not
-# moved (pops follow a move, but the run's checkers of pops have not been reviewed for it yet).
+# background, so that the faults after it may strike the move itself; that topic has a pop group
+# of its own (``txpopper``: its leases follow the queues away and back, ``pops_complete`` checks
+# it). The first topic is not moved (its RTO and order checkers take a queue's shard as fixed).
 # ``slot_move`` moves the group slot of the subscribe group to another shard (its committed offsets
 # go along; its members join the new coordinator), also in the background.
 SHARD_KINDS = ("queue_move", "slot_move")

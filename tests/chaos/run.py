@@ -41,10 +41,20 @@ from tests.chaos import checkers, workload
 from tests.chaos.cluster import Cluster, Node
 from tests.chaos.faults import KINDS, SHARD_KINDS, Nemesis
 from tests.chaos.history import Recorder, client_ops, load, now_ms, write_json
-from tests.chaos.workload import QUEUES, SUB_GROUP, TOPIC, TXN_QUEUES, TXN_TOPIC, body_id
+from tests.chaos.workload import (
+    POP_GROUP,
+    QUEUES,
+    SUB_GROUP,
+    TOPIC,
+    TXN_POP_GROUP,
+    TXN_QUEUES,
+    TXN_TOPIC,
+    body_id,
+)
 
 CLIENTS = (("producer", "p1"), ("producer", "p2"), ("subscriber", "s1"), ("subscriber", "s2"), ("popper", "q1"),
-           ("carrier", "q2"), ("creator", "c1"), ("sampler", "sampler"), ("transactor", "t1"), ("txreader", "r1"))
+           ("carrier", "q2"), ("creator", "c1"), ("sampler", "sampler"), ("transactor", "t1"), ("txreader", "r1"),
+           ("txpopper", "x1"))
 CONVERGE_S = 120.0
 ROOT = Path(workload.__file__).resolve().parents[2]
 
@@ -213,9 +223,10 @@ def _drained(cluster: Cluster) -> bool:
     """Each group's lag is 0 on every queue (described queue by queue: over shards, a group's listed
     lag counts only the queues of the shard that reports it)."""
     with BrokerClient(cluster.addresses, timeout_s=5) as c:
-        for g in (SUB_GROUP, "chaos-pop"):
-            queues = {q["queue_id"]: q for q in c.describe_group(g)["queues"] if q["topic"] == TOPIC}
-            if sorted(queues) != list(range(QUEUES)) or any(q["lag"] or q["shard"] for q in queues.values()):
+        for g, topic, queues_n in ((SUB_GROUP, TOPIC, QUEUES), (POP_GROUP, TOPIC, QUEUES),
+                                   (TXN_POP_GROUP, TXN_TOPIC, TXN_QUEUES)):
+            queues = {q["queue_id"]: q for q in c.describe_group(g)["queues"] if q["topic"] == topic}
+            if sorted(queues) != list(range(queues_n)) or any(q["lag"] or q["shard"] for q in queues.values()):
                 return False  # a queue not told (its shard did not answer) is not drained
         return True
 
@@ -280,7 +291,9 @@ def _final_state(cluster: Cluster) -> dict[str, Any]:
             txn_segments = [q["segments"] for q in c.describe_topic(TXN_TOPIC)["queues"]]
     pairs = {shard: _pair_state(cluster, shard) for shard in cluster.shards}
     out: dict[str, Any] = {"messages": messages, "txn_messages": txn_messages, "open_transactions": open_transactions,
-                           "unreadable": unreadable, "pop_topics": [TOPIC], "group_topics": [TOPIC], "clock_skews": []}
+                           "unreadable": unreadable, "group_topics": [TOPIC], "clock_skews": [],
+                           # each pop group, and which of the messages above its topic's are
+                           "pop_groups": {POP_GROUP: "messages", TXN_POP_GROUP: "txn_messages"}}
     if cluster.sharded:
         out["shards"] = pairs
         out["node_shards"] = {n.name: n.shard for n in cluster.nodes.values()}  # RTO per shard (checkers.rto)

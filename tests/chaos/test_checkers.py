@@ -120,6 +120,21 @@ def test_a_pop_after_an_ack_is_a_redelivery_of_an_acked_message() -> None:
     assert verdict("pop_acked_not_redelivered", refused, final).ok  # its lease had ended: not acked
 
 
+def test_every_message_of_a_pop_groups_topic_is_popped_and_nothing_else() -> None:
+    ops, final = history()
+    final["pop_groups"] = {"h": "messages", "x": "txn_messages"}
+    final["txn_messages"] = [[1, 5, "t-0"]]
+    v = verdict("pops_complete", ops, final)
+    assert not v.ok and v.counts["never_popped"] == 3 and v.counts["groups"] == 2  # h: 0/2, 0/3; x: 1/5
+    ops += [op("pop", {"group": "h", "topic": "t"}, 2100, result={"msgs": [[0, 2, "p-4", 1], [0, 3, "p-2", 1]]}),
+            op("pop", {"group": "x", "topic": "tx"}, 2100, outcome="unknown"),
+            op("pop", {"group": "x", "topic": "tx"}, 2200, result={"msgs": [[1, 5, "t-0", 2]]})]
+    assert verdict("pops_complete", ops, final).ok
+    ops.append(op("pop", {"group": "x", "topic": "tx"}, 2300, result={"msgs": [[1, 4, "t-aborted", 1]]}))
+    v = verdict("pops_complete", ops, final)
+    assert not v.ok and v.counts["popped_not_stored"] == 1 and v.counts["never_popped"] == 0
+
+
 def test_two_writable_masters() -> None:
     ops, final = history()
     b_master = {"role": "master", "epoch": 1, "node_id": "B", "fenced": "", "confirm_offset": 100,

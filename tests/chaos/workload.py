@@ -4,8 +4,8 @@ Roles: ``producer`` (ack=replica sends; some keyed for the order check, some del
 (a subscribe-mode member that commits its offsets), ``popper`` (pop mode, acks what it got),
 ``carrier`` (pop mode, each pop carrying the acks of the one before),
 ``creator`` (topic creates), ``sampler`` (each node's status every ~100 ms), ``transactor``
-(transactions over the queues of a second topic, some aborted) and ``txreader`` (a read_committed
-reader of that topic). Each writes its
+(transactions over the queues of a second topic, some aborted), ``txreader`` (a read_committed
+reader of that topic) and ``txpopper`` (a carrying pop group of that topic). Each writes its
 operations to its own history file (tests/chaos/history.py) until SIGTERM, then finishes the
 operation in hand and exits 0.
 """
@@ -37,6 +37,7 @@ TXN_QUEUES = 2
 TXN_TIMEOUT_MS = 5000
 SUB_GROUP = "chaos-sub"
 POP_GROUP = "chaos-pop"
+TXN_POP_GROUP = "chaos-txpop"
 TIMEOUT_S = 10.0
 # errors that guarantee the call changed nothing; anything else after a call was sent is indeterminate
 FAILED = (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.NOT_FOUND,
@@ -165,18 +166,19 @@ def popper(rec: Recorder, client: BrokerClient, rng: random.Random, args: argpar
         attempt(rec, "ack", {**value, "msgs": rows}, functools.partial(_ack, client, messages))
 
 
-def carrier(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
+def carrier(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace,
+            group: str = POP_GROUP, topic: str = TOPIC) -> None:
     """Pop mode as a consumer loop: each pop carries the acks of the messages it got before
     (``pop(ack=...)``), recorded as an ``ack`` op with the pop's outcome (a pop that failed: the acks
     may or may not be done; they are carried again by the next one)."""
-    value = {"group": POP_GROUP, "topic": TOPIC}
+    value = {"group": group, "topic": topic}
     previous: list[PoppedMessage] = []
     while not stopping.is_set():
         t0 = now_ms()
         by_handle = {m.receipt_handle: (m.queue_id, m.queue_offset) for m in previous}
         acked = {**value, "msgs": [[m.queue_id, m.queue_offset, body_id(m.body)] for m in previous]}
         try:
-            got = client.pop(POP_GROUP, TOPIC, max_messages=rng.randint(1, 200), invisible_ms=args.invisible_ms,
+            got = client.pop(group, topic, max_messages=rng.randint(1, 200), invisible_ms=args.invisible_ms,
                              max_wait_ms=500, start="earliest", ack=previous or None)
         except Exception as exc:  # recorded; the next pop carries the same acks again
             rec.record("pop", value, outcome_of(exc), t0, error=repr(exc))
@@ -191,6 +193,12 @@ def carrier(rec: Recorder, client: BrokerClient, rng: random.Random, args: argpa
             refused = [list(by_handle[h]) for h in got.ack_failures if h in by_handle]
             rec.record("ack", acked, "ok", t0, result={"refused": refused})
         previous = messages
+
+
+def txpopper(rec: Recorder, client: BrokerClient, rng: random.Random, args: argparse.Namespace) -> None:
+    """A carrying pop group of TXN_TOPIC (read_committed: aborted transactions' messages are never
+    leased; its queues move between shards, away and back, in a run of shards)."""
+    carrier(rec, client, rng, args, TXN_POP_GROUP, TXN_TOPIC)
 
 
 def _ack(client: BrokerClient, messages: list[PoppedMessage]) -> dict[str, Any]:
@@ -342,7 +350,7 @@ def _status(c: BrokerClient) -> dict[str, Any]:
 ROLES: dict[str, Callable[[Recorder, BrokerClient, random.Random, argparse.Namespace], None]] = {
     "producer": producer, "subscriber": subscriber, "popper": popper, "carrier": carrier, "creator": creator,
     "sampler": sampler,
-    "transactor": transactor, "txreader": txreader}
+    "transactor": transactor, "txreader": txreader, "txpopper": txpopper}
 
 
 def main() -> None:
