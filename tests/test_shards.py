@@ -198,12 +198,13 @@ def test_a_topic_created_elsewhere_is_never_unknown_to_a_trailing_node(spawn: Sp
         assert sorted(owners) == ["s1", "s2"]
         mine = owners.index("s1")
         for call in (lambda: _send_to(trailing, "late", mine, b"early"),
-                     lambda: list(_pull_raw(trailing, "late", mine))):
+                     lambda: list(_pull_raw(trailing, "late", mine)), lambda: _pop_raw(trailing, "late")):
             with pytest.raises(grpc.RpcError) as early:
                 call()
             assert early.value.code() == grpc.StatusCode.UNAVAILABLE, early.value.details()
             assert "just created" in (early.value.details() or "") or "being created" in (early.value.details() or "")
-        for call in (lambda: _send_to(trailing, "never-made", 0, b"x"), lambda: list(_pull_raw(trailing, "never-made", 0))):
+        for call in (lambda: _send_to(trailing, "never-made", 0, b"x"), lambda: list(_pull_raw(trailing, "never-made", 0)),
+                     lambda: _pop_raw(trailing, "never-made")):
             with pytest.raises(grpc.RpcError) as unknown:
                 call()
             assert unknown.value.code() == grpc.StatusCode.NOT_FOUND, unknown.value.details()
@@ -217,6 +218,11 @@ def _pull_raw(node: DaemonProcess, topic: str, queue: int) -> bytes:
     with grpc.insecure_channel(node.address) as ch:
         resp = pb_grpc.BrokerStub(ch).Pull(pb.PullRequest(topic=topic, queue_id=queue, offset=0), timeout=10)
         return bytes(resp.SerializeToString())
+
+
+def _pop_raw(node: DaemonProcess, topic: str) -> None:
+    with grpc.insecure_channel(node.address) as ch:
+        pb_grpc.BrokerStub(ch).Pop(pb.PopRequest(group="gp", topic=topic, max_messages=1), timeout=10)
 
 
 def _gone_from_log(node: DaemonProcess, topic: str) -> bool:

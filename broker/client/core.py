@@ -54,6 +54,22 @@ CALL_DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar("ti
 TURN_LEFT_MIN_S = 0.05  # a send part that gets its shard's turn with less left than this is not sent
 
 
+POLLER_STOP_S = 1.0  # a channel's close waits at most this long for gRPC's connectivity poller to stop
+
+
+def _close_channel(channel: grpc.Channel) -> None:
+    """Close ``channel`` once gRPC's connectivity poller (the thread a readiness check starts, which
+    looks at the channel every 200 ms until nothing is subscribed) has stopped: a channel closed
+    under it makes it raise "Cannot invoke RPC: Channel closed!" in its own thread (a race in gRPC's
+    Python channel; tests fail on an exception in any thread). The poller's state is gRPC's own
+    (``_connectivity_state``): without it, the channel is closed at once as before."""
+    state = getattr(channel, "_connectivity_state", None)
+    deadline = time.monotonic() + POLLER_STOP_S
+    while getattr(state, "polling", False) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    channel.close()
+
+
 @dataclass
 class _Producer:
     producer_id: int = field(default_factory=lambda: random.getrandbits(63) or 1)
@@ -176,12 +192,13 @@ class ClientCore:
 
     def _connect(self, index: int) -> None:
         if self._channel is not None:
-            # grpc's close() waits for the connectivity poller a readiness check (_unready) started:
-            # 200 ms, paid on every redirect and on every hop between nodes during a failover
+            # closed once the connectivity poller a readiness check (_unready) started has stopped:
+            # up to 400 ms, not paid on every redirect and every hop between nodes during a failover
             try:
-                threading.Thread(target=self._channel.close, name="tidemark-channel-close", daemon=True).start()
+                threading.Thread(target=_close_channel, args=(self._channel,), name="tidemark-channel-close",
+                                 daemon=True).start()
             except RuntimeError:  # no thread to be had: pay the wait here
-                self._channel.close()
+                _close_channel(self._channel)
         self._current = index % len(self.addresses)
         address = self.addresses[self._current]
         options = [("grpc.max_receive_message_length", MESSAGE_BYTES_MAX), ("grpc.max_send_message_length", MESSAGE_BYTES_MAX),
@@ -199,9 +216,9 @@ class ClientCore:
 
     def close(self) -> None:
         """Close the channel (also at the end of a ``with`` block); the client is not usable after.
-        Up to 200 ms with several addresses (grpc's close waits for the readiness check's poller)."""
+        Up to 400 ms with several addresses, right after a readiness check (its poller stops first)."""
         if self._channel is not None:
-            self._channel.close()
+            _close_channel(self._channel)
             self._channel = None
         with self._shards_lock:
             cores, self._shard_cores = list(self._shard_cores.values()), {}

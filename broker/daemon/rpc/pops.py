@@ -79,6 +79,7 @@ class PopRpcs(Rpcs):
         if not request.ack_receipt_handles:
             return (await self._pop_leases(request))[0]
         self.pops.check_group(request.group)
+        await self._check_placed(request.topic)
         self.pops.topic_queues(request.topic)  # a pop refused at once carries no ack out
         self.store.check_writable()
         handles = list(request.ack_receipt_handles)
@@ -99,6 +100,7 @@ class PopRpcs(Rpcs):
         the runs it holds, and what the acks got."""
         loop = asyncio.get_running_loop()
         self.pops.check_group(request.group)
+        await self._check_placed(request.topic)
         self.pops.topic_queues(request.topic)
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         max_messages = request.max_messages or 32
@@ -128,6 +130,15 @@ class PopRpcs(Rpcs):
                 if wake_ms is not None:
                     left = min(left, max(0.001, wake_ms / 1000.0 - clock.wall_s()))
                 await self.longpolls.wait(parked, left)
+
+    async def _check_placed(self, topic: str) -> None:
+        """In a cluster of shards: a topic this node does not know yet is NOT_FOUND only once etcd
+        agrees; one etcd places and this shard's log does not hold yet is UNAVAILABLE (just created
+        elsewhere: retry), as for sends and pulls (replication/unknown_topics.py)."""
+        placement = self.store.placement
+        if placement is not None:
+            await placement.confirm_unknown((topic,))
+            placement.check_in_log(topic, confirm=False)
 
     async def _pop_answer(self, request: pb.PopRequest, got: list[LeasedRun]) -> pb.PopResponse | bytes:
         """The answer: runs as they are, or messages written by the C path (on the loop, for at most
