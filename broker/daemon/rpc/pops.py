@@ -76,11 +76,11 @@ class PopRpcs(Rpcs):
         malformed one: INVALID_ARGUMENT for all) are in ``ack_results``, beside the pop's
         messages; a pass that fails before the acks are written fails the pop and its acks alike
         (retry both: an ack done already answers FAILED_PRECONDITION, acked)."""
-        if not request.ack_receipt_handles:
-            return (await self._pop_leases(request))[0]
         self.pops.check_group(request.group)
         await self._check_placed(request.topic)
         self.pops.topic_queues(request.topic)  # a pop refused at once carries no ack out
+        if not request.ack_receipt_handles:
+            return (await self._pop_leases(request))[0]
         self.store.check_writable()
         handles = list(request.ack_receipt_handles)
         answer, _, acked = await self._pop_leases(request, handles)
@@ -97,11 +97,8 @@ class PopRpcs(Rpcs):
         """Lease what is available; else wait (parked on the topic: one future, however many queues
         it has; no thread) until a queue of the topic grows or the next lease ends, at most
         ``max_wait_ms``. ``carried``: acks ended by the first pass, before any wait. The answer,
-        the runs it holds, and what the acks got."""
+        the runs it holds, and what the acks got (the group and topic checked by ``_pop``)."""
         loop = asyncio.get_running_loop()
-        self.pops.check_group(request.group)
-        await self._check_placed(request.topic)
-        self.pops.topic_queues(request.topic)
         wait_s = min(request.max_wait_ms, self.config["limits.pull_wait_ms_max"]) / 1000.0
         max_messages = request.max_messages or 32
         if request.decode:
