@@ -42,6 +42,7 @@ from broker import metrics
 from broker.errors import MOVING, OWNER_MASTER_KEY, OWNER_SHARD_KEY, ROUTES_REVISION_KEY, BrokerError, shown
 from broker.logformat import system_records
 from broker.ports import POP_AS_ASKED, MoveDone, Routes, SegmentRoute, ShardRoute
+from broker.storage.failpoints import failpoint
 from broker.store import Store
 from broker.threads import NamedThread
 from replication.coordination import placement as pl
@@ -444,6 +445,7 @@ class ShardPlacement:
         # offsets for queues of other shards, and the log keeps offsets only of topics it holds
         missing = [(name, p.queues) for name, p in self.cluster.placements_snapshot().items() if name not in local]
         if missing:
+            failpoint("shards_before_create_topics")
             self.store.writes.write_system([(system_records.TOPIC_CREATE, {"topic": n, "queues": q})
                                             for n, q in missing], applied=self.store.views.metadata)
             log.info("shard_topics_created", topics=[n for n, _ in missing], shard=self.shard)

@@ -184,19 +184,29 @@ def test_topics_are_placed_over_the_shards_and_each_queue_is_served_by_its_own(s
             c1.create_topic("orders", queues=2)
 
 
+def _held_s1_and_s2(spawn: Spawn, etcd: EtcdProcess, failpoints: str) -> tuple[DaemonProcess, DaemonProcess]:
+    """A single-node shard s1 held at ``failpoints`` and a plain single-node shard s2."""
+    held = spawn("a", config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": "s1"}),
+                 env={"TIDEMARK_FAILPOINTS": failpoints})
+    wait_master([held], 30)
+    return held, _single(spawn, etcd, "s2", "b")
+
+
+def _placed_over_both(c: BrokerClient, topic: str) -> list[str]:
+    """``topic`` created with two queues (one on each shard): the shard of each."""
+    c.create_topic(topic, queues=2)
+    owners = [q["shard"] for q in c.describe_topic(topic)["queues"]]
+    assert sorted(owners) == ["s1", "s2"]
+    return owners
+
+
 def test_a_topic_created_elsewhere_is_never_unknown_to_a_trailing_node(spawn: Spawn, etcd: EtcdProcess) -> None:
     """A node whose copy of etcd trails (its watch paused 3 s per batch) is asked for a topic
     just created through another node: UNAVAILABLE (retry), never NOT_FOUND; a name etcd does not
     hold is NOT_FOUND, confirmed with etcd; once the copy catches up the queue serves."""
-    trailing = spawn("a", config=coordinated(etcd.endpoint, **{"coordinator.cluster": CLUSTER, "coordinator.shard": "s1"}),
-                     env={"TIDEMARK_FAILPOINTS": "cluster_before_apply=sleep:3000"})
-    wait_master([trailing], 30)
-    other = _single(spawn, etcd, "s2", "b")
+    trailing, other = _held_s1_and_s2(spawn, etcd, "cluster_before_apply=sleep:3000")
     with BrokerClient(other.address) as c:
-        c.create_topic("late", queues=2)
-        owners = [q["shard"] for q in c.describe_topic("late")["queues"]]
-        assert sorted(owners) == ["s1", "s2"]
-        mine = owners.index("s1")
+        mine = _placed_over_both(c, "late").index("s1")
         for call in (lambda: _send_to(trailing, "late", mine, b"early"),
                      lambda: list(_pull_raw(trailing, "late", mine)), lambda: _pop_raw(trailing, "late")):
             with pytest.raises(grpc.RpcError) as early:
@@ -212,6 +222,27 @@ def test_a_topic_created_elsewhere_is_never_unknown_to_a_trailing_node(spawn: Sp
         c.commit_offset("gl", "late", mine, 1)  # wherever gl's coordinator is, the topic is known there
         assert c.committed_offset("gl", "late", mine) == 1
         assert [m.body for m in c.pull("late", mine, 0)] == [b"served"]
+
+
+def test_a_queue_of_another_shard_is_refused_naming_its_owner_before_the_log_holds_the_topic(
+        spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A shard whose log does not hold a just-placed topic yet (its reconciler held 6 s) refuses
+    a plain send for a queue of another shard FAILED_PRECONDITION naming the owner (the client
+    follows it at once), and answers UNAVAILABLE (retry) only for its own queues."""
+    slow, other = _held_s1_and_s2(spawn, etcd, "shards_before_create_topics=sleep:6000")
+    with BrokerClient(other.address) as c:
+        owners = _placed_over_both(c, "placed")
+        theirs, mine = owners.index("s2"), owners.index("s1")
+        with pytest.raises(grpc.RpcError) as refused:
+            _send_to(slow, "placed", theirs, b"elsewhere")
+        assert refused.value.code() == grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+        assert f"on shard 's2' (master {other.address})" in (refused.value.details() or "")
+        with pytest.raises(grpc.RpcError) as early:  # the window was open: s1's log did not hold the topic
+            _send_to(slow, "placed", mine, b"early")
+        assert early.value.code() == grpc.StatusCode.UNAVAILABLE, early.value.details()
+        assert "being created on shard 's1'" in (early.value.details() or "")
+        wait_until(lambda: _sent(slow, "placed", mine, b"served"), 45, "the queue served once the log holds the topic")
+        assert [m.body for m in c.pull("placed", mine, 0)] == [b"served"]
 
 
 def _pull_raw(node: DaemonProcess, topic: str, queue: int) -> bytes:

@@ -258,8 +258,14 @@ class DataRpcs(Rpcs):
         return await asyncio.get_running_loop().run_in_executor(self.read_pool, fn, *args)
 
     def _queues_of(self, topic: str) -> int | None:
+        """The topic's queue count: the log's, else (a node of a cluster of shards whose log does not
+        hold the create yet) etcd's placement, so that a queue of another shard is refused naming
+        its owner (``_check_shard``) rather than UNAVAILABLE until this shard catches up."""
         info = self.store.views.metadata.topic(topic)
-        return int(info["queues"]) if info is not None else None
+        if info is not None:
+            return int(info["queues"])
+        placement = self.store.placement
+        return placement.queue_count(topic) if placement is not None else None
 
     async def Pull(self, request: pb.PullRequest, context: grpc.aio.ServicerContext) -> bytes:
         """Answers wire bytes of a PullResponse (see broker/daemon/wire.py: no copy of the log bytes).
