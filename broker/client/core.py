@@ -31,6 +31,10 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 # For Send the request is idempotent (producer id + sequences), so an unknown outcome is retried too.
 SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit sequence runs out
+# failures after which a call may have taken effect (its answer was lost, or it was cut short after
+# the node stored it): a later refusal by a node that is not the master does not make it "not done"
+INDETERMINATE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
+                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
 RETRIES_MAX = 5  # attempts with a single address; with several, retries go on until the call's deadline
 CONNECT_S = 1.0  # with several addresses, a node that takes no connection within this is skipped
 BACKOFF_MIN_S = 0.02
@@ -93,6 +97,19 @@ def _moving(exc: grpc.RpcError) -> bool:
     except Exception:
         return False
     return any(key == "tidemark-retry" and value == "moving" for key, value in trailing)
+
+
+def _given_up(method: str, refused: grpc.RpcError, unknown: grpc.RpcError | None) -> BrokerError:
+    """The error of a call that ends on a refusal by a node that is not the master (nothing was
+    done there). When an earlier attempt of it failed in a way that leaves its outcome unknown (its
+    answer lost with the node), the call's outcome is unknown too: DEADLINE_EXCEEDED, naming
+    both, never the refusal alone (a caller takes FAILED_PRECONDITION for "not done", and a
+    commit whose first attempt was applied would be taken for refused)."""
+    if unknown is None:
+        return from_rpc_error(refused)
+    return error_for(grpc.StatusCode.DEADLINE_EXCEEDED, f"{method}: an attempt failed with "
+                     f"{unknown.code().name} ({unknown.details() or ''}), so whether it took effect is not "  # type: ignore[attr-defined]
+                     f"known; then, until the deadline, no master took it: {refused.details() or ''}")  # type: ignore[attr-defined]
 
 
 def _redirect(exc: grpc.RpcError) -> str | None:
@@ -254,10 +271,11 @@ class ClientCore:
         failures = 0  # retryable failures; refusals by a node that is not the master do not count
         redirects = 0
         refused: grpc.RpcError | None = None  # the last "not the master" refusal
+        unknown: grpc.RpcError | None = None  # the last failure after which the call may have taken effect
         while True:
             left = deadline - time.monotonic()
             if left <= 0 and refused is not None:  # the deadline passed waiting for a master: say why
-                raise from_rpc_error(refused) from None
+                raise _given_up(method, refused, unknown) from None
             if self._unready(min(CONNECT_S, left)) and left > CONNECT_S:
                 self._failed[self.addresses[self._current]] = time.monotonic()
                 self._rotate()
@@ -274,6 +292,8 @@ class ClientCore:
                 in_time = deadline - time.monotonic() > 0
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _answered(exc):
                     self._failed[self.addresses[self._current]] = time.monotonic()
+                if code in INDETERMINATE and not _moving(exc):
+                    unknown = exc
                 if code == grpc.StatusCode.UNAVAILABLE and in_time and retry and _moving(exc):
                     time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # not stored: the same again
                     delay = min(delay * 2, BACKOFF_MAX_S)
@@ -293,7 +313,7 @@ class ClientCore:
                     failures += 1
                     if not (retry and code in retryable and in_time
                             and (len(self.addresses) > 1 or failures < RETRIES_MAX)):
-                        raise from_rpc_error(exc) from None
+                        raise (_given_up(method, exc, unknown) if master is not None else from_rpc_error(exc)) from None
                 if len(self.addresses) > 1:
                     self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))

@@ -1,0 +1,96 @@
+"""A call whose outcome is unknown never ends as a refusal that says "not done".
+
+Found by the chaos run in make test (seed 1573326303): a send carrying a transaction's commit was
+in flight when both nodes lost power. It was applied and its answer was lost; the client's
+retries then met only "this node is a slave" until its deadline, and it raised that refusal.
+FAILED_PRECONDITION says the call was not executed, so the workload took a committed transaction
+for refused. The node here answers as a real pair does in that sequence: the first attempt is
+stored and refused UNAVAILABLE with ``tidemark-outcome: unknown`` (a master that lost its
+mastership before acknowledging: ``check_still_master_after_append``), every later one
+FAILED_PRECONDITION from a slave whose master is silent (``tidemark-master`` empty). It is a
+gRPC server in this process: the sequence of a failover, made exact.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+
+import grpc
+import pytest
+
+from broker.client import BrokerClient, BrokerError, Message
+from proto import tidemark_pb2 as pb
+from proto import tidemark_pb2_grpc as pb_grpc
+
+
+class _FailingOver(pb_grpc.BrokerServicer):
+    """Lists one topic; answers sends as a master losing its mastership, then as a slave."""
+
+    def __init__(self, first: tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]) -> None:
+        self.first = first
+        self.sends = 0
+        self.lock = threading.Lock()
+
+    def GetRoutes(self, request: pb.GetRoutesRequest, context: grpc.ServicerContext) -> pb.GetRoutesResponse:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED, "one pair, not a cluster of shards")
+        raise AssertionError("unreachable")
+
+    def ListTopics(self, request: pb.ListTopicsRequest, context: grpc.ServicerContext) -> pb.ListTopicsResponse:
+        return pb.ListTopicsResponse(topics=[pb.TopicInfo(name="t", queues=1, queue_max_offsets=[0])])
+
+    def Send(self, request: pb.SendRequest, context: grpc.ServicerContext) -> pb.SendResponse:
+        with self.lock:
+            self.sends += 1
+            first = self.sends == 1
+        if first:
+            code, details, trailing = self.first
+        else:
+            code, details = (grpc.StatusCode.FAILED_PRECONDITION, "this node is a slave; its master is silent or "
+                             "unknown (an election may be under way): retry")
+            trailing = (("tidemark-master", ""),)
+        context.set_trailing_metadata(trailing)
+        context.abort(code, details)
+        raise AssertionError("unreachable")
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest) -> Iterator[tuple[str, _FailingOver]]:
+    servicer = _FailingOver(request.param)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_BrokerServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield f"127.0.0.1:{port}", servicer
+    finally:
+        server.stop(0)
+
+
+STORED_THEN_LOST = (grpc.StatusCode.UNAVAILABLE, "this node stopped being the master before acknowledging the "
+                    "write: outcome unknown", (("tidemark-outcome", "unknown"),))
+REFUSED = (grpc.StatusCode.FAILED_PRECONDITION, "this node is a slave; its master is silent or unknown",
+           (("tidemark-master", ""),))
+
+
+@pytest.mark.parametrize("node", [STORED_THEN_LOST], indirect=True)
+def test_a_send_whose_first_answer_was_lost_ends_unknown_not_refused(node: tuple[str, _FailingOver]) -> None:
+    address, servicer = node
+    with BrokerClient(address, timeout_s=1.5) as c, pytest.raises(BrokerError) as gave_up:
+        c.send("t", [Message(b"committed, maybe")], ack="leader")
+    assert servicer.sends > 2, "retried on the refusals until the deadline"
+    assert gave_up.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, gave_up.value
+    assert "whether it took effect is not known" in gave_up.value.details
+    assert "stopped being the master" in gave_up.value.details and "this node is a slave" in gave_up.value.details
+
+
+@pytest.mark.parametrize("node", [REFUSED], indirect=True)
+def test_a_send_refused_by_every_attempt_ends_refused(node: tuple[str, _FailingOver]) -> None:
+    """Nothing of it was executed anywhere: the refusal is the answer (FAILED_PRECONDITION)."""
+    address, servicer = node
+    with BrokerClient(address, timeout_s=1.0) as c, pytest.raises(BrokerError) as refused:
+        c.send("t", [Message(b"never stored")], ack="leader")
+    assert servicer.sends > 2
+    assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION, refused.value
+    assert "this node is a slave" in refused.value.details
