@@ -379,6 +379,8 @@ def test_a_batch_read_spans_the_shards_of_a_cluster(spark: Any, spawn: Callable[
         probe = [Message(body=b"probe", key=f"p{i}") for i in range(32)]
         wait_until(lambda: sent_once_placed(c, "spread", probe), 15, "every queue created on its shard")
         c.send("spread", [Message(body=f"m{i}".encode(), key=f"k{i % 13}") for i in range(400)], ack="replica")
+        # each shard lists a queue's end once its views applied the send (they trail the log)
+        wait_until(lambda: sum(c.list_topics()["spread"]["max_offsets"]) >= 432, 20, "every queue's end listed")
         expected = pulled(c, "spread")  # each queue up to its end as its own shard lists it
         assert sum(c.list_topics()["spread"]["max_offsets"]) == len(expected) >= 432
         assert set(expected.values()) >= {f"m{i}".encode() for i in range(400)}
