@@ -94,3 +94,14 @@ def test_a_send_refused_by_every_attempt_ends_refused(node: tuple[str, _FailingO
     assert servicer.sends > 2
     assert refused.value.code == grpc.StatusCode.FAILED_PRECONDITION, refused.value
     assert "this node is a slave" in refused.value.details
+
+
+@pytest.mark.parametrize("node", [STORED_THEN_LOST], indirect=True)
+def test_a_client_that_does_not_follow_the_master_says_unknown_too(node: tuple[str, _FailingOver]) -> None:
+    """``follow_master=False``: the refusal ends the call at once, and still not as "not done"."""
+    address, servicer = node
+    with BrokerClient(address, timeout_s=1.5, follow_master=False) as c, pytest.raises(BrokerError) as gave_up:
+        c.send("t", [Message(b"committed, maybe")], ack="leader")
+    assert servicer.sends == 2
+    assert gave_up.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, gave_up.value
+

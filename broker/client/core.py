@@ -32,9 +32,9 @@ RETRYABLE = (grpc.StatusCode.UNAVAILABLE,)
 SEND_RETRYABLE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 SEQUENCE_MAX = 0x7FFFFFFF - (1 << 24)  # a new producer id before the 31-bit sequence runs out
 # failures after which a call may have taken effect (its answer was lost, or it was cut short after
-# the node stored it): a later refusal by a node that is not the master does not make it "not done"
-INDETERMINATE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED,
-                 grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN)
+# the node stored it; not a call gRPC never sent: ``_never_sent``): a later refusal by a node that is
+# not the master does not make it "not done" (``_given_up``)
+INDETERMINATE = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
 RETRIES_MAX = 5  # attempts with a single address; with several, retries go on until the call's deadline
 CONNECT_S = 1.0  # with several addresses, a node that takes no connection within this is skipped
 BACKOFF_MIN_S = 0.02
@@ -97,6 +97,12 @@ def _moving(exc: grpc.RpcError) -> bool:
     except Exception:
         return False
     return any(key == "tidemark-retry" and value == "moving" for key, value in trailing)
+
+
+def _never_sent(exc: grpc.RpcError) -> bool:
+    """The channel had no connection to send the call on (gRPC's own words): it did nothing."""
+    return (exc.code() == grpc.StatusCode.UNAVAILABLE  # type: ignore[attr-defined]
+            and (exc.details() or "").startswith("failed to connect to all addresses"))  # type: ignore[attr-defined]
 
 
 def _given_up(method: str, refused: grpc.RpcError, unknown: grpc.RpcError | None) -> BrokerError:
@@ -259,7 +265,9 @@ class ClientCore:
         is none yet) was not executed: it goes to the named master or the next address. With
         several addresses a node that does not accept a connection within ``CONNECT_S`` is skipped,
         and keepalive pings end a call on a node that falls silent within about a second; failures
-        in ``retryable`` are retried until the deadline (with one address: ``RETRIES_MAX`` times)."""
+        in ``retryable`` are retried until the deadline (with one address: ``RETRIES_MAX`` times).
+        A call that ends on a "not the master" refusal after an attempt whose outcome is unknown
+        (``INDETERMINATE``) ends DEADLINE_EXCEEDED: the refusal alone would say "not done"."""
         deadline = time.monotonic() + (timeout_s or self.timeout_s)
         outer = CALL_DEADLINE.get()
         if outer is not None:  # a call of a longer operation: within what is left of it
@@ -288,11 +296,12 @@ class ClientCore:
                 return result
             except grpc.RpcError as exc:
                 code = exc.code()  # type: ignore[attr-defined]
-                master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION and self.follow_master else None
+                not_master = _redirect(exc) if code == grpc.StatusCode.FAILED_PRECONDITION else None
+                master = not_master if self.follow_master else None
                 in_time = deadline - time.monotonic() > 0
                 if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not _answered(exc):
                     self._failed[self.addresses[self._current]] = time.monotonic()
-                if code in INDETERMINATE and not _moving(exc):
+                if code in INDETERMINATE and not _moving(exc) and not _never_sent(exc):
                     unknown = exc
                 if code == grpc.StatusCode.UNAVAILABLE and in_time and retry and _moving(exc):
                     time.sleep(min(delay, max(0.0, deadline - time.monotonic())))  # not stored: the same again
@@ -313,7 +322,7 @@ class ClientCore:
                     failures += 1
                     if not (retry and code in retryable and in_time
                             and (len(self.addresses) > 1 or failures < RETRIES_MAX)):
-                        raise (_given_up(method, exc, unknown) if master is not None else from_rpc_error(exc)) from None
+                        raise (_given_up(method, exc, unknown) if not_master is not None else from_rpc_error(exc)) from None
                 if len(self.addresses) > 1:
                     self._rotate()
                 time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
