@@ -7,7 +7,6 @@ instead of filling the machine), and the daemon's where it reads /dev/zero."""
 from __future__ import annotations
 
 import os
-import resource
 import struct
 import subprocess
 import sys
@@ -26,22 +25,23 @@ CLI_S = 10  # a command that has not answered by then is hanging
 REFUSE_S = 10  # a serve that must refuse has exited by then
 
 
-def _bounded() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (AS_BYTES, AS_BYTES))
+# the limit is set by the child itself before it becomes the command, never in a preexec_fn: that
+# runs Python in a fork of this multi-threaded process, where gRPC's fork handlers (this process
+# ran clients and servers) aborted the child in epoll_wait ("Bad file descriptor") before its exec
+BOUNDED = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({AS_BYTES}, {AS_BYTES})); "
+           "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "broker.cli", *args], capture_output=True, text=True, timeout=CLI_S,
-                          check=False, preexec_fn=_bounded)
+    return subprocess.run([sys.executable, "-c", BOUNDED, "-m", "broker.cli", *args], capture_output=True, text=True,
+                          timeout=CLI_S, check=False)
 
 
 class BoundedDaemon(DaemonProcess):
     """``tidemark serve`` with its address space bounded (set in the child before it becomes the daemon)."""
 
     def command(self) -> list[str]:
-        bound = (f"import os, resource, sys; resource.setrlimit(resource.RLIMIT_AS, ({AS_BYTES}, {AS_BYTES})); "
-                 "os.execv(sys.executable, [sys.executable, *sys.argv[1:]])")
-        return [sys.executable, "-c", bound, *super().command()[1:]]
+        return [sys.executable, "-c", BOUNDED, *super().command()[1:]]
 
 
 def _data_dir(tmp_path: Path) -> Path:
