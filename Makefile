@@ -48,8 +48,11 @@ lint: venv
 	$(BIN)/mypy broker replication tieredstore spark_connector
 	$(BIN)/lint-imports
 
+# Two pytest-xdist workers: most tests wait on daemons, etcd and failovers, not on a core (one
+# worker took 36-40 min on 2 cores). The chaos runs share one worker (xdist_group "chaos").
+TEST_WORKERS ?= 2
 test: venv sysdeps lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests
 
 # perf (Debian's linux-perf) for bench/send_profile.py's stacks; the benchmarks run without it too
 bench: venv sysdeps

@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 
 import pytest
+
+APT_LOCK = "/tmp/tidemark-tests-apt.lock"  # one install at a time across test workers (apt refuses a held lock)
+
+
+@contextlib.contextmanager
+def apt_lock() -> Iterator[None]:
+    """Held while this process runs apt-get: the test workers (pytest-xdist) each install what
+    their tests need, and a second apt-get fails at once on the lock the first holds."""
+    with open(APT_LOCK, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def require_tool(binary: str, package: str) -> str:
@@ -18,9 +35,12 @@ def require_tool(binary: str, package: str) -> str:
         pytest.skip(f"{binary} is missing and apt-get cannot install {package} here (not root or no apt)")
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
-    if subprocess.run(install, capture_output=True, env=env, timeout=900, check=False).returncode != 0:
-        subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env, timeout=600)
-        subprocess.run(install, check=True, capture_output=True, env=env, timeout=900)
+    with apt_lock():
+        # (another worker may have installed it meanwhile)
+        if not shutil.which(binary) and subprocess.run(install, capture_output=True, env=env, timeout=900,
+                                                       check=False).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env, timeout=600)
+            subprocess.run(install, check=True, capture_output=True, env=env, timeout=900)
     found = shutil.which(binary)
     assert found, f"apt-get installed {package} but {binary} is not on PATH"
     return found

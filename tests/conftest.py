@@ -11,11 +11,24 @@ from typing import Any
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
+from broker.cli.node_process import PORT_BLOCK_ENV
 from tests.aptutil import require_tool
 from tests.procs import DaemonProcess
 from tests.s3server import MotoS3, RadosGateway
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# loopback ports for daemons, etcd and S3 servers: below the kernel's ephemeral range (32768-60999
+# by default), one block per pytest-xdist worker (broker/cli/node_process.py, PORT_BLOCK_ENV)
+PORTS_FIRST, PORTS_END = 20_000, 32_000
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; None: a serial run (or xdist's controller)
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
+    size = (PORTS_END - PORTS_FIRST) // max(1, count)
+    first = PORTS_FIRST + (int(worker.removeprefix("gw")) if worker else 0) * size
+    if worker or PORT_BLOCK_ENV not in os.environ:  # a worker's own block, whatever it inherited
+        os.environ[PORT_BLOCK_ENV] = f"{first}-{first + size - 1}"
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from typing import Any
 
 from moto.server import ThreadedMotoServer
 
+from tests.aptutil import apt_lock
 from tests.procs import free_port
 from tests.waits import wait_until
 
@@ -50,12 +51,18 @@ class MotoS3:
 
 def ensure_radosgw() -> None:
     """Install Debian's radosgw, ceph-mon and ceph-osd when one of them is missing."""
-    if all(shutil.which(b) for b in ("radosgw", "radosgw-admin", "ceph-mon", "ceph-osd", "ceph", "monmaptool")):
+    def present() -> bool:
+        return all(shutil.which(b) for b in ("radosgw", "radosgw-admin", "ceph-mon", "ceph-osd", "ceph", "monmaptool"))
+
+    if present():
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], check=True, env=env,
-                   stdout=subprocess.DEVNULL)
+    with apt_lock():
+        if present():  # another test worker installed them meanwhile
+            return
+        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
+        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], check=True, env=env,
+                       stdout=subprocess.DEVNULL)
 
 
 CONF = """[global]

@@ -27,7 +27,7 @@ from tests.aptutil import require_tool
 from tests.procs import DaemonProcess, free_port
 from tests.waits import wait_until
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("install")]  # one worker builds and installs
 
 ROOT = Path(__file__).resolve().parent.parent
 OPERATIONS = ROOT / "docs" / "operations.md"

@@ -19,6 +19,8 @@ from broker.client import BrokerClient
 from tests.aptutil import require_tool
 from tests.procs import DaemonProcess
 
+pytestmark = pytest.mark.xdist_group("node")  # make test's workers: npm ci in the shared examples/node
+
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
 
 

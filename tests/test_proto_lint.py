@@ -7,7 +7,11 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from tests.aptutil import require_tool
+
+pytestmark = pytest.mark.xdist_group("node")  # make test's workers: npm ci in the shared tools/
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOLS = ROOT / "tools" / "buf"

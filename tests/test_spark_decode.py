@@ -25,6 +25,8 @@ from spark_connector.batches import pull_batch, raw_batch
 from spark_connector.partition import QueueRange, read_partition
 from tests.procs import DaemonProcess
 
+pytestmark = pytest.mark.xdist_group("spark")  # make test's workers: one Spark JVM at a time
+
 Item = tuple[bytes, bytes, bytes]  # (body, key, encoded props)
 
 

@@ -15,6 +15,8 @@ from spark_connector.schema import spark_schema
 from tests.certs import CA
 from tests.procs import DaemonProcess, free_port
 
+pytestmark = pytest.mark.xdist_group("spark")  # make test's workers: one Spark JVM at a time
+
 TOKEN = "spark-token-0123456789abcdef"
 
 

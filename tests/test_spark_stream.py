@@ -24,6 +24,8 @@ from tests.procs import DaemonProcess
 from tests.sparkutil import ROOT, build_session, spark_env, start_stream
 from tests.waits import holds_for, wait_until
 
+pytestmark = pytest.mark.xdist_group("spark")  # make test's workers: one Spark JVM at a time
+
 
 @pytest.fixture(scope="module")
 def spark() -> Iterator[Any]:

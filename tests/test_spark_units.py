@@ -35,6 +35,8 @@ from spark_connector.source import plan
 from tests.procs import DaemonProcess
 from tests.waits import wait_until
 
+pytestmark = pytest.mark.xdist_group("spark")  # make test's workers: one Spark JVM at a time
+
 BASE = {"broker": "127.0.0.1:7600", "subscribe": "orders"}
 
 

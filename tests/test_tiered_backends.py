@@ -24,6 +24,8 @@ from tieredstore.posix import PosixBackend
 from tieredstore.retention import plan_deletions
 from tieredstore.s3 import S3Backend
 
+pytestmark = pytest.mark.xdist_group("radosgw")  # make test's workers: one Ceph cluster (the session's radosgw) on one worker
+
 _buckets = itertools.count()
 
 

@@ -29,6 +29,8 @@ from tieredstore.plugin import Tiering, attach
 from tieredstore.posix import PosixBackend
 from tieredstore.s3 import S3Backend
 
+pytestmark = pytest.mark.xdist_group("radosgw")  # make test's workers: one Ceph cluster (the session's radosgw) on one worker
+
 QUEUES = 2
 TRIM = {"commitlog.segment_bytes": 256 * 1024, "retention.local_bytes": 512 * 1024, "retention.check_interval_ms": 100}
 

@@ -3,21 +3,50 @@
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+# "FIRST-LAST": the loopback ports free_port hands out. The tests give each of their workers a block
+# of its own below the kernel's ephemeral range (tests/conftest.py): a port picked by bind(0) and
+# released was taken meanwhile by the other worker's process, or by an outgoing connection's
+# local end, before the daemon it was meant for bound it ("Address already in use").
+PORT_BLOCK_ENV = "TIDEMARK_PORT_BLOCK"
+_handed: set[int] = set()  # ports of the block this process handed out (not again until half are)
+_handed_lock = threading.Lock()
+
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port nothing listens on now: the kernel's pick, or one of ``PORT_BLOCK_ENV``'s."""
+    block = os.environ.get(PORT_BLOCK_ENV)
+    if not block:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    first, last = (int(p) for p in block.split("-", 1))
+    with _handed_lock:
+        if len(_handed) > (last - first) // 2:
+            _handed.clear()
+        for _ in range(4 * (last - first + 1)):
+            port = random.randint(first, last)  # at random: sibling processes of one worker draw from it too
+            if port in _handed:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed.add(port)
+            return port
+    raise RuntimeError(f"no free port in {PORT_BLOCK_ENV}={block}")
 
 
 class NodeProcess:

@@ -23,6 +23,7 @@ SHARDS_DURATION_S = float(os.environ.get("TIDEMARK_CHAOS_SHARDS_SECONDS", "90"))
 RTO_MAX_MS = 10_000
 
 
+@pytest.mark.xdist_group("chaos")  # one worker runs both, one after the other: each loads both cores
 @pytest.mark.parametrize("shards", [1, 2])
 def test_a_chaos_run_passes_every_checker(tmp_path: Path, shards: int) -> None:
     require_tool("etcd", "etcd-server")
