@@ -7,7 +7,7 @@ import fcntl
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import pytest
 
@@ -15,7 +15,7 @@ APT_LOCK = "/tmp/tidemark-tests-apt.lock"  # one install at a time across test w
 
 
 @contextlib.contextmanager
-def apt_lock() -> Iterator[None]:
+def _apt_lock() -> Iterator[None]:
     """Held while this process runs apt-get: the test workers (pytest-xdist) each install what
     their tests need, and a second apt-get fails at once on the lock the first holds."""
     with open(APT_LOCK, "a") as f:
@@ -26,6 +26,19 @@ def apt_lock() -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def apt_install(packages: Sequence[str], present: Callable[[], bool]) -> None:
+    """Install ``packages`` unless ``present()`` (checked again under the lock: another worker may
+    have installed them meanwhile); the package lists are updated only when a first try fails."""
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *packages]
+    with _apt_lock():
+        if present():
+            return
+        if subprocess.run(install, capture_output=True, env=env, timeout=900, check=False).returncode != 0:
+            subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env, timeout=600)
+            subprocess.run(install, check=True, capture_output=True, env=env, timeout=900)
+
+
 def require_tool(binary: str, package: str) -> str:
     """The path of ``binary``, installing ``package`` first if needed; skips when apt cannot run here."""
     found = shutil.which(binary)
@@ -33,14 +46,7 @@ def require_tool(binary: str, package: str) -> str:
         return found
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip(f"{binary} is missing and apt-get cannot install {package} here (not root or no apt)")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", package]
-    with apt_lock():
-        # (another worker may have installed it meanwhile)
-        if not shutil.which(binary) and subprocess.run(install, capture_output=True, env=env, timeout=900,
-                                                       check=False).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, env=env, timeout=600)
-            subprocess.run(install, check=True, capture_output=True, env=env, timeout=900)
+    apt_install([package], lambda: shutil.which(binary) is not None)
     found = shutil.which(binary)
     assert found, f"apt-get installed {package} but {binary} is not on PATH"
     return found

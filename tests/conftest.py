@@ -25,7 +25,7 @@ PORTS_FIRST, PORTS_END = 20_000, 32_000
 def pytest_configure(config: pytest.Config) -> None:
     worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...; None: a serial run (or xdist's controller)
     count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) if worker else 1
-    size = (PORTS_END - PORTS_FIRST) // max(1, count)
+    size = (PORTS_END - PORTS_FIRST) // count
     first = PORTS_FIRST + (int(worker.removeprefix("gw")) if worker else 0) * size
     if worker or PORT_BLOCK_ENV not in os.environ:  # a worker's own block, whatever it inherited
         os.environ[PORT_BLOCK_ENV] = f"{first}-{first + size - 1}"

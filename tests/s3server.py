@@ -25,7 +25,7 @@ from typing import Any
 
 from moto.server import ThreadedMotoServer
 
-from tests.aptutil import apt_lock
+from tests.aptutil import apt_install
 from tests.procs import free_port
 from tests.waits import wait_until
 
@@ -54,15 +54,8 @@ def ensure_radosgw() -> None:
     def present() -> bool:
         return all(shutil.which(b) for b in ("radosgw", "radosgw-admin", "ceph-mon", "ceph-osd", "ceph", "monmaptool"))
 
-    if present():
-        return
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    with apt_lock():
-        if present():  # another test worker installed them meanwhile
-            return
-        subprocess.run(["apt-get", "update", "-q"], check=True, env=env, stdout=subprocess.DEVNULL)
-        subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES], check=True, env=env,
-                       stdout=subprocess.DEVNULL)
+    if not present():
+        apt_install(PACKAGES, present)
 
 
 CONF = """[global]
