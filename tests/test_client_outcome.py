@@ -7,8 +7,9 @@ FAILED_PRECONDITION says the call was not executed, so the workload took a commi
 for refused. The node here answers as a real pair does in that sequence: the first attempt is
 stored and refused UNAVAILABLE with ``tidemark-outcome: unknown`` (a master that lost its
 mastership before acknowledging: ``check_still_master_after_append``), every later one
-FAILED_PRECONDITION from a slave whose master is silent (``tidemark-master`` empty). It is a
-gRPC server in this process: the sequence of a failover, made exact.
+FAILED_PRECONDITION from a slave whose master is silent (``tidemark-master`` empty), or from a
+fenced master that knows no other (the refusal a real store raises). It is a gRPC server in this
+process: the sequence of a failover, made exact.
 """
 
 from __future__ import annotations
@@ -16,20 +17,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Iterator
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
 
 from broker.client import BrokerClient, BrokerError, Message
+from broker.errors import BrokerError as StoreRefusal
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from tests.storeutil import open_store
+
+Answer = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
 
 
 class _FailingOver(pb_grpc.BrokerServicer):
-    """Lists one topic; answers sends as a master losing its mastership, then as a slave."""
+    """Lists one topic; answers the first send with ``first`` (a master losing its mastership), every
+    later one with ``later`` (a slave, or a fenced master)."""
 
-    def __init__(self, first: tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]) -> None:
-        self.first = first
+    def __init__(self, first: Answer, later: Answer) -> None:
+        self.first, self.later = first, later
         self.sends = 0
         self.lock = threading.Lock()
 
@@ -44,12 +51,7 @@ class _FailingOver(pb_grpc.BrokerServicer):
         with self.lock:
             self.sends += 1
             first = self.sends == 1
-        if first:
-            code, details, trailing = self.first
-        else:
-            code, details = (grpc.StatusCode.FAILED_PRECONDITION, "this node is a slave; its master is silent or "
-                             "unknown (an election may be under way): retry")
-            trailing = (("tidemark-master", ""),)
+        code, details, trailing = self.first if first else self.later
         context.set_trailing_metadata(trailing)
         context.abort(code, details)
         raise AssertionError("unreachable")
@@ -57,7 +59,7 @@ class _FailingOver(pb_grpc.BrokerServicer):
 
 @pytest.fixture
 def node(request: pytest.FixtureRequest) -> Iterator[tuple[str, _FailingOver]]:
-    servicer = _FailingOver(request.param)
+    servicer = _FailingOver(request.param, SLAVE)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_BrokerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
@@ -70,8 +72,22 @@ def node(request: pytest.FixtureRequest) -> Iterator[tuple[str, _FailingOver]]:
 
 STORED_THEN_LOST = (grpc.StatusCode.UNAVAILABLE, "this node stopped being the master before acknowledging the "
                     "write: outcome unknown", (("tidemark-outcome", "unknown"),))
-REFUSED = (grpc.StatusCode.FAILED_PRECONDITION, "this node is a slave; its master is silent or unknown",
-           (("tidemark-master", ""),))
+SLAVE = (grpc.StatusCode.FAILED_PRECONDITION, "this node is a slave; its master is silent or unknown (an election "
+         "may be under way): retry", (("tidemark-master", ""),))
+
+
+def _fenced_refusal(data_dir: Path) -> Answer:
+    """What a real store answers a write once fenced, knowing no other master."""
+    store = open_store(str(data_dir))
+    try:
+        store.fence("slave n2 knows epoch 3 > ours 2")
+        with pytest.raises(StoreRefusal) as refused:
+            store.check_writable()
+    finally:
+        store.crash_close()
+    error = refused.value
+    return getattr(grpc.StatusCode, error.code), error.message, tuple(error.metadata)
+
 
 
 @pytest.mark.parametrize("node", [STORED_THEN_LOST], indirect=True)
@@ -85,7 +101,7 @@ def test_a_send_whose_first_answer_was_lost_ends_unknown_not_refused(node: tuple
     assert "stopped being the master" in gave_up.value.details and "this node is a slave" in gave_up.value.details
 
 
-@pytest.mark.parametrize("node", [REFUSED], indirect=True)
+@pytest.mark.parametrize("node", [SLAVE], indirect=True)
 def test_a_send_refused_by_every_attempt_ends_refused(node: tuple[str, _FailingOver]) -> None:
     """Nothing of it was executed anywhere: the refusal is the answer (FAILED_PRECONDITION)."""
     address, servicer = node
@@ -105,3 +121,28 @@ def test_a_client_that_does_not_follow_the_master_says_unknown_too(node: tuple[s
     assert servicer.sends == 2
     assert gave_up.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, gave_up.value
 
+
+
+def test_a_fenced_master_refusal_after_a_lost_answer_ends_unknown_not_refused(tmp_path: Path) -> None:
+    """A master fenced after it stored a write (a newer epoch met meanwhile) refuses the retries: that
+    refusal names no master, and it must not turn the lost answer into "not done" either. Without
+    ``tidemark-master`` on it the client raised FAILED_PRECONDITION at once (stop 58's note)."""
+    fenced = _fenced_refusal(tmp_path / "store")
+    assert fenced[0] == grpc.StatusCode.FAILED_PRECONDITION and fenced[2] == (("tidemark-master", ""),), fenced
+    servicer = _FailingOver(STORED_THEN_LOST, fenced)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    pb_grpc.add_BrokerServicer_to_server(servicer, server)
+    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
+    server.start()
+    try:
+        for follow_master in (True, False):
+            servicer.sends = 0
+            with (BrokerClient(address, timeout_s=1.5, follow_master=follow_master) as c,
+                  pytest.raises(BrokerError) as gave_up):
+                c.send("t", [Message(b"committed, maybe")], ack="leader")
+            assert gave_up.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, (follow_master, gave_up.value)
+            assert "whether it took effect is not known" in gave_up.value.details
+            assert "this node is fenced" in gave_up.value.details
+            assert servicer.sends > 2 if follow_master else servicer.sends == 2
+    finally:
+        server.stop(0)

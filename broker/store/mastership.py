@@ -59,9 +59,11 @@ class Mastership(StoreState):
         """Checked again just before a write is acknowledged: a node that stopped being master (or
         lost its write permit) while the write waited acknowledges nothing; the client retries on the
         master with the same producer sequence (stored once either way)."""
-        if self.fenced_reason:
-            raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}",
-                              metadata=(("tidemark-master", self.redirect_address),) if self.redirect_address else ())
+        if self.fenced_reason:  # not the master: named, or '' while unknown (a writer retries elsewhere, as
+            # for a slave whose master is silent; after an attempt of unknown outcome it is told so)
+            where = f"; the master is at {self.redirect_address}" if self.redirect_address else ""
+            raise BrokerError("FAILED_PRECONDITION", f"this node is fenced: {self.fenced_reason}{where}",
+                              metadata=(("tidemark-master", self.redirect_address),))
         if self.role != "master":
             writers = self.writers_address()
             where = (f"send writes to the master at {writers}" if writers else
