@@ -72,16 +72,24 @@ class LeaseEnds(PopParts):
         ok: dict[tuple[str, int], list[np.ndarray]] = {}
         refused: list[tuple[int, str]] = []
         for (topic, q, tag), idxs in by_lease.items():
-            firsts = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
-            lengths = np.fromiter((resolved[i].length for i in idxs), dtype=np.int64, count=len(idxs))
-            owner = np.repeat(np.arange(len(idxs)), lengths)  # the handle each offset comes from
-            offsets = np.repeat(firsts, lengths) + np.arange(owner.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            if len(idxs) == 1:  # one run of a lease (a consumer acking what one pop gave it): no repeats
+                h = resolved[idxs[0]]
+                offsets = np.arange(h.offset, h.offset + h.length, dtype=np.int64)
+                lengths = np.array([h.length], dtype=np.int64)
+                owner = np.zeros(offsets.size, dtype=np.int64)
+            else:
+                firsts = np.fromiter((resolved[i].offset for i in idxs), dtype=np.int64, count=len(idxs))
+                lengths = np.fromiter((resolved[i].length for i in idxs), dtype=np.int64, count=len(idxs))
+                owner = np.repeat(np.arange(len(idxs)), lengths)  # the handle each offset comes from
+                offsets = (np.repeat(firsts, lengths) + np.arange(owner.size)
+                           - np.repeat(np.cumsum(lengths) - lengths, lengths))
             pq = self.view.queue(group, topic, q)
             reasons = pq.check(offsets, tag, now) if pq is not None else np.full(offsets.size, NOT_LEASED, np.int8)
-            _, first = np.unique(offsets, return_index=True)
-            repeated = np.ones(offsets.size, dtype=bool)
-            repeated[first] = False
-            reasons[(reasons == 0) & repeated] = TWICE
+            if len(idxs) > 1:
+                _, first = np.unique(offsets, return_index=True)
+                repeated = np.ones(offsets.size, dtype=bool)
+                repeated[first] = False
+                reasons[(reasons == 0) & repeated] = TWICE
             bad = np.flatnonzero(reasons)
             if bad.size:
                 n_bad = np.bincount(owner[bad], minlength=len(idxs))
@@ -92,9 +100,11 @@ class LeaseEnds(PopParts):
                         text = f"{n_bad[k]} of the run's {lengths[k]} messages: {text}"
                     refused.append((idxs[k], text))
             good = offsets[reasons == 0]
+            if len(idxs) > 1:  # several runs, in the handles' order
+                good = np.sort(good)
             if good.size:
                 ok.setdefault((topic, q), []).append(good)
-        return {k: np.unique(np.concatenate(v)) for k, v in ok.items()}, refused
+        return {k: _merged(v) for k, v in ok.items()}, refused
 
     def _end(self, group: str, handles: list[str], kind: str, delay_ms: int = 0) -> list[tuple[str, int, str]]:
         """Ack (``pr.ACK``) or nack (``pr.NACK``) leases; return (handle, grpc code, reason) for each
@@ -201,3 +211,12 @@ class LeaseEnds(PopParts):
             self.locks.appended([key], end)
         self._durable(end)
         return receipts.encode(h._replace(epoch=self.store.epoch, tag=tag))
+
+
+def _merged(parts: list[np.ndarray]) -> np.ndarray:
+    """Ascending distinct offsets (each part is: a lease's repeats are refused) merged into one: the
+    parts of different leases of a queue are disjoint, most often runs one after another."""
+    if len(parts) == 1:
+        return parts[0]
+    joined = np.concatenate(sorted(parts, key=lambda a: int(a[0])))
+    return joined if bool(np.all(joined[1:] > joined[:-1])) else np.unique(joined)

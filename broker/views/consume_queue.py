@@ -17,11 +17,14 @@ this view, and each file's length. Recovery truncates files to those lengths and
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import shutil
 import struct
+import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from broker.errors import not_found
@@ -38,6 +41,17 @@ ENTRY = struct.Struct("<QQIIQ")
 ENTRY_BYTES = ENTRY.size
 CHECKPOINT_MAGIC = b"TMCQ"
 CHECKPOINT_VERSION = 1
+SEARCH_WINDOW_ENTRIES = 256  # a binary search reads the last this many entries at once (8 KiB)
+
+
+_U64_AT = {0: 0, 1: 1, 4: 3}  # entry fields that are u64s: their place among an entry's four 8-byte words
+
+
+def _field_of(entries: bytes, field: int) -> Sequence[int]:
+    """One field of every entry in ``entries``, as a sequence to bisect (no tuple per entry)."""
+    if sys.byteorder == "little" and field in _U64_AT:
+        return memoryview(entries).cast("Q")[_U64_AT[field] :: ENTRY_BYTES // 8]
+    return [t[field] for t in ENTRY.iter_unpack(entries)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,15 +180,29 @@ class QueueFile:
         return total
 
     def _search(self, field: int, value: int, count: int) -> int:
-        """Index of the first published entry whose ``field`` exceeds ``value`` (bisect_right)."""
+        """Index of the first published entry whose ``field`` exceeds ``value`` (bisect_right): one
+        entry a probe until ``SEARCH_WINDOW_ENTRIES`` are left, then those in one read (a queue of a
+        few hundred batches, every pull's and every pop's lookup: one read, not nine)."""
         lo, hi = 0, count
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if ENTRY.unpack(self._pread(ENTRY_BYTES, mid * ENTRY_BYTES))[field] <= value:
-                lo = mid + 1
-            else:
-                hi = mid
-        return lo
+        try:
+            with HANDLES.use(self.path) as fd:  # one descriptor look-up for every probe
+                while hi - lo > SEARCH_WINDOW_ENTRIES:
+                    mid = (lo + hi) // 2
+                    if ENTRY.unpack(self._exact(fd, ENTRY_BYTES, mid * ENTRY_BYTES))[field] <= value:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                window = self._exact(fd, (hi - lo) * ENTRY_BYTES, lo * ENTRY_BYTES) if hi > lo else b""
+        except FileNotFoundError:  # its topic was deleted under a reader
+            raise not_found(f"queue file {os.path.basename(self.path)} is gone (its topic was deleted)") from None
+        return lo + bisect.bisect_right(_field_of(window, field), value)
+
+    def _exact(self, fd: int, length: int, position: int) -> bytes:
+        """``length`` bytes at ``position``, published entries only: fewer is a truncated file."""
+        data = os.pread(fd, length, position)
+        if len(data) != length:
+            raise CorruptionError("consume queue entry truncated", path=self.path, offset=position + len(data))
+        return data
 
     def locate(self, queue_offset: int) -> int:
         """Index of the entry holding ``queue_offset`` (or ``entries`` when past the end)."""
