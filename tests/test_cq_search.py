@@ -60,3 +60,12 @@ def test_a_file_cut_short_under_a_reader_is_corruption(tmp_path: Path) -> None:
         qf.first_at_commit(entries[-1][1] + 1)  # the window at the end runs past the file's end
     with pytest.raises(CorruptionError, match="truncated"):
         qf.locate(entries[-20][0])  # the last entry first
+
+
+def test_a_queue_without_entries_is_searched_without_its_file(tmp_path: Path) -> None:
+    """A queue's file is made with its first entry: before it, every search answers 0 and opens
+    nothing (the chaos run found describe_topic refused NOT_FOUND "queue file 1.cq is gone" for a
+    queue whose file did not exist yet, when the search opened it unasked)."""
+    qf = QueueFile(str(tmp_path / "never" / "1.cq"), exists=False)
+    assert (qf.locate(0), qf.locate(5), qf.first_at_time(123), qf.first_at_commit(10)) == (0, 0, 0, 0)
+    assert not (tmp_path / "never").exists()

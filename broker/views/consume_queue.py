@@ -184,6 +184,8 @@ class QueueFile:
         entry a probe until ``SEARCH_WINDOW_ENTRIES`` are left, then those in one read (a queue of a
         few hundred batches, every pull's and every pop's lookup: one read, not nine)."""
         lo, hi = 0, count
+        if not count:  # nothing published: a queue's file is made with its first entry (it may not exist)
+            return 0
         try:
             with HANDLES.use(self.path) as fd:  # one descriptor look-up for every probe
                 while hi - lo > SEARCH_WINDOW_ENTRIES:
@@ -192,7 +194,7 @@ class QueueFile:
                         lo = mid + 1
                     else:
                         hi = mid
-                window = self._exact(fd, (hi - lo) * ENTRY_BYTES, lo * ENTRY_BYTES) if hi > lo else b""
+                window = self._exact(fd, (hi - lo) * ENTRY_BYTES, lo * ENTRY_BYTES)
         except FileNotFoundError:  # its topic was deleted under a reader
             raise not_found(f"queue file {os.path.basename(self.path)} is gone (its topic was deleted)") from None
         return lo + bisect.bisect_right(_field_of(window, field), value)
