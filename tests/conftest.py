@@ -31,9 +31,25 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ[PORT_BLOCK_ENV] = f"{first}-{first + size - 1}"
 
 
+FAILED_LOG_LINES = 60  # of each daemon's log, printed at the teardown of a test that failed
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed  # read by ``spawn``'s teardown
+    return report
+
+
+_CALL_FAILED = pytest.StashKey[bool]()
+
+
 @pytest.fixture
-def spawn(tmp_path: Any) -> Iterator[Callable[..., DaemonProcess]]:
-    """Start daemons (``spawn(name, config=..., env=...)``); all are killed at teardown."""
+def spawn(tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[Callable[..., DaemonProcess]]:
+    """Start daemons (``spawn(name, config=..., env=...)``); all are killed at teardown. When the
+    test failed, the end of each one's log is printed with the failure: pytest keeps only its last
+    three base directories, and a rare failure in CI is otherwise gone with its logs."""
     started: list[DaemonProcess] = []
 
     def make(name: str = "node", *, start: bool = True, **kwargs: Any) -> DaemonProcess:
@@ -46,6 +62,19 @@ def spawn(tmp_path: Any) -> Iterator[Callable[..., DaemonProcess]]:
     yield make
     for d in started:
         d.kill9()
+    if request.node.stash.get(_CALL_FAILED, False):
+        for d in started:
+            print(f"--- the last {FAILED_LOG_LINES} lines of {d.log_path} ---\n{_tail(d.log_path, FAILED_LOG_LINES)}")
+
+
+def _tail(path: str, lines: int) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 256 * lines))
+            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
+    except OSError as exc:
+        return f"(not readable: {exc})"
 
 
 @pytest.fixture
