@@ -64,17 +64,7 @@ def spawn(tmp_path: Any, request: pytest.FixtureRequest) -> Iterator[Callable[..
         d.kill9()
     if request.node.stash.get(_CALL_FAILED, False):
         for d in started:
-            print(f"--- the last {FAILED_LOG_LINES} lines of {d.log_path} ---\n{_tail(d.log_path, FAILED_LOG_LINES)}")
-
-
-def _tail(path: str, lines: int) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - 256 * lines))
-            return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
-    except OSError as exc:
-        return f"(not readable: {exc})"
+            print(f"--- the last {FAILED_LOG_LINES} lines of {d.log_path} ---\n{d.tail_log(FAILED_LOG_LINES)}")
 
 
 @pytest.fixture

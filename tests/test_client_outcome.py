@@ -14,6 +14,7 @@ process: the sequence of a failover, made exact.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Iterator
 from concurrent import futures
@@ -57,17 +58,24 @@ class _FailingOver(pb_grpc.BrokerServicer):
         raise AssertionError("unreachable")
 
 
-@pytest.fixture
-def node(request: pytest.FixtureRequest) -> Iterator[tuple[str, _FailingOver]]:
-    servicer = _FailingOver(request.param, SLAVE)
+@contextlib.contextmanager
+def _serving(servicer: _FailingOver) -> Iterator[str]:
+    """``servicer`` on a gRPC server of this process; its address."""
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
     pb_grpc.add_BrokerServicer_to_server(servicer, server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     try:
-        yield f"127.0.0.1:{port}", servicer
+        yield f"127.0.0.1:{port}"
     finally:
         server.stop(0)
+
+
+@pytest.fixture
+def node(request: pytest.FixtureRequest) -> Iterator[tuple[str, _FailingOver]]:
+    servicer = _FailingOver(request.param, SLAVE)
+    with _serving(servicer) as address:
+        yield address, servicer
 
 
 STORED_THEN_LOST = (grpc.StatusCode.UNAVAILABLE, "this node stopped being the master before acknowledging the "
@@ -87,7 +95,6 @@ def _fenced_refusal(data_dir: Path) -> Answer:
         store.crash_close()
     error = refused.value
     return getattr(grpc.StatusCode, error.code), error.message, tuple(error.metadata)
-
 
 
 @pytest.mark.parametrize("node", [STORED_THEN_LOST], indirect=True)
@@ -122,7 +129,6 @@ def test_a_client_that_does_not_follow_the_master_says_unknown_too(node: tuple[s
     assert gave_up.value.code == grpc.StatusCode.DEADLINE_EXCEEDED, gave_up.value
 
 
-
 def test_a_fenced_master_refusal_after_a_lost_answer_ends_unknown_not_refused(tmp_path: Path) -> None:
     """A master fenced after it stored a write (a newer epoch met meanwhile) refuses the retries: that
     refusal names no master, and it must not turn the lost answer into "not done" either. Without
@@ -130,11 +136,7 @@ def test_a_fenced_master_refusal_after_a_lost_answer_ends_unknown_not_refused(tm
     fenced = _fenced_refusal(tmp_path / "store")
     assert fenced[0] == grpc.StatusCode.FAILED_PRECONDITION and fenced[2] == (("tidemark-master", ""),), fenced
     servicer = _FailingOver(STORED_THEN_LOST, fenced)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_BrokerServicer_to_server(servicer, server)
-    address = f"127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
-    server.start()
-    try:
+    with _serving(servicer) as address:
         for follow_master in (True, False):
             servicer.sends = 0
             with (BrokerClient(address, timeout_s=1.5, follow_master=follow_master) as c,
@@ -144,5 +146,3 @@ def test_a_fenced_master_refusal_after_a_lost_answer_ends_unknown_not_refused(tm
             assert "whether it took effect is not known" in gave_up.value.details
             assert "this node is fenced" in gave_up.value.details
             assert servicer.sends > 2 if follow_master else servicer.sends == 2
-    finally:
-        server.stop(0)

@@ -159,10 +159,8 @@ class QueueFile:
         self.exists = True
 
     def entry(self, index: int) -> Entry:
-        data = self._pread(ENTRY_BYTES, index * ENTRY_BYTES)
-        if len(data) != ENTRY_BYTES:
-            raise CorruptionError("consume queue entry truncated", path=self.path, offset=index * ENTRY_BYTES)
-        return Entry(*ENTRY.unpack(data))
+        at = index * ENTRY_BYTES
+        return Entry(*ENTRY.unpack(self._whole(self._pread(ENTRY_BYTES, at), ENTRY_BYTES, at)))
 
     def entries_from(self, index: int, count: int) -> list[Entry]:
         data = self._pread(count * ENTRY_BYTES, index * ENTRY_BYTES)
@@ -190,20 +188,22 @@ class QueueFile:
             with HANDLES.use(self.path) as fd:  # one descriptor look-up for every probe
                 while hi - lo > SEARCH_WINDOW_ENTRIES:
                     mid = (lo + hi) // 2
-                    if ENTRY.unpack(self._exact(fd, ENTRY_BYTES, mid * ENTRY_BYTES))[field] <= value:
+                    at = mid * ENTRY_BYTES
+                    if ENTRY.unpack(self._whole(os.pread(fd, ENTRY_BYTES, at), ENTRY_BYTES, at))[field] <= value:
                         lo = mid + 1
                     else:
                         hi = mid
-                window = self._exact(fd, (hi - lo) * ENTRY_BYTES, lo * ENTRY_BYTES)
+                size, at = (hi - lo) * ENTRY_BYTES, lo * ENTRY_BYTES
+                window = self._whole(os.pread(fd, size, at), size, at)
         except FileNotFoundError:  # its topic was deleted under a reader
             raise not_found(f"queue file {os.path.basename(self.path)} is gone (its topic was deleted)") from None
         return lo + bisect.bisect_right(_field_of(window, field), value)
 
-    def _exact(self, fd: int, length: int, position: int) -> bytes:
-        """``length`` bytes at ``position``, published entries only: fewer is a truncated file."""
-        data = os.pread(fd, length, position)
+    def _whole(self, data: bytes, length: int, position: int) -> bytes:
+        """``data``, read as ``length`` bytes of published entries at ``position``: fewer is a
+        truncated file."""
         if len(data) != length:
-            raise CorruptionError("consume queue entry truncated", path=self.path, offset=position + len(data))
+            raise CorruptionError("consume queue entry truncated", path=self.path, offset=position)
         return data
 
     def locate(self, queue_offset: int) -> int:
