@@ -16,6 +16,7 @@ from broker.client.core import (
     ACKS,
     CALL_DEADLINE,
     COLD_PULLS_REMOTE,
+    RETRYABLE,
     ROUTE_HOPS_MAX,
     SEND_RETRYABLE,
     SEQUENCE_MAX,
@@ -382,7 +383,9 @@ class DataAPI(TopicsAPI):
                   local_reads: bool = False, isolation: str = "read_committed") -> Iterator[PullResult]:
         """Pull continuously from ``offset``, keeping the next request in flight while the caller
         works on the current result (fetch pipelining). Stops at the queue's end unless told not to.
-        ``local_reads``: as for ``pull``."""
+        A pull refused UNAVAILABLE (a node restarting or failing over, a topic still being created
+        or a queue being moved on its shard) is made again as ``pull`` makes it: retried within
+        the client's timeout, routes followed. ``local_reads``: as for ``pull``."""
         timeout = self.timeout_s + max_wait_ms / 1000.0
 
         level = isolation_of(isolation)
@@ -416,18 +419,18 @@ class DataAPI(TopicsAPI):
                     core = self._shard_core(error.owner.shard)
                     pending = request(req.offset)
                     continue
-                if not local:
-                    raise error from None
-                self._local_refused(core, exc.code(), error)  # type: ignore[attr-defined]
-                remote_left = COLD_PULLS_REMOTE  # a tiered range: keep the pipeline on gRPC through it
+                code = exc.code()  # type: ignore[attr-defined]
+                if code not in RETRYABLE:
+                    if not local:
+                        raise error from None
+                    self._local_refused(core, code, error)
+                    remote_left = COLD_PULLS_REMOTE  # a tiered range: keep the pipeline on gRPC through it
                 response = None
-            if response is None:  # not readable locally: this one over gRPC
-                try:
-                    assert core._stub is not None
-                    response = core._stub.Pull(req, timeout=timeout, metadata=self._metadata)
-                except grpc.RpcError as exc:
-                    raise from_rpc_error(exc) from None
-            result = PullResult(response)
+            if response is None:  # not readable locally, or a transient refusal: this one as ``pull`` makes it
+                result = self.pull(topic, queue_id, req.offset, max_messages, max_wait_ms, max_bytes, isolation=isolation)
+                core = self._shard_core(self._shard_of(topic, queue_id, result.next_offset))
+            else:
+                result = PullResult(response)
             hops = 0
             if not len(result) and stop_at_end and result.next_offset == req.offset:
                 return
