@@ -154,6 +154,15 @@ def test_the_c_encoder_frames_what_the_python_one_does() -> None:
     assert valid > 2000 and taken > 0.9 * valid, (taken, valid)
 
 
+def test_the_c_key_hash_is_the_libraries_crc32c() -> None:
+    """A keyed message's queue is ``crc32c(key) % queues`` on every path (our client, plain.encode,
+    the C encoder): the C encoder's own CRC32C must be the library's for every key."""
+    rng = random.Random(41)
+    keys = [rng.randbytes(rng.randrange(300)) for _ in range(5000)]
+    keys += [b"", b"\xff" * 0xFFFF, "κλειδί".encode(), bytes(range(256))]
+    assert [plain.native.key_crc32c(k) for k in keys] == [crc32c.crc32c(k) for k in keys]
+
+
 def _not_utf8(rng: random.Random, data: bytes) -> bytes:
     """A request whose topic, key, property name or value (one of them) is not UTF-8: a marker
     string of the same length put in and replaced by bytes protobuf refuses in a string."""

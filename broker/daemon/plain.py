@@ -97,7 +97,7 @@ def encode_native(wire: bytes, producer_id: int, queues_of: Callable[[str], int 
     if native is None:
         return None
     yield_every = NATIVE_YIELD_EVERY if getattr(_thread, "yielding", False) else 0
-    done = native.encode_plain(wire, queues_of, crc32c.crc32c, next(_rotation), producer_id, yield_every)
+    done = native.encode_plain(wire, queues_of, next(_rotation), producer_id, yield_every)
     if done is None:
         return None
     groups, layout = done
