@@ -5,12 +5,17 @@ stubs and from Node.js.
 One daemon, a topic of 4 queues. Sends: ``--procs`` (4) processes each send ``--messages`` / procs
 1 KiB messages, 1,000 per call, ack=flush: with ``BrokerClient.send`` (records encoded by the
 client), then with generated stubs and ``SendRequest.messages`` (the server encodes), ``--rounds``
-(5) times, the ratio the median of the rounds' own (a phase lasts about a second); then
+(5) times, the ratio the median of the rounds' own (a phase lasts about a second), with the daemon's
+CPU per message of each phase beside. The stub senders' processes get the allocator tuning our
+client gives its own (``broker/alloc.py``): with glibc's defaults, serialising a request of 1 MiB
+page-faults fresh buffers in each call (upb: 1.1 ms, against 0.1 ms tuned), a cost of the Python
+sender's process that would hide the server's; one more phase without it is printed beside. Then
 from one Node.js process with as many callers on its event loop (``examples/node/bench.js``,
 @grpc/grpc-js, a new request each call): plain messages, then batches encoded in JS
-(``examples/node/batches.js``), then those again from a process per caller. Pulls: one process
-per queue, 1,000 per call: ``PullResult.bodies()`` against ``decode = true`` from Python stubs,
-then from one Node process with a caller per queue both ways, and from a Node process per queue.
+(``examples/node/batches.js``, in ``--rounds`` alternating with a phase of our client's), then those
+again from a process per caller. Pulls: one process per queue, 1,000 per call: ``PullResult.bodies()``
+against ``decode = true`` from Python stubs, then from one Node process with a caller per queue both
+ways (the batches read in JS in rounds, as the sends), and from a Node process per queue.
 Targets (issue 40): plain sends >= 0.8x client-encoded batches, decoded pulls >= 0.7x batch
 pulls, Node's send and pull >= 0.7x the Python client's, like for like (Node with the record
 format in JS, one process; its plain and decoded figures and a process per caller are printed
@@ -30,6 +35,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +44,7 @@ import grpc
 import load
 from common import KiB, Results
 
+from broker import alloc
 from broker.client import BrokerClient, Message
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
@@ -48,10 +55,14 @@ PER_CALL = 1000
 NODE_EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "node"
 
 
-def sender(address: str, count: int, body_bytes: int, plain: bool, start_at: float, out: Any) -> None:
+def sender(address: str, count: int, body_bytes: int, plain: bool, start_at: float, untuned: bool, out: Any) -> None:
+    """``count`` messages in calls of ``PER_CALL``: by our client, or ``plain`` by generated stubs,
+    with the allocator tuning our client applies to its own process unless ``untuned`` (``main``)."""
     body = b"x" * body_bytes
     calls = count // PER_CALL
     if plain:
+        if not untuned:
+            alloc.tune()
         channel = grpc.insecure_channel(address, options=[("grpc.max_send_message_length", 64 << 20)])
         stub = pb_grpc.BrokerStub(channel)
         request = pb.SendRequest(ack=pb.ACK_FLUSH, messages=[pb.PlainMessage(topic=TOPIC, key=str(i), body=body)
@@ -128,30 +139,59 @@ def run_node(node: str, argvs: list[list[str]]) -> float:
     return rate(results)
 
 
+def python_sends(address: str, each: int, a: Any) -> float:
+    """One phase of our client's sends: ``a.procs`` processes of ``each`` messages (msg/s)."""
+    start_at = time.time() + 2.0
+    return rate(load.run_processes(sender, [(address, each, a.body, False, start_at, False)] * a.procs, timeout_s=1800))
+
+
+def python_pulls(address: str, ends: list[int]) -> float:
+    """One phase of our client's pulls: a process per queue, each from 0 to its end (msg/s)."""
+    start_at = time.time() + 2.0
+    return rate(load.run_processes(puller, [(address, q, ends[q], False, start_at) for q in range(QUEUES)],
+                                   timeout_s=1800))
+
+
+def in_rounds(rounds: int, ours: Callable[[], float], node: Callable[[], float]) -> tuple[float, str]:
+    """Node's phase against ours, alternating ``rounds`` times: the median of the rounds' ratios, and
+    the rounds (a phase lasts about a second: one pair alone moved by 0.3x between runs)."""
+    pairs = [(ours(), node()) for _ in range(rounds)]
+    shown = ", ".join(f"{n:,.0f}/{p:,.0f}" for p, n in pairs)
+    return statistics.median(n / p for p, n in pairs), f"median of {rounds} rounds (Node/Python msg/s): {shown}"
+
+
 def node_rows(res: Results, node: str, address: str, each: int, a: Any, send_rate: float, pull_rate: float,
               ends: list[int]) -> None:
-    """Node's sends and pulls against the Python client's fast path (``send_rate``, ``pull_rate``):
-    from the proto alone (plain, decode = true) and with the record format in JS
-    (examples/node/batches.js), which is what the targets compare, like for like. Node runs as one
-    process whose ``a.procs`` callers share its event loop (how a Node service runs: one process,
-    many requests in flight; Python needs a process each for its interpreter lock); the batch
-    path is also printed as ``a.procs`` processes of one caller each."""
+    """Node's sends and pulls against the Python client's fast path: from the proto alone (plain,
+    decode = true; one phase each, against ``send_rate`` and ``pull_rate``) and with the record format
+    in JS (examples/node/batches.js), which is what the targets compare, like for like, in rounds
+    alternating with a phase of our client's. Node runs as one process whose ``a.procs`` callers
+    share its event loop (how a Node service runs: one process, many requests in flight; Python
+    needs a process each for its interpreter lock); the batch path is also printed as ``a.procs``
+    processes of one caller each."""
     one_process = f"one node process, {a.procs} callers"
-    for mode, what in (("send", "plain messages"), ("send-batch", "batches encoded in JS")):
-        got = run_node(node, [[address, mode, TOPIC, str(a.procs), str(each), str(PER_CALL), str(a.body)]])
-        res.add(f"send from Node.js, {what}", got, "msg/s",
-                note=f"{one_process}, @grpc/grpc-js, {PER_CALL} per call, ack=flush")
-        target, ok = common.at_least(got / send_rate, 0.7) if mode == "send-batch" else ("", None)
-        res.add(f"Node send ({what}) / Python client send", got / send_rate, "x", target=target, ok=ok)
+    send_argv = [address, "send", TOPIC, str(a.procs), str(each), str(PER_CALL), str(a.body)]
+    got = run_node(node, [send_argv])
+    res.add("send from Node.js, plain messages", got, "msg/s",
+            note=f"{one_process}, @grpc/grpc-js, {PER_CALL} per call, ack=flush")
+    res.add("Node send (plain messages) / Python client send", got / send_rate, "x")
+    ratio, note = in_rounds(a.rounds, lambda: python_sends(address, each, a),
+                            lambda: run_node(node, [[address, "send-batch", *send_argv[2:]]]))
+    target, ok = common.at_least(ratio, 0.7)
+    res.add("Node send (batches encoded in JS) / Python client send", ratio, "x", target=target, ok=ok,
+            note=f"{one_process}; {note}")
     got = run_node(node, [[address, "send-batch", TOPIC, "1", str(each), str(PER_CALL), str(a.body)]] * a.procs)
     res.add("Node send (batches encoded in JS), a process per caller / Python client send", got / send_rate, "x",
             note=f"{a.procs} node processes: {got:,.0f} msg/s")
     queues = ",".join(f"{q}:{ends[q]}" for q in range(QUEUES))
-    for mode, what in (("pull", "decode = true"), ("pull-batch", "batches read in JS")):
-        got = run_node(node, [[address, mode, TOPIC, queues, str(PER_CALL)]])
-        res.add(f"pull from Node.js, {what}", got, "msg/s", note=f"one node process, a caller per queue ({QUEUES})")
-        target, ok = common.at_least(got / pull_rate, 0.7) if mode == "pull-batch" else ("", None)
-        res.add(f"Node pull ({what}) / Python client pull", got / pull_rate, "x", target=target, ok=ok)
+    got = run_node(node, [[address, "pull", TOPIC, queues, str(PER_CALL)]])
+    res.add("pull from Node.js, decode = true", got, "msg/s", note=f"one node process, a caller per queue ({QUEUES})")
+    res.add("Node pull (decode = true) / Python client pull", got / pull_rate, "x")
+    ratio, note = in_rounds(a.rounds, lambda: python_pulls(address, ends),
+                            lambda: run_node(node, [[address, "pull-batch", TOPIC, queues, str(PER_CALL)]]))
+    target, ok = common.at_least(ratio, 0.7)
+    res.add("Node pull (batches read in JS) / Python client pull", ratio, "x", target=target, ok=ok,
+            note=f"one node process, a caller per queue ({QUEUES}); {note}")
     got = run_node(node, [[address, "pull-batch", TOPIC, f"{q}:{ends[q]}", str(PER_CALL)] for q in range(QUEUES)])
     res.add("Node pull (batches read in JS), a process per queue / Python client pull", got / pull_rate, "x",
             note=f"{QUEUES} node processes: {got:,.0f} msg/s")
@@ -162,7 +202,7 @@ def main() -> int:
     p.add_argument("--messages", type=int, default=200_000)
     p.add_argument("--procs", type=int, default=4)
     p.add_argument("--body", type=int, default=KiB)
-    p.add_argument("--rounds", type=int, default=5, help="send phases, batches then plain, alternating")
+    p.add_argument("--rounds", type=int, default=5, help="pairs of phases: batches then plain sends; our client then Node (batches in JS)")
     a = p.parse_args()
     if a.quick:
         a.messages, a.rounds = 20_000, 1
@@ -172,17 +212,25 @@ def main() -> int:
     with common.temp_dir("tm-plain-", a.workdir) as work, common.running_daemon(work, "n") as d, \
             BrokerClient(d.address) as c:
         c.create_topic(TOPIC, queues=QUEUES)
+        assert d.proc is not None
+        pid = d.proc.pid
         rounds: list[dict[bool, float]] = []
+        cpu_rounds: list[dict[bool, float]] = []  # the daemon's CPU per message (us), each phase
         ends: list[int] = []
         for i in range(a.rounds):  # each round: client-encoded batches, then plain messages
             rates: dict[bool, float] = {}
+            cpu: dict[bool, float] = {}
             for plain in (False, True):
                 start_at = time.time() + 2.0
-                rates[plain] = rate(load.run_processes(sender, [(d.address, each, a.body, plain, start_at)] * a.procs,
+                cpu0 = common.cpu_seconds_of(pid)
+                rates[plain] = rate(load.run_processes(sender, [(d.address, each, a.body, plain, start_at, False)] * a.procs,
                                                        timeout_s=1800))
+                cpu[plain] = (common.cpu_seconds_of(pid) - cpu0) / (each * a.procs) * 1e6
             rounds.append(rates)
+            cpu_rounds.append(cpu)
             common.log(f"round {i + 1}: batches {rates[False]:,.0f} msg/s, plain {rates[True]:,.0f} msg/s = "
-                       f"{rates[True] / rates[False]:.2f}x")
+                       f"{rates[True] / rates[False]:.2f}x; the daemon's CPU per message {cpu[False]:.2f} / "
+                       f"{cpu[True]:.2f} us")
             if not ends:  # the pulls read what the first round stored
                 common.wait_applied(c)
                 ends = c.list_topics()[TOPIC]["max_offsets"]
@@ -195,6 +243,16 @@ def main() -> int:
         res.add("plain / client-encoded send", ratio, "x", target=target, ok=ok,
                 note=f"median of {a.rounds} rounds' ratios (batches/plain msg/s): "
                      + ", ".join(f"{r[False]:,.0f}/{r[True]:,.0f}" for r in rounds))
+        start_at = time.time() + 2.0  # once more as a Python process with glibc's defaults sends
+        untuned = rate(load.run_processes(sender, [(d.address, each, a.body, True, start_at, True)] * a.procs,
+                                          timeout_s=1800))
+        res.add("plain sends from processes with glibc's allocator defaults / client-encoded", untuned / rates[False],
+                "x", note=f"{untuned:,.0f} msg/s, one phase; upb serialises 1 MiB in about 1.1 ms then (page "
+                          "faults of fresh buffers), 0.1 ms tuned")
+        for plain, name in ((False, "client-encoded batches"), (True, "plain messages")):
+            res.add(f"the daemon's CPU per message sent, {name}", statistics.median(r[plain] for r in cpu_rounds),
+                    "us", note=f"median of {a.rounds} rounds (less noisy than the rates: the machine's other work "
+                               "does not count)" if plain else "")
         pulls = {}
         for decode in (False, True):
             start_at = time.time() + 2.0
