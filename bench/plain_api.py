@@ -139,10 +139,11 @@ def run_node(node: str, argvs: list[list[str]]) -> float:
     return rate(results)
 
 
-def python_sends(address: str, each: int, a: Any) -> float:
-    """One phase of our client's sends: ``a.procs`` processes of ``each`` messages (msg/s)."""
+def sends(address: str, each: int, a: Any, plain: bool = False, untuned: bool = False) -> float:
+    """One send phase: ``a.procs`` ``sender`` processes of ``each`` messages, started together (msg/s)."""
     start_at = time.time() + 2.0
-    return rate(load.run_processes(sender, [(address, each, a.body, False, start_at, False)] * a.procs, timeout_s=1800))
+    return rate(load.run_processes(sender, [(address, each, a.body, plain, start_at, untuned)] * a.procs,
+                                   timeout_s=1800))
 
 
 def python_pulls(address: str, ends: list[int]) -> float:
@@ -175,7 +176,7 @@ def node_rows(res: Results, node: str, address: str, each: int, a: Any, send_rat
     res.add("send from Node.js, plain messages", got, "msg/s",
             note=f"{one_process}, @grpc/grpc-js, {PER_CALL} per call, ack=flush")
     res.add("Node send (plain messages) / Python client send", got / send_rate, "x")
-    ratio, note = in_rounds(a.rounds, lambda: python_sends(address, each, a),
+    ratio, note = in_rounds(a.rounds, lambda: sends(address, each, a),
                             lambda: run_node(node, [[address, "send-batch", *send_argv[2:]]]))
     target, ok = common.at_least(ratio, 0.7)
     res.add("Node send (batches encoded in JS) / Python client send", ratio, "x", target=target, ok=ok,
@@ -221,10 +222,8 @@ def main() -> int:
             rates: dict[bool, float] = {}
             cpu: dict[bool, float] = {}
             for plain in (False, True):
-                start_at = time.time() + 2.0
                 cpu0 = common.cpu_seconds_of(pid)
-                rates[plain] = rate(load.run_processes(sender, [(d.address, each, a.body, plain, start_at, False)] * a.procs,
-                                                       timeout_s=1800))
+                rates[plain] = sends(d.address, each, a, plain)
                 cpu[plain] = (common.cpu_seconds_of(pid) - cpu0) / (each * a.procs) * 1e6
             rounds.append(rates)
             cpu_rounds.append(cpu)
@@ -243,9 +242,7 @@ def main() -> int:
         res.add("plain / client-encoded send", ratio, "x", target=target, ok=ok,
                 note=f"median of {a.rounds} rounds' ratios (batches/plain msg/s): "
                      + ", ".join(f"{r[False]:,.0f}/{r[True]:,.0f}" for r in rounds))
-        start_at = time.time() + 2.0  # once more as a Python process with glibc's defaults sends
-        untuned = rate(load.run_processes(sender, [(d.address, each, a.body, True, start_at, True)] * a.procs,
-                                          timeout_s=1800))
+        untuned = sends(d.address, each, a, plain=True, untuned=True)  # as a process with glibc's defaults sends
         res.add("plain sends from processes with glibc's allocator defaults / client-encoded", untuned / rates[False],
                 "x", note=f"{untuned:,.0f} msg/s, one phase; upb serialises 1 MiB in about 1.1 ms then (page "
                           "faults of fresh buffers), 0.1 ms tuned")

@@ -15,9 +15,9 @@ process: the sequence of a failover, made exact.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -27,6 +27,7 @@ from broker.client import BrokerClient, BrokerError, Message
 from broker.errors import BrokerError as StoreRefusal
 from proto import tidemark_pb2 as pb
 from proto import tidemark_pb2_grpc as pb_grpc
+from tests.inprocess import serving
 from tests.storeutil import open_store
 
 Answer = tuple[grpc.StatusCode, str, tuple[tuple[str, str], ...]]
@@ -58,17 +59,9 @@ class _FailingOver(pb_grpc.BrokerServicer):
         raise AssertionError("unreachable")
 
 
-@contextlib.contextmanager
-def _serving(servicer: _FailingOver) -> Iterator[str]:
+def _serving(servicer: _FailingOver) -> contextlib.AbstractContextManager[str]:
     """``servicer`` on a gRPC server of this process; its address."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
-    pb_grpc.add_BrokerServicer_to_server(servicer, server)
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    try:
-        yield f"127.0.0.1:{port}"
-    finally:
-        server.stop(0)
+    return serving(functools.partial(pb_grpc.add_BrokerServicer_to_server, servicer))
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from concurrent import futures
 from typing import Any
 
 import grpc
@@ -21,6 +20,7 @@ import pytest
 from broker.client import BrokerClient, Message
 from broker.client.errors import Unavailable
 from tests.failoverutil import Spawn
+from tests.inprocess import serving
 
 MESSAGES = 3000
 PER_PULL = 500
@@ -60,13 +60,10 @@ class _Refusing(grpc.GenericRpcHandler):
 @contextlib.contextmanager
 def _proxy(target: str, refused: range) -> Iterator[tuple[str, _Refusing]]:
     handler = _Refusing(target, refused)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), handlers=[handler])
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
     try:
-        yield f"127.0.0.1:{port}", handler
+        with serving(lambda server: server.add_generic_rpc_handlers((handler,))) as address:
+            yield address, handler
     finally:
-        server.stop(0)
         handler.channel.close()
 
 
