@@ -14,7 +14,10 @@ bootstrapped from the first node, each ``send()`` ``--batch`` 1 KiB messages wit
 clients are not confined: the machine has two cores, so in ``two`` they share them with both
 daemons (their CPU is printed). Scale-out = ``two`` / ``one`` messages per second (target >= 1.6x).
 Routing cost = the clients' CPU per message in ``two`` over ``pair`` (target <= 1.1x), keyless
-(each call to one shard) and keyed (64 keys: each call split over both shards, side by side).
+(each call to one shard) and keyed (64 keys: each call split over both shards, side by side), each
+through ``BrokerClient.send()`` (one request per shard per call) and, keyed, through
+``BrokerClient.producer()`` (``PRODUCER_IN_FLIGHT`` calls outstanding per producer: each shard's
+share of several calls in one request, as a Kafka producer batches per broker).
 
 ``isolation``: two shards of two nodes each (master and slave); one client sends 10-message
 ack=replica batches to a queue of each shard, back to back, in two threads. The master of ``s1`` is
@@ -28,6 +31,7 @@ Usage: .venv/bin/python bench/shards.py [--quick] [--parts scale,routing,isolati
 
 from __future__ import annotations
 
+import collections
 import itertools
 import os
 import statistics
@@ -53,6 +57,9 @@ ROUTING_TARGET = 1.1
 GAP_TARGET_S = 0.5
 STALE_ROUTE_TARGET_S = 0.2
 KEYS = 64
+PRODUCER_IN_FLIGHT = 4  # calls a producer process keeps outstanding through BrokerClient.producer()
+KINDS = {"keyless": "keyless", "keyed": "keyed (each call split over both shards)",
+         "producer": "keyed through producer() (each shard's share of several calls in one request)"}
 RETAINED_BYTES = 4 << 30
 
 
@@ -118,6 +125,29 @@ def keyed_producer(address: str, topic: str, ack: str, batch: int, body_bytes: i
     out.put(report)
 
 
+def keyed_async_producer(address: str, topic: str, ack: str, batch: int, body_bytes: int, start_at: float,
+                         warmup_s: float, seconds: float, out: Any) -> None:
+    """As ``keyed_producer``, through ``BrokerClient.producer()``: each call answered by a future,
+    ``PRODUCER_IN_FLIGHT`` of them outstanding (a call counts when it is made)."""
+    body = os.urandom(body_bytes)
+    messages = [Message(body=body, key=f"key-{i % KEYS}") for i in range(batch)]
+    try:
+        with BrokerClient(address) as client, client.producer(ack=ack) as producer:
+            client.send(topic, messages[:KEYS], ack=ack)
+            outstanding: collections.deque[Any] = collections.deque()
+
+            def send() -> None:
+                outstanding.append(producer.send(topic, messages))
+                if len(outstanding) > PRODUCER_IN_FLIGHT:
+                    outstanding.popleft().result()
+
+            report = load.send_window(send, batch, start_at, warmup_s, seconds)
+            producer.flush()
+    except Exception as exc:  # reported to the parent, which fails the run
+        report = load.failed_window(exc)
+    out.put(report)
+
+
 def _etcd(workdir: str) -> EtcdProcess:
     return EtcdProcess(os.path.join(workdir, "etcd")).start()
 
@@ -138,11 +168,14 @@ def _create(address: str, topic: str, queues: int) -> None:
         common.wait_for(ready, 60, f"every queue of {topic} writable")
 
 
-def _window(setup: dict[str, Any], keyed: bool, a: Any) -> dict[str, Any]:
-    target = keyed_producer if keyed else load.window_producer
+def _window(setup: dict[str, Any], kind: str, a: Any) -> dict[str, Any]:
     address = setup["nodes"][0].address
-    args = [((address, TOPIC, a.ack, a.batch, 1024) if keyed else
-             (address, TOPIC, QUEUES, a.ack, a.batch, 1024, 0.0, 0.0)) for _ in range(a.producers)]
+    if kind == "keyless":
+        target: Any = load.window_producer
+        args = [(address, TOPIC, QUEUES, a.ack, a.batch, 1024, 0.0, 0.0)] * a.producers
+    else:
+        target = keyed_producer if kind == "keyed" else keyed_async_producer
+        args = [(address, TOPIC, a.ack, a.batch, 1024)] * a.producers
     pids = [d.proc.pid for d in setup["nodes"]]
     w = load.run_window(target, args, a.warmup, a.seconds, watch=pids)
     cpu = w["cpu"]
@@ -178,44 +211,43 @@ def scale_and_routing(res: Results, a: Any, workdir: str, parts: set[str]) -> No
 
         plan = []
         if "scale" in parts:
-            plan += [("one", False), ("two", False)]
+            plan += [("one", "keyless"), ("two", "keyless")]
         if "routing" in parts:
-            plan += [("pair", False), ("pair", True), ("two", True)]
-            if "scale" not in parts:
-                plan += [("two", False)]
-        runs: dict[tuple[str, bool], list[dict[str, Any]]] = {k: [] for k in plan}
+            kinds = a.kinds.split(",")
+            plan += [(setup, kind) for kind in kinds for setup in ("pair", "two") if (setup, kind) not in plan]
+        runs: dict[tuple[str, str], list[dict[str, Any]]] = {k: [] for k in plan}
         for r in range(a.rounds):
-            for name, keyed in plan:
+            for name, kind in plan:
                 common.wait_for_quiet(a.max_wait_quiet)
-                w = _window(setups[name], keyed, a)
-                runs[(name, keyed)].append(w)
-                log(f"round {r + 1} {name}{' keyed' if keyed else ''}: {w['rate']:,.0f} msg/s, clients "
+                w = _window(setups[name], kind, a)
+                runs[(name, kind)].append(w)
+                log(f"round {r + 1} {name} {kind}: {w['rate']:,.0f} msg/s, clients "
                     f"{w['client_cpu']:.2f} cores ({w['client_cpu_per_msg_us']:.2f} us/msg), daemons "
                     f"{', '.join(f'{c:.2f}' for c in w['daemon_cpu'])} cores, machine {w['machine_cpu']:.2f}")
 
-        def med(key: tuple[str, bool], field: str) -> float:
+        def med(key: tuple[str, str], field: str) -> float:
             return statistics.median(w[field] for w in runs[key])
 
         params = {"producers": a.producers, "batch": a.batch, "rounds": a.rounds, "seconds": a.seconds,
                   "daemon_cores": cores}
         if "scale" in parts:
-            one_rate, two_rate = med(("one", False), "rate"), med(("two", False), "rate")
+            one_rate, two_rate = med(("one", "keyless"), "rate"), med(("two", "keyless"), "rate")
             res.add("one shard, one node on one core: ack=flush sends", one_rate, "msg/s",
-                    note=f"clients {med(('one', False), 'client_cpu'):.2f} cores (not confined)", **params)
+                    note=f"clients {med(('one', 'keyless'), 'client_cpu'):.2f} cores (not confined)", **params)
             res.add("two shards, a node each on its own core: ack=flush sends", two_rate, "msg/s",
-                    note=f"clients {med(('two', False), 'client_cpu'):.2f} cores (not confined)", **params)
+                    note=f"clients {med(('two', 'keyless'), 'client_cpu'):.2f} cores (not confined)", **params)
             target, ok = common.at_least(two_rate / one_rate, SCALE_TARGET)
             res.add("scale-out: two shards / one shard", two_rate / one_rate, "x", target=target, ok=ok,
                     note="medians; the clients share the two cores with the daemons", **params)
         if "routing" in parts:
-            for keyed in (False, True):
-                direct = med(("pair", keyed), "client_cpu_per_msg_us")
-                routed = med(("two", keyed), "client_cpu_per_msg_us")
-                kind = "keyed (each call split over both shards)" if keyed else "keyless"
-                res.add(f"client CPU per message, {kind}: direct to one pair", direct, "us", **params)
-                res.add(f"client CPU per message, {kind}: routed over two shards", routed, "us", **params)
+            for kind in kinds:
+                direct = med(("pair", kind), "client_cpu_per_msg_us")
+                routed = med(("two", kind), "client_cpu_per_msg_us")
+                what = KINDS[kind]
+                res.add(f"client CPU per message, {what}: direct to one pair", direct, "us", **params)
+                res.add(f"client CPU per message, {what}: routed over two shards", routed, "us", **params)
                 target, ok = common.at_most(routed / direct, ROUTING_TARGET)
-                res.add(f"routing cost, {kind}: routed / direct client CPU per message", routed / direct, "x",
+                res.add(f"routing cost, {what}: routed / direct client CPU per message", routed / direct, "x",
                         target=target, ok=ok, **params)
     finally:
         for s in setups.values():
@@ -333,6 +365,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=8.0)
     p.add_argument("--warmup", type=float, default=2.0)
     p.add_argument("--kills", type=int, default=5)
+    p.add_argument("--kinds", default="keyless,keyed,producer",
+                   help=f"routing: the sends compared, of {', '.join(KINDS)}")
     p.add_argument("--ack", default="flush", choices=("flush", "leader"), help="scale and routing: the sends' ack")
     p.add_argument("--daemon-cores", type=float, default=0.4,
                    help="each daemon's share of its CPU (a cgroup quota; 1: the whole core). Below 1 so that the "

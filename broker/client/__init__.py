@@ -3,6 +3,8 @@
 - ``client.py``: ``BrokerClient`` (connections, retries and redirects, idempotent sends, pulls,
   offsets, timers, admin) and ``BrokerError``;
 - ``consumer.py``: ``Consumer``, a subscribe-mode group member (``BrokerClient.consumer``);
+- ``producer.py``: ``Producer``, sends answered by futures, many calls in one request per shard
+  (``BrokerClient.producer``);
 - ``transactions_api.py``: ``Transaction`` (``BrokerClient.transaction`` / ``begin_transaction``),
   ``TransactionAborted``; ``checkback.py``: the stream that answers the master's check-backs;
 - ``messages.py``: ``Message``, receipts, pulled messages (decoded lazily), record encoding;
@@ -26,6 +28,7 @@ from broker.client.errors import (
     Unavailable,
 )
 from broker.client.messages import Message, PoppedMessage, PoppedRun, PopResult, PulledMessage, PullResult, Receipt, Receipts
+from broker.client.producer import Producer
 from broker.client.transactions_api import CheckQuestion, Transaction, TransactionAborted
 
 __all__ = [
@@ -44,6 +47,7 @@ __all__ = [
     "PopResult",
     "PoppedMessage",
     "PoppedRun",
+    "Producer",
     "PullResult",
     "PulledMessage",
     "Receipt",

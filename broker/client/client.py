@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from broker.client.core import ACKS, ClientCore
 from broker.client.groups_api import GroupsAPI
+from broker.client.producer import BUFFER_BYTES, LINGER_MS, REQUEST_BYTES, Producer
 from broker.client.transactions_api import TransactionsAPI
 
 __all__ = ["ACKS", "BrokerClient", "ClientCore"]
@@ -26,3 +27,12 @@ class BrokerClient(TransactionsAPI, GroupsAPI):
 
     def __enter__(self) -> BrokerClient:
         return self
+
+    def producer(self, *, ack: str = "replica", linger_ms: int = LINGER_MS, request_bytes: int = REQUEST_BYTES,
+                 buffer_bytes: int = BUFFER_BYTES, max_block_ms: int | None = None,
+                 timeout_ms: int | None = None) -> Producer:
+        """A producer on this connection: ``send()`` returns a future at once, and what many calls
+        send to one shard (or the pair) goes in one request (``broker/client/producer.py``). Close
+        it (or leave its ``with`` block) before the client."""
+        return Producer(self, ack=ack, linger_ms=linger_ms, request_bytes=request_bytes, buffer_bytes=buffer_bytes,
+                        max_block_ms=max_block_ms, timeout_ms=timeout_ms)

@@ -328,13 +328,18 @@ class Receipts(Sequence[Receipt]):
 
     def __init__(self, topic: str, count: int, groups: list[SendGroup]) -> None:
         self._topic = topic
-        self._where: list[tuple[SendGroup, int]] = [] if len(groups) == 1 else [None] * count  # type: ignore[list-item]
+        self._groups = groups
+        self._where: list[tuple[SendGroup, int]] | None = None  # message -> (group, index in it), made when first read
         self._single = groups[0] if len(groups) == 1 else None
         self._count = count
-        if self._single is None:
-            for g in groups:
-                for j, i in enumerate(g.idxs):
-                    self._where[i] = (g, j)
+
+    def _placed(self) -> list[tuple[SendGroup, int]]:
+        where: list[tuple[SendGroup, int]] = [None] * self._count  # type: ignore[list-item]
+        for g in self._groups:
+            for j, i in enumerate(g.idxs):
+                where[i] = (g, j)
+        self._where = where
+        return where
 
     def __repr__(self) -> str:
         shown = [f"{r.queue_id}@{r.queue_offset}" if r.timer_offset is None else f"timer@{r.timer_offset}"
@@ -351,7 +356,7 @@ class Receipts(Sequence[Receipt]):
         if self._single is not None:
             g, j = self._single, i
         else:
-            g, j = self._where[i]
+            g, j = (self._where or self._placed())[i]
         if g.deliver is not None:  # stored in __timer until it fires: no queue offset in its topic yet
             offset = g.records_at + g.positions[j]
             return Receipt(self._topic, g.queue_id, -1, offset, g.duplicate, offset, g.deliver[j], g.shard)
