@@ -6,6 +6,7 @@ calls loses, repeats and reorders nothing."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 import threading
@@ -18,8 +19,18 @@ import crc32c
 import pytest
 
 from broker.cli.etcd_process import EtcdProcess
-from broker.client import BrokerClient, FailedPrecondition, Message, NotFound, Producer, Receipts, ResourceExhausted
+from broker.client import (
+    BrokerClient,
+    FailedPrecondition,
+    Message,
+    NotFound,
+    Producer,
+    Receipts,
+    ResourceExhausted,
+    Unavailable,
+)
 from tests.failoverutil import TOPIC, Pair, Spawn, create_topic, in_sync, sent_once_placed, wait_master
+from tests.inprocess import Forwarding, forwarding
 from tests.moveutil import owners, read_back, shard_node
 from tests.procs import free_port
 from tests.waits import wait_until
@@ -134,27 +145,74 @@ def test_calls_from_many_threads_ride_few_requests_and_land_where_their_receipts
             p.send("t", [Message(b"after")])
 
 
-def test_a_call_refused_for_its_own_topic_fails_alone(spawn: Spawn) -> None:
+def _losing(target: str, lost: range) -> contextlib.AbstractContextManager[tuple[str, Forwarding]]:
+    """The daemon behind a proxy that loses the answers of the Sends numbered in ``lost`` (from 1)."""
+    return forwarding(target, "/Send", lost=lost)
+
+
+def _key_of(queue: int, queues: int, prefix: str) -> str:
+    return next(k for k in (f"{prefix}{i}" for i in range(1000)) if crc32c.crc32c(k.encode()) % queues == queue)
+
+
+def test_calls_refused_for_one_topic_go_again_alone_in_order_each_with_a_new_producer(spawn: Spawn) -> None:
     """Calls for two topics wait together in one request; one topic is gone on the node (the
-    client still knows its queue count): the request is refused, each call is sent again on its
-    own, and only the gone topic's calls fail."""
+    client still knows its queue count), so the node refuses the request. Each call is then sent
+    on its own, in the order it was made, and only the gone topic's calls fail. The first one
+    sent alone is stored but every answer to it is lost: it fails, and the next call, sent with a
+    new producer id, is stored (with the same one it would be answered as a duplicate of it)."""
     node = spawn("node")
     with BrokerClient(node.address) as c:
         c.create_topic("kept", queues=2)
         c.create_topic("gone", queues=2)
+    q0, q1 = _key_of(0, 2, "a"), _key_of(1, 2, "b")
+    # Sends through the proxy: 1 below; 2 the merged request (refused NOT_FOUND); 3 the first call
+    # alone, 4-7 its retries (one address: five attempts)
+    with _losing(node.address, range(3, 8)) as (address, _), BrokerClient(address) as c:
         c.send("gone", [Message(b"x")])  # the client learns its queue count
         with BrokerClient(node.address) as other:
             other.delete_topic("gone")
+        plan = [("kept", [("X", q0)]), ("gone", [("G", q0)]), ("kept", [("W", q1)]), ("kept", [("Y0", q0), ("Y1", q1)])]
         with c.producer(linger_ms=300) as p:
-            calls = [p.send("kept" if i % 3 else "gone", [Message(f"{i}".encode(), key=str(i))]) for i in range(9)]
+            calls = [p.send(t, [Message(b.encode(), key=k) for b, k in ms]) for t, ms in plan]
+            assert not calls[0].cancel(), "a queued call is under way"
             p.flush(30)
-        for i, f in enumerate(calls):
-            if i % 3:
-                assert len(f.result(0)) == 1
-            else:
-                with pytest.raises(NotFound, match="gone"):
-                    f.result(0)
-        assert sorted(_stored(c, "kept", 2).values()) == [f"{i}".encode() for i in range(9) if i % 3]
+        with pytest.raises(Unavailable, match="lost"):
+            calls[0].result(0)
+        with pytest.raises(NotFound, match="gone"):
+            calls[1].result(0)
+        w, y = calls[2].result(0), calls[3].result(0)
+        stored = _stored(c, "kept", 2)
+        assert [b for (q, _), b in sorted(stored.items()) if q == 1] == [b"W", b"Y1"], "queue 1: in the calls' order"
+        assert [b for (q, _), b in sorted(stored.items()) if q == 0] == [b"X", b"Y0"], "X stored once, its answer lost"
+        assert stored[(w[0].queue_id, w[0].queue_offset)] == b"W"
+        assert [stored[(r.queue_id, r.queue_offset)] for r in y] == [b"Y0", b"Y1"]
+
+
+def test_delayed_messages_of_many_calls_survive_a_lost_answer_and_fire_once(spawn: Spawn) -> None:
+    """Seven calls, each with a delayed message for another queue, wait together: their __timer
+    batches share one sequence, and a node remembers only a producer's last five, so a request
+    carries five at most. The first request's answer is lost: its retry is answered as the
+    duplicate it is, every call succeeds, each timer fires once, and later calls are stored."""
+    node = spawn("node")
+    with BrokerClient(node.address) as c:
+        c.create_topic("t", queues=8)
+    keys = [_key_of(q, 8, "k") for q in range(8)]
+    with _losing(node.address, range(1, 2)) as (address, _), BrokerClient(address) as c:
+        c.send("t", [Message(b"first")])
+        due = int(time.time() * 1000) + 1500
+        with c.producer(linger_ms=300) as p:
+            calls = [p.send("t", [Message(f"late{q}".encode(), key=keys[q], deliver_at_ms=due),
+                                  Message(f"now{q}".encode(), key=keys[0])]) for q in range(1, 8)]
+            p.flush(30)
+            later = [p.send("t", [Message(f"after{i}".encode(), key=keys[0])]) for i in range(3)]
+        for f in calls + later:
+            assert all(not r.duplicate or r.timer_offset is not None or r.queue_id == 0 for r in f.result(0))
+        wait_until(lambda: sum(b.startswith(b"late") for b in _stored(c, "t", 8).values()) >= 7, 20, "the timers fired")
+        time.sleep(0.5)
+        stored = _stored(c, "t", 8)
+        assert sorted(b for b in stored.values() if b.startswith(b"late")) == [f"late{q}".encode() for q in range(1, 8)]
+        assert [b for (q, _), b in sorted(stored.items()) if q == 0 and not b.startswith(b"late")] == [
+            b"first", *(f"now{q}".encode() for q in range(1, 8)), b"after0", b"after1", b"after2"]
 
 
 def test_the_buffer_bounds_what_waits_and_drains_when_the_node_answers(spawn: Spawn) -> None:

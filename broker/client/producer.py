@@ -5,32 +5,35 @@ does: a bad message fails there, in the caller's thread) and returns with a futu
 destination (a shard's master, or the pair's) has a *lane*: one thread with one request in
 flight. What callers send while a lane's request is in flight waits in the lane and goes in its
 next request: the runs of every waiting call for one queue in one batch, every queue of the lane
-in one request, up to ``request_bytes``. A lane with
-nothing in flight waits up to ``linger_ms`` for more (Kafka's ``linger.ms``). So a call whose keys
-span shards costs what it costs on one pair: each shard's share of many calls rides one request,
-where ``BrokerClient.send()`` makes one request per shard per call, and gRPC's per-call cost is
-most of a request's (bench/README.md, "Shards").
+in one request, up to ``request_bytes`` (and ``TIMER_BATCHES_MAX`` batches of delayed messages).
+A lane with nothing in flight waits up to ``linger_ms`` for more (Kafka's ``linger.ms``). So a
+call whose keys span shards costs what it costs on one pair: each shard's share of many calls
+rides one request, where ``BrokerClient.send()`` makes one request per shard per call, and
+gRPC's per-call cost is most of a request's (bench/README.md, "Shards").
 
 The guarantees are ``send()``'s, per lane:
 
 - **Idempotent**: a producer id per lane and a sequence per queue; a request is retried as
   ``send()`` retries it (one call within the client's ``timeout_s``), so a retry lands once.
+  After any failed request the lane takes a new producer id, as ``send()`` does.
 - **Order**: the calls of one thread reach each queue in the order they were made. A queue keeps
   the lane that holds its unsent messages until that lane has none, so a refusal naming another
   shard (the queue moved) cannot let a later call overtake: the lane sends the refused batches, as
   they were (producer id, sequences), to the new owner, and its later batches of that queue after
   them; only then do new calls go to the new owner's lane.
 - **Outcome**: a call's future fails with the first error of its parts (the other parts may be
-  stored: no atomicity across shards without a transaction). An error that leaves the outcome
-  unknown ends the lane's producer id, as ``send()`` does. A request of several calls refused for
-  a reason of its own (one call's message too large, say) is sent again call by call, so only the
-  calls that cause it fail.
+  stored: no atomicity across shards without a transaction). A request of several calls refused
+  for one call's topic or messages (``NOT_FOUND``, ``INVALID_ARGUMENT``: nothing stored) is sent
+  again call by call, in the order they were made, so only the calls that cause it fail.
 - **Bounded**: ``buffer_bytes`` of encoded records may wait; ``send()`` blocks while the buffer
   is full, for at most ``max_block_ms``, then raises ``ResourceExhausted`` (nothing of it queued).
 
-No thread dies silently: a lane that meets an unexpected exception fails the calls it held with it
-and goes on. ``flush()`` waits for every call made before it; ``close()`` (or leaving a ``with``
-block) flushes, then stops the lanes. The producer does not send in transactions.
+A future cannot be cancelled (it is under way from the start). Its callbacks run on a lane's
+thread: they may ``send()`` (waiting up to ``max_block_ms`` for room), but ``flush()`` and
+``close()`` there are refused. No thread dies silently: a lane that meets an unexpected exception
+fails the calls it held with it and goes on. ``flush()`` waits for every call made before it;
+``close()`` (or leaving a ``with`` block) flushes, then stops the lanes. The producer does not
+send in transactions.
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ from typing import Protocol
 import crc32c
 import grpc
 
-from broker.client.core import ACKS, INDETERMINATE, ROUTE_HOPS_MAX, SEND_RETRYABLE, SEQUENCE_MAX, ClientCore, _Producer
+from broker.client.core import ACKS, ROUTE_HOPS_MAX, SEND_RETRYABLE, SEQUENCE_MAX, ClientCore, _Producer
 from broker.client.data_api import _grouped
 from broker.client.errors import BrokerError, DeadlineExceeded, Unavailable, error_for
 from broker.client.messages import Message, Receipts, SendGroup, encode_messages
@@ -63,6 +66,13 @@ log = logging.getLogger(__name__)
 LINGER_MS = 5
 REQUEST_BYTES = 1 << 20  # a lane's request carries this many bytes of records at most (one call's may be more)
 BUFFER_BYTES = 64 << 20
+# __timer batches (delayed messages, one per target queue) in one request at most: they share one
+# sequence, and a node remembers a producer's last 5 batches of a queue (views/producer_state.py),
+# so a retry of more would be refused out of order. (One call with more goes as send() sends it.)
+TIMER_BATCHES_MAX = 5
+# refusals of a whole request caused by one call's topic or messages, before anything is stored:
+# its calls are sent again one by one (any other failure fails every call of the request)
+CALL_ALONE = (grpc.StatusCode.NOT_FOUND, grpc.StatusCode.INVALID_ARGUMENT)
 
 QueueKey = tuple[str, int, bool]  # topic, queue, delayed (its batch goes to the shard's __timer)
 
@@ -93,6 +103,7 @@ class _Call:
 
     def __init__(self, topic: str, messages: Sequence[Message]) -> None:
         self.future: Future[Receipts] = Future()
+        self.future.set_running_or_notify_cancel()  # queued is under way: cancel() says no
         self.topic = topic
         self.messages = messages
         self.parts_left = 0
@@ -119,6 +130,7 @@ class _Part:
     queues: dict[QueueKey, _Run]
     nbytes: int = 0
     at: float = 0.0  # when it was queued (monotonic)
+    seq: int = 0  # the order parts were queued in (calls sent again one by one keep it)
     done: bool = False
 
 
@@ -153,7 +165,7 @@ class _Delivery:
     def __init__(self) -> None:
         self.groups: dict[int, list[SendGroup]] = {}  # id(part) -> its groups answered
         self.errors: dict[int, BrokerError] = {}  # id(part) -> its first error
-        self.unknown = False  # an error left an outcome unknown: the lane's producer id ends
+        self.spent = False  # an error, or __timer batches numbered again: the lane's producer id ends
 
     def failed(self, batches: list[_Batch], error: BrokerError) -> None:
         for b in batches:
@@ -186,6 +198,7 @@ class Producer:
         self._pending: set[Future[Receipts]] = set()
         self._flushing = 0
         self._closed = False
+        self._queued = 0  # parts queued so far (their order)
 
     # -- the caller's side ------------------------------------------------------------------------
     def send(self, topic: str, messages: Sequence[Message]) -> Future[Receipts]:
@@ -216,7 +229,8 @@ class Producer:
             for k, lane in lanes.items():
                 part = parts.get(lane.shard)
                 if part is None:
-                    part = parts[lane.shard] = _Part(call, {}, at=now)
+                    self._queued += 1
+                    part = parts[lane.shard] = _Part(call, {}, at=now, seq=self._queued)
                 run = part.queues[k] = runs[k]
                 part.nbytes += len(run.records)
                 held = self._holders.get(k)
@@ -234,7 +248,10 @@ class Producer:
 
     def flush(self, timeout_s: float | None = None) -> None:
         """Wait until every call made before this one is done (lanes stop lingering meanwhile).
-        Raises ``DeadlineExceeded`` if they are not done within ``timeout_s`` (default: none)."""
+        Raises ``DeadlineExceeded`` if they are not done within ``timeout_s`` (default: none).
+        Futures' callbacks run on a lane's thread: ``flush()`` and ``close()`` there would wait
+        for themselves, and are refused (RuntimeError)."""
+        self._not_on_a_lane("flush")
         with self._lock:
             waiting = list(self._pending)
             self._flushing += 1
@@ -251,6 +268,7 @@ class Producer:
 
     def close(self, timeout_s: float | None = None) -> None:
         """Flush, then stop the lanes. ``send()`` is refused after."""
+        self._not_on_a_lane("close")
         with self._lock:
             if self._closed:
                 return
@@ -266,6 +284,10 @@ class Producer:
             for lane in lanes:
                 if lane.thread is not None and lane.thread is not threading.current_thread():
                     lane.thread.join(timeout_s)
+
+    def _not_on_a_lane(self, what: str) -> None:
+        if any(lane.thread is threading.current_thread() for lane in list(self._lanes.values())):
+            raise RuntimeError(f"{what}() from a future's callback (a producer lane's thread) would wait for itself")
 
     def __enter__(self) -> Producer:
         return self
@@ -303,11 +325,14 @@ class Producer:
                 self._deliver(lane, parts)
             except BaseException as exc:  # a bug: these calls fail with it, the lane goes on
                 log.exception("the producer's lane for %s failed", lane.shard or "the pair")
+                lane.producer = _Producer()
                 error = error_for(grpc.StatusCode.INTERNAL, f"the producer's lane for {lane.shard or 'the pair'} "
                                   f"failed: {exc!r}")
-                lane.producer = _Producer()
                 for part in parts:
-                    self._part_done(part, [], error)
+                    try:
+                        self._part_done(part, [], error)
+                    except BaseException:
+                        log.exception("a call of the producer's lane for %s could not be ended", lane.shard or "the pair")
 
     def _take(self, lane: _Lane) -> list[_Part] | None:
         """The next request's parts: once ``request_bytes`` wait, or the oldest waited ``linger_ms``
@@ -328,7 +353,12 @@ class Producer:
                     lane.wake.wait()
             taken = [lane.parts.popleft()]
             size = taken[0].nbytes
+            timers = {k for k in taken[0].queues if k[2]}
             while lane.parts and size + lane.parts[0].nbytes <= self._request_bytes:
+                more = timers | {k for k in lane.parts[0].queues if k[2]}
+                if len(more) > TIMER_BATCHES_MAX:  # a node remembers so many of a producer's __timer batches
+                    break
+                timers = more
                 size += lane.parts[0].nbytes
                 taken.append(lane.parts.popleft())
             lane.nbytes -= size
@@ -358,30 +388,46 @@ class Producer:
                     break
                 try:
                     client._learn_routes(sorted({b.key[0] for b in refused}))
+                    dests = {b.key: client._shard_of(b.key[0], b.key[1]) for b in refused}
                 except BrokerError as exc:
                     d.failed(refused, exc)
                     break
-                timer_next: dict[str | None, int] = {}
-                for b in refused:  # sent again, as they were, where the routes now say
-                    dest = client._shard_of(b.key[0], b.key[1])
-                    if dest == lane.shard:
-                        lane.elsewhere.pop(b.key, None)
-                    else:
-                        lane.elsewhere[b.key] = dest
-                    if b.key[2]:  # a __timer batch: in sequence with that shard's
-                        b.base_sequence = timer_next.get(dest, _timer_sequence(lane.producer, dest))
-                        timer_next[dest] = b.base_sequence + b.count
+                self._route_again(lane, refused, dests, d)
                 batches = refused
-        if d.unknown:
-            lane.producer = _Producer()  # outcome unknown after every retry: never reuse these sequences
+        if d.spent:
+            lane.producer = _Producer()  # never reuse sequences a node may hold otherwise than we think
         for part in parts:
             error = d.errors.get(id(part))
             self._part_done(part, [] if error is not None else d.groups.get(id(part), []), error)
 
+    @staticmethod
+    def _route_again(lane: _Lane, refused: list[_Batch], dests: dict[QueueKey, str | None], d: _Delivery) -> None:
+        """Refused batches go where the routes now say, as they were: a queue's batch keeps its
+        producer and sequence (a queue that moved carries its producers' last batches, so a retry
+        of one stored before the move is a duplicate there). ``__timer`` batches share one
+        sequence per shard, which a batch leaving for another shard would break: they go with a
+        new producer (numbered from its start per shard), and the lane takes a new one after."""
+        timers = _Producer()
+        numbered: dict[str | None, int] = {}  # per shard, the next __timer sequence of ``timers``
+        for b in refused:
+            dest = dests[b.key]
+            if dest == lane.shard:
+                lane.elsewhere.pop(b.key, None)
+            else:
+                lane.elsewhere[b.key] = dest
+            if b.key[2]:
+                b.producer = timers
+                b.base_sequence = numbered.get(dest, 0)
+                numbered[dest] = b.base_sequence + b.count
+                for _, g, j, _ in b.members:
+                    g.base_sequence = b.base_sequence + j
+                d.spent = True
+
     def _request(self, lane: _Lane, dest: str | None, batches: list[_Batch], d: _Delivery) -> BrokerError | None:
         """One Send of ``batches`` to ``dest``. Returns a refusal naming another owner (nothing
         stored: the caller follows it); any other outcome goes to ``d`` (answered: groups filled,
-        sequences advanced). A definite refusal of a request of several calls: each call alone."""
+        sequences advanced). A request of several calls refused for one call's topic or message
+        (``NOT_FOUND``, ``INVALID_ARGUMENT``: nothing stored): each call again on its own."""
         client = self._client
         request = pb.SendRequest(ack=ACKS[self._ack], timeout_ms=self._timeout_ms)
         for b in batches:
@@ -396,15 +442,16 @@ class Producer:
                 client._routes.doubt(dest)
             if exc.owner is not None:
                 return exc
-            calls = {id(part.call): part.call for b in batches for part, *_ in b.members}
-            if exc.code in INDETERMINATE or len(calls) == 1:
-                d.unknown = d.unknown or exc.code in INDETERMINATE
+            d.spent = True  # as send() does: whatever failed, these sequences are not used again
+            parts = sorted(_unique(p for b in batches for p, *_ in b.members), key=lambda p: p.seq)
+            calls = list({id(p.call): p.call for p in parts}.values())
+            if exc.code not in CALL_ALONE or len(calls) == 1:
                 d.failed(batches, exc)
                 return None
             keys = {b.key for b in batches}
-            for call_id in calls:  # each call again on its own: only the ones that cause it fail
-                alone = self._encode(lane, _unique(p for b in batches for p, *_ in b.members
-                                                   if id(p.call) == call_id), keys, dest_of=lambda _: dest)
+            for call in calls:  # in the order they were made: only the ones that cause it fail
+                lane.producer = _Producer()  # the call before may have failed in any way
+                alone = self._encode(lane, [p for p in parts if p.call is call], keys, dest_of=lambda _: dest)
                 refusal = self._request(lane, dest, alone, d)
                 if refusal is not None:
                     d.failed(alone, refusal)
@@ -483,13 +530,16 @@ class Producer:
             call.groups += groups
             call.parts_left -= 1
             finished = call.parts_left == 0
-            if finished:
-                self._pending.discard(call.future)
-        if finished:
+        if not finished:
+            return
+        try:  # done before it leaves _pending: a flush() never misses it
             if call.error is not None:
                 call.future.set_exception(call.error)
             else:
                 call.future.set_result(Receipts(call.topic, len(call.messages), call.groups))
+        finally:
+            with self._lock:
+                self._pending.discard(call.future)
 
 
 def _timer_key(dest: str | None) -> tuple[str, int]:
