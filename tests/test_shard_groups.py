@@ -135,6 +135,49 @@ def test_pop_leases_stay_with_each_queues_shard(spawn: Spawn, etcd: EtcdProcess)
         assert extended and c.ack("pg", [extended]) == {}
 
 
+def _shard_masters(address: str) -> dict[str, str]:
+    with grpc.insecure_channel(address) as ch:
+        resp = pb_grpc.BrokerStub(ch).GetRoutes(pb.GetRoutesRequest(), timeout=10)
+    return {s.shard: s.master for s in resp.shards}
+
+
+def test_a_shard_down_when_its_routes_were_learnt_is_popped_once_it_is_back(spawn: Spawn, etcd: EtcdProcess) -> None:
+    """A client that learns a topic's routes while one of its shards has no master passes that
+    shard over; the pops it answers from the other shard never fail, so no refusal names the new
+    master. The client asks for it again now and then: the shard's queues are popped once it is
+    back, and keyless sends (which pass it over as well) go there again. (Chaos seed 1637989843:
+    both of s2's nodes lost power right after the topic's creation, while the popper learnt its
+    routes, and s2's queue of it was never popped for the whole run.)"""
+    nodes = {"s1": _single(spawn, etcd, "s1", "a"), "s2": _single(spawn, etcd, "s2", "b")}
+    with BrokerClient(nodes["s1"].address) as c:
+        owners = _placed(c, "jobs", 4)
+    assert sorted(set(owners)) == ["s1", "s2"]
+    nodes["s2"].kill9()
+    wait_until(lambda: _shard_masters(nodes["s1"].address).get("s2") == "", 20, "s2 without a master in etcd")
+    with BrokerClient(nodes["s1"].address) as popper, BrokerClient(nodes["s1"].address) as keyless:
+        assert popper.pop("pg", "jobs", max_messages=100, max_wait_ms=0, start="earliest") is not None
+        assert owners[keyless.send("jobs", [Message(b"while-down")])[0].queue_id] == "s1"
+        nodes["s2"].start()
+        wait_master([nodes["s2"]])
+        with BrokerClient(nodes["s1"].address) as producer:
+            producer.send("jobs", [Message(f"job-{k}".encode(), key=k) for k in KEYS], ack="replica")
+        want = {f"job-{k}".encode() for k in KEYS}
+        seen: set[bytes] = set()
+        shards_leased: set[str] = set()
+        deadline = time.monotonic() + 20
+        while not want <= seen and time.monotonic() < deadline:
+            got = popper.pop("pg", "jobs", max_messages=32, invisible_ms=60_000, max_wait_ms=200, start="earliest")
+            seen |= {m.body for m in got}
+            shards_leased |= {owners[r.queue_id] for r in got.runs}
+            assert popper.ack("pg", got) == {}
+        assert want <= seen, f"{len(want - seen)} messages never popped; leased from {sorted(shards_leased)}"
+        assert shards_leased == {"s1", "s2"}
+        deadline = time.monotonic() + 10  # keyless sends pass s2 over no longer either
+        while time.monotonic() < deadline and owners[keyless.send("jobs", [Message(b"back")])[0].queue_id] != "s2":
+            time.sleep(0.05)
+        assert time.monotonic() < deadline, "keyless sends never went to s2 again"
+
+
 def test_a_coordinator_without_the_topics_queues_keeps_its_commits(spawn: Spawn, etcd: EtcdProcess) -> None:
     """The group's coordinator holds no queue of the topic: its commits survive a restart (its log
     holds every placed topic, and offsets are kept only of topics the log holds)."""

@@ -10,7 +10,7 @@ import itertools
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -362,6 +362,13 @@ class ClientCore:
                 self._routes.sharded = False
             return
         self._routes.learn(resp)
+
+    def _ask_masters(self, topic: str, shards: Iterable[str]) -> None:
+        """Shards passed over for want of a master (as last heard) are looked up again now and
+        then (``RouteTable.ask_for_masters``); a failure here is only a later try."""
+        if self._routes.ask_for_masters(shards):
+            with contextlib.suppress(BrokerError):
+                self._learn_routes([topic])
 
     def _shard_of(self, topic: str, queue: int, offset: int | None = None) -> str | None:
         """The shard writing ``queue`` of ``topic``, or given ``offset`` the one holding it (a queue

@@ -252,13 +252,15 @@ class DataAPI(TopicsAPI):
 
     def _sticky_queue(self, topic: str, queues: int) -> int:
         """The queue a call's keyless messages go to in a cluster of shards: the next in round-robin
-        order whose shard has a master and has not failed a call lately (any, if none has)."""
+        order whose shard has a master and has not failed a call lately (any, if none has). A shard
+        passed over for want of a master is asked about again now and then (``_ask_masters``)."""
         first = next(self._round_robin) % queues
         for k in range(queues):
             q = (first + k) % queues
             shard = self._routes.owner(topic, q)
             if shard is None or self._routes.trusted(shard):
                 return q
+            self._ask_masters(topic, [shard])
         return first
 
     def _send_batches(self, producer: _Producer, topic: str, messages: Sequence[Message], core: ClientCore,

@@ -187,7 +187,8 @@ class GroupsAPI(ClientCore):
         start) until ``max_messages`` are leased; with nothing anywhere, wait on one shard at a time
         (``POP_WAIT_SLICE_MS`` each) until ``max_wait_ms`` passes. A shard that fails (between
         masters) is skipped and doubted for a moment: the others' leases are returned; only when
-        every shard failed and nothing was leased is the failure raised."""
+        every shard failed and nothing was leased is the failure raised. One that had no master when
+        the routes were learnt is skipped until they are asked again, now and then, for its master."""
         owners = self._routes.queues(topic)
         if owners is None:
             self._learn_routes([topic])
@@ -203,6 +204,7 @@ class GroupsAPI(ClientCore):
         want = req.max_messages or 32
         failure: BrokerError | None = None
         while True:
+            self._ask_masters(topic, shards)
             asked = [s for s in shards if self._routes.trusted(s)] or shards
             for shard in asked:
                 ask = pb.PopRequest()

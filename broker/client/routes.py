@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from proto import tidemark_pb2 as pb
@@ -43,6 +44,7 @@ class RouteTable:
         self._shards: dict[str, ShardNodes] = {}
         self._doubt: dict[str, float] = {}  # shard -> when a call to it last failed (monotonic)
         self._groups: dict[str, str] = {}  # group -> the shard coordinating it (as a refusal named it)
+        self._masters_asked = -SHARD_DOUBT_S  # when routes were last asked for a shard's missing master (monotonic)
 
     def learn(self, resp: pb.GetRoutesResponse) -> None:
         """Take a node's answer (its shard '' means: not a cluster of shards)."""
@@ -152,6 +154,20 @@ class RouteTable:
             failed = self._doubt.get(shard)
             return (nodes is not None and bool(nodes.master)
                     and (failed is None or time.monotonic() - failed >= SHARD_DOUBT_S))
+
+    def ask_for_masters(self, shards: Iterable[str]) -> bool:
+        """Whether to ask for the routes again: one of ``shards`` had no master when last heard (it
+        was between masters), and no one asked for that in the last ``SHARD_DOUBT_S``. A caller that
+        passes over such a shard (a pop, a keyless send) never calls it, so no refusal would ever
+        name its next master."""
+        with self._lock:
+            now = time.monotonic()
+            if now - self._masters_asked < SHARD_DOUBT_S:
+                return False
+            if all((nodes := self._shards.get(s)) is not None and nodes.master for s in shards):
+                return False
+            self._masters_asked = now
+            return True
 
     def forget_group(self, group: str) -> None:
         with self._lock:
