@@ -33,6 +33,7 @@ from tests.failoverutil import TOPIC, Pair, Spawn, create_topic, in_sync, sent_o
 from tests.inprocess import Forwarding, forwarding
 from tests.moveutil import owners, read_back, shard_node
 from tests.procs import free_port
+from tests.test_shards import _key_of
 from tests.waits import wait_until
 
 Sent = list[tuple[str, Future[Receipts], list[Message]]]
@@ -148,10 +149,6 @@ def test_calls_from_many_threads_ride_few_requests_and_land_where_their_receipts
 def _losing(target: str, lost: range) -> contextlib.AbstractContextManager[tuple[str, Forwarding]]:
     """The daemon behind a proxy that loses the answers of the Sends numbered in ``lost`` (from 1)."""
     return forwarding(target, "/Send", lost=lost)
-
-
-def _key_of(queue: int, queues: int, prefix: str) -> str:
-    return next(k for k in (f"{prefix}{i}" for i in range(1000)) if crc32c.crc32c(k.encode()) % queues == queue)
 
 
 def test_calls_refused_for_one_topic_go_again_alone_in_order_each_with_a_new_producer(spawn: Spawn) -> None:

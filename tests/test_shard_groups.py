@@ -135,12 +135,6 @@ def test_pop_leases_stay_with_each_queues_shard(spawn: Spawn, etcd: EtcdProcess)
         assert extended and c.ack("pg", [extended]) == {}
 
 
-def _shard_masters(address: str) -> dict[str, str]:
-    with grpc.insecure_channel(address) as ch:
-        resp = pb_grpc.BrokerStub(ch).GetRoutes(pb.GetRoutesRequest(), timeout=10)
-    return {s.shard: s.master for s in resp.shards}
-
-
 def test_a_shard_down_when_its_routes_were_learnt_is_popped_once_it_is_back(spawn: Spawn, etcd: EtcdProcess) -> None:
     """A client that learns a topic's routes while one of its shards has no master passes that
     shard over; the pops it answers from the other shard never fail, so no refusal names the new
@@ -153,7 +147,9 @@ def test_a_shard_down_when_its_routes_were_learnt_is_popped_once_it_is_back(spaw
         owners = _placed(c, "jobs", 4)
     assert sorted(set(owners)) == ["s1", "s2"]
     nodes["s2"].kill9()
-    wait_until(lambda: _shard_masters(nodes["s1"].address).get("s2") == "", 20, "s2 without a master in etcd")
+    with BrokerClient(nodes["s1"].address) as c:
+        wait_until(lambda: {s["shard"]: s["master"] for s in c.cluster_status()["shards"]}.get("s2") == "", 20,
+                   "s2 without a master in etcd")
     with BrokerClient(nodes["s1"].address) as popper, BrokerClient(nodes["s1"].address) as keyless:
         assert popper.pop("pg", "jobs", max_messages=100, max_wait_ms=0, start="earliest") is not None
         assert owners[keyless.send("jobs", [Message(b"while-down")])[0].queue_id] == "s1"

@@ -510,10 +510,14 @@ def test_a_pull_or_group_call_over_shards_keeps_within_its_timeout(spawn: Spawn,
     assert max(took.values()) < timeout_s + 0.5, f"with timeout_s {timeout_s} they took {took} s"
 
 
+def _key_of(queue: int, queues: int, prefix: str = "key") -> str:
+    """A key that maps to ``queue`` of ``queues`` (crc32c(key) % queues)."""
+    return next(k for k in (f"{prefix}{i}" for i in range(10_000)) if crc32c.crc32c(k.encode()) % queues == queue)
+
+
 def _key_for(c: BrokerClient, topic: str, queue: int) -> str:
-    """A key that maps to ``queue`` (crc32c(key) % queues)."""
-    queues = c._queue_count(topic)
-    return next(k for k in (f"key{i}" for i in range(10_000)) if crc32c.crc32c(k.encode()) % queues == queue)
+    """A key that maps to ``queue`` of ``topic``."""
+    return _key_of(queue, c._queue_count(topic))
 
 
 def test_a_timer_is_cancelled_on_its_own_shard(spawn: Spawn, etcd: EtcdProcess) -> None:
